@@ -1,0 +1,72 @@
+"""`apprentice` command line: one entry point, sub-commands dispatched lazily (no torch on `--help`).
+
+Commands (DESIGN.md section 4): kafka, topics, tail, serve, up, down, status, demo, weights, knowledge.
+Service-specific commands live with their service (`services/<name>/cli.py`) and are imported only
+when used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+
+SERVICES = ("inference", "grader", "extractor", "trainer", "weights")
+
+# command -> (module, function, help); the function takes the remaining argv.
+DELEGATED: dict[str, tuple[str, str, str]] = {
+    "weights": ("services.weights.cli", "main", "list / promote / rollback / status of model versions"),
+    "knowledge": ("services.extractor.cli", "main", "show and curate the experiential knowledge bases"),
+    "demo": ("services.loop.demo_cli", "main", "run the closed learning loop with simulated users"),
+    "up": ("services.loop.stack_cli", "up", "start the broker and the five services as supervised processes"),
+    "down": ("services.loop.stack_cli", "down", "stop the local stack"),
+    "status": ("services.loop.stack_cli", "status", "health, versions, lag, spool depth of the local stack"),
+}
+
+
+def _delegate(module: str, func: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and module.startswith(e.name):
+                print(f"apprentice: this command is not available in this build ({module} missing)", file=sys.stderr)
+                return 2
+            raise
+        return int(getattr(mod, func)(argv) or 0)
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="apprentice", description="On-the-job learning for deployed LLMs.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("kafka", help="local single-node KRaft broker: start | stop | status | fetch")
+    sub.add_parser("topics", help="create (if missing) and list the Apprentice topics")
+    sub.add_parser("tail", help="print a topic's records as JSON lines")
+    sp = sub.add_parser("serve", help="run one service in the foreground")
+    sp.add_argument("service", choices=SERVICES)
+    for name, (_m, _f, help_text) in DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command in DELEGATED:
+        module, func, _ = DELEGATED[command]
+        return _delegate(module, func)(rest)
+    if command == "serve":
+        ns = parser.parse_args(argv[:2])
+        return _delegate(f"services.{ns.service}.__main__", "main")(argv[2:])
+    if command in ("kafka", "topics", "tail"):
+        from shared.cli import kafka_cmds
+
+        return int(getattr(kafka_cmds, command)(rest))
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

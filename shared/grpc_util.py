@@ -1,0 +1,162 @@
+"""gRPC server plumbing shared by every service: health, reflection, graceful stop, error mapping.
+
+Errors are mapped to status codes in one place (`ServiceError` subclasses); handlers raise, the
+`grpc_errors` decorator aborts with the right code and a precise message.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Iterable
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TENANT_METADATA = "x-apprentice-tenant"
+
+
+class ServiceError(Exception):
+    code = grpc.StatusCode.INTERNAL
+
+
+class InvalidRequest(ServiceError):
+    """The caller sent something we will never accept; fix the request."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(ServiceError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class FailedPrecondition(ServiceError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(ServiceError):
+    """Transient: the caller may retry."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class PermissionDenied(ServiceError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    if isinstance(exc, ServiceError):
+        return exc.code, str(exc)
+    log.exception("unhandled error in handler")
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+
+
+def grpc_errors(fn: F) -> F:
+    """Turn ServiceError (and anything unexpected) into a gRPC status; works for sync and async handlers,
+    unary and server-streaming."""
+    if inspect.isasyncgenfunction(fn):
+        @functools.wraps(fn)
+        async def agen(self: Any, request: Any, context: Any) -> Any:
+            try:
+                async for item in fn(self, request, context):
+                    yield item
+            except Exception as e:  # noqa: BLE001 - mapped to a status
+                if isinstance(e, grpc.aio.AbortError):
+                    raise
+                await context.abort(*_status_of(e))
+        return agen  # type: ignore[return-value]
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def coro(self: Any, request: Any, context: Any) -> Any:
+            try:
+                return await fn(self, request, context)
+            except Exception as e:  # noqa: BLE001
+                if isinstance(e, grpc.aio.AbortError):
+                    raise
+                await context.abort(*_status_of(e))
+        return coro  # type: ignore[return-value]
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def gen(self: Any, request: Any, context: Any) -> Any:
+            try:
+                yield from fn(self, request, context)
+            except Exception as e:  # noqa: BLE001
+                if _is_abort(e):
+                    raise
+                context.abort(*_status_of(e))
+        return gen  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def unary(self: Any, request: Any, context: Any) -> Any:
+        try:
+            return fn(self, request, context)
+        except Exception as e:  # noqa: BLE001
+            if _is_abort(e):
+                raise
+            context.abort(*_status_of(e))
+    return unary  # type: ignore[return-value]
+
+
+def _is_abort(e: Exception) -> bool:
+    # grpc's sync context.abort raises a bare Exception subclass; let it through untouched.
+    return type(e).__name__ in ("_AbortError", "AbortError") or isinstance(e, grpc.RpcError)
+
+
+def require(cond: bool, message: str) -> None:
+    """Request validation: raise INVALID_ARGUMENT with `message` unless `cond`."""
+    if not cond:
+        raise InvalidRequest(message)
+
+
+def metadata_value(context: Any, key: str) -> str:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v if isinstance(v, str) else v.decode()
+    return ""
+
+
+def create_server(port: int, register: Callable[[grpc.Server], None], service_names: Iterable[str], *,
+                  host: str = "0.0.0.0", max_workers: int = 16,
+                  options: list[tuple[str, Any]] | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """A started-ready (not started) sync server with health and reflection. Port 0 picks a free port.
+
+    Returns (server, bound port, health servicer); call `health.set(name, SERVING)` once ready.
+    """
+    opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=opts + (options or []))
+    register(server)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = list(service_names)
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC port {host}:{port}")
+    for name in names:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    return server, bound, health_servicer
+
+
+def set_serving(health_servicer: health.HealthServicer, names: Iterable[str], serving: bool = True) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in [*names, ""]:
+        health_servicer.set(name, status)
+
+
+def graceful_stop(server: grpc.Server, health_servicer: health.HealthServicer | None, grace: float = 10.0) -> None:
+    """Report NOT_SERVING, refuse new calls, and let in-flight calls finish within `grace` seconds."""
+    if health_servicer is not None:
+        health_servicer.enter_graceful_shutdown()
+    server.stop(grace).wait(grace + 1)

@@ -1,0 +1,86 @@
+"""Create the topics with their partitions and compaction policy; check that a broker answers."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from shared.topics import Topics, TopicSpec
+
+
+def admin(bootstrap: str, *, quiet: bool = False) -> AdminClient:
+    config = {"bootstrap.servers": bootstrap}
+    if quiet:
+        config["log_level"] = 0  # probing a broker that may be down: connection errors are expected
+    return AdminClient(config)
+
+
+def broker_answers(bootstrap: str, timeout: float = 2.0) -> bool:
+    """True when a real metadata request succeeds."""
+    try:
+        md = admin(bootstrap, quiet=True).list_topics(timeout=timeout)
+        return bool(md.brokers)
+    except KafkaException:
+        return False
+
+
+def wait_for_broker(bootstrap: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if broker_answers(bootstrap):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"no Kafka broker answered at {bootstrap} within {timeout:.0f}s")
+
+
+def _new_topic(spec: TopicSpec, replication: int) -> NewTopic:
+    config = {"retention.ms": str(spec.retention_ms)}
+    if spec.compacted:
+        config["cleanup.policy"] = "compact"
+        config["min.cleanable.dirty.ratio"] = "0.1"
+        config["segment.ms"] = str(3600 * 1000)
+    return NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=replication, config=config)
+
+
+def ensure_topics(bootstrap: str, topics: Topics | None = None, *, replication: int = 1,
+                  timeout: float = 30.0) -> list[str]:
+    """Create every missing topic; return the names that were created. Existing topics are left alone."""
+    specs = (topics or Topics()).specs()
+    client = admin(bootstrap)
+    existing = set(client.list_topics(timeout=timeout).topics)
+    missing = [s for s in specs if s.name not in existing]
+    if not missing:
+        return []
+    futures = client.create_topics([_new_topic(s, replication) for s in missing], request_timeout=timeout)
+    created = []
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout)
+            created.append(name)
+        except KafkaException as e:
+            if e.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: another process won the race
+                raise
+    # Metadata propagates asynchronously, even on one node.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(s.name in client.list_topics(timeout=timeout).topics for s in missing):
+            break
+        time.sleep(0.2)
+    return created
+
+
+def delete_topics(bootstrap: str, names: list[str], timeout: float = 30.0) -> None:
+    if not names:
+        return
+    for fut in admin(bootstrap).delete_topics(names, operation_timeout=timeout).values():
+        try:
+            fut.result(timeout)
+        except KafkaException:
+            pass  # already gone
+
+
+def list_topics(bootstrap: str, timeout: float = 10.0) -> dict[str, int]:
+    md = admin(bootstrap).list_topics(timeout=timeout)
+    return {name: len(t.partitions) for name, t in sorted(md.topics.items()) if not name.startswith("__")}

@@ -1,0 +1,42 @@
+"""Undecodable or rejected record --> `DeadLetter` on `apprentice.deadletter.v1`, tagged with the stage.
+
+The dead letter must be durable before the consumer commits past the poison record, so `publish` waits
+for delivery by default.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import Message
+
+from shared.events import make_envelope
+from shared.kafka.producer import EventProducer
+from shared.proto.apprentice.v1 import events_pb2
+
+log = logging.getLogger(__name__)
+
+
+class DeadLetterPublisher:
+    def __init__(self, producer: EventProducer, topic: str, *, source: str) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._source = source
+        self.count = 0
+
+    def publish(self, record: Message, *, stage: str, reason: str, error_type: str = "",
+                tenant: str = "unknown", wait: bool = True) -> events_pb2.DeadLetter:
+        dl = events_pb2.DeadLetter(
+            envelope=make_envelope(tenant, source=self._source),
+            stage=stage, reason=reason, error_type=error_type,
+            origin_topic=record.topic() or "", origin_partition=record.partition() or 0,
+            origin_offset=record.offset() or 0,
+            original_key=record.key() or b"", original_value=record.value() or b"",
+        )
+        self._producer.produce(self._topic, record.key(), dl)
+        if wait:
+            self._producer.flush()
+        self.count += 1
+        log.warning("dead-lettered record", extra={"stage": stage, "reason": reason,
+                                                    "origin": f"{record.topic()}/{record.partition()}@{record.offset()}"})
+        return dl

@@ -1,0 +1,92 @@
+"""Kafka topic names and their layout: the one place they are spelled (DESIGN.md section 3).
+
+`Topics(prefix)` exists so that tests (and several stacks on one broker) can work in a namespace; in
+production the prefix is empty and the names are exactly the contract names below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INTERACTIONS = "apprentice.interactions.v1"
+FEEDBACK = "apprentice.feedback.v1"
+GRADED = "apprentice.graded.v1"
+KNOWLEDGE = "apprentice.knowledge.v1"
+CHECKPOINTS = "apprentice.checkpoints.v1"
+MODEL_UPDATES = "apprentice.model-updates.v1"
+DEADLETTER = "apprentice.deadletter.v1"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    compacted: bool = False
+    retention_ms: int = 7 * 24 * 3600 * 1000  # a week: late feedback may come hours later; replays need days
+
+
+# Partition counts bound how many replicas of a consumer can share the work (DESIGN.md section 1).
+SPECS: tuple[TopicSpec, ...] = (
+    TopicSpec(INTERACTIONS, partitions=6),
+    TopicSpec(FEEDBACK, partitions=6),
+    TopicSpec(GRADED, partitions=6),
+    TopicSpec(KNOWLEDGE, partitions=3, compacted=True, retention_ms=-1),
+    TopicSpec(CHECKPOINTS, partitions=1),
+    TopicSpec(MODEL_UPDATES, partitions=1),
+    TopicSpec(DEADLETTER, partitions=1, retention_ms=30 * 24 * 3600 * 1000),
+)
+
+BASE_NAMES: tuple[str, ...] = tuple(s.name for s in SPECS)
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The concrete topic names for one deployment (contract names with an optional prefix)."""
+
+    prefix: str = ""
+
+    @property
+    def interactions(self) -> str:
+        return self.prefix + INTERACTIONS
+
+    @property
+    def feedback(self) -> str:
+        return self.prefix + FEEDBACK
+
+    @property
+    def graded(self) -> str:
+        return self.prefix + GRADED
+
+    @property
+    def knowledge(self) -> str:
+        return self.prefix + KNOWLEDGE
+
+    @property
+    def checkpoints(self) -> str:
+        return self.prefix + CHECKPOINTS
+
+    @property
+    def model_updates(self) -> str:
+        return self.prefix + MODEL_UPDATES
+
+    @property
+    def deadletter(self) -> str:
+        return self.prefix + DEADLETTER
+
+    def specs(self) -> list[TopicSpec]:
+        return [TopicSpec(self.prefix + s.name, s.partitions, s.compacted, s.retention_ms) for s in SPECS]
+
+    def base_of(self, name: str) -> str:
+        """Contract name of a concrete topic name; raises KeyError for a topic that is not ours."""
+        base = name[len(self.prefix):] if self.prefix and name.startswith(self.prefix) else name
+        if base not in BASE_NAMES:
+            raise KeyError(f"{name!r} is not an Apprentice topic (known: {', '.join(BASE_NAMES)})")
+        return base
+
+    def resolve(self, name: str) -> str:
+        """Accept a contract name or a short alias ("graded") and return the concrete name."""
+        for base in BASE_NAMES:
+            short = base.split(".")[1]
+            if name in (base, short, self.prefix + base):
+                return self.prefix + base
+        raise KeyError(f"unknown topic {name!r}; use one of: {', '.join(b.split('.')[1] for b in BASE_NAMES)}")

@@ -1,0 +1,63 @@
+"""Test fixtures shared by the whole suite.
+
+The broker is real: `kafka_bootstrap` starts the local KRaft broker through the project's own tooling
+(`LocalBroker`, the same code as `apprentice kafka start`) unless one already answers. Each test that
+needs topics gets its own namespace (`topics` fixture), so tests never see each other's records.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.topics import Topics
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    from shared.kafka.admin import broker_answers
+    from shared.kafka.local_broker import LocalBroker
+
+    bootstrap = os.environ.get("APPRENTICE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    if broker_answers(bootstrap):
+        yield bootstrap
+        return
+    broker = LocalBroker(Path(os.environ.get("APPRENTICE_HOME", REPO / ".apprentice")))
+    status = broker.start()
+    yield status.bootstrap
+    if not os.environ.get("APPRENTICE_TEST_KEEP_BROKER"):
+        broker.stop()
+
+
+@pytest.fixture
+def topics(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Topics]:
+    """A fresh namespace of all seven topics; settings built inside the test see it via the environment."""
+    from shared.kafka.admin import delete_topics, ensure_topics
+
+    t = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")
+    ensure_topics(kafka_bootstrap, t)
+    monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", t.prefix)
+    monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", kafka_bootstrap)
+    yield t
+    delete_topics(kafka_bootstrap, [s.name for s in t.specs()])
+
+
+@pytest.fixture(scope="session")
+def tiny_model_name() -> str:
+    """The tiny random Llama (3.2 M parameters, SmolLM2 tokenizer), cached on first use."""
+    from shared.models import TINY, resolve_model_dir
+
+    resolve_model_dir(TINY)
+    return TINY
+
+
+@pytest.fixture
+def tmp_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("APPRENTICE_HOME", str(tmp_path))
+    return tmp_path
