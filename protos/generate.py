@@ -22,8 +22,8 @@ PACKAGE_PREFIX = "shared.proto."
 
 
 def generate(out: Path) -> list[Path]:
-    from grpc_tools import protoc  # dev dependency: only needed when protos change
     import grpc_tools
+    from grpc_tools import protoc  # dev dependency: only needed when protos change
 
     files = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     include = str(Path(grpc_tools.__file__).parent / "_proto")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from confluent_kafka import KafkaException
@@ -75,10 +76,8 @@ def delete_topics(bootstrap: str, names: list[str], timeout: float = 30.0) -> No
     if not names:
         return
     for fut in admin(bootstrap).delete_topics(names, operation_timeout=timeout).values():
-        try:
+        with contextlib.suppress(KafkaException):  # already gone
             fut.result(timeout)
-        except KafkaException:
-            pass  # already gone
 
 
 def list_topics(bootstrap: str, timeout: float = 10.0) -> dict[str, int]:
