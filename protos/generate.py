@@ -1,7 +1,10 @@
 """Generate the Python protobuf/gRPC stubs under shared/proto from protos/.
 
-Run with `make protos` (or `python protos/generate.py`). `--check DIR` writes to DIR instead, which
-tests use to prove that the committed stubs are current.
+Run with `make protos` (or `python protos/generate.py`). `--out DIR` writes elsewhere, which tests use to
+prove that the committed stubs are current.
+
+Wire compatibility: `protos/wire_lock.json` records every released field (number, type, label). Generation
+merges new fields into it and refuses to run when a locked field was renumbered, retyped or removed.
 
 Why the import rewrite: protoc emits `from apprentice.v1 import common_pb2`, which only works if the
 output folder is on sys.path. We keep the stubs inside the `shared` package instead, so imports are
@@ -11,6 +14,7 @@ rewritten to `from shared.proto.apprentice.v1 import ...`.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -19,19 +23,78 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
 DEFAULT_OUT = ROOT / "shared" / "proto"
 PACKAGE_PREFIX = "shared.proto."
+LOCK = PROTO_ROOT / "wire_lock.json"
 
 
-def generate(out: Path) -> list[Path]:
+class WireBreak(Exception):
+    """A released field changed: old readers/writers would misread the bytes."""
+
+
+def describe(fds_bytes: bytes) -> dict[str, dict[str, list]]:
+    """FileDescriptorSet bytes --> {message or enum full name: {field: [number, type, label]}}."""
+    from google.protobuf import descriptor_pb2
+
+    fds = descriptor_pb2.FileDescriptorSet.FromString(fds_bytes)
+    out: dict[str, dict[str, list]] = {}
+
+    def walk(prefix: str, messages, enums) -> None:  # noqa: ANN001
+        for e in enums:
+            out[f"{prefix}.{e.name}"] = {v.name: [v.number, "enum_value", ""] for v in e.value}
+        for m in messages:
+            name = f"{prefix}.{m.name}"
+            FD = descriptor_pb2.FieldDescriptorProto
+            out[name] = {f.name: [f.number, f.type_name.lstrip(".") or FD.Type.Name(f.type),
+                                  FD.Label.Name(f.label)] for f in m.field}
+            walk(name, m.nested_type, m.enum_type)
+
+    for f in fds.file:
+        if f.package.startswith("apprentice."):
+            walk(f.package, f.message_type, f.enum_type)
+    return out
+
+
+def check_compatible(locked: dict, current: dict) -> list[str]:
+    problems = []
+    for msg, fields in locked.items():
+        if msg not in current:
+            problems.append(f"{msg} was removed")
+            continue
+        for name, spec in fields.items():
+            got = current[msg].get(name)
+            if got is None:
+                problems.append(f"{msg}.{name} (#{spec[0]}) was removed; reserve it instead")
+            elif list(got) != list(spec):
+                problems.append(f"{msg}.{name} changed from {spec} to {got}")
+        numbers = {v[0]: k for k, v in fields.items()}
+        for name, spec in current[msg].items():
+            if name not in fields and spec[0] in numbers and spec[2] != "" and spec[1] != "enum_value":
+                problems.append(f"{msg}.{name} reuses number {spec[0]} of {numbers[spec[0]]}")
+    return problems
+
+
+def generate(out: Path, *, update_lock: bool = True) -> list[Path]:
     import grpc_tools
     from grpc_tools import protoc  # dev dependency: only needed when protos change
 
     files = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
     include = str(Path(grpc_tools.__file__).parent / "_proto")
     out.mkdir(parents=True, exist_ok=True)
+    fds_path = out / "descriptor_set.tmp"
     args = ["protoc", f"-I{PROTO_ROOT}", f"-I{include}", f"--python_out={out}", f"--pyi_out={out}",
-            f"--grpc_python_out={out}", *files]
+            f"--grpc_python_out={out}", f"--descriptor_set_out={fds_path}", "--include_imports", *files]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
+    current = describe(fds_path.read_bytes())
+    fds_path.unlink()
+    locked = json.loads(LOCK.read_text()) if LOCK.exists() else {}
+    problems = check_compatible(locked, current)
+    if problems:
+        raise WireBreak("wire-incompatible proto change:\n  " + "\n  ".join(problems))
+    if update_lock:
+        merged = {m: {**current[m], **locked.get(m, {})} for m in current}
+        lines = [f"  {json.dumps(m)}: {json.dumps(dict(sorted(merged[m].items(), key=lambda kv: kv[1][0])))}"
+                 for m in sorted(merged)]
+        LOCK.write_text("{\n" + ",\n".join(lines) + "\n}\n")
     written = []
     for path in sorted(out.rglob("*.py*")):
         if path.suffix not in (".py", ".pyi"):
@@ -50,8 +113,13 @@ def generate(out: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--no-lock", action="store_true", help="do not update protos/wire_lock.json")
     ns = ap.parse_args(argv)
-    written = generate(ns.out)
+    try:
+        written = generate(ns.out, update_lock=not ns.no_lock)
+    except WireBreak as e:
+        print(e, file=sys.stderr)
+        return 1
     print(f"wrote {len(written)} files under {ns.out}")
     return 0
 

@@ -170,7 +170,7 @@ class KnowledgeItem(_message.Message):
     def __init__(self, item_id: _Optional[str] = ..., text: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., source_interaction_ids: _Optional[_Iterable[str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., helpful: _Optional[int] = ..., harmful: _Optional[int] = ..., token_count: _Optional[int] = ..., created_by: _Optional[str] = ..., edited_by: _Optional[str] = ...) -> None: ...
 
 class KnowledgeSnapshot(_message.Message):
-    __slots__ = ("envelope", "key", "domain", "version", "items", "extractor_model", "extractor_policy_version", "require_approval", "change")
+    __slots__ = ("envelope", "key", "domain", "version", "items", "extractor_model", "extractor_policy_version", "require_approval", "change", "processed")
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     DOMAIN_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class KnowledgeSnapshot(_message.Message):
     EXTRACTOR_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUIRE_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     CHANGE_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_FIELD_NUMBER: _ClassVar[int]
     envelope: _common_pb2.Envelope
     key: str
     domain: str
@@ -189,7 +190,16 @@ class KnowledgeSnapshot(_message.Message):
     extractor_policy_version: str
     require_approval: bool
     change: str
-    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., key: _Optional[str] = ..., domain: _Optional[str] = ..., version: _Optional[int] = ..., items: _Optional[_Iterable[_Union[KnowledgeItem, _Mapping]]] = ..., extractor_model: _Optional[str] = ..., extractor_policy_version: _Optional[str] = ..., require_approval: _Optional[bool] = ..., change: _Optional[str] = ...) -> None: ...
+    processed: _containers.RepeatedCompositeFieldContainer[ProcessedInteraction]
+    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., key: _Optional[str] = ..., domain: _Optional[str] = ..., version: _Optional[int] = ..., items: _Optional[_Iterable[_Union[KnowledgeItem, _Mapping]]] = ..., extractor_model: _Optional[str] = ..., extractor_policy_version: _Optional[str] = ..., require_approval: _Optional[bool] = ..., change: _Optional[str] = ..., processed: _Optional[_Iterable[_Union[ProcessedInteraction, _Mapping]]] = ...) -> None: ...
+
+class ProcessedInteraction(_message.Message):
+    __slots__ = ("interaction_id", "revision")
+    INTERACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    interaction_id: str
+    revision: int
+    def __init__(self, interaction_id: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class CheckpointPublished(_message.Message):
     __slots__ = ("envelope", "model", "version", "parent_version", "kind", "base_model", "algorithm", "data_offsets", "metrics", "manifest_sha256", "tenant")

@@ -14,18 +14,26 @@ class ListKnowledgeRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ...) -> None: ...
 
 class KnowledgeSummary(_message.Message):
-    __slots__ = ("key", "version", "item_count", "approved_count", "proposed_count")
+    __slots__ = ("key", "version", "item_count", "approved_count", "proposed_count", "pinned_count", "rejected_count", "require_approval", "training_count")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ITEM_COUNT_FIELD_NUMBER: _ClassVar[int]
     APPROVED_COUNT_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PINNED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_COUNT_FIELD_NUMBER: _ClassVar[int]
     key: str
     version: int
     item_count: int
     approved_count: int
     proposed_count: int
-    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., item_count: _Optional[int] = ..., approved_count: _Optional[int] = ..., proposed_count: _Optional[int] = ...) -> None: ...
+    pinned_count: int
+    rejected_count: int
+    require_approval: bool
+    training_count: int
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., item_count: _Optional[int] = ..., approved_count: _Optional[int] = ..., proposed_count: _Optional[int] = ..., pinned_count: _Optional[int] = ..., rejected_count: _Optional[int] = ..., require_approval: _Optional[bool] = ..., training_count: _Optional[int] = ...) -> None: ...
 
 class ListKnowledgeResponse(_message.Message):
     __slots__ = ("bases",)

@@ -2,6 +2,7 @@ import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from shared.proto.apprentice.v1 import common_pb2 as _common_pb2
+from shared.proto.apprentice.v1 import events_pb2 as _events_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -245,14 +246,16 @@ class CanaryRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., fraction: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RollbackRequest(_message.Message):
-    __slots__ = ("model", "version", "reason")
+    __slots__ = ("model", "version", "reason", "tenant")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     reason: str
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    tenant: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., reason: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class OrderAck(_message.Message):
     __slots__ = ("order_id", "model", "version", "action")
@@ -273,8 +276,15 @@ class StatusRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class PodHeartbeat(_message.Message):
-    __slots__ = ("pod_id", "model", "serving_version", "canary_version", "canary_fraction", "endpoint", "last_error", "sent_at", "tenant_versions")
+    __slots__ = ("pod_id", "model", "serving_version", "canary_version", "canary_fraction", "endpoint", "last_error", "sent_at", "tenant_versions", "tenant_canaries", "canary_requests", "canary_errors")
     class TenantVersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class TenantCanariesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -290,6 +300,9 @@ class PodHeartbeat(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     TENANT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_CANARIES_FIELD_NUMBER: _ClassVar[int]
+    CANARY_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CANARY_ERRORS_FIELD_NUMBER: _ClassVar[int]
     pod_id: str
     model: str
     serving_version: str
@@ -299,17 +312,39 @@ class PodHeartbeat(_message.Message):
     last_error: str
     sent_at: _timestamp_pb2.Timestamp
     tenant_versions: _containers.ScalarMap[str, str]
-    def __init__(self, pod_id: _Optional[str] = ..., model: _Optional[str] = ..., serving_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., canary_fraction: _Optional[float] = ..., endpoint: _Optional[str] = ..., last_error: _Optional[str] = ..., sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tenant_versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    tenant_canaries: _containers.ScalarMap[str, str]
+    canary_requests: int
+    canary_errors: int
+    def __init__(self, pod_id: _Optional[str] = ..., model: _Optional[str] = ..., serving_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., canary_fraction: _Optional[float] = ..., endpoint: _Optional[str] = ..., last_error: _Optional[str] = ..., sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tenant_versions: _Optional[_Mapping[str, str]] = ..., tenant_canaries: _Optional[_Mapping[str, str]] = ..., canary_requests: _Optional[int] = ..., canary_errors: _Optional[int] = ...) -> None: ...
 
 class HeartbeatAck(_message.Message):
-    __slots__ = ("promoted_version",)
+    __slots__ = ("promoted_version", "desired")
     PROMOTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
     promoted_version: str
-    def __init__(self, promoted_version: _Optional[str] = ...) -> None: ...
+    desired: _containers.RepeatedCompositeFieldContainer[_events_pb2.ModelUpdate]
+    def __init__(self, promoted_version: _Optional[str] = ..., desired: _Optional[_Iterable[_Union[_events_pb2.ModelUpdate, _Mapping]]] = ...) -> None: ...
+
+class PinRequest(_message.Message):
+    __slots__ = ("model", "version", "pinned")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    pinned: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., pinned: _Optional[bool] = ...) -> None: ...
 
 class PodStatus(_message.Message):
-    __slots__ = ("pod_id", "serving_version", "canary_version", "last_heartbeat", "converged", "lagging", "last_error", "endpoint", "tenant_versions")
+    __slots__ = ("pod_id", "serving_version", "canary_version", "last_heartbeat", "converged", "lagging", "last_error", "endpoint", "tenant_versions", "tenant_canaries", "canary_requests", "canary_errors", "detail", "heartbeat_age_s")
     class TenantVersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class TenantCanariesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +360,11 @@ class PodStatus(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     TENANT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_CANARIES_FIELD_NUMBER: _ClassVar[int]
+    CANARY_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CANARY_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     pod_id: str
     serving_version: str
     canary_version: str
@@ -334,20 +374,51 @@ class PodStatus(_message.Message):
     last_error: str
     endpoint: str
     tenant_versions: _containers.ScalarMap[str, str]
-    def __init__(self, pod_id: _Optional[str] = ..., serving_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., converged: _Optional[bool] = ..., lagging: _Optional[bool] = ..., last_error: _Optional[str] = ..., endpoint: _Optional[str] = ..., tenant_versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    tenant_canaries: _containers.ScalarMap[str, str]
+    canary_requests: int
+    canary_errors: int
+    detail: str
+    heartbeat_age_s: float
+    def __init__(self, pod_id: _Optional[str] = ..., serving_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., converged: _Optional[bool] = ..., lagging: _Optional[bool] = ..., last_error: _Optional[str] = ..., endpoint: _Optional[str] = ..., tenant_versions: _Optional[_Mapping[str, str]] = ..., tenant_canaries: _Optional[_Mapping[str, str]] = ..., canary_requests: _Optional[int] = ..., canary_errors: _Optional[int] = ..., detail: _Optional[str] = ..., heartbeat_age_s: _Optional[float] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("model", "promoted_version", "canary_version", "canary_fraction", "pods", "converged")
+    __slots__ = ("model", "promoted_version", "canary_version", "canary_fraction", "pods", "converged", "tenant_versions", "tenant_canaries", "canary_healthy_requests", "last_order_at", "last_order_id", "lagging_pods")
+    class TenantVersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class TenantCanariesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMOTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     CANARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     CANARY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     PODS_FIELD_NUMBER: _ClassVar[int]
     CONVERGED_FIELD_NUMBER: _ClassVar[int]
+    TENANT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_CANARIES_FIELD_NUMBER: _ClassVar[int]
+    CANARY_HEALTHY_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ORDER_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ORDER_ID_FIELD_NUMBER: _ClassVar[int]
+    LAGGING_PODS_FIELD_NUMBER: _ClassVar[int]
     model: str
     promoted_version: str
     canary_version: str
     canary_fraction: float
     pods: _containers.RepeatedCompositeFieldContainer[PodStatus]
     converged: bool
-    def __init__(self, model: _Optional[str] = ..., promoted_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., canary_fraction: _Optional[float] = ..., pods: _Optional[_Iterable[_Union[PodStatus, _Mapping]]] = ..., converged: _Optional[bool] = ...) -> None: ...
+    tenant_versions: _containers.ScalarMap[str, str]
+    tenant_canaries: _containers.ScalarMap[str, str]
+    canary_healthy_requests: int
+    last_order_at: _timestamp_pb2.Timestamp
+    last_order_id: str
+    lagging_pods: int
+    def __init__(self, model: _Optional[str] = ..., promoted_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., canary_fraction: _Optional[float] = ..., pods: _Optional[_Iterable[_Union[PodStatus, _Mapping]]] = ..., converged: _Optional[bool] = ..., tenant_versions: _Optional[_Mapping[str, str]] = ..., tenant_canaries: _Optional[_Mapping[str, str]] = ..., canary_healthy_requests: _Optional[int] = ..., last_order_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_order_id: _Optional[str] = ..., lagging_pods: _Optional[int] = ...) -> None: ...

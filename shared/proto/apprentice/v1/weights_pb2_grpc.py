@@ -79,6 +79,11 @@ class WeightsStub:
                 request_serializer=apprentice_dot_v1_dot_weights__pb2.PodHeartbeat.SerializeToString,
                 response_deserializer=apprentice_dot_v1_dot_weights__pb2.HeartbeatAck.FromString,
                 _registered_method=True)
+        self.Pin = channel.unary_unary(
+                '/apprentice.v1.Weights/Pin',
+                request_serializer=apprentice_dot_v1_dot_weights__pb2.PinRequest.SerializeToString,
+                response_deserializer=apprentice_dot_v1_dot_weights__pb2.Manifest.FromString,
+                _registered_method=True)
 
 
 class WeightsServicer:
@@ -141,6 +146,13 @@ class WeightsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pin(self, request, context):
+        """pinned versions survive retention
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WeightsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +200,11 @@ def add_WeightsServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=apprentice_dot_v1_dot_weights__pb2.PodHeartbeat.FromString,
                     response_serializer=apprentice_dot_v1_dot_weights__pb2.HeartbeatAck.SerializeToString,
+            ),
+            'Pin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pin,
+                    request_deserializer=apprentice_dot_v1_dot_weights__pb2.PinRequest.FromString,
+                    response_serializer=apprentice_dot_v1_dot_weights__pb2.Manifest.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -433,6 +450,33 @@ class Weights:
             '/apprentice.v1.Weights/Heartbeat',
             apprentice_dot_v1_dot_weights__pb2.PodHeartbeat.SerializeToString,
             apprentice_dot_v1_dot_weights__pb2.HeartbeatAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apprentice.v1.Weights/Pin',
+            apprentice_dot_v1_dot_weights__pb2.PinRequest.SerializeToString,
+            apprentice_dot_v1_dot_weights__pb2.Manifest.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,172 @@
+"""The shared Kafka helpers against the real local broker (started by the project's own tooling)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from shared.events import decode, make_envelope
+from shared.kafka import DeadLetterPublisher, EventConsumer, EventProducer
+from shared.kafka.decode import decode_batch
+from shared.kafka.testing import read_all
+from shared.proto.apprentice.v1 import events_pb2
+from shared.topics import Topics
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _interaction(i: int, tenant: str = "acme") -> events_pb2.Interaction:
+    return events_pb2.Interaction(envelope=make_envelope(tenant, source="test"), interaction_id=f"i{i}",
+                                  session_id=f"s{i % 3}", response_text=f"answer {i}")
+
+
+def test_produce_and_consume_through_shared_helpers(kafka_bootstrap: str, topics: Topics) -> None:
+    producer = EventProducer(kafka_bootstrap, client_id="t")
+    sent = [_interaction(i) for i in range(20)]
+    for ev in sent:
+        producer.produce(topics.interactions, ev.session_id, ev)
+    producer.flush()
+    assert producer.delivered == 20 and producer.failed == 0
+
+    consumer = EventConsumer(kafka_bootstrap, "g-basic", [topics.interactions])
+    got = []
+    for _ in range(30):
+        batch = consumer.poll_batch(timeout=1.0)
+        got += [decode(events_pb2.Interaction, m.value()) for m in batch]
+        consumer.commit(batch)
+        if len(got) >= 20:
+            break
+    consumer.close()
+    assert sorted(g.envelope.event_id for g in got) == sorted(e.envelope.event_id for e in sent)
+    # same key --> same partition --> order kept per session
+    for s in ("s0", "s1", "s2"):
+        ids = [g.interaction_id for g in got if g.session_id == s]
+        assert ids == sorted(ids, key=lambda x: int(x[1:]))
+
+
+CRASHING_CONSUMER = textwrap.dedent("""
+    import os, sys
+    from shared.events import decode
+    from shared.idempotency import ProcessedEvents
+    from shared.kafka import EventConsumer
+    from shared.proto.apprentice.v1 import events_pb2
+
+    bootstrap, topic, db_path, crash = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "crash"
+    store = ProcessedEvents(db_path)
+    store.db.execute("CREATE TABLE IF NOT EXISTS effects (event_id TEXT, text TEXT)")
+    consumer = EventConsumer(bootstrap, "g-effect", [topic])
+    received = []
+    for _ in range(20):
+        batch = consumer.poll_batch(timeout=1.0)
+        for m in batch:
+            ev = decode(events_pb2.Interaction, m.value())
+            received.append(ev.envelope.event_id)
+            store.apply_once(ev.envelope.event_id, lambda db, ev=ev: db.execute(
+                "INSERT INTO effects VALUES (?, ?)", (ev.envelope.event_id, ev.response_text)))
+        if len(received) >= 10:
+            break
+    print(len(received), flush=True)
+    if crash:
+        os._exit(9)   # effect applied, offsets never committed
+    consumer.commit_offsets({(p.topic, p.partition): p.offset for p in consumer.raw.position(consumer.assignment())})
+    consumer.close()
+""")
+
+
+def test_commit_after_effect_redelivers_and_effect_applies_once(kafka_bootstrap: str, topics: Topics,
+                                                                tmp_path: Path) -> None:
+    producer = EventProducer(kafka_bootstrap)
+    for i in range(10):
+        producer.produce(topics.interactions, f"s{i}", _interaction(i))
+    producer.flush()
+    script = tmp_path / "consumer.py"
+    script.write_text(CRASHING_CONSUMER)
+    db = tmp_path / "effects.db"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def run(mode: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(script), kafka_bootstrap, topics.interactions, str(db), mode],
+                              capture_output=True, text=True, env=env, timeout=timeout)
+
+    first = run("crash")
+    assert first.returncode == 9 and first.stdout.strip() == "10", first.stderr[-2000:]
+    second = run("commit")  # killed before commit --> everything is delivered again
+    assert second.returncode == 0 and second.stdout.strip() == "10", second.stderr[-2000:]
+
+    import sqlite3
+
+    effects = sqlite3.connect(db).execute("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM effects").fetchone()
+    assert effects == (10, 10)  # 20 deliveries, 10 effects
+
+
+def test_garbage_bytes_become_a_dead_letter_and_the_consumer_goes_on(kafka_bootstrap: str, topics: Topics) -> None:
+    producer = EventProducer(kafka_bootstrap)
+    producer.produce(topics.interactions, "s", _interaction(1))
+    producer.produce(topics.interactions, "s", b"\x08\x96\x01garbage\xff\xff")
+    producer.produce(topics.interactions, "s", _interaction(2))
+    producer.flush()
+    dlp = DeadLetterPublisher(producer, topics.deadletter, source="test")
+    consumer = EventConsumer(kafka_bootstrap, "g-dl", [topics.interactions])
+    good = []
+    for _ in range(20):
+        batch = consumer.poll_batch(timeout=1.0)
+        good += decode_batch(batch, events_pb2.Interaction, dlp, stage="test.decode")
+        consumer.commit(batch)
+        if len(good) >= 2:
+            break
+    consumer.close()
+    assert [ev.interaction_id for _, ev in good] == ["i1", "i2"]
+    dead = read_all(kafka_bootstrap, topics.deadletter, expect=1)
+    assert len(dead) == 1
+    dl = decode(events_pb2.DeadLetter, dead[0].value())
+    assert dl.stage == "test.decode" and "not a apprentice.v1.Interaction" in dl.reason
+    assert (dl.origin_topic, dl.origin_offset) == (topics.interactions, 1)
+    assert dl.original_value.endswith(b"\xff\xff")
+
+
+def test_apprentice_tail_prints_a_produced_event_as_json(kafka_bootstrap: str, topics: Topics) -> None:
+    producer = EventProducer(kafka_bootstrap)
+    ev = _interaction(42)
+    producer.produce(topics.interactions, ev.session_id, ev)
+    producer.flush()
+    env = dict(os.environ, APPRENTICE_TOPIC_PREFIX=topics.prefix, APPRENTICE_KAFKA_BOOTSTRAP=kafka_bootstrap)
+    out = subprocess.run([sys.executable, "-m", "shared.cli.main", "tail", "interactions", "--from-beginning",
+                          "--max", "1", "--timeout", "30"], capture_output=True, text=True, env=env, timeout=90,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    record = json.loads(out.stdout.strip().splitlines()[0])
+    assert record["topic"] == topics.interactions and record["key"] == ev.session_id
+    assert record["value"]["interaction_id"] == "i42"
+    assert record["value"]["envelope"]["event_id"] == ev.envelope.event_id
+
+
+def test_broker_start_twice_is_harmless_and_status_reports_it(kafka_bootstrap: str) -> None:
+    env = dict(os.environ, APPRENTICE_KAFKA_BOOTSTRAP=kafka_bootstrap)
+    cli = [sys.executable, "-m", "shared.cli.main", "kafka"]
+    for _ in range(2):
+        out = subprocess.run([*cli, "start"], capture_output=True, text=True, env=env, timeout=180, cwd=REPO)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "reused (already running)" in out.stdout or "started" in out.stdout
+    status = subprocess.run([*cli, "status"], capture_output=True, text=True, env=env, timeout=60, cwd=REPO)
+    assert status.returncode == 0 and "kafka broker up at" in status.stdout
+
+
+def test_topics_have_their_partitions_and_compaction(kafka_bootstrap: str, topics: Topics) -> None:
+    from confluent_kafka.admin import ConfigResource
+
+    from shared.kafka.admin import admin, list_topics
+
+    parts = list_topics(kafka_bootstrap)
+    for spec in topics.specs():
+        assert parts[spec.name] == spec.partitions
+    res = ConfigResource(ConfigResource.Type.TOPIC, topics.knowledge)
+    client = admin(kafka_bootstrap)  # keep a reference: the futures die with the client
+    cfg = client.describe_configs([res])[res].result(30)
+    assert cfg["cleanup.policy"].value == "compact"
