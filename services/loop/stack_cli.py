@@ -1,0 +1,217 @@
+"""`apprentice up | down | status`: the local stack (broker + five services) as supervised processes."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from shared.config import CommonSettings
+
+GRPC_PORTS = {"inference": 50051, "weights": 50052, "extractor": 50053}
+METRICS_PORTS = {"inference": 9101, "grader": 9102, "extractor": 9103, "trainer": 9104, "weights": 9105}
+
+
+def _supervisor_pid(home: Path) -> int | None:
+    try:
+        pid = int(json.loads((home / "stack.json").read_text())["supervisor_pid"])
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, KeyError, ProcessLookupError, json.JSONDecodeError):
+        return None
+
+
+def up(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice up", description="Start the broker and the five services.")
+    ap.add_argument("--foreground", action="store_true", help="supervise in this terminal (Ctrl-C stops all)")
+    ap.add_argument("--wait", type=float, default=300.0, help="seconds to wait for every service to be healthy")
+    ns = ap.parse_args(argv)
+    settings = CommonSettings()
+    from shared.cli.kafka_cmds import kafka
+
+    if kafka(["start"]) != 0:
+        return 1
+    if _supervisor_pid(settings.home):
+        print("the stack is already up (apprentice status)")
+        return 0
+    if ns.foreground:
+        from services.loop.supervisor import main as supervise
+
+        return supervise()
+    log = settings.home / "logs" / "supervisor.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.Popen([sys.executable, "-m", "services.loop.supervisor"], stdout=open(log, "ab"),  # noqa: SIM115
+                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + ns.wait
+    while time.monotonic() < deadline:
+        health = service_health()
+        if all(health.values()):
+            break
+        time.sleep(2)
+    report = collect_status(settings)
+    print_status(report)
+    print("\nCall it:  grpcurl -plaintext -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}' "
+          "localhost:50051 apprentice.v1.Inference/Generate\n"
+          "   or:    python -c \"from services.inference.client import InferenceClient; "
+          "print(InferenceClient('localhost:50051').generate('hi'))\"")
+    return 0 if all(service_health().values()) else 1
+
+
+def down(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="apprentice down", description="Stop the local stack.").parse_args(argv)
+    settings = CommonSettings()
+    pid = _supervisor_pid(settings.home)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(120):
+            try:
+                os.kill(pid, 0)
+                time.sleep(0.5)
+            except ProcessLookupError:
+                break
+        print("services stopped")
+    from shared.cli.kafka_cmds import kafka
+
+    return kafka(["stop"])
+
+
+def _grpc_healthy(port: int) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+            return resp.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
+def _metrics(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+def service_health() -> dict[str, bool]:
+    out = {}
+    for name, mport in METRICS_PORTS.items():
+        out[name] = _grpc_healthy(GRPC_PORTS[name]) if name in GRPC_PORTS else _metrics(mport) is not None
+    return out
+
+
+def _metric_value(text: str | None, prefix: str) -> float | None:
+    if not text:
+        return None
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(prefix) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    return total if found else None
+
+
+def consumer_lag(bootstrap: str, topic_names: set[str]) -> dict[str, dict[str, int]]:
+    """{group: {topic: lag}} for every consumer group reading one of our topics."""
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=10).result(15).valid]
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "apprentice-status-probe"})
+    lag: dict[str, dict[str, int]] = {}
+    try:
+        for gid in groups:
+            if gid.startswith("apprentice-tail") or gid == "apprentice-status-probe":
+                continue
+            futs = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)])
+            res = futs[gid].result(15)
+            for tp in res.topic_partitions:
+                if tp.topic not in topic_names or tp.offset < 0:
+                    continue
+                _lo, hi = probe.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)
+                lag.setdefault(gid, {}).setdefault(tp.topic, 0)
+                lag[gid][tp.topic] += max(0, hi - tp.offset)
+    finally:
+        probe.close()
+    return lag
+
+
+def collect_status(settings: CommonSettings) -> dict[str, Any]:
+    from shared.kafka.admin import broker_answers
+
+    report: dict[str, Any] = {"broker": {"bootstrap": settings.kafka_bootstrap,
+                                         "up": broker_answers(settings.kafka_bootstrap)}}
+    state: dict[str, Any] = {}
+    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+        state = json.loads((settings.home / "stack.json").read_text())
+    health = service_health()
+    report["services"] = {name: {"healthy": ok, **state.get("services", {}).get(name, {})}
+                          for name, ok in health.items()}
+    report["spool_depth"] = _metric_value(_metrics(METRICS_PORTS["inference"]), "apprentice_inference_spool_depth")
+    report["pods"], report["knowledge"] = _versions(settings)
+    if report["broker"]["up"]:
+        try:
+            report["lag"] = consumer_lag(settings.kafka_bootstrap, {s.name for s in settings.topics.specs()})
+        except Exception as e:  # noqa: BLE001 - status must print whatever it can
+            report["lag"] = {"error": str(e)}
+    return report
+
+
+def _versions(settings: CommonSettings) -> tuple[Any, Any]:
+    import grpc
+
+    from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
+
+    pods: Any = None
+    knowledge: Any = None
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORTS['weights']}") as ch:
+            st = weights_pb2_grpc.WeightsStub(ch).Status(weights_pb2.StatusRequest(model=settings.model), timeout=3)
+            pods = {"promoted": st.promoted_version, "canary": st.canary_version, "converged": st.converged,
+                    "pods": {p.pod_id: {"serving": p.serving_version, "tenants": dict(p.tenant_versions),
+                                        "lagging": p.lagging} for p in st.pods}}
+    except grpc.RpcError as e:
+        pods = {"error": e.code().name}
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORTS['extractor']}") as ch:
+            lst = knowledge_pb2_grpc.KnowledgeStub(ch).List(knowledge_pb2.ListKnowledgeRequest(), timeout=3)
+            knowledge = {b.key: {"version": b.version, "items": b.item_count} for b in lst.bases}
+    except grpc.RpcError as e:
+        knowledge = {"error": e.code().name}
+    return pods, knowledge
+
+
+def print_status(report: dict[str, Any]) -> None:
+    b = report["broker"]
+    print(f"broker     {'up' if b['up'] else 'DOWN'} at {b['bootstrap']}")
+    for name, s in report["services"].items():
+        extra = f"pid {s.get('pid')}, restarts {s.get('restarts', 0)}" if "pid" in s else "not supervised here"
+        print(f"{name:<10} {'healthy' if s['healthy'] else 'DOWN':<8} ({extra})")
+    print(f"versions   {json.dumps(report['pods'])}")
+    print(f"knowledge  {json.dumps(report['knowledge'])}")
+    print(f"spool      {report['spool_depth'] if report['spool_depth'] is not None else 'n/a'}")
+    for group, topics in (report.get("lag") or {}).items():
+        print(f"lag        {group}: {topics}")
+
+
+def status(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice status", description="Health, versions, lag, spool, knowledge.")
+    ap.add_argument("--json", action="store_true")
+    ns = ap.parse_args(argv)
+    report = collect_status(CommonSettings())
+    if ns.json:
+        print(json.dumps(report, indent=1, default=str))
+    else:
+        print_status(report)
+    return 0 if report["broker"]["up"] and all(s["healthy"] for s in report["services"].values()) else 1

@@ -1,0 +1,125 @@
+"""Service specs --> running, supervised processes (the local stack behind `apprentice up`).
+
+Each service runs as `python -m shared.cli.main serve NAME` with its log under `.apprentice/logs/`. A
+crashed service is restarted with exponential back-off (1 s doubling to 30 s, reset after a minute of
+uptime), so one bad start does not spin the CPU and a transient failure heals by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SERVICES = ("weights", "inference", "grader", "extractor", "trainer")
+BACKOFF_START_S, BACKOFF_MAX_S, HEALTHY_AFTER_S = 1.0, 30.0, 60.0
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    backoff: float = BACKOFF_START_S
+    next_start: float = 0.0
+    exits: list[int] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=self.env, start_new_session=True)
+        self.started_at = time.monotonic()
+
+    def poll(self, now: float) -> None:
+        """Restart a dead child once its back-off has passed."""
+        if self.proc is not None and self.proc.poll() is None:
+            if now - self.started_at > HEALTHY_AFTER_S:
+                self.backoff = BACKOFF_START_S
+            return
+        if self.proc is not None:
+            code = self.proc.returncode
+            self.exits.append(code)
+            log.warning("service exited", extra={"service": self.name, "code": code, "restart_in_s": self.backoff})
+            self.proc = None
+            self.next_start = now + self.backoff
+            self.backoff = min(self.backoff * 2, BACKOFF_MAX_S)
+            return
+        if now >= self.next_start:
+            self.restarts += 1 if self.started_at else 0
+            self.start()
+
+    def stop(self, grace: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+class Supervisor:
+    def __init__(self, home: Path, services: tuple[str, ...] = SERVICES, env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.state_file = home / "stack.json"
+        base_env = dict(os.environ if env is None else env)
+        self.children = [Child(name, [sys.executable, "-m", "shared.cli.main", "serve", name],
+                               home / "logs" / f"{name}.log", base_env) for name in services]
+        self._stopping = False
+
+    def write_state(self) -> None:
+        state = {"supervisor_pid": os.getpid(), "updated": time.time(),
+                 "services": {c.name: {"pid": c.proc.pid if c.proc and c.proc.poll() is None else None,
+                                       "restarts": c.restarts, "exits": c.exits[-5:], "log": str(c.log_path)}
+                              for c in self.children}}
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.state_file)
+
+    def run(self, poll_s: float = 0.5) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stopping", True))
+        signal.signal(signal.SIGINT, lambda *_: setattr(self, "_stopping", True))
+        try:
+            while not self._stopping:
+                now = time.monotonic()
+                for c in self.children:
+                    c.poll(now)
+                self.write_state()
+                time.sleep(poll_s)
+        finally:
+            self.stop()
+
+    def stop(self, grace: float = 20.0) -> None:
+        # Reverse start order: producers of traffic stop before the services they feed.
+        for c in reversed(self.children):
+            c.stop(grace)
+        self.state_file.unlink(missing_ok=True)
+
+
+def main() -> int:
+    from shared.config import CommonSettings
+    from shared.logs import configure_logging
+
+    settings = CommonSettings()
+    configure_logging("supervisor", settings.log_level, settings.log_json)
+    services = tuple(os.environ.get("APPRENTICE_STACK_SERVICES", ",".join(SERVICES)).split(","))
+    Supervisor(settings.home, services).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Task file (YAML) --> a validated `Task`: facts, paraphrased questions, answer checks, corrections.
+
+A task is data, not code, so a user can write their own (format in services/loop/README.md). The answer
+checks are rule-grader entries (`shared/grading`), the same rules the grader and the eval gate apply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shared.grading.rules import RuleResult, grade_rule, parse_rule_spec
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+
+
+class TaskError(ValueError):
+    """The task file is invalid; the message says where."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fact(_Strict):
+    id: str
+    fact: str
+    """The knowledge a human agent has and the base model lacks."""
+    answer_check: dict[str, Any]
+    """A rule grader entry (type contains / regex / exact / ...) deciding the KPI."""
+    correction: str
+    """What a human agent writes back when the answer is wrong (the feedback text)."""
+    questions: list[str] = Field(min_length=2)
+
+
+class OODItem(_Strict):
+    question: str
+    check: dict[str, Any]
+
+
+class KPI(_Strict):
+    name: str = "resolved"
+    description: str = ""
+
+
+class Task(_Strict):
+    name: str
+    tenant: str = "demo"
+    task: str = "support"
+    system_prompt: str = ""
+    kpi: KPI = KPI()
+    held_out_per_fact: int = Field(default=2, ge=1)
+    facts: list[Fact] = Field(min_length=1)
+    out_of_distribution: list[OODItem] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _checks_are_rules(self) -> Task:
+        for f in self.facts:
+            if len(f.questions) <= self.held_out_per_fact:
+                raise ValueError(f"fact {f.id!r}: needs more than held_out_per_fact={self.held_out_per_fact} questions")
+            parse_rule_spec({"name": f.id, **f.answer_check})
+        for i, item in enumerate(self.out_of_distribution):
+            parse_rule_spec({"name": f"ood_{i}", **item.check})
+        return self
+
+    # --- splits --------------------------------------------------------------------------------------
+    def train_questions(self) -> list[tuple[Fact, str]]:
+        return [(f, q) for f in self.facts for q in f.questions[: len(f.questions) - self.held_out_per_fact]]
+
+    def held_out_questions(self) -> list[tuple[Fact, str]]:
+        """Never sent during training rounds: the learning curve is measured on these."""
+        return [(f, q) for f in self.facts for q in f.questions[len(f.questions) - self.held_out_per_fact:]]
+
+    def messages(self, question: str, knowledge: list[str] | None = None) -> list[dict[str, str]]:
+        system = self.system_prompt
+        if knowledge:
+            system = (system + "\n\nUse this knowledge:\n" + "\n".join(f"- {k}" for k in knowledge)).strip()
+        msgs = [{"role": "system", "content": system}] if system else []
+        return [*msgs, {"role": "user", "content": question}]
+
+    def fact_by_id(self, fact_id: str) -> Fact:
+        for f in self.facts:
+            if f.id == fact_id:
+                return f
+        raise KeyError(fact_id)
+
+
+def check_answer(fact: Fact, text: str) -> RuleResult:
+    return grade_rule({"name": fact.id, **fact.answer_check}, text)
+
+
+def check_ood(item: OODItem, index: int, text: str) -> RuleResult:
+    return grade_rule({"name": f"ood_{index}", **item.check}, text)
+
+
+def load_task(name_or_path: str | Path) -> Task:
+    """A task by file path or by the name of a shipped task (`support_desk`)."""
+    path = Path(name_or_path)
+    if not path.exists():
+        path = TASKS_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        shipped = ", ".join(p.stem for p in sorted(TASKS_DIR.glob("*.yaml")))
+        raise TaskError(f"no task file {name_or_path!r} (shipped tasks: {shipped})")
+    try:
+        return Task.model_validate(yaml.safe_load(path.read_text()))
+    except ValidationError as e:
+        raise TaskError(f"{path}: {e}") from None
