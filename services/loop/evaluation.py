@@ -1,0 +1,87 @@
+"""Held-out and out-of-distribution questions --> success rates with 95% intervals, through the real
+Inference service (`no_capture`, so evaluation traffic never becomes training data)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import grpc
+
+from services.loop.stats import wilson
+from services.loop.task import Task, check_answer, check_ood
+from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+
+
+@dataclass
+class EvalResult:
+    policy_version: str
+    greedy_success: int
+    greedy_total: int
+    sampled_success: int
+    sampled_total: int
+    ood_success: int
+    ood_total: int
+    mean_response_tokens: float
+    examples: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def success(self) -> int:
+        """Headline count: greedy + sampled answers together."""
+        return self.greedy_success + self.sampled_success
+
+    @property
+    def total(self) -> int:
+        return self.greedy_total + self.sampled_total
+
+    def as_dict(self) -> dict[str, object]:
+        lo, hi = wilson(self.success, self.total)
+        olo, ohi = wilson(self.ood_success, self.ood_total)
+        return {**asdict(self), "success_rate": self.success / max(1, self.total), "ci95": [lo, hi],
+                "ood_rate": self.ood_success / max(1, self.ood_total), "ood_ci95": [olo, ohi]}
+
+
+class Evaluator:
+    def __init__(self, task: Task, inference_target: str, *, samples: int, temperature: float = 0.7,
+                 max_new_tokens: int = 48, concurrency: int = 8, timeout_s: float = 600.0) -> None:
+        self.task = task
+        self.channel = grpc.insecure_channel(inference_target)
+        self.stub = inference_pb2_grpc.InferenceStub(self.channel)
+        self.samples, self.temperature, self.max_new_tokens = samples, temperature, max_new_tokens
+        self.concurrency, self.timeout_s = concurrency, timeout_s
+
+    def _ask(self, question: str, *, n: int, temperature: float, seed: int) -> inference_pb2.GenerateResponse:
+        req = inference_pb2.GenerateRequest(
+            messages=[common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in self.task.messages(question)],
+            sampling=common_pb2.SamplingParams(max_new_tokens=self.max_new_tokens, temperature=temperature, n=n,
+                                               seed=seed, top_p=0.95 if temperature > 0 else 0.0),
+            tenant=self.task.tenant, task=self.task.task, no_capture=True)
+        return self.stub.Generate(req, timeout=self.timeout_s)
+
+    def run(self, round_index: int) -> EvalResult:
+        held = self.task.held_out_questions()
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            greedy = [pool.submit(self._ask, q, n=1, temperature=0.0, seed=0) for _, q in held]
+            sampled = ([pool.submit(self._ask, q, n=self.samples, temperature=self.temperature,
+                                    seed=1000 * round_index + i + 1) for i, (_, q) in enumerate(held)]
+                       if self.samples else [])
+            ood = [pool.submit(self._ask, it.question, n=1, temperature=0.0, seed=0)
+                   for it in self.task.out_of_distribution]
+            greedy_r = [f.result() for f in greedy]
+            sampled_r = [f.result() for f in sampled]
+            ood_r = [f.result() for f in ood]
+        g_ok = sum(check_answer(f, r.choices[0].text).value >= 1 for (f, _), r in zip(held, greedy_r, strict=True))
+        s_ok = sum(check_answer(f, c.text).value >= 1 for (f, _), r in zip(held, sampled_r, strict=False)
+                   for c in r.choices)
+        o_ok = sum(check_ood(it, i, r.choices[0].text).value >= 1
+                   for i, (it, r) in enumerate(zip(self.task.out_of_distribution, ood_r, strict=True)))
+        tokens = [c.token_count for r in greedy_r + sampled_r for c in r.choices]
+        versions = {r.policy_version for r in greedy_r}
+        examples = [{"question": q, "answer": r.choices[0].text} for (_, q), r in list(zip(held, greedy_r, strict=True))[:4]]
+        return EvalResult(policy_version=",".join(sorted(versions)), greedy_success=int(g_ok), greedy_total=len(held),
+                          sampled_success=int(s_ok), sampled_total=len(held) * self.samples, ood_success=int(o_ok),
+                          ood_total=len(ood_r), mean_response_tokens=sum(tokens) / max(1, len(tokens)),
+                          examples=examples)
+
+    def close(self) -> None:
+        self.channel.close()

@@ -1,0 +1,90 @@
+"""Task questions --> gRPC traffic and feedback, as a product backend with real users would send it.
+
+Each simulated user asks one training question through `Inference.Generate`, reads the answer, and the
+backend reports the business KPI (`resolved` = the answer states the right fact) through
+`Feedback.Submit`; when the answer is wrong a human agent's correction follows, as free text. Held-out
+questions are never asked here.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+
+from services.loop.task import Fact, Task, check_answer
+from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+
+
+@dataclass
+class Exchange:
+    fact_id: str
+    question: str
+    interaction_id: str
+    answer: str
+    resolved: bool
+    policy_version: str
+    tokens: int
+
+
+class SimulatedUsers:
+    def __init__(self, task: Task, inference_target: str, *, concurrency: int = 8, seed: int = 0,
+                 timeout_s: float = 300.0) -> None:
+        self.task = task
+        self.channel = grpc.insecure_channel(inference_target)
+        self.inference = inference_pb2_grpc.InferenceStub(self.channel)
+        self.feedback = inference_pb2_grpc.FeedbackStub(self.channel)
+        self.concurrency = concurrency
+        self.rng = random.Random(seed)
+        self.timeout_s = timeout_s
+
+    def pick(self, count: int) -> list[tuple[Fact, str]]:
+        """`count` training questions, every fact as evenly as possible, in random order."""
+        by_fact: dict[str, list[tuple[Fact, str]]] = {}
+        for f, q in self.task.train_questions():
+            by_fact.setdefault(f.id, []).append((f, q))
+        for qs in by_fact.values():
+            self.rng.shuffle(qs)
+        interleaved = [qs[i] for i in range(max(map(len, by_fact.values()))) for qs in by_fact.values() if i < len(qs)]
+        return interleaved[:count]
+
+    def ask(self, fact: Fact, question: str, *, max_new_tokens: int, temperature: float, n: int = 1,
+            seed: int = 0) -> list[Exchange]:
+        req = inference_pb2.GenerateRequest(
+            messages=[common_pb2.ChatMessage(role=m["role"], content=m["content"])
+                      for m in self.task.messages(question)],
+            sampling=common_pb2.SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
+                                               top_p=0.95 if temperature > 0 else 0.0, n=n, seed=seed),
+            tenant=self.task.tenant, session_id=f"user-{uuid.uuid4().hex[:12]}", task=self.task.task)
+        resp = self.inference.Generate(req, timeout=self.timeout_s)
+        out = []
+        for choice in resp.choices:
+            resolved = check_answer(fact, choice.text).value >= 1.0
+            self._report(choice.interaction_id, fact, resolved)
+            out.append(Exchange(fact.id, question, choice.interaction_id, choice.text, resolved,
+                                resp.policy_version, choice.token_count))
+        return out
+
+    def _report(self, interaction_id: str, fact: Fact, resolved: bool) -> None:
+        tenant = self.task.tenant
+        self.feedback.Submit(inference_pb2.FeedbackRequest(
+            interaction_id=interaction_id, kind="kpi", kpi_name=self.task.kpi.name, value=1.0 if resolved else 0.0,
+            tenant=tenant), timeout=30)
+        if not resolved:
+            self.feedback.Submit(inference_pb2.FeedbackRequest(
+                interaction_id=interaction_id, kind="correction", comment=fact.correction, value=-1.0,
+                tenant=tenant), timeout=30)
+
+    def run(self, questions: Sequence[tuple[Fact, str]], *, max_new_tokens: int, temperature: float,
+            n: int = 1) -> list[Exchange]:
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            futs = [pool.submit(self.ask, f, q, max_new_tokens=max_new_tokens, temperature=temperature, n=n,
+                                seed=self.rng.randrange(1, 2**31)) for f, q in questions]
+            return [e for fut in futs for e in fut.result()]
+
+    def close(self) -> None:
+        self.channel.close()
