@@ -190,7 +190,7 @@ def _generator(seed: int | None, sample_index: int) -> torch.Generator | None:
     if seed is None or seed == 0:
         return None
     g = torch.Generator()
-    g.manual_seed(int(seed) * 1000003 + sample_index)  # distinct, reproducible stream per sample
+    g.manual_seed((int(seed) * 1000003 + sample_index) % (1 << 63))  # distinct, reproducible; any int64 seed
     return g
 
 

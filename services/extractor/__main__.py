@@ -1,0 +1,29 @@
+"""`apprentice serve extractor`: parse settings, configure logging and metrics, run until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import signal
+
+
+def main(argv: list[str] | None = None) -> int:
+    from services.extractor.config import ExtractorSettings
+
+    settings = ExtractorSettings()
+    from shared.logs import configure_logging
+    from shared.metrics import start_metrics_server
+
+    configure_logging("extractor", settings.common.log_level, settings.common.log_json)
+    start_metrics_server(settings.metrics_port)
+    from services.extractor.app import ExtractorApp
+
+    app = ExtractorApp(settings)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: app.request_stop())
+    app.start()
+    app.wait()
+    app.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""Wiring: graded topic --> sessions --> extraction --> knowledge snapshots on the compacted topic, plus the
+Knowledge gRPC server and metrics.
+
+Delivery: at least once with idempotent effects. A poll's records join open sessions; closed sessions are
+extracted, applied and published (flush = durable); only then are offsets committed, and never past the
+first record of a session that is still open. A redelivered record whose (interaction, revision) is in
+the base's `processed` list changes nothing. Start-up rebuilds every base from the knowledge topic before
+serving or consuming, so a restarted extractor continues the version numbers where they were.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from services.extractor.config import ExtractorSettings
+from services.extractor.curation import Curator, Embedder, TokenCounter, approx_tokens
+from services.extractor.extraction import ExtractionSettings, Extractor, RateLimiter
+from services.extractor.knowledge import Extracted, KnowledgeStore
+from services.extractor.llm import ExtractorLLM, LLMUnavailable, make_llm
+from services.extractor.server import SERVICE, create_knowledge_server
+from services.extractor.snapshots import read_snapshots
+from services.extractor.trajectories import SessionBuffer, Trajectory
+from shared.grpc_util import graceful_stop, set_serving
+from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer, ensure_topics
+from shared.kafka.decode import decode_batch
+from shared.proto.apprentice.v1 import events_pb2
+
+log = logging.getLogger(__name__)
+
+TRAJECTORIES = Counter("apprentice_extractor_trajectories_total", "Closed trajectories by outcome", ["outcome"])
+ITEMS = Counter("apprentice_extractor_items_total", "Candidate items by curation verdict", ["verdict"])
+SNAPSHOTS = Counter("apprentice_extractor_snapshots_total", "Knowledge snapshots published")
+LLM_CALLS = Counter("apprentice_extractor_llm_calls_total", "Extraction requests sent to the LLM")
+LLM_ERRORS = Counter("apprentice_extractor_llm_unavailable_total", "Batches left for later: LLM unavailable")
+OPEN_SESSIONS = Gauge("apprentice_extractor_open_sessions", "Sessions collecting turns")
+
+
+def policy_token_counter(model_name: str) -> TokenCounter:
+    """Count tokens with the policy's tokenizer (the knowledge goes into its context); ~4 chars/token when
+    the tokenizer cannot be loaded here."""
+    try:
+        from shared.models import load_tokenizer
+
+        tok = load_tokenizer(model_name)
+    except Exception as e:  # noqa: BLE001 - an approximate cap beats not starting
+        log.warning("token counts approximated (tokenizer of %s unavailable: %s)", model_name, e)
+        return approx_tokens
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+    return count
+
+
+def _position(rec: Any) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed record."""
+    return rec.topic() or "", int(rec.partition() or 0), int(rec.offset() or 0)
+
+
+class ExtractorApp:
+    def __init__(self, settings: ExtractorSettings, llm: ExtractorLLM | None = None, *,
+                 embedder: Embedder | None = None, count_tokens: TokenCounter | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        common = settings.common
+        self.topics = common.topics
+        self.producer = EventProducer(common.kafka_bootstrap, client_id="extractor")
+        self.deadletters = DeadLetterPublisher(self.producer, self.topics.deadletter, source="extractor")
+        if embedder is None and settings.embedding_dedupe:
+            from services.extractor.embeddings import MiniLMEmbedder
+
+            embedder = MiniLMEmbedder()
+        curator = Curator(min_chars=settings.min_item_chars, max_chars=settings.max_item_chars,
+                          near_threshold=settings.near_duplicate_threshold,
+                          embedding_threshold=settings.embedding_threshold, harmful_margin=settings.harmful_margin,
+                          count_tokens=count_tokens or policy_token_counter(common.model), embedder=embedder)
+        self.store = KnowledgeStore(curator, self._publish, requires_approval=settings.tenant_requires_approval,
+                                    max_tokens=settings.max_tokens, max_rejected_kept=settings.max_rejected_kept,
+                                    max_processed_kept=settings.max_processed_kept)
+        self.buffer = SessionBuffer(settings.session_gap_s, settings.max_turns, clock)
+        self.llm = llm or make_llm(settings)
+        self.extractor = Extractor(self.llm, ExtractionSettings(
+            max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_p=settings.top_p,
+            top_k=settings.top_k, batch_size=settings.batch_size, max_items=settings.max_items_per_trajectory,
+            max_turn_chars=settings.max_turn_chars, include_previous=settings.include_previous_knowledge,
+            correction_items=settings.correction_items, retries=settings.retries),
+            RateLimiter(settings.rate_limit_per_s, settings.rate_burst))
+        self.consumer: EventConsumer | None = None
+        self.server: Any = None
+        self.health: Any = None
+        self.port = 0
+        self._committed: dict[tuple[str, int], int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- durability ------------------------------------------------------------------------------------
+    def _publish(self, snap: events_pb2.KnowledgeSnapshot) -> None:
+        """Durable write of one snapshot (raises DeliveryError: the store then keeps its old state)."""
+        self.producer.produce(self.topics.knowledge, snap.key, snap)
+        self.producer.flush(timeout=30.0)
+        SNAPSHOTS.inc()
+        log.info("knowledge snapshot published", extra={"key": snap.key, "version": snap.version,
+                                                         "items": len(snap.items), "change": snap.change})
+
+    def rebuild(self, timeout: float = 30.0) -> int:
+        """Load every snapshot from the compacted topic; returns how many records were read."""
+        snaps = read_snapshots(self.settings.common.kafka_bootstrap, self.topics.knowledge, timeout=timeout)
+        for s in snaps:
+            self.store.load(s)
+        log.info("knowledge rebuilt from topic", extra={"records": len(snaps), "bases": len(self.store.base_keys())})
+        return len(snaps)
+
+    # --- life cycle ----------------------------------------------------------------------------------------
+    def start(self, *, consume: bool = True) -> int:
+        """Rebuild, serve gRPC, then (optionally) consume in a background thread. Returns the gRPC port."""
+        ensure_topics(self.settings.common.kafka_bootstrap, self.topics)
+        self.rebuild()
+        self.server, self.port, self.health = create_knowledge_server(self.store, self.settings.grpc_port,
+                                                                      self.settings.grpc_host)
+        self.server.start()
+        set_serving(self.health, [SERVICE])
+        if consume:
+            self.open_consumer()
+            self._thread = threading.Thread(target=self._run, name="extractor-consumer", daemon=True)
+            self._thread.start()
+        return self.port
+
+    def open_consumer(self) -> EventConsumer:
+        if self.consumer is None:
+            self.consumer = EventConsumer(self.settings.common.kafka_bootstrap, self.settings.group_id,
+                                          [self.topics.graded])
+        return self.consumer
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:  # noqa: BLE001 - keep consuming; uncommitted records are redelivered
+                log.exception("extractor poll failed; retrying")
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self.server is not None:
+            graceful_stop(self.server, self.health, self.settings.grace_s)
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
+        self.producer.close()
+        self.llm.close()
+
+    # --- one step --------------------------------------------------------------------------------------
+    def poll_once(self) -> int:
+        """Poll a batch, process closed sessions, commit what is safe; returns trajectories applied."""
+        consumer = self.open_consumer()
+        records = consumer.poll_batch(self.settings.poll_max_records, self.settings.poll_timeout_s)
+        for rec in records:
+            self.buffer.note_consumed(*_position(rec))
+        for rec, g in decode_batch(records, events_pb2.GradedInteraction, self.deadletters,
+                                   stage="extractor.decode"):
+            topic, partition, offset = _position(rec)
+            self.buffer.add(g, topic=topic, partition=partition, offset=offset)
+        n = self.process_ready()
+        self._commit()
+        return n
+
+    def process_ready(self, *, flush_all: bool = False) -> int:
+        """Extract and apply every closed session. Sessions whose extraction or publication failed stay
+        open (and keep their offsets uncommitted) for the next poll."""
+        ready = self.buffer.ready(flush_all=flush_all)
+        OPEN_SESSIONS.set(len(self.buffer))
+        if not ready:
+            return 0
+        todo: list[Trajectory] = []
+        done: list[Trajectory] = []
+        for traj, _offsets in ready:
+            new = [t for t in traj.turns if self.store.is_new(traj.key, t.interaction_id, t.revision)]
+            if not new:
+                TRAJECTORIES.labels("already_applied").inc()
+                done.append(traj)
+            elif not any(t.informative for t in new):
+                TRAJECTORIES.labels("no_signal").inc()
+                done.append(traj)
+            else:
+                todo.append(traj)
+        self.buffer.release(done)
+        if not todo:
+            return 0
+        try:
+            calls_before, echoes_before = self.extractor.calls, self.extractor.echoes
+            results = self.extractor.extract(todo, self.store.active_texts)
+            LLM_CALLS.inc(self.extractor.calls - calls_before)
+            ITEMS.labels("echo").inc(self.extractor.echoes - echoes_before)
+        except LLMUnavailable as e:
+            LLM_ERRORS.inc()
+            log.warning("extraction postponed: %s", e)
+            return 0
+        by_key: dict[str, list[Extracted]] = defaultdict(list)
+        for r in results:
+            by_key[r.trajectory.key].append(r)
+        applied = 0
+        for key, batch in by_key.items():
+            try:
+                _snap, verdicts = self.store.apply(key, batch)
+            except DeliveryError as e:
+                log.error("snapshot for %s not durable, will retry: %s", key, e)
+                continue
+            for v in verdicts:
+                ITEMS.labels(v.outcome).inc()
+                if v.outcome == "rejected":
+                    log.info("item rejected", extra={"key": key, "reason": v.reason})
+            TRAJECTORIES.labels("extracted").inc(len(batch))
+            self.buffer.release(r.trajectory for r in batch)
+            applied += len(batch)
+        OPEN_SESSIONS.set(len(self.buffer))
+        return applied
+
+    def _commit(self) -> None:
+        if self.consumer is None:
+            return
+        safe = {tp: off for tp, off in self.buffer.safe_offsets().items() if self._committed.get(tp) != off}
+        if safe:
+            self.consumer.commit_offsets(safe)
+            self._committed.update(safe)
+
+    def wait(self) -> None:
+        """Block until stop() (used by __main__)."""
+        self._stop.wait()
+
+    def request_stop(self) -> None:
+        self._stop.set()

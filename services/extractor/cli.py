@@ -1,0 +1,194 @@
+"""`apprentice knowledge ...`: read and curate the experiential knowledge bases.
+
+    apprentice knowledge [list]                      the bases and their latest versions
+    apprentice knowledge show [KEY] [--version N] [--training-view]
+    apprentice knowledge approve|reject|pin KEY ITEM_ID [--operator NAME]
+    apprentice knowledge edit KEY ITEM_ID TEXT [--operator NAME]
+
+Talks to a running extractor over gRPC (`--target`, default APPRENTICE_EXTRACTOR_TARGET or
+127.0.0.1:50053). `list` and `show` fall back to reading the compacted knowledge topic when no extractor
+answers (or with `--from-topic`); changes always go through the extractor, the single writer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+import textwrap
+from datetime import UTC, datetime
+
+from shared.proto.apprentice.v1 import events_pb2
+
+S = events_pb2.ItemStatus
+STATUS = {S.ITEM_STATUS_PROPOSED: "PROPOSED", S.ITEM_STATUS_APPROVED: "APPROVED",
+          S.ITEM_STATUS_REJECTED: "REJECTED", S.ITEM_STATUS_PINNED: "PINNED", S.ITEM_STATUS_UNSPECIFIED: "?"}
+ORDER = {S.ITEM_STATUS_PINNED: 0, S.ITEM_STATUS_APPROVED: 1, S.ITEM_STATUS_PROPOSED: 2, S.ITEM_STATUS_REJECTED: 3}
+
+
+def _when(ts: object) -> str:
+    secs = getattr(ts, "seconds", 0)
+    if not secs:
+        return "-"
+    return datetime.fromtimestamp(secs, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def format_snapshot(snap: events_pb2.KnowledgeSnapshot, *, width: int = 100) -> str:
+    """One base as text a person can scan: header, then items grouped by status (pinned first)."""
+    counts: dict[str, int] = {}
+    for it in snap.items:
+        counts[STATUS[it.status].lower()] = counts.get(STATUS[it.status].lower(), 0) + 1
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "empty"
+    lines = [f"{snap.key}  version {snap.version}  ({len(snap.items)} items: {parts})",
+             f"  approval: {'required (new items wait as PROPOSED)' if snap.require_approval else 'automatic'}"
+             f"   last change: {snap.change or '-'}   at {_when(snap.envelope.occurred_at)}"]
+    if snap.extractor_model:
+        lines.append(f"  extractor: {snap.extractor_model} @ {snap.extractor_policy_version or '?'}")
+    for it in sorted(snap.items, key=lambda i: (ORDER.get(i.status, 9), -i.created_at.seconds)):
+        head = f"  [{STATUS[it.status]:<8}] {it.item_id}  "
+        body = textwrap.wrap(it.text, width=max(40, width - len(head))) or [""]
+        lines.append(head + body[0])
+        lines.extend(" " * len(head) + b for b in body[1:])
+        src = list(it.source_interaction_ids)
+        shown = ", ".join(s[:8] for s in src[:3]) + (f", +{len(src) - 3} more" if len(src) > 3 else "")
+        meta = (f"helpful {it.helpful} / harmful {it.harmful} · {it.token_count} tokens · from {len(src)} "
+                f"interaction{'s' if len(src) != 1 else ''} ({shown}) · by {it.created_by or '?'} · {_when(it.created_at)}")
+        if it.edited_by:
+            meta += f" · last changed by {it.edited_by}"
+        lines.append(" " * len(head) + meta)
+    return "\n".join(lines)
+
+
+def format_list(snaps: list[events_pb2.KnowledgeSnapshot]) -> str:
+    if not snaps:
+        return "no knowledge bases yet"
+    rows = [("KEY", "VERSION", "ITEMS", "TRAINING", "PROPOSED", "APPROVAL")]
+    for s in snaps:
+        train = sum(1 for i in s.items if i.status in (S.ITEM_STATUS_APPROVED, S.ITEM_STATUS_PINNED))
+        prop = sum(1 for i in s.items if i.status == S.ITEM_STATUS_PROPOSED)
+        rows.append((s.key, str(s.version), str(len(s.items)), str(train), str(prop),
+                     "required" if s.require_approval else "auto"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="apprentice knowledge", description="Show and curate the knowledge bases.")
+    p.add_argument("--target", default=os.environ.get("APPRENTICE_EXTRACTOR_TARGET", "127.0.0.1:50053"),
+                   help="host:port of the extractor's Knowledge service")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
+    sub = p.add_subparsers(dest="cmd")
+    ls = sub.add_parser("list", help="the bases and their latest versions")
+    ls.add_argument("--tenant", default="")
+    ls.add_argument("--from-topic", action="store_true", help="read the knowledge topic instead of the service")
+    sh = sub.add_parser("show", help="print a base (all bases without KEY)")
+    sh.add_argument("key", nargs="?", default="")
+    sh.add_argument("--version", type=int, default=0, help="0 = latest")
+    sh.add_argument("--training-view", action="store_true", help="only items that may reach the trainer")
+    sh.add_argument("--from-topic", action="store_true", help="read the knowledge topic instead of the service")
+    for name in ("approve", "reject", "pin"):
+        a = sub.add_parser(name, help=f"{name} one item")
+        a.add_argument("key")
+        a.add_argument("item_id")
+        a.add_argument("--operator", default="")
+    e = sub.add_parser("edit", help="replace an item's text (its id stays)")
+    e.add_argument("key")
+    e.add_argument("item_id")
+    e.add_argument("text")
+    e.add_argument("--operator", default="")
+    return p
+
+
+def _operator(given: str) -> str:
+    if given:
+        return given
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001
+        return "operator"
+
+
+def _from_topic(keys: list[str] | None) -> list[events_pb2.KnowledgeSnapshot]:
+    from services.extractor.snapshots import read_snapshots
+    from shared.config import CommonSettings
+
+    common = CommonSettings()
+    latest: dict[str, events_pb2.KnowledgeSnapshot] = {}
+    for s in read_snapshots(common.kafka_bootstrap, common.topics.knowledge):
+        if s.key not in latest or s.version > latest[s.key].version:
+            latest[s.key] = s
+    return [latest[k] for k in sorted(latest) if not keys or k in keys]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    cmd = args.cmd or "list"
+    import grpc
+
+    from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc
+
+    if cmd in ("list", "show") and getattr(args, "from_topic", False):
+        return _print_offline(cmd, args)
+    channel = grpc.insecure_channel(args.target)
+    stub = knowledge_pb2_grpc.KnowledgeStub(channel)
+    try:
+        if cmd == "list":
+            resp = stub.List(knowledge_pb2.ListKnowledgeRequest(tenant=getattr(args, "tenant", "")), timeout=args.timeout)
+            snaps = [stub.Get(knowledge_pb2.GetKnowledgeRequest(key=b.key), timeout=args.timeout) for b in resp.bases]
+            print(format_list(snaps))
+        elif cmd == "show":
+            keys = [args.key] if args.key else [b.key for b in stub.List(knowledge_pb2.ListKnowledgeRequest(),
+                                                                          timeout=args.timeout).bases]
+            if not keys:
+                print("no knowledge bases yet")
+            for i, key in enumerate(keys):
+                snap = stub.Get(knowledge_pb2.GetKnowledgeRequest(key=key, version=args.version,
+                                                                  training_view=args.training_view), timeout=args.timeout)
+                print(("\n" if i else "") + format_snapshot(snap))
+        elif cmd == "edit":
+            snap = stub.Edit(knowledge_pb2.EditItemRequest(key=args.key, item_id=args.item_id, text=args.text,
+                                                           operator=_operator(args.operator)), timeout=args.timeout)
+            print(f"edited {args.item_id}: {args.key} is now version {snap.version}")
+        else:
+            call = {"approve": stub.Approve, "reject": stub.Reject, "pin": stub.Pin}[cmd]
+            snap = call(knowledge_pb2.ItemActionRequest(key=args.key, item_id=args.item_id,
+                                                        operator=_operator(args.operator)), timeout=args.timeout)
+            done = {"approve": "approved", "reject": "rejected", "pin": "pinned"}[cmd]
+            print(f"{done} {args.item_id}: {args.key} is now version {snap.version}")
+        return 0
+    except grpc.RpcError as e:
+        code = e.code()
+        if code == grpc.StatusCode.UNAVAILABLE and cmd in ("list", "show"):
+            print(f"(no extractor at {args.target}; reading the knowledge topic)", file=sys.stderr)
+            return _print_offline(cmd, args)
+        print(f"apprentice knowledge {cmd}: {code.name}: {e.details()}", file=sys.stderr)
+        return 1
+    finally:
+        channel.close()
+
+
+def _print_offline(cmd: str, args: argparse.Namespace) -> int:
+    try:
+        snaps = _from_topic([args.key] if cmd == "show" and args.key else None)
+    except Exception as e:  # noqa: BLE001 - tell the person what failed
+        print(f"apprentice knowledge {cmd}: cannot read the knowledge topic: {e}", file=sys.stderr)
+        return 1
+    if cmd == "list":
+        print(format_list([s for s in snaps if not args.tenant or s.key.startswith(args.tenant + "/")]))
+        return 0
+    if not snaps:
+        print(f"no knowledge base {args.key!r}" if args.key else "no knowledge bases yet")
+        return 1 if args.key else 0
+    from services.extractor.knowledge import training_view
+
+    for i, snap in enumerate(snaps):
+        if args.version and snap.version != args.version:
+            print(f"{snap.key}: only the latest version ({snap.version}) is on the compacted topic", file=sys.stderr)
+            return 1
+        print(("\n" if i else "") + format_snapshot(training_view(snap) if args.training_view else snap))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

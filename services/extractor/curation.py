@@ -1,0 +1,150 @@
+"""Candidate items + the current items --> accepted / merged / rejected, and the token cap.
+
+Rules (OEL accumulation plus ACE-style curation):
+- a candidate is rejected when it is too short or too long, does not read as text, or carries personal data;
+- an exact duplicate (same normalised text) or near duplicate (word-set Jaccard >= threshold, or embedding
+  cosine >= threshold when an embedder is configured) is merged into the existing item: its provenance
+  grows, no new item appears. Rejected items take part, so a rejected rule is not proposed again;
+- the active items (proposed + approved) are capped in tokens: items whose harmful count exceeds helpful
+  by `harmful_margin` go first, then the oldest (OEL keeps the newest); pinned items are exempt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from services.extractor.parser import looks_like_text
+from services.extractor.pii import find_pii
+from shared.proto.apprentice.v1 import events_pb2
+
+S = events_pb2.ItemStatus
+ACTIVE = (S.ITEM_STATUS_PROPOSED, S.ITEM_STATUS_APPROVED)
+TRAINING = (S.ITEM_STATUS_APPROVED, S.ITEM_STATUS_PINNED)
+
+TokenCounter = Callable[[str], int]
+
+
+class Embedder(Protocol):
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Unit-norm vectors, one per text."""
+
+
+def approx_tokens(text: str) -> int:
+    """~4 characters per token: the fallback counter when no tokenizer is at hand."""
+    return max(1, (len(text) + 3) // 4)
+
+
+def normalise(text: str) -> str:
+    """Case, punctuation, markers and spacing removed: the identity of an item's meaning."""
+    t = re.sub(r"^\s*-?\s*experience item\s*:\s*", "", text, flags=re.IGNORECASE)
+    t = re.sub(r"[^\w\s]", " ", t.lower())
+    return re.sub(r"\s+", " ", t).strip()
+
+
+def item_id(text: str) -> str:
+    """Stable id: hash of the normalised first text (edits keep the id)."""
+    return hashlib.sha256(normalise(text).encode()).hexdigest()[:12]
+
+
+_STOP = {"a", "an", "the", "to", "of", "and", "or", "in", "on", "for", "is", "are", "be", "it", "that", "this",
+         "with", "as", "by", "at", "when", "if", "you", "your", "always", "should"}
+
+
+def word_set(text: str) -> set[str]:
+    return {w for w in normalise(text).split() if w not in _STOP}
+
+
+def jaccard(a: str, b: str) -> float:
+    wa, wb = word_set(a), word_set(b)
+    if not wa or not wb:
+        return 1.0 if normalise(a) == normalise(b) else 0.0
+    return len(wa & wb) / len(wa | wb)
+
+
+@dataclass
+class Verdict:
+    """What curation decided about one candidate."""
+
+    text: str
+    outcome: str                    # added | merged | rejected
+    reason: str = ""                # why rejected, or "exact"/"near"/"embedding" for merges
+    item_id: str = ""
+
+
+@dataclass
+class Curator:
+    min_chars: int = 12
+    max_chars: int = 400
+    near_threshold: float = 0.8
+    embedding_threshold: float = 0.9
+    harmful_margin: int = 3
+    count_tokens: TokenCounter = approx_tokens
+    embedder: Embedder | None = None
+    _emb_cache: dict[str, list[float]] = field(default_factory=dict, repr=False)
+
+    def rejection(self, text: str, names: Sequence[str] = ()) -> str:
+        """Why a candidate may not enter a base ("" = acceptable)."""
+        if len(text) < self.min_chars:
+            return f"too short ({len(text)} < {self.min_chars} chars)"
+        if len(text) > self.max_chars:
+            return f"too long ({len(text)} > {self.max_chars} chars)"
+        if not looks_like_text(text):
+            return "not readable text"
+        pii = find_pii(text, names)
+        if pii:
+            return "personal data: " + ", ".join(sorted(set(p.split(":")[0] for p in pii)))
+        return ""
+
+    def _embedding(self, text: str) -> list[float]:
+        key = normalise(text)
+        if key not in self._emb_cache:
+            assert self.embedder is not None, "embedding requested without an embedder"
+            self._emb_cache[key] = self.embedder.embed([text])[0]
+        return self._emb_cache[key]
+
+    def duplicate_of(self, text: str, items: Sequence[events_pb2.KnowledgeItem]) -> tuple[int, str] | None:
+        """Index of the item `text` duplicates and how ("exact", "near", "embedding"), else None."""
+        norm = normalise(text)
+        best, best_sim = -1, 0.0
+        for i, it in enumerate(items):
+            if normalise(it.text) == norm or it.item_id == item_id(text):
+                return i, "exact"
+            sim = jaccard(text, it.text)
+            if sim > best_sim:
+                best, best_sim = i, sim
+        if best >= 0 and best_sim >= self.near_threshold:
+            return best, "near"
+        if self.embedder is not None and items:
+            v = self._embedding(text)
+            sims = [sum(a * b for a, b in zip(v, self._embedding(it.text), strict=True)) for it in items]
+            j = max(range(len(sims)), key=sims.__getitem__)
+            if sims[j] >= self.embedding_threshold:
+                return j, "embedding"
+        return None
+
+    def over_cap(self, items: Sequence[events_pb2.KnowledgeItem], max_tokens: int) -> list[str]:
+        """Ids of active items to evict so the active items fit in `max_tokens`.
+
+        Order: 1) items with harmful - helpful >= harmful_margin, oldest first; 2) the oldest. Pinned and
+        rejected items never count and are never evicted here."""
+        active = [it for it in items if it.status in ACTIVE]
+        total = sum(it.token_count or self.count_tokens(it.text) for it in active)
+        if total <= max_tokens:
+            return []
+
+        def age(it: events_pb2.KnowledgeItem) -> tuple[int, int]:
+            return it.created_at.seconds, it.created_at.nanos
+
+        harmful = sorted((it for it in active if it.harmful - it.helpful >= self.harmful_margin), key=age)
+        rest = sorted((it for it in active if it.harmful - it.helpful < self.harmful_margin), key=age)
+        evict: list[str] = []
+        for it in [*harmful, *rest]:
+            if total <= max_tokens:
+                break
+            evict.append(it.item_id)
+            total -= it.token_count or self.count_tokens(it.text)
+        return evict

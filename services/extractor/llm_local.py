@@ -1,0 +1,40 @@
+"""Extraction prompts --> completions from a Hugging Face model loaded in this process (offline dev).
+
+The batch is generated together by `shared.generation.generate` (one left-padded decode loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse
+
+
+class LocalLLM(ExtractorLLM):
+    name = "local"
+
+    def __init__(self, model_name: str, *, model: Any = None, tokenizer: Any = None,
+                 policy_version: str = "base") -> None:
+        self.model_name = model_name
+        self.policy_version = policy_version
+        self._model, self._tok = model, tokenizer
+
+    def _load(self) -> tuple[Any, Any]:
+        if self._model is None:
+            from shared.models import load_model
+
+            self._model, self._tok = load_model(self.model_name)
+        return self._model, self._tok
+
+    def complete(self, requests: Sequence[LLMRequest]) -> list[LLMResponse]:
+        from shared.generation import SamplingConfig, generate, render_chat
+
+        model, tok = self._load()
+        prompts = [render_chat(tok, r.messages) for r in requests]
+        params = [SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                                 top_p=r.top_p or 1.0, top_k=r.top_k, stop=r.stop, seed=r.seed or None)
+                  for r in requests]
+        samples = generate(model, tok, prompts, params)
+        return [LLMResponse(text=s[0].text, model=self.model_name, policy_version=self.policy_version)
+                for s in samples]

@@ -1,0 +1,117 @@
+"""gRPC `apprentice.v1.Knowledge` --> the knowledge store: list, read (any kept version, or the training
+view), and the operator's approve / reject / pin / edit.
+
+Tenancy: a caller that sends `x-apprentice-tenant` metadata sees and changes only that tenant's bases;
+without it (the operator CLI on the cluster) every base is visible.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from services.extractor.curation import TRAINING
+from services.extractor.knowledge import KnowledgeStore, training_view
+from services.extractor.trajectories import split_key
+from shared.grpc_util import (
+    TENANT_METADATA,
+    NotFound,
+    PermissionDenied,
+    create_server,
+    grpc_errors,
+    metadata_value,
+    require,
+)
+from shared.proto.apprentice.v1 import events_pb2, knowledge_pb2, knowledge_pb2_grpc
+
+SERVICE = "apprentice.v1.Knowledge"
+S = events_pb2.ItemStatus
+MAX_TEXT = 4000
+
+
+def summary(snap: events_pb2.KnowledgeSnapshot) -> knowledge_pb2.KnowledgeSummary:
+    def count(*st: int) -> int:
+        return sum(1 for it in snap.items if it.status in st)
+
+    return knowledge_pb2.KnowledgeSummary(
+        key=snap.key, version=snap.version, item_count=len(snap.items),
+        approved_count=count(S.ITEM_STATUS_APPROVED), proposed_count=count(S.ITEM_STATUS_PROPOSED),
+        pinned_count=count(S.ITEM_STATUS_PINNED), rejected_count=count(S.ITEM_STATUS_REJECTED),
+        require_approval=snap.require_approval, training_count=count(*TRAINING))
+
+
+def _check_key(key: str) -> None:
+    require(bool(key), "key is required (\"tenant/domain\")")
+    require(len(key) <= 512 and "/" in key, f"key must look like \"tenant/domain\", got {key!r}")
+
+
+class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServicer):
+    def __init__(self, store: KnowledgeStore) -> None:
+        self.store = store
+
+    def _visible(self, key: str, context: Any) -> None:
+        tenant = metadata_value(context, TENANT_METADATA)
+        if tenant and split_key(key)[0] != tenant:
+            raise PermissionDenied(f"tenant {tenant!r} may not access {key!r}")
+
+    @grpc_errors
+    def List(self, request: knowledge_pb2.ListKnowledgeRequest, context: Any) -> knowledge_pb2.ListKnowledgeResponse:
+        caller = metadata_value(context, TENANT_METADATA)
+        if caller and request.tenant and request.tenant != caller:
+            raise PermissionDenied(f"tenant {caller!r} may not list tenant {request.tenant!r}")
+        tenant = request.tenant or caller
+        out = knowledge_pb2.ListKnowledgeResponse()
+        for key in self.store.base_keys():
+            if tenant and split_key(key)[0] != tenant:
+                continue
+            snap = self.store.latest(key)
+            if snap is not None:
+                out.bases.append(summary(snap))
+        return out
+
+    @grpc_errors
+    def Get(self, request: knowledge_pb2.GetKnowledgeRequest, context: Any) -> events_pb2.KnowledgeSnapshot:
+        _check_key(request.key)
+        require(request.version >= 0, f"version must be >= 0 (0 = latest), got {request.version}")
+        self._visible(request.key, context)
+        snap = self.store.get(request.key, int(request.version))
+        return training_view(snap) if request.training_view else snap
+
+    def _act(self, request: Any, context: Any, action: str, text: str = "") -> events_pb2.KnowledgeSnapshot:
+        _check_key(request.key)
+        require(bool(request.item_id), "item_id is required")
+        require(len(request.operator) <= 200, "operator must be at most 200 characters")
+        self._visible(request.key, context)
+        return self.store.act(request.key, request.item_id, action, request.operator, text)
+
+    @grpc_errors
+    def Approve(self, request: knowledge_pb2.ItemActionRequest, context: Any) -> events_pb2.KnowledgeSnapshot:
+        return self._act(request, context, "approve")
+
+    @grpc_errors
+    def Reject(self, request: knowledge_pb2.ItemActionRequest, context: Any) -> events_pb2.KnowledgeSnapshot:
+        return self._act(request, context, "reject")
+
+    @grpc_errors
+    def Pin(self, request: knowledge_pb2.ItemActionRequest, context: Any) -> events_pb2.KnowledgeSnapshot:
+        return self._act(request, context, "pin")
+
+    @grpc_errors
+    def Edit(self, request: knowledge_pb2.EditItemRequest, context: Any) -> events_pb2.KnowledgeSnapshot:
+        require(bool(request.text.strip()), "text is required")
+        require(len(request.text) <= MAX_TEXT, f"text must be at most {MAX_TEXT} characters")
+        return self._act(request, context, "edit", request.text)
+
+
+def create_knowledge_server(store: KnowledgeStore, port: int, host: str = "0.0.0.0") -> tuple[grpc.Server, int, Any]:
+    """(server, bound port, health servicer); not started. Port 0 picks a free port."""
+    servicer = KnowledgeServicer(store)
+
+    def register(server: grpc.Server) -> None:
+        knowledge_pb2_grpc.add_KnowledgeServicer_to_server(servicer, server)
+
+    return create_server(port, register, [SERVICE], host=host)
+
+
+__all__ = ["SERVICE", "KnowledgeServicer", "NotFound", "create_knowledge_server", "summary"]

@@ -1,0 +1,132 @@
+"""Operator surface over real gRPC: approve / reject / pin / edit change what the next snapshot offers to
+training (read back from the real knowledge topic), tenancy and validation errors, and the CLI."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from services.extractor import cli
+from services.extractor.app import ExtractorApp
+from services.extractor.config import ExtractorSettings
+from services.extractor.curation import approx_tokens
+from services.extractor.knowledge import training_view
+from services.extractor.llm_local import LocalLLM
+from shared.events import decode
+from shared.kafka import EventProducer
+from shared.kafka.testing import read_all
+from shared.proto.apprentice.v1 import events_pb2, knowledge_pb2, knowledge_pb2_grpc
+from shared.topics import Topics
+from tests.unit.extractor.factories import graded
+
+pytestmark = pytest.mark.integration
+KEY = "acme/support"
+S = events_pb2.ItemStatus
+
+
+@pytest.fixture
+def running(topics: Topics, kafka_bootstrap: str, tiny_model_name: str) -> Iterator[tuple[ExtractorApp, knowledge_pb2_grpc.KnowledgeStub]]:
+    settings = ExtractorSettings(grpc_port=0, grpc_host="127.0.0.1", metrics_port=0, session_gap_s=0.0,
+                                 group_id=f"extractor-{uuid.uuid4().hex[:6]}", max_new_tokens=16,
+                                 require_approval_tenants=["acme"], grace_s=1.0)
+    app = ExtractorApp(settings, LocalLLM(tiny_model_name), count_tokens=approx_tokens)
+    port = app.start(consume=True)
+    p = EventProducer(kafka_bootstrap, client_id="test")
+    for i, corr in enumerate(["The warranty lasts 24 months.", "Use form R-12 within 30 days.", "Billing is extension 4417."]):
+        p.produce(topics.graded, f"s{i}", graded(session=f"s{i}", iid=f"i{i}", question=f"Question number {i}?", correction=corr))
+    p.flush()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = knowledge_pb2_grpc.KnowledgeStub(channel)
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        snap = app.store.latest(KEY)
+        if snap is not None and sum(it.created_by == "correction" for it in snap.items) == 3:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the extractor did not build the base in time")
+    yield app, stub
+    channel.close()
+    app.stop()
+
+
+def latest_on_topic(bootstrap: str, topics: Topics) -> events_pb2.KnowledgeSnapshot:
+    snaps = [decode(events_pb2.KnowledgeSnapshot, m.value()) for m in read_all(bootstrap, topics.knowledge, idle=1.0, timeout=10)]
+    return max((s for s in snaps if s.key == KEY), key=lambda s: s.version)
+
+
+def test_approve_reject_pin_edit_change_the_training_view(running: tuple, topics: Topics, kafka_bootstrap: str) -> None:
+    app, stub = running
+    base = stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY))
+    items = [it for it in base.items if it.created_by == "correction"]
+    assert base.require_approval and all(it.status == S.ITEM_STATUS_PROPOSED for it in base.items)
+    assert len(stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, training_view=True)).items) == 0
+    assert len(training_view(latest_on_topic(kafka_bootstrap, topics)).items) == 0   # what a trainer sees
+
+    a, b, c = (it.item_id for it in items)
+    s1 = stub.Approve(knowledge_pb2.ItemActionRequest(key=KEY, item_id=a, operator="olga"))
+    s2 = stub.Reject(knowledge_pb2.ItemActionRequest(key=KEY, item_id=b, operator="olga"))
+    s3 = stub.Pin(knowledge_pb2.ItemActionRequest(key=KEY, item_id=c, operator="olga"))
+    assert (s1.version, s2.version, s3.version) == (base.version + 1, base.version + 2, base.version + 3)
+    view = stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, training_view=True))
+    assert sorted(it.item_id for it in view.items) == sorted([a, c])
+    on_topic = latest_on_topic(kafka_bootstrap, topics)
+    assert on_topic.version == s3.version and sorted(it.item_id for it in training_view(on_topic).items) == sorted([a, c])
+    assert {it.item_id: it.edited_by for it in on_topic.items}[b] == "olga"
+
+    s4 = stub.Edit(knowledge_pb2.EditItemRequest(key=KEY, item_id=a, text="Warranty: 24 months for every device.",
+                                                 operator="olga"))
+    assert [it.text for it in s4.items if it.item_id == a] == ["Warranty: 24 months for every device."]
+    # an older version stays readable by number
+    assert stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, version=base.version)) == base
+    [summary] = stub.List(knowledge_pb2.ListKnowledgeRequest()).bases
+    assert (summary.key, summary.version, summary.training_count, summary.rejected_count) == (KEY, s4.version, 2, 1)
+
+    # the CLI prints it readably, and can approve
+    out = cli_run(["--target", f"127.0.0.1:{app.port}", "show", KEY])
+    assert f"{KEY}  version {s4.version}" in out and "[PINNED  ]" in out and "Warranty: 24 months for every device." in out
+    assert "approval: required" in out and "by correction" in out
+    cli_out = cli_run(["--target", f"127.0.0.1:{app.port}", "approve", KEY, b, "--operator", "cli-user"])
+    assert f"approved {b}" in cli_out
+    assert len(stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, training_view=True)).items) == 3
+    listing = cli_run(["--target", f"127.0.0.1:{app.port}", "list"])
+    assert KEY in listing and "required" in listing
+    offline = cli_run(["show", KEY, "--from-topic"])
+    assert f"version {s4.version + 1}" in offline
+
+
+def test_errors_and_tenancy(running: tuple) -> None:
+    _app, stub = running
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Get(knowledge_pb2.GetKnowledgeRequest(key="no-slash"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Get(knowledge_pb2.GetKnowledgeRequest(key="acme/unknown"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Approve(knowledge_pb2.ItemActionRequest(key=KEY, item_id="missing"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Edit(knowledge_pb2.EditItemRequest(key=KEY, item_id="x", text=""))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    other = (("x-apprentice-tenant", "beta"),)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY), metadata=other)
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert list(stub.List(knowledge_pb2.ListKnowledgeRequest(), metadata=other).bases) == []
+    assert [b.key for b in stub.List(knowledge_pb2.ListKnowledgeRequest(), metadata=(("x-apprentice-tenant", "acme"),)).bases] == [KEY]
+
+
+def cli_run(argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = cli.main(argv)
+    assert rc == 0, buf.getvalue()
+    return buf.getvalue()
