@@ -122,7 +122,10 @@ class LocalBroker:
     def _cluster_id() -> str:
         import base64
 
-        return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        while True:  # an id starting with "-" reads as an option to kafka-storage (as Kafka's Uuid avoids)
+            cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            if not cid.startswith("-"):
+                return cid
 
     # --- life cycle -------------------------------------------------------------------------------
     def _owned_pid(self) -> int | None:

@@ -1,0 +1,31 @@
+"""`apprentice serve inference`: parse settings, load the model, serve until SIGTERM/SIGINT (graceful)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice serve inference", description=__doc__)
+    ap.add_argument("--port", type=int, help="gRPC port (default: APPRENTICE_INFERENCE_PORT or 50051)")
+    ap.add_argument("--engine", choices=("transformers", "vllm"), help="override APPRENTICE_INFERENCE_ENGINE")
+    ns = ap.parse_args(argv)
+    from services.inference.config import InferenceSettings
+    from shared.logs import configure_logging
+
+    overrides = {k: v for k, v in (("port", ns.port), ("engine", ns.engine)) if v is not None}
+    settings = InferenceSettings(**overrides)
+    configure_logging("inference", settings.common.log_level, settings.common.log_json)
+    from services.inference.server import serve
+
+    app = serve(settings)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: app.stop())
+    app.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Inference service settings, from `APPRENTICE_INFERENCE_*` environment variables (no torch import here).
+
+Validated once at start: every error names the variable to change.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.config import CommonSettings
+
+EngineName = Literal["transformers", "vllm"]
+
+
+def _default_pod_id() -> str:
+    # Stable across restarts (a pod's hostname in Kubernetes), so a restarted pod replays its own spool.
+    return os.environ.get("HOSTNAME") or socket.gethostname()
+
+
+class InferenceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_INFERENCE_", extra="ignore")
+
+    common: CommonSettings = Field(default_factory=CommonSettings)
+
+    # --- serving -----------------------------------------------------------------------------------
+    host: str = "0.0.0.0"
+    """Interface the gRPC server binds."""
+
+    port: int = 50051
+    """gRPC port (DESIGN.md section 2); 0 picks a free port (tests)."""
+
+    metrics_port: int = 9101
+    """Prometheus endpoint; 0 disables it."""
+
+    grpc_workers: int = 64
+    """Handler threads. Each waiting request holds one while the engine generates, so this bounds the
+    number of requests in flight (queued + generating) per pod."""
+
+    grace_s: float = 20.0
+    """Graceful stop: in-flight generations get this long to finish before they are cancelled."""
+
+    advertised_endpoint: str = ""
+    """host:port reported in heartbeats (how operators reach this pod); "" = `<hostname>:<port>`."""
+
+    pod_id: str = Field(default_factory=_default_pod_id)
+    """Identifies this pod in heartbeats and in `Interaction.serving_pod`; names its state directory
+    (spool, downloaded versions), so keep it stable across restarts and distinct per replica."""
+
+    api_keys: str = ""
+    """`key:tenant,key2:tenant2`. When set, every call needs `authorization: Bearer <key>` and is served
+    as the key's tenant; empty = no authentication (tenant from the request or `x-apprentice-tenant`)."""
+
+    default_tenant: str = "default"
+    """Tenant of requests that name none (TEAM.md convention)."""
+
+    # --- engine ------------------------------------------------------------------------------------
+    engine: EngineName = "transformers"
+    """`transformers` (CPU default, dynamic batching) or `vllm` (GPU; needs the `gpu` extra)."""
+
+    device: str = "cpu"
+    """Torch device of the transformers engine."""
+
+    dtype: str = "float32"
+    """Weights dtype (`float32`, `bfloat16`, `float16`); fp32 on CPU, where half precision is slow."""
+
+    max_batch_rows: int = 32
+    """Most sequences (requests x n) decoded together. Bounds the KV cache and the per-step latency."""
+
+    batch_wait_ms: float = 4.0
+    """How long the scheduler waits after the first queued request for others to join its batch: a few
+    milliseconds cost a lone request ~1% of a typical generation and let concurrent ones share steps."""
+
+    batch_refill_ms: float = 40.0
+    """Up to this long, the scheduler waits for a batch to reach the previous batch's request count:
+    under steady concurrency the clients of one batch resubmit a few milliseconds apart, and without
+    this the next batch would start with the first of them and leave the rest for a batch of their own.
+    Costs a lone request at most this once, when concurrency drops."""
+
+    default_max_new_tokens: int = 128
+    """Used when a request leaves `max_new_tokens` at 0."""
+
+    max_new_tokens_limit: int = 2048
+    """Largest `max_new_tokens` a request may ask for."""
+
+    max_n: int = 16
+    """Largest `n` (samples per request, for exploration groups); the contract allows 1-16."""
+
+    max_stop_strings: int = 8
+    max_stop_length: int = 64
+    max_messages: int = 256
+    max_prompt_chars: int = 200_000
+    """Request size limits, checked before tokenising (cheap rejection of abusive requests)."""
+
+    context_window: int = 0
+    """Prompt + completion token limit; 0 = the model's `max_position_embeddings`."""
+
+    vllm_gpu_memory_utilization: float = 0.85
+    vllm_max_loras: int = 4
+    vllm_max_lora_rank: int = 64
+    vllm_logprobs_topk: int = 20
+    """vLLM only: top-k raw log-probs fetched per token, from which the behaviour log-prob is computed
+    (see engines/vllm_engine.py for when that is exact)."""
+
+    # --- capture -----------------------------------------------------------------------------------
+    capture: bool = True
+    """Record every served choice as an `Interaction` (off = serve only)."""
+
+    capture_disabled_tenants: str = ""
+    """Comma-separated tenants whose traffic is never recorded (contractual opt-out)."""
+
+    spool_dir: Path | None = None
+    """Capture spool (write-ahead log of events not yet acknowledged by Kafka); None =
+    `<APPRENTICE_HOME>/inference/<pod_id>/spool`."""
+
+    spool_max_bytes: int = 512 << 20
+    """When undelivered events exceed this, new ones are dropped (alarm: metric + log), never a request."""
+
+    spool_segment_bytes: int = 4 << 20
+    """Spool file size before rotation; delivered segments are deleted whole."""
+
+    capture_max_inflight: int = 2000
+    """Events handed to the Kafka client but not yet acknowledged; the rest wait in the spool."""
+
+    capture_delivery_timeout_ms: int = 120_000
+    """librdkafka gives up on a record after this long; it is then re-sent from the spool."""
+
+    # --- hot swap ----------------------------------------------------------------------------------
+    follow_updates: bool = True
+    """Consume `model-updates` and hot-swap weights (off = serve the base model only)."""
+
+    weights_endpoint: str = "127.0.0.1:50052"
+    """Default `Weights` service address for downloads and heartbeats (an update may name another)."""
+
+    heartbeat_interval_s: float = 3.0
+    """How often the pod reports what it serves to the weights service; 0 disables heartbeats."""
+
+    download_dir: Path | None = None
+    """Where fetched versions are kept; None = `<APPRENTICE_HOME>/inference/<pod_id>/versions`."""
+
+    download_timeout_s: float = 600.0
+
+    startup_catchup_s: float = 10.0
+    """At start, how long to wait for the model-updates backlog (the versions this pod should serve)
+    before reporting SERVING; the backlog keeps applying in the background after that."""
+
+    # -----------------------------------------------------------------------------------------------
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_parse(cls, v: str) -> str:
+        for item in filter(None, (p.strip() for p in v.split(","))):
+            key, sep, tenant = item.partition(":")
+            if not sep or not key or not tenant:
+                raise ValueError(f"APPRENTICE_INFERENCE_API_KEYS entry {item!r} must be `key:tenant`")
+        return v
+
+    @field_validator("pod_id")
+    @classmethod
+    def _pod_id_is_a_name(cls, v: str) -> str:
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
+            raise ValueError(f"APPRENTICE_INFERENCE_POD_ID {v!r}: use letters, digits, '.', '_', '-' (it names a "
+                             "directory)")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> InferenceSettings:
+        if not 1 <= self.max_n <= 16:
+            raise ValueError("APPRENTICE_INFERENCE_MAX_N must be within 1..16")
+        if self.max_batch_rows < self.max_n:
+            raise ValueError("APPRENTICE_INFERENCE_MAX_BATCH_ROWS must be >= MAX_N (one request's n rows "
+                             "are always decoded together)")
+        if self.default_max_new_tokens < 1 or self.default_max_new_tokens > self.max_new_tokens_limit:
+            raise ValueError("APPRENTICE_INFERENCE_DEFAULT_MAX_NEW_TOKENS must be within 1..MAX_NEW_TOKENS_LIMIT")
+        if self.batch_wait_ms < 0 or self.batch_refill_ms < 0 or self.grace_s < 0:
+            raise ValueError("APPRENTICE_INFERENCE_BATCH_WAIT_MS, BATCH_REFILL_MS and GRACE_S must be >= 0")
+        if self.spool_segment_bytes > self.spool_max_bytes:
+            raise ValueError("APPRENTICE_INFERENCE_SPOOL_SEGMENT_BYTES must be <= SPOOL_MAX_BYTES")
+        return self
+
+    @property
+    def keys(self) -> dict[str, str]:
+        """API key -> tenant."""
+        out = {}
+        for item in filter(None, (p.strip() for p in self.api_keys.split(","))):
+            key, _, tenant = item.partition(":")
+            out[key.strip()] = tenant.strip()
+        return out
+
+    @property
+    def no_capture_tenants(self) -> frozenset[str]:
+        return frozenset(t.strip() for t in self.capture_disabled_tenants.split(",") if t.strip())
+
+    @property
+    def state_dir(self) -> Path:
+        return self.common.home / "inference" / self.pod_id
+
+    @property
+    def spool_path(self) -> Path:
+        return self.spool_dir or self.state_dir / "spool"
+
+    @property
+    def versions_path(self) -> Path:
+        return self.download_dir or self.state_dir / "versions"

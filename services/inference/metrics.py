@@ -1,0 +1,47 @@
+"""Prometheus metrics of the inference service (served on :9101/metrics by default).
+
+Module-level collectors in the default registry: several servers in one process (tests) share them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+REQUESTS = Counter("apprentice_inference_requests_total", "gRPC calls by method and status code",
+                   ["method", "code"])
+LATENCY = Histogram("apprentice_inference_request_seconds", "End-to-end latency of a call", ["method"],
+                    buckets=_LATENCY_BUCKETS)
+TIME_TO_FIRST_TOKEN = Histogram("apprentice_inference_time_to_first_token_seconds",
+                                "Submission to first generated token", buckets=_LATENCY_BUCKETS)
+QUEUE_SECONDS = Histogram("apprentice_inference_queue_seconds", "Time a request waited for its batch",
+                          buckets=_LATENCY_BUCKETS)
+QUEUE_DEPTH = Gauge("apprentice_inference_queue_depth", "Requests waiting for a batch")
+BATCH_ROWS = Histogram("apprentice_inference_batch_rows", "Sequences decoded together per batch",
+                       buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64))
+BATCH_REQUESTS = Histogram("apprentice_inference_batch_requests", "Requests per batch",
+                           buckets=(1, 2, 4, 8, 12, 16, 24, 32))
+GENERATED_TOKENS = Counter("apprentice_inference_generated_tokens_total", "Tokens generated", ["version"])
+TOKENS_PER_SECOND = Gauge("apprentice_inference_tokens_per_second", "Decode throughput of the last batch")
+SERVED = Counter("apprentice_inference_choices_total", "Choices served, by version and canary flag",
+                 ["version", "canary"])
+SERVED_VERSION = Gauge("apprentice_inference_served_version",
+                       "1 for each (tenant slot, version, role) this pod serves now", ["tenant", "version", "role"])
+MODEL_LOADED = Gauge("apprentice_inference_model_loaded", "1 once the base model serves")
+
+SWAPS = Counter("apprentice_inference_version_loads_total", "Version loads by outcome", ["outcome"])
+LOAD_SECONDS = Histogram("apprentice_inference_version_load_seconds", "Download + load time of a version",
+                         buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+HEARTBEAT_FAILURES = Counter("apprentice_inference_heartbeat_failures_total", "Heartbeats that failed")
+
+CAPTURED = Counter("apprentice_inference_capture_delivered_total", "Events acknowledged by Kafka", ["topic"])
+CAPTURE_DROPPED = Counter("apprentice_inference_capture_dropped_total",
+                          "Events dropped because the spool was full (alarm)")
+CAPTURE_SKIPPED = Counter("apprentice_inference_capture_skipped_total",
+                          "Choices not recorded by request or tenant opt-out", ["reason"])
+SPOOL_DEPTH = Gauge("apprentice_inference_spool_depth", "Events written to the spool, not yet acknowledged")
+SPOOL_BYTES = Gauge("apprentice_inference_spool_bytes", "Bytes of spool files on disk")
+SPOOL_FULL = Gauge("apprentice_inference_spool_full", "1 while the spool refuses new events")
+CAPTURE_BROKER_UP = Gauge("apprentice_inference_capture_broker_up",
+                          "0 while deliveries are failing or stalled")

@@ -1,0 +1,204 @@
+"""GenerateRequest / FeedbackRequest protos --> validated internal requests --> Interaction / FeedbackEvent.
+
+Everything a caller can get wrong is checked here, each failure an `InvalidRequest` (INVALID_ARGUMENT)
+whose message names the field, the bound and the value received. No network, no engine state: the
+tokenizer and context window are passed in.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from services.inference.config import InferenceSettings
+from shared.events import deterministic_id, make_envelope
+from shared.generation import SamplingConfig, encode_prompt, render_chat
+from shared.grpc_util import (
+    TENANT_METADATA,
+    InvalidRequest,
+    PermissionDenied,
+    Unauthenticated,
+    metadata_value,
+    require,
+)
+from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2
+
+ROLES = ("system", "user", "assistant")
+FEEDBACK_KINDS = ("thumbs", "rating", "correction", "kpi")
+MAX_TEMPERATURE = 5.0
+SEED_MODULUS = 1 << 31          # seeds are reduced modulo 2^31 (torch generators take them safely)
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+# --- tenancy and auth ------------------------------------------------------------------------------
+def resolve_tenant(request_tenant: str, context: Any, settings: InferenceSettings) -> str:
+    """The tenant a call acts for: the API key's tenant when keys are configured (a request or metadata
+    naming another tenant is refused), else the request field, else `x-apprentice-tenant`, else the
+    default tenant."""
+    md_tenant = metadata_value(context, TENANT_METADATA)
+    keys = settings.keys
+    if keys:
+        auth = metadata_value(context, "authorization")
+        if not auth.lower().startswith("bearer "):
+            raise Unauthenticated("this server requires `authorization: Bearer <api key>` metadata")
+        given = auth[7:].strip().encode()
+        tenant = next((t for k, t in keys.items() if hmac.compare_digest(k.encode(), given)), None)
+        if tenant is None:
+            raise Unauthenticated("unknown API key")
+        for claimed in (request_tenant, md_tenant):
+            if claimed and claimed != tenant:
+                raise PermissionDenied(f"this API key acts for tenant {tenant!r}, not {claimed!r}")
+        return tenant
+    tenant = request_tenant or md_tenant or settings.default_tenant
+    require(bool(_TENANT_RE.match(tenant)),
+            f"tenant {tenant[:80]!r} must be 1-128 characters of letters, digits, '.', '_' or '-'")
+    return tenant
+
+
+# --- Generate ------------------------------------------------------------------------------------
+@dataclass
+class PreparedRequest:
+    tenant: str
+    session_id: str
+    task: str
+    messages: list[common_pb2.ChatMessage]
+    raw_prompt: bool
+    prompt_text: str
+    prompt_ids: list[int]
+    sampling: SamplingConfig
+    effective: common_pb2.SamplingParams   # what was actually used (defaults filled in), for the event
+    no_capture: bool
+
+
+def check_sampling(sp: common_pb2.SamplingParams, settings: InferenceSettings) -> None:
+    """Range checks that do not need the tokenizer."""
+    require(sp.max_new_tokens >= 0,
+            f"sampling.max_new_tokens must be >= 0 (0 = server default {settings.default_max_new_tokens}); "
+            f"got {sp.max_new_tokens}")
+    require(sp.max_new_tokens <= settings.max_new_tokens_limit,
+            f"sampling.max_new_tokens must be <= {settings.max_new_tokens_limit}; got {sp.max_new_tokens}")
+    require(math.isfinite(sp.temperature) and 0.0 <= sp.temperature <= MAX_TEMPERATURE,
+            f"sampling.temperature must be within [0, {MAX_TEMPERATURE:g}] (0 = greedy); got {sp.temperature:g}")
+    require(math.isfinite(sp.top_p) and 0.0 <= sp.top_p <= 1.0,
+            f"sampling.top_p must be within [0, 1] (0 or 1 = off); got {sp.top_p:g}")
+    require(sp.top_k >= 0, f"sampling.top_k must be >= 0 (0 = off); got {sp.top_k}")
+    require(0 <= sp.n <= settings.max_n, f"sampling.n must be within 1..{settings.max_n} (0 = 1); got {sp.n}")
+    require(sp.n <= 1 or sp.temperature > 0,
+            f"sampling.n = {sp.n} needs temperature > 0: greedy samples would all be identical")
+    require(sp.seed >= 0, f"sampling.seed must be >= 0 (0 = unseeded); got {sp.seed}")
+    require(len(sp.stop) <= settings.max_stop_strings,
+            f"sampling.stop: at most {settings.max_stop_strings} strings; got {len(sp.stop)}")
+    for i, s in enumerate(sp.stop):
+        require(0 < len(s) <= settings.max_stop_length,
+                f"sampling.stop[{i}] must be 1-{settings.max_stop_length} characters; got {len(s)}")
+
+
+def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: InferenceSettings, tokenizer: Any,
+            context_window: int, new_session_id: str) -> PreparedRequest:
+    """Validate a GenerateRequest and turn it into prompt tokens + sampling parameters."""
+    has_messages, has_prompt = len(req.messages) > 0, bool(req.prompt)
+    require(has_messages or has_prompt, "give either `messages` (chat) or `prompt` (raw text); both are empty")
+    require(not (has_messages and has_prompt), "give either `messages` or `prompt`, not both")
+    require(len(req.session_id) <= 256, f"session_id must be at most 256 characters; got {len(req.session_id)}")
+    require(len(req.task) <= 128, f"task must be at most 128 characters; got {len(req.task)}")
+    check_sampling(req.sampling, settings)
+
+    if has_messages:
+        require(len(req.messages) <= settings.max_messages,
+                f"messages: at most {settings.max_messages}; got {len(req.messages)}")
+        chars = 0
+        for i, m in enumerate(req.messages):
+            require(m.role in ROLES, f"messages[{i}].role must be one of {', '.join(ROLES)}; got {m.role!r}")
+            require(bool(m.content), f"messages[{i}].content is empty")
+            chars += len(m.content)
+        require(chars <= settings.max_prompt_chars,
+                f"messages hold {chars} characters; the limit is {settings.max_prompt_chars}")
+        messages = list(req.messages)
+        try:
+            prompt_text = render_chat(tokenizer, messages)
+        except Exception as e:  # noqa: BLE001 - a template error is the request's shape, not a server fault
+            raise InvalidRequest(f"messages cannot be rendered with this model's chat template: {e}; "
+                                 "send a raw `prompt` instead") from e
+    else:
+        require(len(req.prompt) <= settings.max_prompt_chars,
+                f"prompt is {len(req.prompt)} characters; the limit is {settings.max_prompt_chars}")
+        messages = [common_pb2.ChatMessage(role="user", content=req.prompt)]
+        prompt_text = req.prompt
+    prompt_ids = encode_prompt(tokenizer, prompt_text)
+    require(len(prompt_ids) > 0, "the prompt encodes to zero tokens")
+    require(len(prompt_ids) < context_window,
+            f"the prompt is {len(prompt_ids)} tokens; the context window is {context_window} "
+            "(prompt + completion must fit)")
+    sp = req.sampling
+    room = context_window - len(prompt_ids)
+    if sp.max_new_tokens:
+        require(sp.max_new_tokens <= room,
+                f"prompt ({len(prompt_ids)} tokens) + sampling.max_new_tokens ({sp.max_new_tokens}) exceeds the "
+                f"context window ({context_window}); at most {room} new tokens fit")
+        max_new = sp.max_new_tokens
+    else:
+        max_new = min(settings.default_max_new_tokens, room)
+    top_p = sp.top_p if 0 < sp.top_p < 1 else 1.0
+    seed = sp.seed % SEED_MODULUS if sp.seed else None
+    n = max(1, sp.n)
+    sampling = SamplingConfig(max_new_tokens=max_new, temperature=float(sp.temperature), top_p=float(top_p),
+                              top_k=int(sp.top_k), stop=tuple(sp.stop), seed=seed, n=n)
+    effective = common_pb2.SamplingParams(max_new_tokens=max_new, temperature=sp.temperature, top_p=top_p,
+                                          top_k=sp.top_k, stop=list(sp.stop), seed=sp.seed, n=n)
+    return PreparedRequest(tenant=tenant, session_id=req.session_id or new_session_id, task=req.task,
+                           messages=messages, raw_prompt=has_prompt, prompt_text=prompt_text,
+                           prompt_ids=prompt_ids, sampling=sampling, effective=effective,
+                           no_capture=req.no_capture)
+
+
+def interaction_event(p: PreparedRequest, sample: Any, *, interaction_id: str, group_id: str, index: int,
+                      model: str, version: str, canary: bool, pod: str, latency_ms: float,
+                      trace_id: str) -> events_pb2.Interaction:
+    """One served choice --> its Interaction event (event id derived from the interaction id, so a
+    re-emission is recognisably the same event)."""
+    env = make_envelope(p.tenant, source=f"inference/{pod}", trace_id=trace_id,
+                        event_id=deterministic_id("interaction", interaction_id))
+    return events_pb2.Interaction(
+        envelope=env, interaction_id=interaction_id, session_id=p.session_id, task=p.task, model=model,
+        policy_version=version, messages=p.messages, prompt_text=p.prompt_text,
+        prompt_token_ids=p.prompt_ids, sampling=p.effective, response_text=sample.text,
+        response_token_ids=sample.token_ids, response_logprobs=sample.logprobs,
+        response_logprobs_t1=sample.logprobs_t1, finish_reason=sample.finish_reason, latency_ms=latency_ms,
+        group_id=group_id, sample_index=index, group_size=p.sampling.n, canary=canary, serving_pod=pod,
+        raw_prompt=p.raw_prompt)
+
+
+# --- Feedback ------------------------------------------------------------------------------------
+def feedback_event(req: inference_pb2.FeedbackRequest, tenant: str, pod: str,
+                   now: datetime | None = None) -> events_pb2.FeedbackEvent:
+    """Validate a FeedbackRequest --> FeedbackEvent. The event id is a hash of the feedback's content
+    and time, so a client retrying the same submission produces the same event."""
+    now = now or datetime.now(UTC)
+    require(bool(req.interaction_id), "interaction_id is required")
+    require(len(req.interaction_id) <= 128, f"interaction_id must be at most 128 characters; got {len(req.interaction_id)}")
+    require(req.kind in FEEDBACK_KINDS, f"kind must be one of {', '.join(FEEDBACK_KINDS)}; got {req.kind!r}")
+    require(math.isfinite(req.value), f"value must be a finite number; got {req.value}")
+    require(len(req.comment) <= 20_000, f"comment must be at most 20000 characters; got {len(req.comment)}")
+    require(len(req.kpi_name) <= 128, f"kpi_name must be at most 128 characters; got {len(req.kpi_name)}")
+    if req.kind == "thumbs":
+        require(req.value in (1.0, -1.0), f"thumbs feedback needs value +1 or -1; got {req.value:g}")
+    elif req.kind == "rating":
+        require(1.0 <= req.value <= 5.0, f"rating feedback needs value within [1, 5]; got {req.value:g}")
+    elif req.kind == "correction":
+        require(bool(req.comment.strip()), "correction feedback needs the corrected answer in `comment`")
+    elif req.kind == "kpi":
+        require(bool(req.kpi_name), "kpi feedback needs `kpi_name`")
+    if req.HasField("occurred_at"):
+        when = req.occurred_at.ToDatetime(tzinfo=UTC)
+        require(when <= now + timedelta(minutes=5), f"occurred_at {when.isoformat()} is in the future")
+    else:
+        when = now
+    event_id = deterministic_id("feedback", tenant, req.interaction_id, req.kind, req.kpi_name, repr(req.value),
+                                req.comment, when.isoformat())
+    env = make_envelope(tenant, source=f"inference/{pod}", event_id=event_id, occurred_at=when)
+    return events_pb2.FeedbackEvent(envelope=env, interaction_id=req.interaction_id, kind=req.kind,
+                                    value=req.value, comment=req.comment, kpi_name=req.kpi_name)

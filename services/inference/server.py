@@ -1,0 +1,393 @@
+"""Wiring: gRPC (Inference, Feedback, health, reflection) + engine + capture + hot swap + metrics.
+
+Request path (one handler thread per call): authenticate -> validate -> route to a version -> submit
+to the engine -> wait (deadline-aware; a cancelled call cancels its generation) -> respond. Capture is
+an enqueue after the answer is built; Kafka never sits on this path.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from services.inference import metrics
+from services.inference.capture import CaptureSink
+from services.inference.config import InferenceSettings
+from services.inference.engines import create_engine
+from services.inference.engines.base import (
+    ChoiceDone,
+    Delta,
+    Engine,
+    EngineError,
+    EngineStopped,
+    GenerationRequest,
+    RequestHandle,
+    UnknownVersion,
+)
+from services.inference.hotswap import (
+    Heartbeater,
+    UpdateFollower,
+    VersionManager,
+    prune_versions_dir,
+    versions_root,
+)
+from services.inference.requests import (
+    PreparedRequest,
+    feedback_event,
+    interaction_event,
+    prepare,
+    resolve_tenant,
+)
+from services.inference.spool import Spool
+from shared.grpc_util import (
+    ServiceError,
+    Unavailable,
+    create_server,
+    graceful_stop,
+    grpc_errors,
+    metadata_value,
+    set_serving,
+)
+from shared.logs import trace_id_var
+from shared.metrics import start_metrics_server
+from shared.proto.apprentice.v1 import inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = ("apprentice.v1.Inference", "apprentice.v1.Feedback")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _code_of(e: BaseException) -> str:
+    if isinstance(e, ServiceError):
+        return e.code.name
+    if isinstance(e, grpc.RpcError) and hasattr(e, "code"):
+        return e.code().name
+    return "INTERNAL"
+
+
+def observed(method: str) -> Callable[[F], F]:
+    """Count calls by status code and time them (unary and server-streaming handlers)."""
+    def wrap(fn: F) -> F:
+        import inspect
+
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def gen(self: Any, request: Any, context: Any) -> Any:
+                t0, code = time.perf_counter(), "OK"
+                try:
+                    yield from fn(self, request, context)
+                except BaseException as e:
+                    code = "CANCELLED" if isinstance(e, GeneratorExit) else _code_of(e)
+                    raise
+                finally:
+                    metrics.REQUESTS.labels(method=method, code=code).inc()
+                    metrics.LATENCY.labels(method=method).observe(time.perf_counter() - t0)
+            return gen  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def unary(self: Any, request: Any, context: Any) -> Any:
+            t0, code = time.perf_counter(), "OK"
+            try:
+                return fn(self, request, context)
+            except BaseException as e:
+                code = _code_of(e)
+                raise
+            finally:
+                metrics.REQUESTS.labels(method=method, code=code).inc()
+                metrics.LATENCY.labels(method=method).observe(time.perf_counter() - t0)
+        return unary  # type: ignore[return-value]
+    return wrap
+
+
+class InferenceApp:
+    """The service: owns the engine, the capture sink, the version manager and the gRPC server."""
+
+    def __init__(self, settings: InferenceSettings, engine: Engine | None = None) -> None:
+        self.settings = settings
+        self.engine = engine or create_engine(settings.engine, settings)
+        self.model = settings.common.model
+        self.topics = settings.common.topics
+        self.capture: CaptureSink | None = None
+        self.manager: VersionManager | None = None
+        self.follower: UpdateFollower | None = None
+        self.heartbeater: Heartbeater | None = None
+        self.server: grpc.Server | None = None
+        self.health: Any = None
+        self.port = 0
+        self.ready = threading.Event()
+        self._stopped = threading.Event()
+
+    # --- life cycle -------------------------------------------------------------------------------
+    def start(self) -> int:
+        """Listen at once (health NOT_SERVING), load the model, follow updates, then report SERVING.
+        A failure on the way stops whatever was already started and re-raises."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop(grace=0)
+            raise
+
+    def _start(self) -> int:
+        s = self.settings
+        start_metrics_server(s.metrics_port)
+        self.server, self.port, self.health = create_server(
+            s.port, self._register, SERVICE_NAMES, host=s.host, max_workers=s.grpc_workers)
+        set_serving(self.health, SERVICE_NAMES, serving=False)
+        self.server.start()
+        log.info("inference listening", extra={"port": self.port, "engine": s.engine, "model": self.model})
+
+        self.capture = CaptureSink(s.common.kafka_bootstrap, Spool(
+            s.spool_path, max_bytes=s.spool_max_bytes, segment_bytes=s.spool_segment_bytes),
+            client_id=f"inference-{s.pod_id}", max_inflight=s.capture_max_inflight,
+            delivery_timeout_ms=s.capture_delivery_timeout_ms).start()
+        self.engine.start()
+        metrics.MODEL_LOADED.set(1)
+        prune_versions_dir(versions_root(s), keep=set())
+        host = s.host if s.host not in ("0.0.0.0", "::", "[::]") else socket.gethostname()
+        advertised = s.advertised_endpoint or f"{host}:{self.port}"
+        self.manager = VersionManager(s, self.engine, advertised_endpoint=advertised)
+        if s.follow_updates:
+            self.follower = UpdateFollower(s, self.manager).start()
+            if not self.follower.caught_up.wait(s.startup_catchup_s):
+                log.warning("model-updates backlog not read within %.0fs; serving the base model meanwhile",
+                            s.startup_catchup_s)
+        if s.heartbeat_interval_s > 0:
+            self.heartbeater = Heartbeater(s, self.manager).start()
+        set_serving(self.health, SERVICE_NAMES, serving=True)
+        self.ready.set()
+        threading.Thread(target=self._watch_engine, name="engine-health", daemon=True).start()
+        log.info("inference serving", extra={"port": self.port, "versions": self.engine.loaded_versions()})
+        return self.port
+
+    def stop(self, grace: float | None = None) -> None:
+        """Graceful: NOT_SERVING, refuse new calls, let in-flight ones finish, flush capture."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        grace = self.settings.grace_s if grace is None else grace
+        t0 = time.monotonic()
+        if self.server is not None:
+            graceful_stop(self.server, self.health, grace)
+        self.engine.shutdown(timeout=max(0.5, grace - (time.monotonic() - t0)))
+        for part in (self.follower, self.heartbeater):
+            if part is not None:
+                part.stop()
+        if self.manager is not None:
+            self.manager.close()
+        if self.capture is not None:
+            self.capture.close(timeout=max(1.0, grace - (time.monotonic() - t0)))
+        metrics.MODEL_LOADED.set(0)
+        log.info("inference stopped")
+
+    def _watch_engine(self) -> None:
+        """Health follows the engine: a dead scheduler turns the pod NOT_SERVING (load balancers and
+        orchestrators then route around it / restart it)."""
+        while not self._stopped.wait(1.0):
+            if not self.engine.healthy():
+                set_serving(self.health, SERVICE_NAMES, serving=False)
+                metrics.MODEL_LOADED.set(0)
+                log.critical("engine unhealthy: reporting NOT_SERVING")
+                return
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+    def _register(self, server: grpc.Server) -> None:
+        inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(self), server)
+        inference_pb2_grpc.add_FeedbackServicer_to_server(FeedbackServicer(self), server)
+
+    # --- shared request steps ---------------------------------------------------------------------
+    def _ensure_ready(self) -> None:
+        if not self.ready.is_set() or self.manager is None:
+            raise Unavailable("the model is still loading; retry shortly")
+        if not self.engine.healthy():
+            raise Unavailable("the engine on this replica has failed; retry on another replica")
+        if self._stopped.is_set():
+            raise Unavailable("this server is shutting down; retry on another replica")
+
+    def prepare(self, request: inference_pb2.GenerateRequest, context: Any) -> PreparedRequest:
+        self._ensure_ready()
+        trace_id_var.set(metadata_value(context, "x-trace-id") or uuid.uuid4().hex)
+        tenant = resolve_tenant(request.tenant, context, self.settings)
+        return prepare(request, tenant, self.settings, self.engine.tokenizer, self.engine.context_window,
+                       new_session_id=str(uuid.uuid4()))
+
+    def submit(self, p: PreparedRequest, context: Any, stream: bool) -> tuple[RequestHandle, str, bool]:
+        """Route and queue; a version swapped out between routing and queueing is re-routed once."""
+        assert self.manager is not None
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        for attempt in range(3):
+            version, canary = self.manager.route(p.tenant)
+            req = GenerationRequest(request_id=str(uuid.uuid4()), prompt_ids=p.prompt_ids, sampling=p.sampling,
+                                    version=version, stream=stream, deadline=deadline)
+            try:
+                handle = self.engine.submit(req)
+            except UnknownVersion:
+                if attempt == 2:
+                    raise Unavailable(f"version {version} is being swapped; retry") from None
+                continue
+            except EngineStopped as e:
+                raise Unavailable(str(e)) from e
+            context.add_callback(handle.cancel)   # client cancelled or deadline passed: stop generating
+            return handle, version, canary
+        raise AssertionError("unreachable")
+
+    def record(self, p: PreparedRequest, samples: list[Any], ids: list[str], group_id: str, version: str,
+               canary: bool, latency_ms: float) -> None:
+        """Choices --> Interaction events on the capture queue (unless opted out)."""
+        assert self.capture is not None
+        if p.no_capture:
+            metrics.CAPTURE_SKIPPED.labels(reason="request").inc(len(samples))
+            return
+        if not self.settings.capture or p.tenant in self.settings.no_capture_tenants:
+            metrics.CAPTURE_SKIPPED.labels(reason="tenant").inc(len(samples))
+            return
+        trace = trace_id_var.get()
+        for i, (sample, iid) in enumerate(zip(samples, ids, strict=True)):
+            ev = interaction_event(p, sample, interaction_id=iid, group_id=group_id, index=i, model=self.model,
+                                   version=version, canary=canary, pod=self.settings.pod_id,
+                                   latency_ms=latency_ms, trace_id=trace)
+            self.capture.submit(self.topics.interactions, p.session_id, ev)
+
+    def account(self, samples: list[Any], version: str, canary: bool, ok: bool) -> None:
+        assert self.manager is not None
+        if ok:
+            metrics.SERVED.labels(version=version, canary=str(canary).lower()).inc(len(samples))
+        self.manager.note_result(version, canary, ok)
+
+
+def _usage(p: PreparedRequest, samples: list[Any]) -> inference_pb2.Usage:
+    completion = sum(len(s.token_ids) for s in samples)
+    return inference_pb2.Usage(prompt_tokens=len(p.prompt_ids), completion_tokens=completion,
+                               total_tokens=len(p.prompt_ids) + completion)
+
+
+def _wait_result(handle: RequestHandle, context: Any) -> list[Any]:
+    """The samples; an engine failure or an engine that outlives the call's deadline is an error."""
+    remaining = context.time_remaining()
+    try:
+        return handle.result(timeout=None if remaining is None else remaining + 5.0)
+    except TimeoutError:
+        handle.cancel()
+        raise Unavailable("generation did not finish before the deadline") from None
+    except EngineError as e:
+        raise ServiceError(str(e)) from e
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    def __init__(self, app: InferenceApp) -> None:
+        self.app = app
+
+    @grpc_errors
+    @observed("Generate")
+    def Generate(self, request: inference_pb2.GenerateRequest, context: Any) -> inference_pb2.GenerateResponse:
+        t0 = time.perf_counter()
+        p = self.app.prepare(request, context)
+        samples, version, canary = self._generate(p, context)
+        ids = [str(uuid.uuid4()) for _ in samples]
+        latency_ms = (time.perf_counter() - t0) * 1000
+        self.app.record(p, samples, ids, group_id=str(uuid.uuid4()), version=version, canary=canary,
+                        latency_ms=latency_ms)
+        return inference_pb2.GenerateResponse(
+            choices=[inference_pb2.Choice(interaction_id=iid, text=s.text, finish_reason=s.finish_reason,
+                                          token_count=len(s.token_ids), index=i)
+                     for i, (s, iid) in enumerate(zip(samples, ids, strict=True))],
+            policy_version=version, usage=_usage(p, samples), session_id=p.session_id)
+
+    def _generate(self, p: PreparedRequest, context: Any) -> tuple[list[Any], str, bool]:
+        for attempt in range(2):
+            handle, version, canary = self.app.submit(p, context, stream=False)
+            try:
+                samples = _wait_result(handle, context)
+            except UnknownVersion:
+                if attempt == 0:
+                    continue          # swapped out before it started: route again
+                raise Unavailable(f"version {version} is being swapped; retry") from None
+            except ServiceError:
+                self.app.account([], version, canary, ok=False)
+                raise
+            self.app.account(samples, version, canary, ok=True)
+            if handle.first_token_at is not None:
+                metrics.TIME_TO_FIRST_TOKEN.observe(handle.first_token_at - handle.submitted_at)
+            return samples, version, canary
+        raise AssertionError("unreachable")
+
+    @grpc_errors
+    @observed("GenerateStream")
+    def GenerateStream(self, request: inference_pb2.GenerateRequest, context: Any) -> Iterator[inference_pb2.GenerateChunk]:
+        t0 = time.perf_counter()
+        p = self.app.prepare(request, context)
+        handle, version, canary = self.app.submit(p, context, stream=True)
+        n = p.sampling.n
+        ids = [str(uuid.uuid4()) for _ in range(n)]
+        samples: dict[int, Any] = {}
+        remaining = context.time_remaining()
+        try:
+            for ev in handle.events(timeout=None if remaining is None else remaining + 5.0):
+                if isinstance(ev, Delta):
+                    yield inference_pb2.GenerateChunk(index=ev.index, interaction_id=ids[ev.index], text=ev.text,
+                                                      token_ids=ev.token_ids, policy_version=version,
+                                                      session_id=p.session_id)
+                elif isinstance(ev, ChoiceDone):
+                    samples[ev.index] = ev.sample
+                    last = len(samples) == n
+                    chunk = inference_pb2.GenerateChunk(index=ev.index, interaction_id=ids[ev.index],
+                                                        finish_reason=ev.sample.finish_reason,
+                                                        policy_version=version, session_id=p.session_id)
+                    if last:
+                        ordered = [samples[i] for i in range(n)]
+                        chunk.usage.CopyFrom(_usage(p, ordered))
+                    yield chunk
+        except TimeoutError:
+            handle.cancel()
+            raise Unavailable("generation did not finish before the deadline") from None
+        except UnknownVersion:
+            raise Unavailable(f"version {version} was swapped out before the request started; retry") from None
+        except EngineError as e:
+            self.app.account([], version, canary, ok=False)
+            raise ServiceError(str(e)) from e
+        finally:
+            if len(samples) < n:
+                handle.cancel()       # the client went away mid-stream
+        ordered = [samples[i] for i in range(n)]
+        self.app.account(ordered, version, canary, ok=True)
+        if handle.first_token_at is not None:
+            metrics.TIME_TO_FIRST_TOKEN.observe(handle.first_token_at - handle.submitted_at)
+        self.app.record(p, ordered, ids, group_id=str(uuid.uuid4()), version=version, canary=canary,
+                        latency_ms=(time.perf_counter() - t0) * 1000)
+
+
+class FeedbackServicer(inference_pb2_grpc.FeedbackServicer):
+    def __init__(self, app: InferenceApp) -> None:
+        self.app = app
+
+    @grpc_errors
+    @observed("Feedback.Submit")
+    def Submit(self, request: inference_pb2.FeedbackRequest, context: Any) -> inference_pb2.FeedbackAck:
+        app = self.app
+        if app.capture is None:
+            raise Unavailable("the server is starting; retry shortly")
+        tenant = resolve_tenant(request.tenant, context, app.settings)
+        event = feedback_event(request, tenant, app.settings.pod_id)
+        if tenant in app.settings.no_capture_tenants:
+            metrics.CAPTURE_SKIPPED.labels(reason="tenant").inc()
+            return inference_pb2.FeedbackAck(event_id=event.envelope.event_id, accepted=False)
+        app.capture.submit(app.topics.feedback, request.interaction_id, event)
+        return inference_pb2.FeedbackAck(event_id=event.envelope.event_id, accepted=True)
+
+
+def serve(settings: InferenceSettings) -> InferenceApp:
+    """Start the service (used by __main__ and tests); call `.stop()` to shut it down."""
+    app = InferenceApp(settings)
+    app.start()
+    return app

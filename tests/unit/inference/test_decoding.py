@@ -1,0 +1,121 @@
+"""The inference decode loop on the tiny model: same tokens and log-probs as shared.generation, per-row
+stopping, streaming that never shows a stop string, cancellation, and the sampler by hand."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from services.inference.decoding import DecodeRow, decode_batch, first_stop, sample_rows, stream_safe_length
+from shared.generation import Sample, SamplingConfig, encode_prompt, generate, render_chat, sequence_logprobs
+
+
+def _prompts(tok: Any, n: int) -> list[list[int]]:
+    texts = [render_chat(tok, [{"role": "user", "content": f"question {i} {'more ' * i}"}]) for i in range(n)]
+    return [encode_prompt(tok, t) for t in texts]
+
+
+def _run(model: Any, tok: Any, rows: list[DecodeRow]) -> list[Sample]:
+    out: dict[int, Sample] = {}
+    for i, r in enumerate(rows):
+        r.on_finish = lambda s, i=i: out.__setitem__(i, s)
+    decode_batch(model, tok, rows)
+    return [out[i] for i in range(len(rows))]
+
+
+def test_batched_greedy_matches_shared_generation_and_teacher_forcing(tiny: Any) -> None:
+    model, tok = tiny
+    ids = _prompts(tok, 3)
+    got = _run(model, tok, [DecodeRow(p, SamplingConfig(max_new_tokens=12)) for p in ids])
+    ref = generate(model, tok, ids, max_new_tokens=12)
+    for g, r, p in zip(got, ref, ids, strict=True):
+        assert g.token_ids == r[0].token_ids
+        assert g.logprobs == [0.0] * len(g.token_ids)
+        assert g.logprobs_t1 == pytest.approx(r[0].logprobs_t1, abs=1e-4)
+        recomputed = sequence_logprobs(model, p, g.token_ids)
+        assert torch.allclose(recomputed, torch.tensor(g.logprobs_t1), atol=1e-4)
+
+
+def test_seeded_sampling_matches_shared_generation_whatever_shares_the_batch(tiny: Any) -> None:
+    model, tok = tiny
+    ids = _prompts(tok, 2)
+    cfg = SamplingConfig(max_new_tokens=10, temperature=0.8, top_k=7, top_p=0.9, seed=5)
+    ref = generate(model, tok, [ids[0]], cfg)[0][0]
+    alone = _run(model, tok, [DecodeRow(ids[0], cfg)])[0]
+    crowded = _run(model, tok, [DecodeRow(ids[1], SamplingConfig(max_new_tokens=3, temperature=1.0)),
+                                DecodeRow(ids[0], cfg)])[1]
+    assert alone.token_ids == ref.token_ids == crowded.token_ids
+    assert alone.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+    assert alone.logprobs_t1 == pytest.approx(ref.logprobs_t1, abs=1e-5)
+    assert all(b >= t for b, t in zip(alone.logprobs, alone.logprobs_t1, strict=True))  # filtering concentrates mass
+
+
+def test_rows_stop_on_their_own_budget_and_counts_match(tiny: Any) -> None:
+    model, tok = tiny
+    ids = _prompts(tok, 3)
+    rows = [DecodeRow(ids[i], SamplingConfig(max_new_tokens=m, temperature=1.0)) for i, m in enumerate((2, 9, 5))]
+    got = _run(model, tok, rows)
+    for s, m in zip(got, (2, 9, 5), strict=True):
+        assert len(s.token_ids) == len(s.logprobs) == len(s.logprobs_t1)
+        assert s.finish_reason in ("length", "stop")
+        assert len(s.token_ids) == m or s.finish_reason == "stop"
+
+
+def test_stop_string_cuts_text_and_streaming_never_shows_it(tiny: Any) -> None:
+    model, tok = tiny
+    p = _prompts(tok, 1)[0]
+    free = _run(model, tok, [DecodeRow(p, SamplingConfig(max_new_tokens=20))])[0]
+    assert len(free.text) > 6
+    stop = free.text[4:7]
+    deltas: list[str] = []
+    row = DecodeRow(p, SamplingConfig(max_new_tokens=20, stop=(stop,)), stream=True,
+                    on_delta=lambda ids, text: deltas.append(text))
+    got = _run(model, tok, [row])[0]
+    assert got.finish_reason == "stop"
+    assert got.text == free.text[:first_stop(free.text, [stop])]
+    assert "".join(deltas) == got.text
+    assert got.token_ids == free.token_ids[:len(got.token_ids)]
+
+
+def test_cancel_ends_rows_early(tiny: Any) -> None:
+    model, tok = tiny
+    p = _prompts(tok, 1)[0]
+    seen = {"n": 0}
+
+    def cancelled() -> bool:
+        seen["n"] += 1
+        return seen["n"] > 4
+
+    got = _run(model, tok, [DecodeRow(p, SamplingConfig(max_new_tokens=50), cancelled=cancelled)])[0]
+    assert got.finish_reason == "cancelled"
+    assert 0 < len(got.token_ids) < 50 and len(got.logprobs) == len(got.token_ids)
+
+
+def test_context_window_caps_a_row(tiny: Any) -> None:
+    model, tok = tiny
+    p = _prompts(tok, 1)[0]
+    out: list[Sample] = []
+    decode_batch(model, tok, [DecodeRow(p, SamplingConfig(max_new_tokens=50), on_finish=out.append)],
+                 context_window=len(p) + 3)
+    assert len(out[0].token_ids) == 3 and out[0].finish_reason == "length"
+
+
+def test_sample_rows_by_hand() -> None:
+    probs = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]])
+    draws = torch.stack([sample_rows(probs) for _ in range(400)])       # (400, 2)
+    assert (draws[:, 0] == 1).all()                                     # a point mass is always drawn
+    assert not (draws[:, 1] == 1).any()                                 # probability 0 is never drawn
+    frac = (draws[:, 1] == 0).float().mean().item()
+    assert abs(frac - 0.5) < 0.1                                        # 4.9 standard deviations
+
+
+def test_stream_safe_length_by_hand() -> None:
+    assert stream_safe_length("hello wor", ["world"]) == 6               # "wor" may become "world"
+    assert stream_safe_length("hello", ["xyz"]) == 5
+    assert stream_safe_length("ab\ufffd", []) == 2                       # unfinished UTF-8 character
+    assert stream_safe_length("a\n", ["\n\n"]) == 1
+    assert first_stop("a END b STOP", ["STOP", "END"]) == 2
+    assert math.isclose(first_stop("abc", ["x"]), -1)
