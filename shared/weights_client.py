@@ -76,6 +76,7 @@ def download_version(stub: Any, model: str, version: str, dest_dir: Path | str, 
     for entry in manifest.files:
         target = tmp / entry.path
         target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()  # an empty file has no bytes to stream but must still exist
         for attempt in range(attempts):
             have = target.stat().st_size if target.exists() else 0
             if have == entry.size:

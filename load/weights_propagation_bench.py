@@ -1,0 +1,274 @@
+"""Propagation: publish a version -> all inference replicas serving it, vs a raw copy of its bytes; under load.
+
+    python load/weights_propagation_bench.py                         # SmolLM2-135M, 3 replicas, full + LoRA
+    python load/weights_propagation_bench.py --model tiny-random --kinds full,lora --replicas 3
+
+Everything is real and local: the Kafka broker (must answer at APPRENTICE_KAFKA_BOOTSTRAP, e.g. after
+`apprentice kafka start`), the weights service and N inference replicas as separate processes
+(`python -m services.weights`, `python -m services.inference`), in a fresh topic namespace.
+
+For each kind (full weights, LoRA adapter): upload the version, start the clock, `Promote` it (force:
+the eval gate is not part of propagation), and stop the clock when every replica has answered a request
+with `policy_version` = the new version (the load keeps each replica busy, so this is "serving", not
+"loaded"). Load: `--load-threads` concurrent Generate callers per replica for the whole run; every
+failed request is counted. Baseline in the same run: copying the version's bytes (shutil.copyfile, the
+kernel's fast path) once, and once per replica.
+Prints a table; exit code 1 when a request failed or the ratio to the per-replica copy exceeds the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TARGET = 2.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Load:
+    """Generate callers against every replica; records (time, replica, version) of each answer."""
+
+    targets: list[str]
+    threads: int
+    max_new_tokens: int
+    answers: list[tuple[float, int, str]] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(self) -> list[threading.Thread]:
+        ts = [threading.Thread(target=self._caller, args=(i,), daemon=True)
+              for i in range(len(self.targets)) for _ in range(self.threads)]
+        for t in ts:
+            t.start()
+        return ts
+
+    def _caller(self, replica: int) -> None:
+        import grpc
+
+        from services.inference.client import InferenceClient
+
+        with InferenceClient(self.targets[replica], timeout=120) as c:
+            n = 0
+            while not self.stop.is_set():
+                n += 1
+                try:
+                    r = c.generate(f"Tell me something about number {n}.", max_new_tokens=self.max_new_tokens)
+                    with self.lock:
+                        self.answers.append((time.monotonic(), replica, r.policy_version))
+                except grpc.RpcError as e:
+                    with self.lock:
+                        self.errors[f"{e.code().name}: {e.details()[:80]}"] += 1
+
+    def first_serving(self, version: str, since: float) -> dict[int, float]:
+        with self.lock:
+            out: dict[int, float] = {}
+            for t, replica, v in self.answers:
+                if v == version and t >= since and replica not in out:
+                    out[replica] = t
+            return out
+
+
+def make_versions(model_name: str, tmp: Path, kinds: list[str]) -> dict[str, Path]:
+    import torch
+
+    from shared.models import load_model
+    from shared.weights_client import save_version_files
+
+    out = {}
+    if "full" in kinds:
+        model, _ = load_model(model_name)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 1e-4)  # a different version, same behaviour
+        save_version_files(model, tmp / "full", "full")
+        out["full"] = tmp / "full"
+        del model
+    if "lora" in kinds:
+        from peft import LoraConfig, get_peft_model
+
+        base, _ = load_model(model_name)
+        peft = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj",
+                                                                                     "o_proj"]))
+        save_version_files(peft, tmp / "lora", "lora")
+        out["lora"] = tmp / "lora"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--kinds", default="full,lora")
+    ap.add_argument("--load-threads", type=int, default=2, help="concurrent callers per replica")
+    ap.add_argument("--max-new-tokens", type=int, default=4)
+    ap.add_argument("--torch-threads", type=int, default=1, help="per replica (the machine has few cores)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per propagation before giving up")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
+    args = ap.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+
+    import grpc
+
+    from shared.config import CommonSettings
+    from shared.kafka.admin import broker_answers, delete_topics, ensure_topics
+    from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
+    from shared.topics import Topics
+    from shared.weights_client import upload_version
+
+    bootstrap = CommonSettings().kafka_bootstrap
+    if not broker_answers(bootstrap):
+        print(f"no Kafka broker at {bootstrap}: run `apprentice kafka start` first", file=sys.stderr)
+        return 2
+    topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
+    ensure_topics(bootstrap, topics)
+    tmp = Path(tempfile.mkdtemp(prefix="propagation-bench-"))
+    env = dict(os.environ, APPRENTICE_TOPIC_PREFIX=topics.prefix, APPRENTICE_KAFKA_BOOTSTRAP=bootstrap,
+               APPRENTICE_MODEL=args.model, APPRENTICE_HOME=str(tmp / "home"), APPRENTICE_LOG_JSON="false",
+               APPRENTICE_LOG_LEVEL="WARNING", APPRENTICE_TORCH_THREADS=str(args.torch_threads),
+               OMP_NUM_THREADS=str(args.torch_threads), PYTHONUNBUFFERED="1")
+    procs: list[subprocess.Popen[bytes]] = []
+    load: Load | None = None
+    rows = []
+    try:
+        print(f"preparing {', '.join(kinds)} versions of {args.model} ...", flush=True)
+        versions = make_versions(args.model, tmp / "versions", kinds)
+
+        wport = free_port()
+        wenv = dict(env, APPRENTICE_WEIGHTS_STORE_DIR=str(tmp / "store"), APPRENTICE_WEIGHTS_METRICS_PORT="0",
+                    APPRENTICE_WEIGHTS_HOST="127.0.0.1", APPRENTICE_WEIGHTS_ORDER_DEADLINE_S="600")
+        procs.append(subprocess.Popen([sys.executable, "-m", "services.weights", "--port", str(wport),
+                                       "--policy", "manual"], env=wenv, cwd=REPO,
+                                      stdout=open(tmp / "weights.log", "wb"),  # noqa: SIM115 - owned by the child
+                                      stderr=subprocess.STDOUT))
+        ports = [free_port() for _ in range(args.replicas)]
+        for i, port in enumerate(ports):
+            ienv = dict(env, APPRENTICE_INFERENCE_POD_ID=f"bench-{i}", APPRENTICE_INFERENCE_HOST="127.0.0.1",
+                        APPRENTICE_INFERENCE_WEIGHTS_ENDPOINT=f"127.0.0.1:{wport}",
+                        APPRENTICE_INFERENCE_METRICS_PORT="0", APPRENTICE_INFERENCE_HEARTBEAT_INTERVAL_S="0.5")
+            procs.append(subprocess.Popen([sys.executable, "-m", "services.inference", "--port", str(port)],
+                                          env=ienv, cwd=REPO,
+                                          stdout=open(tmp / f"inference-{i}.log", "wb"),  # noqa: SIM115
+                                          stderr=subprocess.STDOUT))
+        channel = grpc.insecure_channel(f"127.0.0.1:{wport}", options=[("grpc.max_send_message_length", 64 << 20)])
+        stub = weights_pb2_grpc.WeightsStub(channel)
+        grpc.channel_ready_future(channel).result(timeout=120)
+
+        from services.inference.client import InferenceClient
+
+        targets = [f"127.0.0.1:{p}" for p in ports]
+        deadline = time.monotonic() + 300
+        for t in targets:  # every replica answers before the clock starts
+            while True:
+                try:
+                    with InferenceClient(t, timeout=60) as c:
+                        c.generate("hi", max_new_tokens=1)
+                    break
+                except grpc.RpcError:
+                    if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                        raise RuntimeError(f"replica {t} did not start; see {tmp}/inference-*.log") from None
+                    time.sleep(1.0)
+        print(f"weights + {args.replicas} replicas up; load: {args.load_threads} callers per replica", flush=True)
+        load = Load(targets, args.load_threads, args.max_new_tokens)
+        load.run()
+        time.sleep(2.0)
+
+        for kind in kinds:
+            src = versions[kind]
+            t0 = time.monotonic()
+            header = weights_pb2.UploadHeader(model=args.model, kind=kind, base_version="base" if kind == "lora" else "")
+            m = upload_version(stub, header, src)
+            upload_s = time.monotonic() - t0
+            size = sum(f.size for f in m.files)
+            blobs = [tmp / "store" / "blobs" / f.sha256[:2] / f.sha256 for f in m.files]
+            copies = []
+            for i in range(args.replicas):  # the baseline: the same bytes, copied to each replica's folder
+                dest = tmp / "copies" / str(i)
+                dest.mkdir(parents=True)
+                c0 = time.monotonic()
+                for j, b in enumerate(blobs):
+                    shutil.copyfile(b, dest / f"f{j}")
+                copies.append(time.monotonic() - c0)
+            shutil.rmtree(tmp / "copies")
+
+            t0 = time.monotonic()
+            stub.Promote(weights_pb2.PromoteRequest(model=args.model, version=m.version, force=True,
+                                                    reason="propagation benchmark"), timeout=60)
+            publish_s = time.monotonic() - t0
+            while len(load.first_serving(m.version, t0)) < args.replicas:
+                if time.monotonic() - t0 > args.timeout:
+                    raise RuntimeError(f"{kind} {m.version} not served by every replica within {args.timeout}s")
+                if any(p.poll() is not None for p in procs):
+                    raise RuntimeError(f"a process exited; see logs in {tmp}")
+                time.sleep(0.05)
+            firsts = load.first_serving(m.version, t0)
+            all_s = max(firsts.values()) - t0
+            while not (st := stub.Status(weights_pb2.StatusRequest(model=args.model))).converged:
+                time.sleep(0.1)
+            converged_s = time.monotonic() - t0
+            rows.append((kind, m.version, size, upload_s, copies[0], sum(copies), publish_s,
+                         min(firsts.values()) - t0, all_s, converged_s, len(st.pods)))
+            print(f"{kind} {m.version}: every replica serving after {all_s:.2f}s", flush=True)
+        time.sleep(1.0)
+    finally:
+        if load is not None:
+            load.stop.set()
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        delete_topics(bootstrap, [s.name for s in topics.specs()])
+        if args.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    assert load is not None
+    total = len(load.answers)
+    failed = sum(load.errors.values())
+    print(f"\nmodel {args.model}, {args.replicas} replicas, {os.cpu_count()} CPUs, "
+          f"{args.load_threads} callers/replica, {args.max_new_tokens} new tokens per request")
+    head = (f"{'kind':<5} {'version':<7} {'MB':>7} {'upload s':>9} {'copy 1x s':>9} {'copy Nx s':>9} "
+            f"{'order s':>8} {'first s':>8} {'all s':>8} {'status s':>8} {'all/copyNx':>10} {'all/copy1x':>10}")
+    print(head)
+    worst = 0.0
+    for kind, v, size, up, c1, cn, pub, first, all_s, conv, _pods in rows:
+        worst = max(worst, all_s / cn)
+        print(f"{kind:<5} {v:<7} {size / 1e6:>7.1f} {up:>9.2f} {c1:>9.3f} {cn:>9.3f} {pub:>8.3f} {first:>8.2f} "
+              f"{all_s:>8.2f} {conv:>8.2f} {all_s / cn:>10.1f} {all_s / c1:>10.1f}")
+    print(f"requests during the run: {total} answered, {failed} failed" +
+          (f" ({dict(load.errors)})" if failed else ""))
+    ok = failed == 0 and worst <= TARGET
+    print(f"propagation / raw copy to every replica: worst {worst:.1f}x (target <= {TARGET}x); "
+          f"failed requests {failed} (target 0): {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""`apprentice serve weights`: parse settings, configure logging, serve until SIGTERM/SIGINT (graceful)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice serve weights", description=__doc__)
+    ap.add_argument("--port", type=int, help="gRPC port (default: APPRENTICE_WEIGHTS_PORT or 50052)")
+    ap.add_argument("--policy", choices=("manual", "auto", "canary"), help="override APPRENTICE_WEIGHTS_POLICY")
+    ns = ap.parse_args(argv)
+    from services.weights.config import WeightsSettings
+    from shared.logs import configure_logging
+
+    settings = WeightsSettings(**{k: v for k, v in (("port", ns.port), ("policy", ns.policy)) if v is not None})
+    configure_logging("weights", settings.common.log_level, settings.common.log_json)
+    if settings.common.torch_threads:
+        import torch
+
+        torch.set_num_threads(settings.common.torch_threads)
+    from services.weights.server import run
+
+    return run(settings)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

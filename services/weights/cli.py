@@ -1,0 +1,154 @@
+"""`apprentice weights list|get|promote|canary|rollback|status|pin|unpin` --> gRPC calls to the Weights service.
+
+The endpoint is APPRENTICE_WEIGHTS_ENDPOINT (default 127.0.0.1:50052); the model defaults to APPRENTICE_MODEL.
+Exit codes: 0 ok, 1 the service refused (the message says why), 2 bad usage, 3 the service is unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+DEFAULT_ENDPOINT = "127.0.0.1:50052"
+
+
+def _parser() -> argparse.ArgumentParser:
+    # The common options are accepted before or after the command (`weights --model m list` or `list --model m`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--endpoint", default=argparse.SUPPRESS,
+                        help=f"host:port (default: APPRENTICE_WEIGHTS_ENDPOINT or {DEFAULT_ENDPOINT})")
+    common.add_argument("--model", default=argparse.SUPPRESS, help="model name (default: APPRENTICE_MODEL)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print protobuf JSON")
+    common.add_argument("--timeout", type=float, default=argparse.SUPPRESS,
+                        help="seconds (default 600: promote may run the eval gate)")
+    p = argparse.ArgumentParser(prog="apprentice weights", parents=[common],
+                                description="Model versions: list, promote, canary, roll back, pod status.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def cmd(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, parents=[common])
+
+    cmd("list", "every stored version, oldest first")
+    g = cmd("get", "one version's manifest (files, eval results)")
+    g.add_argument("version")
+    pr = cmd("promote", "serve a version to its tenant (runs the eval gate if needed)")
+    pr.add_argument("version")
+    pr.add_argument("--force", action="store_true", help="skip the eval gate (logged)")
+    pr.add_argument("--reason", default="")
+    ca = cmd("canary", "serve a version to a fraction of its tenant's requests")
+    ca.add_argument("version")
+    ca.add_argument("--fraction", type=float, required=True)
+    ca.add_argument("--reason", default="")
+    rb = cmd("rollback", "go back to the previous promoted version (or --version)")
+    rb.add_argument("--version", default="")
+    rb.add_argument("--tenant", default=None, help='tenant slot ("" = the operator slot)')
+    rb.add_argument("--reason", default="")
+    cmd("status", "what each inference pod serves; convergence and lagging pods")
+    for name in ("pin", "unpin"):
+        x = cmd(name, f"{name} a version ({'kept by' if name == 'pin' else 'released to'} retention)")
+        x.add_argument("version")
+    return p
+
+
+def _status_name(v: int) -> str:
+    from shared.proto.apprentice.v1 import weights_pb2
+
+    return weights_pb2.VersionStatus.Name(v).removeprefix("VERSION_STATUS_").lower()
+
+
+def _when(ts: Any) -> str:
+    if not ts.seconds:
+        return "-"
+    return datetime.fromtimestamp(ts.seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _run(ns: argparse.Namespace, stub: Any) -> int:
+    from shared.events import to_json
+    from shared.proto.apprentice.v1 import weights_pb2 as W
+
+    model, t = ns.model, ns.timeout
+    if ns.cmd == "list":
+        resp = stub.List(W.ListVersionsRequest(model=model), timeout=t)
+        if ns.json:
+            print(to_json(resp))
+            return 0
+        rows = [["VERSION", "STATUS", "KIND", "TENANT", "PARENT", "CREATED", "SIZE", "PIN", "REASON"]]
+        for m in resp.versions:
+            rows.append([m.version, _status_name(m.status), m.kind, m.tenant or "*", m.parent_version or "-",
+                         _when(m.created_at), f"{sum(f.size for f in m.files) / 1e6:.1f}MB",
+                         "yes" if m.pinned else "", m.status_reason[:60]])
+        _print_table(rows)
+        return 0
+    if ns.cmd == "get":
+        print(to_json(stub.Get(W.GetVersionRequest(model=model, version=ns.version), timeout=t)))
+        return 0
+    if ns.cmd in ("pin", "unpin"):
+        m = stub.Pin(W.PinRequest(model=model, version=ns.version, pinned=ns.cmd == "pin"), timeout=t)
+        print(to_json(m) if ns.json else f"{m.model} {m.version} pinned={m.pinned}")
+        return 0
+    if ns.cmd == "status":
+        st = stub.Status(W.StatusRequest(model=model), timeout=t)
+        if ns.json:
+            print(to_json(st))
+            return 0
+        slots = ", ".join(f"{k or '*'}={v}" for k, v in sorted(st.tenant_versions.items()))
+        canaries = ", ".join(f"{k or '*'}={v}" for k, v in sorted(st.tenant_canaries.items())) or "none"
+        print(f"model {st.model}: promoted {slots}; canary {canaries}; "
+              f"{'CONVERGED' if st.converged else 'NOT CONVERGED'} ({st.lagging_pods} lagging)")
+        if st.pods:
+            rows = [["POD", "SERVES", "CANARY", "CONVERGED", "LAGGING", "AGE", "DETAIL / ERROR"]]
+            for p in st.pods:
+                rows.append([p.pod_id, p.serving_version or "?", p.canary_version or "-",
+                             "yes" if p.converged else "no", "LAGGING" if p.lagging else "",
+                             f"{p.heartbeat_age_s:.0f}s", (p.detail + (f" | {p.last_error}" if p.last_error else ""))])
+            _print_table(rows)
+        return 0 if not st.lagging_pods else 1
+    if ns.cmd == "promote":
+        ack = stub.Promote(W.PromoteRequest(model=model, version=ns.version, force=ns.force, reason=ns.reason),
+                           timeout=t)
+    elif ns.cmd == "canary":
+        ack = stub.Canary(W.CanaryRequest(model=model, version=ns.version, fraction=ns.fraction, reason=ns.reason),
+                          timeout=t)
+    else:
+        req = W.RollbackRequest(model=model, version=ns.version, reason=ns.reason)
+        if ns.tenant is not None:
+            req.tenant = ns.tenant
+        ack = stub.Rollback(req, timeout=t)
+    print(to_json(ack) if ns.json else f"{ack.action} {ack.model} {ack.version}: order {ack.order_id} sent")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    ns.endpoint = getattr(ns, "endpoint", None) or os.environ.get("APPRENTICE_WEIGHTS_ENDPOINT", DEFAULT_ENDPOINT)
+    ns.json = getattr(ns, "json", False)
+    ns.timeout = getattr(ns, "timeout", 600.0)
+    ns.model = getattr(ns, "model", None)
+    import grpc
+
+    from shared.proto.apprentice.v1 import weights_pb2_grpc
+
+    if ns.model is None:
+        from shared.config import CommonSettings
+
+        ns.model = CommonSettings().model
+    with grpc.insecure_channel(ns.endpoint) as channel:
+        try:
+            return _run(ns, weights_pb2_grpc.WeightsStub(channel))
+        except grpc.RpcError as e:
+            code = e.code()
+            print(f"apprentice weights {ns.cmd}: {code.name}: {e.details()}", file=sys.stderr)
+            return 3 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""Weights service settings, from `APPRENTICE_WEIGHTS_*` environment variables (no torch import here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.config import CommonSettings
+
+Policy = Literal["manual", "auto", "canary"]
+
+
+class WeightsSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_WEIGHTS_", extra="ignore")
+
+    common: CommonSettings = Field(default_factory=CommonSettings)
+
+    # --- serving -----------------------------------------------------------------------------------
+    host: str = "0.0.0.0"
+    """Interface the gRPC server binds."""
+
+    port: int = 50052
+    """gRPC port (DESIGN.md section 2); 0 picks a free port (tests)."""
+
+    metrics_port: int = 9105
+    """Prometheus endpoint; 0 disables it."""
+
+    advertised_endpoint: str = ""
+    """Written into `ModelUpdate.weights_endpoint` so pods know where to download; "" = pods use their
+    configured default (APPRENTICE_WEIGHTS_ENDPOINT)."""
+
+    chunk_size: int = 4 << 20
+    """Default Download chunk in bytes. 4 MiB keeps per-message overhead negligible on loopback (the
+    download benchmark measured 1 MiB at roughly the same speed; far smaller chunks cost throughput)."""
+
+    max_chunk_size: int = 16 << 20
+    """Largest chunk a client may ask for or send (the gRPC message limit is 64 MiB)."""
+
+    max_upload_bytes: int = 64 << 30
+    """Refuse an upload whose declared files add up to more than this (protects the disk)."""
+
+    grace_s: float = 10.0
+    """Graceful stop: in-flight calls get this long to finish."""
+
+    # --- store -------------------------------------------------------------------------------------
+    store_backend: str = "local"
+    """Blob store implementation (`local`; an object store can be added behind `BlobStore`)."""
+
+    store_dir: Path | None = None
+    """Where blobs and manifests live; None = `<APPRENTICE_HOME>/weights`."""
+
+    keep_last: int = 5
+    """Retention: the newest N versions per model are kept, plus every promoted, canary, pinned and
+    rollback-target version (and the full versions a kept LoRA applies to)."""
+
+    gc_interval_s: float = 300.0
+    """How often unreferenced versions and blobs are collected (also after every upload)."""
+
+    # --- eval gate ---------------------------------------------------------------------------------
+    policy: Policy = "auto"
+    """After a checkpoint passes the gate: `manual` (wait for an operator), `auto` (promote at once), or
+    `canary` (canary at `canary_fraction`, promote after `canary_min_requests` healthy requests).
+    `auto` by default so the demo loop closes; the gate still blocks regressions."""
+
+    evaluate_checkpoints: bool = True
+    """Run the eval gate when a CheckpointPublished arrives (off = candidates wait for Promote)."""
+
+    eval_set: Path | None = None
+    """Held-out eval set YAML (prompts + rule graders); None = the packaged default for the demo task."""
+
+    ood_set: Path | None = None
+    """Out-of-distribution set YAML (general instructions + reference answers); None = packaged default."""
+
+    eval_max_new_tokens: int = 32
+    """Greedy tokens per eval prompt: the demo's answers state the fact in the first sentence, and the
+    gate's cost grows linearly with it (SmolLM2 on 2 shared CPU cores: ~85 s per model on the default sets)."""
+
+    eval_batch_size: int = 16
+    """Prompts generated together (batched greedy; larger batches use the CPU better)."""
+
+    heldout_max_drop: float = 0.1
+    """Largest allowed drop of the held-out mean rule score (scores are in [0, 1])."""
+
+    ood_max_loglik_drop: float = 0.5
+    """Largest allowed drop of the mean per-token log-likelihood of OOD reference answers, in nats/token.
+    Corrupted weights drop it by several nats; an RL step moves it by hundredths."""
+
+    ood_max_rule_drop: float = 0.1
+    """Largest allowed drop of the rule score on OOD questions that carry a check (general knowledge)."""
+
+    ood_max_repetition_rise: float = 0.25
+    """Largest allowed rise of the OOD greedy repetition rate (share of repeated 3-grams, in [0, 1])."""
+
+    max_hacking_fraction: float = 0.2
+    """Block a checkpoint whose training batch had more than this share of samples flagged for reward
+    hacking (`hacking_flag_fraction` in the manifest's train_metrics / training_metadata)."""
+
+    # --- orders and pods ---------------------------------------------------------------------------
+    canary_fraction: float = 0.1
+    """Share of requests sent to the canary under the `canary` policy."""
+
+    canary_min_requests: int = 20
+    """Healthy canary requests (summed over pods, from heartbeats) before the `canary` policy promotes."""
+
+    order_deadline_s: float = 60.0
+    """A pod that does not serve what the last order asked within this long is flagged as lagging."""
+
+    heartbeat_timeout_s: float = 30.0
+    """A pod silent for longer than this cannot count as converged."""
+
+    pod_forget_s: float = 600.0
+    """Pods silent for longer than this disappear from Status."""
+
+    consumer_group: str = "weights"
+    """Kafka consumer group for the checkpoints topic."""
+
+    @model_validator(mode="after")
+    def _check(self) -> WeightsSettings:
+        if not 0 <= self.port <= 65535:
+            raise ValueError("APPRENTICE_WEIGHTS_PORT must be in [0, 65535]")
+        if not 0 < self.chunk_size <= self.max_chunk_size <= 32 << 20:
+            raise ValueError("need 0 < APPRENTICE_WEIGHTS_CHUNK_SIZE <= MAX_CHUNK_SIZE <= 32 MiB")
+        if self.keep_last < 1:
+            raise ValueError("APPRENTICE_WEIGHTS_KEEP_LAST must be at least 1")
+        if not 0 < self.canary_fraction <= 1:
+            raise ValueError("APPRENTICE_WEIGHTS_CANARY_FRACTION must be in (0, 1]")
+        if self.canary_min_requests < 1:
+            raise ValueError("APPRENTICE_WEIGHTS_CANARY_MIN_REQUESTS must be at least 1")
+        for name in ("heldout_max_drop", "ood_max_loglik_drop", "ood_max_rule_drop", "ood_max_repetition_rise",
+                     "max_hacking_fraction"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"APPRENTICE_WEIGHTS_{name.upper()} must be >= 0")
+        if min(self.order_deadline_s, self.heartbeat_timeout_s, self.pod_forget_s) <= 0:
+            raise ValueError("deadlines and timeouts must be positive seconds")
+        return self
+
+    @property
+    def store_root(self) -> Path:
+        return self.store_dir if self.store_dir is not None else self.common.home / "weights"

@@ -1,0 +1,223 @@
+"""Candidate version --> eval results against the version it would replace --> APPROVED or REJECTED.
+
+Loads both models on CPU (the candidate from the store's blobs, hard-linked into a work folder; the
+baseline is the version the candidate's tenant is served now, or the base model), scores them on the
+held-out and OOD sets (see gate.py for the checks) and writes the results and the verdict into the
+candidate's manifest. One evaluation runs at a time; baseline scores are cached per version and set.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.weights.config import WeightsSettings
+from services.weights.evalset import LoadedHeldout, OodSet, load_heldout, load_ood
+from services.weights.gate import compare, hacking_fraction, hacking_result, integrity_result, verdict
+from services.weights.manifests import BASE
+from services.weights.store import WeightStore
+from shared.grading import grade_rule, parse_rule_spec
+from shared.proto.apprentice.v1 import weights_pb2
+
+log = logging.getLogger(__name__)
+
+
+def repetition_rate(ids: Sequence[int], n: int = 3) -> float:
+    """Share of the sequence's n-grams that repeat an earlier one: 1 - unique / total (0 below n tokens).
+
+    [1,2,3,1,2,3] has 3-grams 123,231,312,123 -> 1 - 3/4 = 0.25; a model stuck on one token gives ~1.
+    """
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def nonfinite_tensors(files_dir: Path) -> tuple[list[str], int]:
+    """Names of tensors holding NaN/Inf in every safetensors file under `files_dir`, and the tensor count."""
+    import torch
+    from safetensors import safe_open
+
+    bad, total = [], 0
+    for path in sorted(files_dir.rglob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                total += 1
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad.append(f"{path.name}:{name}")
+    return bad, total
+
+
+@dataclass(frozen=True)
+class ModelScores:
+    heldout: float      # mean rule score over items with signal; NaN when none had signal
+    heldout_items: int  # items with signal
+    loglik: float       # mean per-token log-likelihood of the OOD reference answers; NaN without any
+    repetition: float   # mean share of repeated 3-grams in all its greedy answers (held-out + OOD checks)
+    ood_rule: float     # mean rule score of greedy answers on OOD items with a check; NaN without any
+
+
+def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, max_new_tokens: int,
+                batch_size: int) -> ModelScores:
+    """One model on both sets: greedy answers graded by rules, reference answers scored by likelihood."""
+    import torch
+
+    from shared.generation import encode_prompt, generate, render_chat, sequence_logprobs
+
+    def greedy(chats: list[list[dict[str, str]]]) -> list[Any]:
+        prompts = [render_chat(tok, c) for c in chats]
+        out = []
+        for i in range(0, len(prompts), batch_size):
+            out += [s[0] for s in generate(model, tok, prompts[i:i + batch_size], max_new_tokens=max_new_tokens,
+                                           temperature=0.0)]
+        return out
+
+    def rule_score(specs: Sequence[Any], text: str, reference: dict[str, Any] | None) -> float | None:
+        """Weighted mean of the values of the rules that have signal; None when none has."""
+        results = [(s.weight, grade_rule(s, text, reference=reference)) for s in specs]
+        weighted = [(w, r.value) for w, r in results if r.has_signal]
+        total_w = sum(w for w, _ in weighted)
+        return sum(w * v for w, v in weighted) / total_w if weighted and total_w > 0 else None
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs) if xs else math.nan
+
+    # 1) one greedy pass over every prompt that needs an answer: held-out items + OOD items with a check
+    held = heldout.spec.items
+    checked = [it for it in ood.items if it.check is not None]
+    samples = greedy([it.chat(heldout.spec.system) for it in held] + [it.chat(ood.system) for it in checked])
+    held_samples, ood_samples = samples[:len(held)], samples[len(held):]
+
+    # 2) held-out: rule score per item, mean over the items with signal
+    item_scores = [x for item, specs, smp in zip(held, heldout.graders, held_samples, strict=True)
+                   if (x := rule_score(specs, smp.text, item.reference)) is not None]
+    checks = [x for it, smp in zip(checked, ood_samples, strict=True)
+              if (x := rule_score([parse_rule_spec({"name": "ood", **(it.check or {})})], smp.text, None)) is not None]
+
+    # 3) OOD likelihood of reference answers (teacher-forced, T=1), token-weighted
+    logp_sum, n_tokens = 0.0, 0
+    with torch.no_grad():
+        for it in ood.items:
+            if it.answer is None:
+                continue
+            prompt_ids = encode_prompt(tok, render_chat(tok, it.chat(ood.system)))
+            answer_ids = list(tok(it.answer, add_special_tokens=False)["input_ids"])
+            lp = sequence_logprobs(model, prompt_ids, answer_ids)
+            logp_sum += float(lp.sum())
+            n_tokens += len(answer_ids)
+    loglik = logp_sum / n_tokens if n_tokens else math.nan
+
+    # 4) degeneration: repetition in every greedy answer the model gave above
+    eos = {tok.eos_token_id}
+    reps = [repetition_rate([t for t in s.token_ids if t not in eos]) for s in samples]
+    return ModelScores(mean(item_scores), len(item_scores), loglik, mean(reps), mean(checks))
+
+
+class Evaluator:
+    def __init__(self, store: WeightStore, settings: WeightsSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self.heldout = load_heldout(settings.eval_set)
+        self.ood, self._ood_digest = load_ood(settings.ood_set)
+        self.workdir = settings.store_root / "work"
+        self._lock = threading.Lock()
+        self._baseline_cache: dict[tuple[str, ...], ModelScores] = {}
+        self._tok: Any = None
+
+    def _key(self, m: weights_pb2.Manifest) -> tuple[str, ...]:
+        return (m.model, m.version, ",".join(f.sha256 for f in m.files), self.heldout.digest, self._ood_digest,
+                str(self.settings.eval_max_new_tokens))
+
+    def _tokenizer(self, model_name: str) -> Any:
+        if self._tok is None:
+            from shared.models import load_tokenizer
+
+            self._tok = load_tokenizer(model_name)
+        return self._tok
+
+    def _load(self, m: weights_pb2.Manifest, work: Path) -> Any:
+        from shared.models import load_model
+        from shared.weights_client import load_version
+
+        name = m.base_model or m.model
+        if m.version == BASE:
+            return load_model(name)[0]
+        files = self.store.materialise(m, work / m.version)
+        base = None
+        if m.kind == "lora" and m.base_version not in ("", BASE):
+            base = self._load(self.store.get(m.model, m.base_version), work)
+        return load_version(m, files, name, base_model=base)
+
+    def _scores(self, m: weights_pb2.Manifest, work: Path) -> ModelScores:
+        model = self._load(m, work)
+        s = self.settings
+        return score_model(model, self._tokenizer(m.base_model or m.model), self.heldout, self.ood,
+                           max_new_tokens=s.eval_max_new_tokens, batch_size=s.eval_batch_size)
+
+    def baseline_for(self, m: weights_pb2.Manifest) -> str:
+        return self.store.state(m.model).serving_for(m.tenant)
+
+    def evaluate(self, m: weights_pb2.Manifest, extra_metrics: Mapping[str, float] | None = None,
+                 baseline: str | None = None) -> weights_pb2.Manifest:
+        """Run the gate on `m`, record results and verdict in its manifest, and return the new manifest."""
+        with self._lock:
+            current = self.store.get(m.model, m.version)
+            if current.status != weights_pb2.VERSION_STATUS_CANDIDATE:
+                return current  # evaluated meanwhile (a redelivered event, or Promote raced the consumer)
+            started = time.monotonic()
+            s = self.settings
+            baseline = baseline or self.baseline_for(m)
+            work = self.workdir / uuid.uuid4().hex
+            try:
+                files = self.store.materialise(m, work / f"{m.version}.check")
+                bad, total = nonfinite_tensors(files)
+                results = [integrity_result(bad, total),
+                           hacking_result(hacking_fraction(m, extra_metrics), s.max_hacking_fraction)]
+                if not bad:  # a NaN model cannot be scored meaningfully; the integrity result already blocks
+                    results += self._compare(m, baseline, work)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            passed, reason = verdict(results)
+            reason += f" (vs {baseline}, {time.monotonic() - started:.1f}s)"
+
+            def record(x: weights_pb2.Manifest) -> None:
+                del x.eval_results[:]
+                x.eval_results.extend(results)
+                for k, v in (extra_metrics or {}).items():
+                    if k not in x.train_metrics:
+                        x.train_metrics[k] = v
+                x.status = weights_pb2.VERSION_STATUS_APPROVED if passed else weights_pb2.VERSION_STATUS_REJECTED
+                x.status_reason = reason
+
+            out = self.store.update(m.model, m.version, record)
+            log.log(logging.INFO if passed else logging.WARNING, "eval gate: %s %s %s", m.model, m.version, reason)
+            return out
+
+    def _compare(self, m: weights_pb2.Manifest, baseline: str, work: Path) -> list[weights_pb2.EvalResult]:
+        s = self.settings
+        bm = self.store.get(m.model, baseline)
+        key = self._key(bm)
+        base_scores = self._baseline_cache.get(key)
+        if base_scores is None:
+            base_scores = self._scores(bm, work)
+            self._baseline_cache[key] = base_scores
+        cand = self._scores(m, work)
+        self._baseline_cache[self._key(m)] = cand  # it may be the baseline of the next candidate
+        name = self.heldout.spec.name
+        return [
+            compare("heldout", "rule_score", cand.heldout, base_scores.heldout, s.heldout_max_drop,
+                    detail=f"{name}: {cand.heldout_items} of {len(self.heldout.spec.items)} items with signal"),
+            compare("ood", "ref_loglik", cand.loglik, base_scores.loglik, s.ood_max_loglik_drop,
+                    detail=f"{self.ood.name}: nats/token of reference answers"),
+            compare("ood", "repetition", cand.repetition, base_scores.repetition, s.ood_max_repetition_rise,
+                    higher_is_better=False, detail="share of repeated 3-grams in all greedy answers"),
+            compare("ood", "rule_score", cand.ood_rule, base_scores.ood_rule, s.ood_max_rule_drop,
+                    detail=f"{self.ood.name}: general questions with rule checks, greedy"),
+        ]

@@ -1,0 +1,404 @@
+"""Wiring: gRPC `apprentice.v1.Weights` + the checkpoints consumer + the model-updates producer + GC.
+
+    Upload chunks --> store;  store --> Download chunks;  CheckpointPublished --> eval gate --> policy;
+    Promote/Canary/Rollback --> ModelUpdate on model-updates;  PodHeartbeat --> Status, canary review.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.weights.blobstore import make_blob_store
+from services.weights.config import WeightsSettings
+from services.weights.evaluator import Evaluator
+from services.weights.manifests import BASE
+from services.weights.orders import OrderDesk
+from services.weights.pods import PodRegistry
+from services.weights.policy import PromotionPolicy
+from services.weights.store import WeightStore, validate_model
+from services.weights.wire import SERVICE_NAME, encode_chunk, register
+from shared.events import UndecodableEvent, decode
+from shared.grpc_util import (
+    FailedPrecondition,
+    InvalidRequest,
+    NotFound,
+    Unavailable,
+    create_server,
+    graceful_stop,
+    grpc_errors,
+    require,
+    set_serving,
+)
+from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer
+from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+UPLOADS = Counter("apprentice_weights_uploads_total", "Upload calls by outcome", ["outcome"])
+UPLOAD_BYTES = Counter("apprentice_weights_upload_bytes_total", "Bytes received by Upload")
+DOWNLOAD_BYTES = Counter("apprentice_weights_download_bytes_total", "Bytes sent by Download")
+ORDERS = Counter("apprentice_weights_orders_total", "ModelUpdate orders sent", ["action"])
+EVALS = Counter("apprentice_weights_evaluations_total", "Eval gate verdicts", ["verdict"])
+EVAL_SECONDS = Histogram("apprentice_weights_eval_seconds", "Eval gate duration", buckets=(1, 5, 15, 30, 60, 120, 300))
+PODS = Gauge("apprentice_weights_pods", "Pods reporting by heartbeat", ["model", "state"])
+
+
+class WeightsServicer(weights_pb2_grpc.WeightsServicer):
+    def __init__(self, svc: WeightsService) -> None:
+        self.svc = svc
+        self.s = svc.settings
+
+    # --- bytes in / out --------------------------------------------------------------------------------
+    @grpc_errors
+    def Upload(self, request_iterator: Iterator[weights_pb2.UploadRequest], context: Any) -> weights_pb2.Manifest:
+        first = next(iter(request_iterator), None)
+        require(first is not None and first.WhichOneof("part") == "header",
+                "the first message of an Upload must be the header")
+        assert first is not None
+        session = self.svc.store.begin_upload(first.header, self.s.max_upload_bytes)
+        outcome = "rejected"
+        try:
+            for req in request_iterator:
+                require(req.WhichOneof("part") == "chunk", "an Upload has exactly one header, then chunks")
+                require(len(req.chunk.data) <= self.s.max_chunk_size,
+                        f"chunk of {len(req.chunk.data)} bytes exceeds the limit of {self.s.max_chunk_size}")
+                session.add(req.chunk)
+            manifest = session.finish()
+            outcome = "accepted"
+            UPLOAD_BYTES.inc(session.bytes_received)
+            log.info("version stored", extra={"model": manifest.model, "version": manifest.version,
+                                              "kind": manifest.kind, "bytes": session.bytes_received})
+            self.svc.request_gc()
+            return manifest
+        finally:
+            session.abort()
+            UPLOADS.labels(outcome).inc()
+
+    @grpc_errors
+    def Download(self, request: weights_pb2.DownloadRequest, context: Any) -> Iterator[bytes]:
+        validate_model(request.model)
+        require(request.offset >= 0, "offset must be >= 0")
+        require(request.offset == 0 or bool(request.path), "offset needs path (resume one file)")
+        require(0 <= request.chunk_size <= self.s.max_chunk_size,
+                f"chunk_size must be in [0, {self.s.max_chunk_size}] (0 = server default)")
+        chunk_size = request.chunk_size or self.s.chunk_size
+        version = request.version or self.svc.store.state(request.model).serving_for("")
+        if version == BASE:
+            raise FailedPrecondition("the base model is not stored here: every pod loads it from APPRENTICE_MODEL")
+        m = self.svc.store.get(request.model, version)
+        entries = list(m.files)
+        if request.path:
+            entries = [e for e in entries if e.path == request.path]
+            if not entries:
+                raise NotFound(f"{m.model} {m.version} has no file {request.path!r}")
+            require(request.offset <= entries[0].size,
+                    f"offset {request.offset} is past the end of {request.path!r} ({entries[0].size} bytes)")
+        manifest: weights_pb2.Manifest | None = m  # rides on the first chunk only
+        buf = bytearray(chunk_size)
+        view = memoryview(buf)
+        for e in entries:
+            offset = request.offset if request.path else 0
+            with self.svc.store.open_file(m, e) as f:
+                f.seek(offset)
+                sent_one = False
+                while offset < e.size or not sent_one:
+                    n = f.readinto(view[:min(chunk_size, e.size - offset)]) if offset < e.size else 0  # type: ignore[attr-defined]
+                    if offset < e.size and not n:
+                        raise FailedPrecondition(f"{m.model} {m.version}: stored blob of {e.path!r} is shorter "
+                                                 f"than its manifest ({offset} of {e.size} bytes)")
+                    if not context.is_active():
+                        return
+                    # Pre-encoded DownloadChunk (wire.py): the payload is copied once on its way out.
+                    yield encode_chunk(view[:n], path=e.path, offset=offset, file_size=e.size, file_sha256=e.sha256,
+                                       manifest=manifest)
+                    manifest = None
+                    sent_one = True
+                    offset += n
+                    DOWNLOAD_BYTES.inc(n)
+
+    # --- versions --------------------------------------------------------------------------------------
+    @grpc_errors
+    def List(self, request: weights_pb2.ListVersionsRequest, context: Any) -> weights_pb2.ListVersionsResponse:
+        return weights_pb2.ListVersionsResponse(versions=self.svc.store.list(request.model))
+
+    @grpc_errors
+    def Get(self, request: weights_pb2.GetVersionRequest, context: Any) -> weights_pb2.Manifest:
+        validate_model(request.model)  # version "" = what the operator slot serves, as in Download
+        return self.svc.store.get(request.model,
+                                  request.version or self.svc.store.state(request.model).serving_for(""))
+
+    @grpc_errors
+    def Pin(self, request: weights_pb2.PinRequest, context: Any) -> weights_pb2.Manifest:
+        require(request.version != BASE, "the base model is always available; it needs no pin")
+
+        def pin(m: weights_pb2.Manifest) -> None:
+            m.pinned = request.pinned
+
+        return self.svc.store.update(request.model, request.version, pin)
+
+    # --- orders ----------------------------------------------------------------------------------------
+    @grpc_errors
+    def Promote(self, request: weights_pb2.PromoteRequest, context: Any) -> weights_pb2.OrderAck:
+        validate_model(request.model)
+        require(bool(request.version), "version is required")
+        return self.svc.desk.promote(request.model, request.version, force=request.force, reason=request.reason)
+
+    @grpc_errors
+    def Canary(self, request: weights_pb2.CanaryRequest, context: Any) -> weights_pb2.OrderAck:
+        validate_model(request.model)
+        require(bool(request.version), "version is required")
+        return self.svc.desk.canary(request.model, request.version, request.fraction, reason=request.reason)
+
+    @grpc_errors
+    def Rollback(self, request: weights_pb2.RollbackRequest, context: Any) -> weights_pb2.OrderAck:
+        validate_model(request.model)
+        tenant = request.tenant if request.HasField("tenant") else None
+        return self.svc.desk.rollback(request.model, request.version, tenant=tenant, reason=request.reason)
+
+    # --- pods ------------------------------------------------------------------------------------------
+    @grpc_errors
+    def Status(self, request: weights_pb2.StatusRequest, context: Any) -> weights_pb2.StatusResponse:
+        validate_model(request.model)
+        return self.svc.status(request.model)
+
+    @grpc_errors
+    def Heartbeat(self, request: weights_pb2.PodHeartbeat, context: Any) -> weights_pb2.HeartbeatAck:
+        require(bool(request.pod_id), "pod_id is required")
+        validate_model(request.model)
+        require(0 <= request.canary_fraction <= 1, "canary_fraction must be in [0, 1]")
+        require(request.canary_requests >= 0 and request.canary_errors >= 0, "canary counts must be >= 0")
+        state = self.svc.store.state(request.model)
+        self.svc.pods.record(request, state)
+        if state.slots and any(s.canary for s in state.slots.values()):
+            self.svc.review_canaries(request.model)
+            state = self.svc.store.state(request.model)
+        return weights_pb2.HeartbeatAck(promoted_version=state.serving_for(""),
+                                        desired=self.svc.desk.desired(request.model))
+
+
+@dataclass
+class WeightsService:
+    """Everything the servicer needs, and the background threads (checkpoints, GC, watchdog)."""
+
+    settings: WeightsSettings
+    store: WeightStore = field(init=False)
+    pods: PodRegistry = field(init=False)
+    desk: OrderDesk = field(init=False)
+    policy: PromotionPolicy = field(init=False)
+    evaluator: Evaluator | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.topics = s.common.topics
+        self.store = WeightStore(make_blob_store(s.store_backend, s.store_root), s.store_root)
+        self.pods = PodRegistry()
+        self._producer: EventProducer | None = None
+        self._producer_lock = threading.Lock()
+        self.evaluator = Evaluator(self.store, s)
+        self.desk = OrderDesk(self.store, self._publish, source="weights", weights_endpoint=s.advertised_endpoint,
+                              gate=self._gate)
+        self.policy = PromotionPolicy(self.store, self.desk, self.evaluator, s)
+        self._stop = threading.Event()
+        self._gc_wanted = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lagging_logged: set[tuple[str, str, str]] = set()
+        self._review_lock = threading.Lock()  # pods beat concurrently: one canary verdict at a time
+
+    # --- effects ---------------------------------------------------------------------------------------
+    @property
+    def producer(self) -> EventProducer:
+        """Created on first use: a store that only serves bytes (benchmarks, tests) needs no broker."""
+        with self._producer_lock:
+            if self._producer is None:
+                self._producer = EventProducer(self.settings.common.kafka_bootstrap, client_id="weights")
+            return self._producer
+
+    def _publish(self, update: events_pb2.ModelUpdate) -> None:
+        errors: list[str] = []
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        self.producer.produce(self.topics.model_updates, update.model, update, on_delivery=delivered)
+        try:
+            self.producer.flush(10.0)
+        except DeliveryError as e:
+            raise Unavailable(f"order not confirmed by Kafka ({e}); nothing changed, retry") from e
+        if errors:
+            raise Unavailable(f"order not delivered to Kafka: {errors[0]}; nothing changed, retry")
+        ORDERS.labels({1: "promote", 2: "canary", 3: "rollback"}.get(update.action, "?")).inc()
+
+    def _gate(self, m: weights_pb2.Manifest) -> weights_pb2.Manifest:
+        assert self.evaluator is not None
+        started = time.monotonic()
+        out = self.evaluator.evaluate(m)
+        EVAL_SECONDS.observe(time.monotonic() - started)
+        EVALS.labels("approved" if out.status == weights_pb2.VERSION_STATUS_APPROVED else "rejected").inc()
+        return out
+
+    def status(self, model: str) -> weights_pb2.StatusResponse:
+        s = self.settings
+        state = self.store.state(model)
+        resp = self.pods.status(state, order_deadline_s=s.order_deadline_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
+                                forget_s=s.pod_forget_s)
+        resp.canary_healthy_requests = sum(
+            self.pods.canary_health(model, slot.canary, heartbeat_timeout_s=s.heartbeat_timeout_s)[0]
+            for slot in state.slots.values() if slot.canary)
+        return resp
+
+    def review_canaries(self, model: str) -> None:
+        s = self.settings
+        try:
+            with self._review_lock:
+                self.desk.review_canaries(model, self.pods, min_requests=s.canary_min_requests,
+                                          auto_promote=s.policy == "canary",
+                                          heartbeat_timeout_s=s.heartbeat_timeout_s)
+        except Unavailable as e:
+            log.error("canary review could not send its order: %s", e)
+
+    def request_gc(self) -> None:
+        self._gc_wanted.set()
+
+    # --- background threads ----------------------------------------------------------------------------
+    def start_background(self, consume: bool = True) -> None:
+        targets = [self._gc_loop, self._watchdog_loop] + ([self._consume_loop] if consume else [])
+        for target in targets:
+            t = threading.Thread(target=target, name=f"weights-{target.__name__.strip('_')}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._gc_wanted.set()
+        for t in self._threads:
+            t.join(timeout=30)
+        if self._producer is not None:
+            self._producer.close()
+
+    def _gc_loop(self) -> None:
+        while not self._stop.is_set():
+            self._gc_wanted.wait(self.settings.gc_interval_s)
+            self._gc_wanted.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.store.collect(self.settings.keep_last)
+            except Exception:  # noqa: BLE001 - retention must never take the service down
+                log.exception("garbage collection failed")
+
+    def _watchdog_loop(self) -> None:
+        """Make stale pods loud: an error log per lagging pod and order, and the pods gauge."""
+        while not self._stop.wait(min(5.0, self.settings.order_deadline_s / 2)):
+            try:
+                for model in self.store.manifests.models():
+                    st = self.status(model)
+                    for label, n in (("converged", sum(p.converged for p in st.pods)), ("lagging", st.lagging_pods),
+                                     ("total", len(st.pods))):
+                        PODS.labels(model, label).set(n)
+                    for p in st.pods:
+                        key = (model, p.pod_id, st.last_order_id)
+                        if p.lagging and key not in self._lagging_logged:
+                            self._lagging_logged.add(key)
+                            log.error("pod did not follow the last order within the deadline",
+                                      extra={"model": model, "pod": p.pod_id, "detail": p.detail})
+            except Exception:  # noqa: BLE001
+                log.exception("watchdog failed")
+
+    def _consume_loop(self) -> None:
+        s = self.settings
+        consumer = EventConsumer(s.common.kafka_bootstrap, s.consumer_group, [self.topics.checkpoints])
+        dead = DeadLetterPublisher(self.producer, self.topics.deadletter, source="weights")
+        try:
+            while not self._stop.is_set():
+                try:
+                    msgs = consumer.poll_batch(max_records=10, timeout=0.5)
+                    for msg in msgs:
+                        self._handle_record(msg, dead)
+                        if self._stop.is_set():
+                            return  # uncommitted: redelivered to the next owner
+                    consumer.commit(msgs)
+                except Exception:  # noqa: BLE001 - the broker may come back; handlers are idempotent
+                    log.exception("checkpoints consumer error; retrying")
+                    self._stop.wait(1.0)
+        finally:
+            consumer.close()
+
+    def _handle_record(self, msg: Any, dead: DeadLetterPublisher) -> None:
+        try:
+            ev = decode(events_pb2.CheckpointPublished, msg.value())
+        except UndecodableEvent as e:
+            dead.publish(msg, stage="weights.decode", reason=str(e), error_type="UndecodableEvent")
+            return
+        delay = 1.0
+        while not self._stop.is_set():
+            try:
+                outcome = self.policy.on_checkpoint(ev)
+                if outcome in ("approved", "rejected"):
+                    EVALS.labels(outcome).inc()
+                return
+            except (Unavailable, DeliveryError) as e:  # transient (Kafka): retry the same event
+                log.warning("checkpoint handling will be retried: %s", e)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 30.0)
+            except (NotFound, InvalidRequest, FailedPrecondition) as e:
+                dead.publish(msg, stage="weights.checkpoint", reason=str(e), error_type=type(e).__name__,
+                             tenant=ev.envelope.tenant or "unknown")
+                return
+            except Exception as e:  # noqa: BLE001 - a bug must not stall the stream; keep the record
+                log.exception("checkpoint handling failed")
+                dead.publish(msg, stage="weights.checkpoint", reason=f"{type(e).__name__}: {e}",
+                             error_type=type(e).__name__, tenant=ev.envelope.tenant or "unknown")
+                return
+
+
+@dataclass
+class RunningServer:
+    service: WeightsService
+    server: grpc.Server
+    port: int
+    health: Any
+
+    def stop(self, grace: float | None = None) -> None:
+        graceful_stop(self.server, self.health, self.service.settings.grace_s if grace is None else grace)
+        self.service.stop()
+
+
+def start(settings: WeightsSettings, *, consume: bool = True) -> RunningServer:
+    """Build and start everything; tests pass port 0 and read `.port`."""
+    svc = WeightsService(settings)
+    servicer = WeightsServicer(svc)
+    server, port, health = create_server(settings.port, lambda srv: register(servicer, srv), [SERVICE_NAME],
+                                         host=settings.host)
+    server.start()
+    svc.start_background(consume=consume)
+    set_serving(health, [SERVICE_NAME])
+    log.info("weights service serving", extra={"port": port, "store": str(settings.store_root),
+                                               "policy": settings.policy})
+    return RunningServer(svc, server, port, health)
+
+
+def run(settings: WeightsSettings) -> int:
+    """Serve until SIGINT/SIGTERM, then drain in-flight calls."""
+    from shared.kafka import ensure_topics
+    from shared.metrics import start_metrics_server
+
+    ensure_topics(settings.common.kafka_bootstrap, settings.common.topics)
+    start_metrics_server(settings.metrics_port)
+    running = start(settings)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    running.stop()
+    return 0

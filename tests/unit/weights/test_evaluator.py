@@ -1,0 +1,153 @@
+"""The eval gate on the real tiny model: a good candidate passes; regressed and NaN ones are blocked.
+
+'Regressed' is built honestly from the base weights: zeroed weights (the model then only emits a
+special token, so it answers nothing: the held-out rule score collapses), and weights corrupted with
+unit Gaussian noise (fluency collapses: OOD log-likelihood of plain answers drops by tens of nats).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from services.weights.blobstore import make_blob_store
+from services.weights.config import WeightsSettings
+from services.weights.evaluator import Evaluator, nonfinite_tensors
+from services.weights.store import WeightStore
+from shared.proto.apprentice.v1 import weights_pb2
+
+from .conftest import upload_dir
+
+HELDOUT = """
+name: tiny-heldout
+graders:
+  - {name: fact, type: contains, reference_key: answer, ignore_case: true}
+  - {name: non_empty, type: regex, pattern: "(?s)."}
+items:
+  - prompt: "Which form do I need to return a jacket?"
+    reference: {answer: "RT-7"}
+  - prompt: "What extension reaches repairs?"
+    reference: {answer: "412"}
+  - prompt: "How long is the tent warranty?"
+    reference: {answer: "18 months"}
+"""
+
+
+def write_variant(tmp: Path, name: str, change: Callable[[object], None] | None) -> Path:
+    import torch
+
+    from shared.models import load_model
+    from shared.weights_client import save_version_files
+
+    model, _ = load_model("tiny-random")
+    if change is not None:
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                change(p)
+    out = tmp / name
+    save_version_files(model, out, "full")
+    return out
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory: pytest.TempPathFactory, tiny_model_name: str) -> dict[str, Path]:
+    import torch
+
+    tmp = tmp_path_factory.mktemp("variants")
+
+    def nan_one(p: torch.Tensor) -> None:
+        if p.dim() == 2 and p.shape[0] == 128:  # one MLP projection
+            p[0, 0] = float("nan")
+
+    return {
+        "identical": write_variant(tmp, "identical", None),
+        "perturbed": write_variant(tmp, "perturbed", lambda p: p.add_(torch.randn_like(p) * 1e-3)),
+        "zeroed": write_variant(tmp, "zeroed", lambda p: p.zero_()),
+        "noised": write_variant(tmp, "noised", lambda p: p.add_(torch.randn_like(p))),
+        "nan": write_variant(tmp, "nan", nan_one),
+    }
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> WeightStore:
+    """One store for the module, so the evaluator computes the base model's scores once (cached)."""
+    root = tmp_path_factory.mktemp("store")
+    return WeightStore(make_blob_store("local", root), root)
+
+
+@pytest.fixture(scope="module")
+def evaluator(store: WeightStore, tmp_path_factory: pytest.TempPathFactory) -> Evaluator:
+    heldout = tmp_path_factory.mktemp("sets") / "heldout.yaml"
+    heldout.write_text(HELDOUT)
+    settings = WeightsSettings(store_dir=store.root, eval_set=heldout, eval_max_new_tokens=8)
+    return Evaluator(store, settings)
+
+
+def results(m: weights_pb2.Manifest) -> dict[str, weights_pb2.EvalResult]:
+    return {f"{r.suite}/{r.metric}": r for r in m.eval_results}
+
+
+def test_good_candidates_pass(store: WeightStore, evaluator: Evaluator, variants: dict[str, Path]) -> None:
+    for name in ("identical", "perturbed"):
+        m = evaluator.evaluate(upload_dir(store, variants[name]))
+        assert m.status == weights_pb2.VERSION_STATUS_APPROVED, m.status_reason
+        r = results(m)
+        assert set(r) == {"integrity/nonfinite_tensors", "training_data/hacking_flag_fraction", "heldout/rule_score",
+                          "ood/ref_loglik", "ood/repetition", "ood/rule_score"}
+        assert r["heldout/rule_score"].baseline > 0  # the base emits text (newlines); zeroed weights emit none
+        assert abs(r["ood/ref_loglik"].candidate - r["ood/ref_loglik"].baseline) < 0.05
+        assert m.status_reason.startswith("passed the eval gate")
+
+
+def test_zeroed_weights_are_blocked_by_the_heldout_score(store: WeightStore, evaluator: Evaluator,
+                                                         variants: dict[str, Path]) -> None:
+    m = evaluator.evaluate(upload_dir(store, variants["zeroed"]))
+    r = results(m)
+    assert m.status == weights_pb2.VERSION_STATUS_REJECTED
+    assert not r["heldout/rule_score"].passed and r["heldout/rule_score"].candidate == 0.0
+    assert "heldout/rule_score" in m.status_reason
+
+
+def test_noised_weights_are_blocked_by_ood_likelihood(store: WeightStore, evaluator: Evaluator,
+                                                      variants: dict[str, Path]) -> None:
+    m = evaluator.evaluate(upload_dir(store, variants["noised"]))
+    r = results(m)
+    assert m.status == weights_pb2.VERSION_STATUS_REJECTED
+    assert not r["ood/ref_loglik"].passed
+    assert r["ood/ref_loglik"].candidate < r["ood/ref_loglik"].baseline - 5
+
+
+def test_nan_weights_are_blocked_before_scoring(store: WeightStore, evaluator: Evaluator,
+                                                variants: dict[str, Path]) -> None:
+    assert len(nonfinite_tensors(variants["nan"])[0]) >= 1
+    m = evaluator.evaluate(upload_dir(store, variants["nan"]))
+    assert m.status == weights_pb2.VERSION_STATUS_REJECTED
+    assert [r.metric for r in m.eval_results if not r.passed] == ["nonfinite_tensors"]
+    assert "NaN/Inf" in m.status_reason
+
+
+def test_reward_hacking_flag_blocks_good_weights(store: WeightStore, evaluator: Evaluator,
+                                                 variants: dict[str, Path]) -> None:
+    m = upload_dir(store, variants["identical"], train_metrics={"hacking_flag_fraction": 0.4})
+    m = evaluator.evaluate(m)
+    assert m.status == weights_pb2.VERSION_STATUS_REJECTED
+    assert "training_data/hacking_flag_fraction" in m.status_reason
+    m2 = evaluator.evaluate(upload_dir(store, variants["perturbed"]), extra_metrics={"hacking_flag_fraction": 0.5})
+    assert m2.status == weights_pb2.VERSION_STATUS_REJECTED and m2.train_metrics["hacking_flag_fraction"] == 0.5
+
+
+def test_lora_candidate_is_evaluated_on_the_base(store: WeightStore, evaluator: Evaluator,
+                                                 tmp_path: Path, tiny_model_name: str) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from shared.models import load_model
+    from shared.weights_client import save_version_files
+
+    base, _ = load_model(tiny_model_name)
+    peft = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_alpha=8))
+    save_version_files(peft, tmp_path / "adapter", "lora")
+    m = evaluator.evaluate(upload_dir(store, tmp_path / "adapter", kind="lora"))
+    assert m.status == weights_pb2.VERSION_STATUS_APPROVED, m.status_reason  # LoRA B starts at 0: identical model
