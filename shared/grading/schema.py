@@ -266,21 +266,29 @@ class TaskGraders(_Strict):
         if dupes:
             raise ValueError(f"grader names must be unique within a task; repeated: {', '.join(dupes)}")
         if self.feedback_mode == "required" and not self.feedback_graders:
-            raise ValueError("feedback_mode 'required' needs a feedback or kpi grader")
+            raise ValueError("feedback_mode 'required' needs a feedback or kpi grader with weight > 0")
         return self
 
     @property
     def feedback_graders(self) -> list[FeedbackSpec | KpiSpec]:
-        return [g for g in self.graders if g.type in FEEDBACK_TYPES]  # type: ignore[misc]
+        """Graders that read feedback events and count in the reward (weight > 0). Weight-0 feedback
+        graders are recorded but never make the grader wait."""
+        return [g for g in self.graders if g.type in FEEDBACK_TYPES and g.weight > 0]  # type: ignore[misc]
 
     @property
     def needs_feedback(self) -> bool:
+        """Window expiry without feedback = no signal (rather than the immediate graders' reward)."""
         mode = self.feedback_mode or ("required" if self.feedback_graders else "optional")
         return mode == "required"
 
     @property
     def waits_for_feedback(self) -> bool:
+        """Hold the first emission until feedback (or window end) instead of emitting at once."""
         return bool(self.feedback_graders)
+
+    @property
+    def judges(self) -> list[JudgeSpec]:
+        return [g for g in self.graders if isinstance(g, JudgeSpec)]
 
 
 class GraderConfig(_Strict):

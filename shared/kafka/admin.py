@@ -75,7 +75,8 @@ def ensure_topics(bootstrap: str, topics: Topics | None = None, *, replication: 
 def delete_topics(bootstrap: str, names: list[str], timeout: float = 30.0) -> None:
     if not names:
         return
-    for fut in admin(bootstrap).delete_topics(names, operation_timeout=timeout).values():
+    client = admin(bootstrap)  # keep the handle alive: its futures fail with _DESTROY once it is collected
+    for fut in client.delete_topics(names, operation_timeout=timeout).values():
         with contextlib.suppress(KafkaException):  # already gone
             fut.result(timeout)
 
