@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,13 +74,31 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, home: Path, services: tuple[str, ...] = SERVICES, env: dict[str, str] | None = None) -> None:
+    def __init__(self, home: Path, services: tuple[str, ...] = SERVICES, env: dict[str, str] | None = None,
+                 service_env: dict[str, dict[str, str]] | None = None) -> None:
         self.home = home
         self.state_file = home / "stack.json"
         base_env = dict(os.environ if env is None else env)
         self.children = [Child(name, [sys.executable, "-m", "shared.cli.main", "serve", name],
-                               home / "logs" / f"{name}.log", base_env) for name in services]
+                               home / "logs" / f"{name}.log", {**base_env, **(service_env or {}).get(name, {})})
+                         for name in services]
         self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    def start_background(self, poll_s: float = 0.5) -> None:
+        """Supervise from a thread (for callers that own the main thread and its signals, like the demo)."""
+        def loop() -> None:
+            while not self._stopping:
+                now = time.monotonic()
+                for c in self.children:
+                    c.poll(now)
+                self.write_state()
+                time.sleep(poll_s)
+        self._thread = threading.Thread(target=loop, name="supervisor", daemon=True)
+        self._thread.start()
 
     def write_state(self) -> None:
         state = {"supervisor_pid": os.getpid(), "updated": time.time(),
@@ -104,6 +123,9 @@ class Supervisor:
             self.stop()
 
     def stop(self, grace: float = 20.0) -> None:
+        self._stopping = True
+        if self._thread is not None:
+            self._thread.join(5)
         # Reverse start order: producers of traffic stop before the services they feed.
         for c in reversed(self.children):
             c.stop(grace)

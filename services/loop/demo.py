@@ -1,0 +1,237 @@
+"""Task + rounds --> a learning curve: the closed loop through all five services, with simulated users.
+
+Per round (as in OEL): deploy (the served policy answers simulated users; the product backend reports the
+KPI and, when wrong, a human correction) --> the grader turns that into rewards --> the extractor turns
+trajectories into knowledge --> the trainer consolidates (context distillation) and/or runs GRPO -->
+the weights service gates, promotes and streams the new version --> inference hot-swaps it --> the
+held-out questions (never asked during deployment) and an out-of-distribution set are evaluated through
+the Inference service without capture.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from services.loop.evaluation import Evaluator
+from services.loop.report import plot, write_report
+from services.loop.simulated_users import SimulatedUsers
+from services.loop.stack import LocalStack
+from services.loop.task import Task, load_task
+from services.loop.watch import TopicWatcher
+from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
+
+
+@dataclass
+class DemoBudget:
+    rounds: int
+    users_per_round: int
+    eval_samples: int          # sampled answers per held-out question (T=0.7), besides the greedy one
+    max_new_tokens: int
+    round_timeout_s: float     # waiting for grade -> extract -> train -> gate -> promote
+    trainer_env: dict[str, str]
+
+    @staticmethod
+    def full(rounds: int) -> DemoBudget:
+        return DemoBudget(rounds=rounds, users_per_round=60, eval_samples=4, max_new_tokens=48,
+                          round_timeout_s=900, trainer_env={})
+
+    @staticmethod
+    def quick(rounds: int) -> DemoBudget:
+        return DemoBudget(rounds=rounds, users_per_round=10, eval_samples=0, max_new_tokens=24,
+                          round_timeout_s=420, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "1",
+                                                            "APPRENTICE_TRAINER_DISTILL_BATCH": "4"})
+
+
+class Progress:
+    """One status line, rewritten in place on a terminal; plain lines otherwise (logs, CI)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+        self.last = ""
+
+    def __call__(self, msg: str, done: bool = False) -> None:
+        if msg == self.last and not self.tty:
+            return  # logs get a line per change, not per poll
+        self.last = msg
+        line = f"[{time.monotonic() - self.t0:6.0f}s] {msg}"
+        if self.tty and not done:
+            sys.stderr.write("\r\033[K" + line)
+        else:
+            sys.stderr.write(("\r\033[K" if self.tty else "") + line + "\n")
+        sys.stderr.flush()
+
+
+class Demo:
+    def __init__(self, task: Task, *, model: str, budget: DemoBudget, algo: str, report: Path, plot_path: Path,
+                 run_dir: Path, seed: int = 0) -> None:
+        self.task, self.model, self.budget, self.algo = task, model, budget, algo
+        self.report_path, self.plot_path, self.run_dir, self.seed = report, plot_path, run_dir, seed
+        self.progress = Progress()
+        self.stack = LocalStack(run_dir, model, service_env=self._service_env())
+        self.rounds: list[dict[str, Any]] = []
+
+    # --- configuration of the services for this task -------------------------------------------------
+    def _service_env(self) -> dict[str, dict[str, str]]:
+        t = self.task
+        rl = self.algo in ("grpo", "both")
+        distill = self.algo in ("oel", "both")
+        trainer = {
+            "APPRENTICE_TRAINER_TENANT": t.tenant,
+            "APPRENTICE_TRAINER_RL_ENABLED": str(rl).lower(),
+            "APPRENTICE_TRAINER_DISTILL_ENABLED": str(distill).lower(),
+            "APPRENTICE_TRAINER_TRIGGER_SAMPLES": str(self.budget.users_per_round * (4 if rl else 1)),
+            "APPRENTICE_TRAINER_TRIGGER_ON_KNOWLEDGE": "true",
+            "APPRENTICE_TRAINER_SEED": str(self.seed),
+            **self.budget.trainer_env,
+        }
+        extractor = {"APPRENTICE_EXTRACTOR_SESSION_GAP_S": "2", "APPRENTICE_EXTRACTOR_AUTO_APPROVE_TENANTS": t.tenant}
+        return {"trainer": trainer, "extractor": extractor, "grader": {}, "weights": {}, "inference": {}}
+
+    # --- the loop ------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        p = self.progress
+        p(f"starting the stack ({self.model}) in {self.run_dir}")
+        self.stack.start()
+        try:
+            health = self.stack.wait_healthy(600)
+            if not all(health.values()):
+                raise RuntimeError(f"services did not become healthy: {health}; logs in {self.run_dir / 'logs'}")
+            p("stack healthy: " + ", ".join(health), done=True)
+            self.watcher = TopicWatcher(self.stack.common.kafka_bootstrap, self.stack.topics)
+            self.users = SimulatedUsers(self.task, self.stack.inference_target, seed=self.seed)
+            self.evaluator = Evaluator(self.task, self.stack.inference_target, samples=self.budget.eval_samples,
+                                       max_new_tokens=self.budget.max_new_tokens)
+            self._evaluate(0, deploy=None, started=time.monotonic())
+            for k in range(1, self.budget.rounds + 1):
+                started = time.monotonic()
+                deploy = self._deploy(k)
+                self._wait_for_new_version(k)
+                self._evaluate(k, deploy=deploy, started=started)
+        finally:
+            for closer in ("users", "evaluator", "watcher"):
+                if hasattr(self, closer):
+                    getattr(self, closer).close()
+            self.stack.stop()
+        return json.loads(self.report_path.read_text())
+
+    def _deploy(self, k: int) -> dict[str, Any]:
+        p = self.progress
+        n = 4 if self.algo in ("grpo", "both") else 1
+        questions = self.users.pick(self.budget.users_per_round)
+        p(f"round {k}: {len(questions)} simulated users asking (n={n})")
+        exchanges = self.users.run(questions, max_new_tokens=self.budget.max_new_tokens, temperature=0.7, n=n)
+        ids = {e.interaction_id for e in exchanges}
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            graded = [g for i, g in self.watcher.snapshot().graded.items() if i in ids]
+            p(f"round {k}: deployed {len(exchanges)} answers, graded {len(graded)}")
+            if len(graded) >= len(ids):
+                break
+            time.sleep(2)
+        resolved = sum(e.resolved for e in exchanges)
+        p(f"round {k}: deployment KPI {resolved}/{len(exchanges)} resolved", done=True)
+        return {"answers": len(exchanges), "resolved": resolved, "graded": len(graded),
+                "policy_versions": sorted({e.policy_version for e in exchanges})}
+
+    def _served_version(self) -> str:
+        with grpc.insecure_channel(self.stack.weights_target) as ch:
+            st = weights_pb2_grpc.WeightsStub(ch).Status(weights_pb2.StatusRequest(model=self.model), timeout=10)
+        versions = {p.tenant_versions.get(self.task.tenant) or p.tenant_versions.get("") or p.serving_version
+                    for p in st.pods}
+        return ",".join(sorted(versions))
+
+    def _versions(self) -> list[weights_pb2.Manifest]:
+        with grpc.insecure_channel(self.stack.weights_target) as ch:
+            return list(weights_pb2_grpc.WeightsStub(ch).List(weights_pb2.ListVersionsRequest(model=self.model),
+                                                              timeout=10).versions)
+
+    def _wait_for_new_version(self, k: int) -> None:
+        """Until a version newer than the served one is promoted and served (or rejected by the gate)."""
+        p = self.progress
+        before = {m.version for m in self._versions()}
+        deadline = time.monotonic() + self.budget.round_timeout_s
+        while time.monotonic() < deadline:
+            new = [m for m in self._versions() if m.version not in before]
+            settled = [m for m in new if m.status in (weights_pb2.VERSION_STATUS_PROMOTED,
+                                                      weights_pb2.VERSION_STATUS_REJECTED)]
+            kb = self.watcher.snapshot().knowledge.get(f"{self.task.tenant}/{self.task.task}")
+            served = self._served_version()
+            p(f"round {k}: knowledge v{kb.version if kb else 0} ({len(kb.items) if kb else 0} items), "
+              f"new versions {[m.version + ':' + weights_pb2.VersionStatus.Name(m.status)[15:] for m in new]}, "
+              f"served {served}")
+            promoted = [m for m in settled if m.status == weights_pb2.VERSION_STATUS_PROMOTED]
+            if promoted and served == promoted[-1].version:
+                break
+            if settled and not promoted and not [m for m in new if m not in settled]:
+                break  # the gate rejected every candidate of this round: keep serving the old version
+            if self.stack.crashed():
+                p(f"round {k}: restarts so far {self.stack.crashed()}")
+            time.sleep(3)
+        p(f"round {k}: serving {self._served_version()}", done=True)
+
+    def _evaluate(self, k: int, *, deploy: dict[str, Any] | None, started: float) -> None:
+        p = self.progress
+        p(f"round {k}: evaluating held-out and out-of-distribution questions")
+        ev = self.evaluator.run(k).as_dict()
+        state = self.watcher.snapshot()
+        kb = state.knowledge.get(f"{self.task.tenant}/{self.task.task}")
+        versions = {m.version: m for m in self._versions()}
+        served = ev["policy_version"]
+        manifest = versions.get(served)
+        entry = {
+            "round": k, "eval": ev, "deploy": deploy, "seconds": round(time.monotonic() - started, 1),
+            "knowledge_version": kb.version if kb else 0,
+            "knowledge_items": [i.text for i in kb.items] if kb else [],
+            "policy_version": served,
+            "manifest": {"algorithm": manifest.algorithm, "parent": manifest.parent_version,
+                         "eval_results": [{"suite": r.suite, "metric": r.metric, "candidate": r.candidate,
+                                           "baseline": r.baseline, "passed": r.passed} for r in manifest.eval_results],
+                         "data_offsets": [{"topic": o.topic, "partition": o.partition, "start": o.start_offset,
+                                           "end": o.end_offset} for o in manifest.data_offsets],
+                         "train_metrics": dict(manifest.train_metrics)} if manifest else None,
+            "versions_rejected": [v for v, m in versions.items() if m.status == weights_pb2.VERSION_STATUS_REJECTED],
+        }
+        self.rounds.append(entry)
+        meta = {"task": self.task.name, "model": self.model, "algo": self.algo, "date": time.strftime("%Y-%m-%d"),
+                "budget": self.budget.__dict__, "run_dir": str(self.run_dir),
+                "services_restarted": self.stack.crashed()}
+        report = write_report(self.report_path, meta, self.rounds)
+        plot(self.plot_path, self.rounds, f"{self.task.name} · {self.model} · {self.algo}")
+        p(f"round {k}: held-out {ev['greedy_success'] + ev['sampled_success']}/{ev['greedy_total'] + ev['sampled_total']} "
+          f"({ev['success_rate']:.0%}, 95% CI {ev['ci95'][0]:.0%}-{ev['ci95'][1]:.0%}), OOD {ev['ood_success']}/"
+          f"{ev['ood_total']}, {ev['mean_response_tokens']:.0f} tokens, knowledge items {len(entry['knowledge_items'])}, "
+          f"version {served}", done=True)
+        if k and report.get("summary"):
+            s = report["summary"]
+            p(f"round {k} vs 0: {s['heldout_diff']:+.0%} (95% CI {s['heldout_diff_ci95'][0]:+.0%} to "
+              f"{s['heldout_diff_ci95'][1]:+.0%})", done=True)
+
+
+def knowledge_items(target: str, key: str) -> list[str]:
+    with grpc.insecure_channel(target) as ch:
+        snap = knowledge_pb2_grpc.KnowledgeStub(ch).Get(knowledge_pb2.GetKnowledgeRequest(key=key, training_view=True),
+                                                        timeout=10)
+    return [i.text for i in snap.items]
+
+
+def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,
+             seed: int = 0) -> dict[str, Any]:
+    from shared.config import CommonSettings
+
+    task = load_task(task_name)
+    common = CommonSettings()
+    budget = DemoBudget.quick(rounds or 1) if quick else DemoBudget.full(rounds or 3)
+    run_dir = common.home / "demo" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    demo = Demo(task, model=model or common.model, budget=budget, algo=algo, report=report,
+                plot_path=report.with_name("learning_curve.png") if report.suffix == ".json" else report.with_suffix(".png"),
+                run_dir=run_dir, seed=seed)
+    return demo.run()

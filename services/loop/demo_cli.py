@@ -1,0 +1,34 @@
+"""`apprentice demo`: the loop end to end with simulated users; prints and plots the learning curve."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice demo", description=__doc__)
+    ap.add_argument("--task", default="support_desk", help="a shipped task name or a task YAML file")
+    ap.add_argument("--rounds", type=int, default=None, help="learning rounds (default 3; 1 with --quick)")
+    ap.add_argument("--report", type=Path, default=Path("report.json"),
+                    help="report path; the plot goes beside it as learning_curve.png")
+    ap.add_argument("--quick", action="store_true", help="a small budget (CI)")
+    ap.add_argument("--algo", choices=["oel", "grpo", "both"], default="oel")
+    ap.add_argument("--model", default=None, help="default: APPRENTICE_MODEL (smollm2-135m-instruct)")
+    ap.add_argument("--seed", type=int, default=0)
+    ns = ap.parse_args(argv)
+    from services.loop.demo import run_demo
+    from services.loop.task import TaskError
+
+    try:
+        report = run_demo(ns.task, rounds=ns.rounds, report=ns.report, quick=ns.quick, algo=ns.algo, model=ns.model,
+                          seed=ns.seed)
+    except TaskError as e:
+        print(f"apprentice demo: {e}")
+        return 2
+    s = report.get("summary") or {}
+    print(f"\nreport: {ns.report}  plot: {ns.report.with_name('learning_curve.png')}")
+    if s:
+        print(f"held-out success {s['heldout_diff']:+.1%} vs round 0 (95% CI {s['heldout_diff_ci95'][0]:+.1%} to "
+              f"{s['heldout_diff_ci95'][1]:+.1%}); improved: {s['improved']}; OOD change {s['ood_diff']:+.1%}")
+    return 0
