@@ -1,0 +1,37 @@
+"""`apprentice serve grader` / `python -m services.grader`: validate the config, then run the faust worker."""
+
+from __future__ import annotations
+
+import sys
+
+from services.grader.config import GraderSettings
+from shared.grading import GraderConfigError, load_grader_config
+from shared.logs import configure_logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = GraderSettings()
+    configure_logging("grader", settings.log_level or settings.common.log_level, settings.common.log_json)
+    try:
+        config = load_grader_config(settings.config_path)
+    except GraderConfigError as e:
+        print(f"apprentice grader: {e}\n(set APPRENTICE_GRADER_CONFIG_PATH to a valid file)", file=sys.stderr)
+        return 2
+    import faust  # heavy: only after the config is known to be good
+
+    from services.grader.app import GraderApp
+    from shared.metrics import start_metrics_server
+
+    start_metrics_server(settings.metrics_port)
+    grader = GraderApp(settings, config)
+    worker = faust.Worker(grader.app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False,
+                          override_logging=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

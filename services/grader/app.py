@@ -1,0 +1,621 @@
+"""Interactions + FeedbackEvents (Kafka) --> GradedInteractions (Kafka): the grader's faust wiring.
+
+Stages (all in one faust app, id = topic prefix + `apprentice-grader`):
+
+    interactions, feedback --route--> <app>-join --grade--> graded (key = session id)
+                                  \\--> <app>-judge (key = group id) --judge--> <app>-join (judge results)
+    ticker (every tick_interval_s): due windows / retention --> tick items on <app>-join
+
+`route` decodes and validates (undecodable or unconfigured records go to the dead-letter topic, and
+the stream goes on) and re-partitions by interaction id (murmur2, explicit partition), so an interaction
+and its feedback meet in the same partition of the `pending` table whatever partitioner their producers
+used. Items for one partition travel as one bundle record per batch (join.py). `grade` owns the table
+and applies `services.grader.join.Joiner` (pure) to each item.
+
+Exactly-once effect (no double emission of a revision, nothing lost, across kill -9)
+------------------------------------------------------------------------------------
+Faust commits a source offset only after the agent finished the record, so after a crash every record
+past the last commit is processed again, against the table as restored from its changelog. Three
+things make that replay harmless:
+
+1. Idempotent state. Each state remembers the event ids it applied and its last emitted revision and
+   content digest; replaying an applied event changes nothing and emits nothing.
+2. An emission marker, written *before* the emission. `grade` processes a batch in three phases:
+   (a) write every changed state to the changelog and wait until Kafka acknowledged them; a state
+       that emits carries `pending_seq = s` (this batch's sequence, increasing per worker, above every
+       sequence seen in recovered data) and `pending_ts` (the wall clock before sending);
+   (b) send the graded records and wait for their acknowledgements;
+   (c) write `__confirmed__/<partition> = s` to the changelog.
+   After a crash, a restored state with revision r either has `pending_seq <= confirmed` (its record
+   was acknowledged in (b) before (c) was written), or `pending_seq > confirmed` (the crash fell between
+   (a) and (c): the record may or may not be in the graded topic). Only these few states are in
+   doubt. Before the grade agent processes the first record of a partition it (newly) owns, `settle`
+   reads the graded topic from `pending_ts - verify_margin_s` (Kafka's time index finds the offset)
+   and looks for each in-doubt record's deterministic event id uuid5(interaction id, r): found ->
+   already emitted; absent -> emitted now. Then it confirms. A state whose changelog write was lost in
+   (a) had emitted nothing (b comes after a), so its source record is simply replayed. Confirmations
+   never hide an in-doubt state: settling happens before any new batch of that partition (whose (c)
+   would raise the confirmed sequence), and sequences only grow. Hence each (interaction, revision) reaches the graded
+   topic once, and deterministic event ids let any consumer drop a copy that a broker-level producer
+   retry might still create (the producer is idempotent, so even that should not happen).
+   Assumption: one worker owns a partition at a time (faust's rebalancing; a zombie worker fenced only
+   by the session timeout is outside this argument, as for any non-transactional Kafka app).
+
+3. Nothing skipped. faust's at-least-once consumer can skip records around rebalances; the three
+   mechanisms and their fixes are in `_LosslessConsumer` (each was reproduced by a restart test).
+
+Faust's own `exactly_once` guarantee is not used: its transaction manager only handles sends to
+partitions of the app's source topics, and the graded topic is not one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any
+
+import faust
+from confluent_kafka import Consumer, TopicPartition
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP, EventT
+
+from services.grader import metrics as M
+from services.grader.config import GraderSettings
+from services.grader.detectors import DetectorStats
+from services.grader.join import (
+    FEEDBACK,
+    INTERACTION,
+    TICK,
+    BadJoinRecord,
+    Joiner,
+    decode_bundle,
+    encode_bundle,
+    encode_judge,
+    graded_event_id,
+    partition_for,
+)
+from services.grader.judge import build_messages, score_group
+from services.grader.judge_client import JudgeBackend, JudgeUnavailable, make_judge_backend
+from services.grader.state import SEQ_KEY_PREFIX, PendingState, decode_seq, encode_seq, seq_key
+from shared.events import UndecodableEvent, decode, make_envelope
+from shared.grading import GraderConfig, JudgeSpec
+from shared.proto.apprentice.v1 import events_pb2
+
+log = logging.getLogger(__name__)
+
+SOURCE = "grader"
+TICK_RETRY_S = 30.0
+"""A tick that was sent but has not changed the key's due time is sent again after this long."""
+
+
+class _IdempotentProducer(faust_aiokafka.Producer):
+    """faust's aiokafka producer with `enable_idempotence` (faust only sets it under exactly_once):
+    broker-side de-duplication of retried batches, so a retry never writes a graded record twice."""
+
+    def _settings_extra(self) -> dict[str, Any]:
+        return {"acks": "all", "enable_idempotence": True}
+
+
+class _NoReadOffsets(dict):  # type: ignore[type-arg]
+    """A read-offset map that never remembers (see _LosslessConsumer)."""
+
+    def __getitem__(self, key: Any) -> None:
+        return None
+
+
+class _LosslessConsumer(faust_aiokafka.Consumer):
+    """faust's consumer, minus three ways it loses records around rebalances (each reproduced by
+    tests/integration/test_grader_restart.py before this class existed):
+
+    1. After recovery faust seeks stream partitions "to their committed offset", but aiokafka skips the
+       seek for a partition without a committed offset, leaving the position after records that faust
+       fetched and then dropped from its queues while recovering. Such partitions are rewound to their
+       beginning (auto_offset_reset).
+    2. faust drops a fetched record whose offset is below the partition's last *read* offset. A seek
+       during start-up (faust seeks twice) followed by a stale pre-seek batch moves that read offset past
+       records that were never delivered; their re-fetch is then dropped. Here nothing is dropped
+       (`_read_offset` never remembers): a re-delivered record is replayed, which the grader's state
+       machine de-duplicates by event id.
+    3. faust treats a jump in offsets as a "gap" (transaction markers, compaction) and counts the
+       skipped offsets as acknowledged, so the commit moves past records that were lost as in 2. The
+       grader's input topics are written without transactions and are not compacted: offsets are
+       contiguous and no gap is ever skipped.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_offset = _NoReadOffsets()
+
+    async def _add_gap(self, tp: TP, offset_from: int, offset_to: int) -> None:
+        return None
+
+    async def seek_to_committed(self) -> Mapping[Any, int]:
+        committed = await super().seek_to_committed()
+        for tp, offset in committed.items():
+            if not offset and not tp.topic.endswith("-changelog"):
+                await self.seek(TP(tp.topic, tp.partition), 0)
+        return committed
+
+
+faust_aiokafka.Transport.Producer = _IdempotentProducer
+faust_aiokafka.Transport.Consumer = _LosslessConsumer
+
+
+def _brokers(bootstrap: str) -> list[str]:
+    return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
+
+
+class GraderApp:
+    def __init__(self, settings: GraderSettings, config: GraderConfig, *,
+                 judge: JudgeBackend | None = None) -> None:
+        self.settings = settings
+        self.config = config
+        topics = settings.common.topics
+        self.stats = DetectorStats(config.detectors)
+        self.joiner = Joiner(config, self.stats, retention_s=settings.retention_s,
+                             orphan_feedback_s=settings.orphan_feedback_s, source=SOURCE)
+        self.judge = judge
+        self._seq = 0
+        self._due: dict[bytes, tuple[float, bool, int]] = {}
+        """key -> (next time the ticker must look at it, window still open, partition)."""
+        self._judge_due: dict[bytes, float] = {}
+        self._settled: set[int] = set()
+        """Join partitions whose in-doubt emissions have been settled since this worker got them."""
+        self._lock = asyncio.Lock()
+        point, _, count = settings.fault_injection.partition(":")
+        self._fault = (point, int(count)) if point else None
+        self._emitting_batches = 0
+
+        settings.datadir.mkdir(parents=True, exist_ok=True)
+        P = settings.partitions
+        self.app = faust.App(
+            settings.app_id, broker=_brokers(settings.common.kafka_bootstrap), store=settings.store,
+            datadir=str(settings.datadir / settings.app_id), web_enabled=False, autodiscover=False,
+            topic_partitions=P, topic_replication_factor=settings.replication,
+            key_serializer="raw", value_serializer="raw", consumer_auto_offset_reset="earliest",
+            consumer_max_fetch_size=4 * 1024 * 1024, stream_buffer_maxsize=max(4096, 4 * settings.batch_max),
+            broker_commit_every=max(1000, settings.batch_max), broker_commit_interval=1.0,
+            producer_acks=-1, producer_linger=0.005, table_standby_replicas=0,
+            broker_session_timeout=settings.session_timeout_s,
+            broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 4),
+            consumer_group_instance_id=settings.instance_id or None)
+        app = self.app
+        raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
+                               "value_serializer": "raw"}
+        self.source_topic = app.topic(topics.interactions, topics.feedback, **raw)
+        self.join_topic = app.topic(settings.join_topic, partitions=P, internal=True, **raw)
+        self.judge_topic = app.topic(settings.judge_topic, partitions=P, internal=True, **raw)
+        self.topic_names = {"interactions": topics.interactions, "feedback": topics.feedback,
+                            "graded": topics.graded, "deadletter": topics.deadletter}
+        # Keys and values are raw bytes (the app's serializers): states are encoded by state.py.
+        self.table = app.Table("pending", partitions=P, key_type=bytes, value_type=bytes)
+        self.judge_table = app.Table("judge-groups", partitions=P, key_type=bytes, value_type=bytes)
+        app.on_partitions_revoked.connect(self._on_partitions_revoked)
+        app.agent(self.source_topic, name="route")(self._route_agent)
+        app.agent(self.join_topic, name="grade")(self._grade_agent)
+        app.agent(self.judge_topic, name="judge")(self._judge_agent)
+        app.task(self._ticker)
+
+    # --- helpers ---------------------------------------------------------------------------------
+    async def _send(self, topic: str, key: bytes | None, value: bytes | None,
+                    partition: int | None = None) -> Awaitable[Any]:
+        """Hand a record to the producer; the returned future resolves when Kafka acknowledged it."""
+        return await self.app.producer.send(topic, key, value, partition, None, None)
+
+    async def _dead_letter(self, ev: EventT, stage: str, reason: str, error_type: str,
+                           tenant: str = "unknown", *, key: bytes | None = None,
+                           value: bytes | None = None) -> Awaitable[Any]:
+        """DeadLetter for `ev` (or for one item `key`/`value` of a join bundle), tagged with the stage."""
+        msg = ev.message
+        key = ev.key if key is None else key
+        value = ev.value if value is None else value
+        dl = events_pb2.DeadLetter(
+            envelope=make_envelope(tenant, source=SOURCE), stage=stage, reason=reason[:2000],
+            error_type=error_type, origin_topic=msg.topic, origin_partition=msg.partition,
+            origin_offset=msg.offset, original_key=key or b"", original_value=value or b"")
+        M.DEADLETTERS.labels(stage).inc()
+        log.warning("dead-lettered record", extra={"stage": stage, "reason": reason[:300],
+                                                    "origin": f"{msg.topic}/{msg.partition}@{msg.offset}"})
+        return await self._send(self.topic_names["deadletter"], key, dl.SerializeToString())
+
+    def _changelog_name(self, table: Any) -> str:
+        return str(table.changelog_topic.get_topic_name())
+
+    # --- stage 1: route -----------------------------------------------------------------------------
+    async def _route_agent(self, stream: Any) -> None:
+        async for events in stream.take_events(self.settings.batch_max, within=self.settings.batch_within_s):
+            join_items: dict[int, list[tuple[bytes, bytes]]] = {}
+            judge_items: list[tuple[bytes, bytes]] = []
+            futs: list[Awaitable[Any]] = []
+            for ev in events:
+                dead = await self._route_one(ev, join_items, judge_items)
+                if dead is not None:
+                    futs.append(dead)
+            futs.extend(await self._send_bundles(self.settings.join_topic, join_items))
+            for key, value in judge_items:
+                futs.append(await self._send(self.settings.judge_topic, key, value))
+            if futs:
+                await asyncio.gather(*futs)
+
+    async def _send_bundles(self, topic: str, items: dict[int, list[tuple[bytes, bytes]]]) -> list[Awaitable[Any]]:
+        return [await self._send(topic, None, encode_bundle(batch), p) for p, batch in sorted(items.items())]
+
+    def _add_join_item(self, items: dict[int, list[tuple[bytes, bytes]]], key: bytes, value: bytes) -> None:
+        items.setdefault(partition_for(key, self.settings.partitions), []).append((key, value))
+
+    async def _route_one(self, ev: EventT, join_items: dict[int, list[tuple[bytes, bytes]]],
+                         judge_items: list[tuple[bytes, bytes]]) -> Awaitable[Any] | None:
+        """Validate one source record and queue its join item; a dead letter's future when rejected."""
+        topic = ev.message.topic
+        try:
+            if topic == self.topic_names["interactions"]:
+                it = decode(events_pb2.Interaction, ev.value)
+                if not it.interaction_id:
+                    raise UndecodableEvent("Interaction without interaction_id")
+                task = self.config.for_task(it.envelope.tenant, it.task)
+                if task is None:
+                    return await self._dead_letter(ev, "grader.config", f"no grader configured for tenant "
+                                                   f"{it.envelope.tenant!r} task {it.task!r}", "NoGraderConfig",
+                                                   it.envelope.tenant)
+                self._add_join_item(join_items, it.interaction_id.encode(), INTERACTION + ev.value)
+                if task.judges:
+                    group = (it.group_id or it.interaction_id).encode()
+                    judge_items.append((group, INTERACTION + ev.value))
+                return None
+            fb = decode(events_pb2.FeedbackEvent, ev.value)
+            if not fb.interaction_id:
+                raise UndecodableEvent("FeedbackEvent without interaction_id")
+            self._add_join_item(join_items, fb.interaction_id.encode(), FEEDBACK + ev.value)
+            return None
+        except UndecodableEvent as e:
+            return await self._dead_letter(ev, "grader.decode", str(e), type(e).__name__)
+
+    # --- stage 2: grade (owns the table) -------------------------------------------------------------
+    async def _grade_agent(self, stream: Any) -> None:
+        async for events in stream.take_events(self.settings.batch_max, within=self.settings.batch_within_s):
+            start = time.perf_counter()
+            await self.grade_batch(events)
+            M.BATCH_SECONDS.observe(time.perf_counter() - start)
+
+    def _next_seq(self) -> int:
+        # Milliseconds keep sequences increasing across restarts; max() keeps them above recovered ones.
+        self._seq = max(self._seq + 1, int(time.time() * 1000))
+        return self._seq
+
+    def _due_of(self, st: PendingState) -> tuple[float, bool]:
+        if st.interaction is None:
+            return st.first_seen + self.settings.orphan_feedback_s, False
+        if not (st.closed and st.revision > 0):
+            return st.deadline, True
+        return max(st.deadline, st.emitted_at) + self.settings.retention_s, False
+
+    async def grade_batch(self, events: Sequence[EventT]) -> None:
+        # The lock orders this batch with a settle started by the ticker (both touch the table).
+        async with self._lock:
+            unsettled = {ev.message.partition for ev in events} - self._settled
+            if unsettled:
+                await self.settle(unsettled)
+                self._settled |= unsettled
+            await self._grade_batch(events)
+
+    async def _grade_batch(self, events: Sequence[EventT]) -> None:
+        now = time.time()
+        seq = self._next_seq()
+        data = self.table.data
+        current: dict[bytes, bytes | None] = {}
+        partition_of: dict[bytes, int] = {}
+        dirty: list[bytes] = []
+        emits: list[tuple[events_pb2.GradedInteraction, int]] = []
+        dead: list[Awaitable[Any]] = []
+        for ev in events:
+            p = ev.message.partition
+            try:
+                items = decode_bundle(ev.value)
+            except BadJoinRecord as e:
+                dead.append(await self._dead_letter(ev, "grader.join", str(e), type(e).__name__))
+                continue
+            for key, value in items:
+                raw = current[key] if key in current else data.get(key)
+                kind = value[:1].decode(errors="replace")
+                try:
+                    state = PendingState.decode(raw) if raw is not None else None
+                    step = self.joiner.apply(state, key.decode(), value, now, p)
+                except BadJoinRecord as e:
+                    dead.append(await self._dead_letter(ev, "grader.join", str(e), type(e).__name__,
+                                                        key=key, value=value))
+                    continue
+                except Exception as e:  # a bug or a user verifier gone wrong must not stop the stream
+                    log.exception("grading failed", extra={"interaction_id": key.decode(errors="replace")})
+                    dead.append(await self._dead_letter(ev, "grader.grade", f"{type(e).__name__}: {e}",
+                                                        type(e).__name__, key=key, value=value))
+                    continue
+                M.EVENTS.labels(kind, step.note or ("emitted" if step.emit else "applied")).inc()
+                partition_of[key] = p
+                if step.emit is not None and step.state is not None:
+                    step.state.pending_seq, step.state.pending_ts = seq, now
+                    emits.append((step.emit, p))
+                if step.changed:
+                    current[key] = step.state.encode() if step.state is not None else None
+                    if key not in dirty:
+                        dirty.append(key)
+                if step.state is None:
+                    self._due.pop(key, None)
+                else:
+                    due, open_ = self._due_of(step.state)
+                    self._due[key] = (due, open_, p)
+
+        # (a) states, with their emission markers, durable before any record leaves
+        changelog = self._changelog_name(self.table)
+        futs = []
+        for key in dirty:
+            value = current[key]
+            futs.append(await self._send(changelog, key, value, partition_of[key]))
+            if value is None:
+                data.pop(key, None)
+            else:
+                data[key] = value
+        if futs:
+            await asyncio.gather(*futs)
+        if emits:
+            self._emitting_batches += 1
+            self._maybe_crash("after_state")
+        # (b) the graded records
+        graded = self.topic_names["graded"]
+        futs = [await self._send(graded, rec.interaction.session_id.encode() or None, rec.SerializeToString())
+                for rec, _ in emits]
+        if futs:
+            await asyncio.gather(*futs)
+        if emits:
+            self._maybe_crash("after_emit")
+        # (c) confirm: every emission of this batch is in the graded topic
+        for p in sorted({p for _, p in emits}):
+            k, v = seq_key(p).encode(), encode_seq(seq)
+            data[k] = v
+            dead.append(await self._send(changelog, k, v, p))
+        if dead:
+            await asyncio.gather(*dead)
+        for rec, _ in emits:
+            self._count(rec)
+        log.debug("join batch done", extra={"bundles": len(events), "states": len(dirty), "emitted": len(emits)})
+
+    def _maybe_crash(self, point: str) -> None:
+        if self._fault is not None and self._fault == (point, self._emitting_batches):
+            log.warning("fault injection: exiting abruptly", extra={"point": point})
+            os._exit(137)
+
+    def _count(self, rec: events_pb2.GradedInteraction) -> None:
+        tenant, task = rec.envelope.tenant, rec.interaction.task
+        M.RECORDS.labels(tenant, task, str(rec.has_signal).lower()).inc()
+        if rec.revision > 1:
+            M.REVISIONS.labels(tenant, task).inc()
+        if rec.has_signal:
+            M.REWARD.labels(tenant, task).observe(rec.reward)
+        elif rec.no_signal_reason:
+            M.MASKED.labels(tenant, task, rec.no_signal_reason).inc()
+        for f in rec.flags:
+            M.FLAGS.labels(tenant, task, f).inc()
+        if rec.quarantined:
+            M.QUARANTINED.labels(tenant, task).inc()
+
+    # --- recovery -----------------------------------------------------------------------------------
+    def _active_partitions(self, topic: str) -> set[int]:
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
+
+    async def _on_partitions_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
+        """(faust signal receiver) A partition that leaves this worker must be settled again if it ever comes back: another
+        worker may have crashed with emissions in doubt on it meanwhile."""
+        gone = {tp.partition for tp in revoked if tp.topic == self.settings.join_topic}
+        self._settled -= gone
+        for key in [k for k, (_d, _o, p) in self._due.items() if p in gone]:
+            del self._due[key]
+
+    async def settle(self, parts: set[int]) -> None:
+        """Before the first record of a partition this worker (newly) owns: find the states whose last
+        emission is in doubt (pending_seq > the partition's confirmed sequence), look for their records
+        in the graded topic, emit the missing ones, confirm; and index the partition's due times.
+
+        Runs inside the grade agent, so it sees the table fully restored (faust resumes a stream
+        partition only after its table partition is recovered) and before any record of `parts`."""
+        data = self.table.data
+        changelog = self._changelog_name(self.table)
+        confirmed = {p: decode_seq(data.get(seq_key(p).encode())) for p in parts}
+        self._seq = max([self._seq, *confirmed.values()])
+        in_doubt: list[PendingState] = []
+        for key, raw in list(data.items()):
+            if key.startswith(SEQ_KEY_PREFIX.encode()) or raw is None:
+                continue
+            st = PendingState.decode(raw)
+            self._seq = max(self._seq, st.pending_seq)
+            if st.partition not in parts:
+                continue
+            due, open_ = self._due_of(st)
+            self._due[key] = (due, open_, st.partition)
+            if st.revision > 0 and st.pending_seq > confirmed[st.partition]:
+                in_doubt.append(st)
+        if not in_doubt:
+            return
+        wanted = {graded_event_id(st.interaction_id, st.revision): st for st in in_doubt}
+        since = min(st.pending_ts for st in in_doubt) - self.settings.verify_margin_s
+        found = await asyncio.to_thread(find_event_ids, self.settings.common.kafka_bootstrap,
+                                        self.topic_names["graded"], set(wanted), since)
+        now = time.time()
+        futs = []
+        for event_id, st in wanted.items():
+            if event_id in found:
+                M.RECOVERED.labels("already_emitted").inc()
+                continue
+            rec = self.joiner.rebuild(st, now)
+            if rec is None:
+                continue
+            futs.append(await self._send(self.topic_names["graded"], rec.interaction.session_id.encode() or None,
+                                         rec.SerializeToString()))
+            M.RECOVERED.labels("re_emitted").inc()
+            self._count(rec)
+        if futs:
+            await asyncio.gather(*futs)
+        seq = self._next_seq()
+        futs = []
+        for p in sorted({st.partition for st in in_doubt}):
+            k, v = seq_key(p).encode(), encode_seq(seq)
+            data[k] = v
+            futs.append(await self._send(changelog, k, v, p))
+        await asyncio.gather(*futs)
+        log.info("settled in-doubt emissions after recovery",
+                 extra={"in_doubt": len(in_doubt), "already_emitted": len(found & set(wanted)),
+                        "partitions": sorted(parts)})
+
+    # --- stage 3: judge (groups by group id) ---------------------------------------------------------
+    async def _judge_agent(self, stream: Any) -> None:
+        async for ev in stream.events():
+            try:
+                await self._judge_event(ev)
+            except Exception as e:  # noqa: BLE001 - the judge stage must keep going
+                log.exception("judge stage failed")
+                await (await self._dead_letter(ev, "grader.judge", f"{type(e).__name__}: {e}", type(e).__name__))
+
+    async def _judge_event(self, ev: EventT) -> None:
+        key, value = ev.key, ev.value or b""
+        now = time.time()
+        raw = self.judge_table.get(key)
+        group: dict[str, Any] = json.loads(raw) if raw else {"created": now, "members": []}
+        if value[:1] == TICK:
+            if raw is None:
+                return
+            members = [events_pb2.Interaction.FromString(base64.b64decode(m)) for m in group["members"]]
+            await self._judge_members(members)
+            del self.judge_table[key]
+            self._judge_due.pop(key, None)
+            return
+        it = events_pb2.Interaction.FromString(value[1:])
+        task = self.joiner.task_for(it)
+        if task is None or not task.judges:
+            return
+        members = [events_pb2.Interaction.FromString(base64.b64decode(m)) for m in group["members"]]
+        if any(m.interaction_id == it.interaction_id for m in members):
+            return
+        members.append(it)
+        size = max(1, it.group_size) if all(j.group_relative for j in task.judges) else 1
+        if len(members) >= size:
+            await self._judge_members(members)
+            if raw is not None:
+                del self.judge_table[key]
+            self._judge_due.pop(key, None)
+            return
+        group["members"] = [base64.b64encode(m.SerializeToString()).decode() for m in members]
+        self.judge_table[key] = json.dumps(group).encode()
+        self._judge_due[key] = group["created"] + max(j.group_wait_s for j in task.judges)
+
+    async def _judge_members(self, members: list[events_pb2.Interaction]) -> None:
+        """One judge call per judge grader for the group; results go to the join topic."""
+        task = self.joiner.task_for(members[0])
+        if task is None:
+            return
+        items: dict[int, list[tuple[bytes, bytes]]] = {}
+        for spec in task.judges:
+            for sc in await self._call_judge(spec, members):
+                self._add_join_item(items, sc.interaction_id.encode(),
+                                    encode_judge(sc.interaction_id, spec.name, sc.value, sc.has_signal, sc.detail))
+        futs = await self._send_bundles(self.settings.join_topic, items)
+        if futs:
+            await asyncio.gather(*futs)
+
+    async def _call_judge(self, spec: JudgeSpec, members: list[events_pb2.Interaction]) -> list[Any]:
+        if self.judge is None:
+            self.judge = make_judge_backend(self.settings.judge_backend, endpoint=self.settings.inference_endpoint,
+                                            tenant=self.settings.judge_tenant)
+        try:
+            text = await self.judge.complete(build_messages(spec.rubric, members), spec)
+        except JudgeUnavailable as e:
+            M.JUDGE_CALLS.labels("unavailable").inc()
+            return score_group(members, None, str(e))
+        scores = score_group(members, text)
+        M.JUDGE_CALLS.labels("scored" if scores[0].has_signal else "unreadable").inc()
+        return scores
+
+    # --- ticker -------------------------------------------------------------------------------------
+    async def _ticker(self) -> None:
+        """Windows and retention are wall-clock timers: due keys get a tick record on the join topic,
+        so that every state change still happens inside the grade agent, in partition order."""
+        interval = self.settings.tick_interval_s
+        while not self.app.should_stop:
+            await asyncio.sleep(interval)
+            try:
+                await self.tick(time.time())
+            except Exception:  # noqa: BLE001 - a failed tick is retried next interval
+                log.exception("tick failed")
+
+    async def tick(self, now: float) -> None:
+        active = self._active_partitions(self.settings.join_topic)
+        if active - self._settled and not self.app.rebalancing and self.app.tables.recovery.completed.is_set():
+            # A partition with no new records since this worker got it still has windows to close.
+            async with self._lock:
+                unsettled = self._active_partitions(self.settings.join_topic) - self._settled
+                if unsettled:
+                    await self.settle(unsettled)
+                    self._settled |= unsettled
+        ticks: dict[int, list[tuple[bytes, bytes]]] = {}
+        open_count = 0
+        for key, (due, open_, p) in list(self._due.items()):
+            open_count += open_
+            if due <= now and p in active:
+                ticks.setdefault(p, []).append((key, TICK))
+                self._due[key] = (now + TICK_RETRY_S, open_, p)
+        futs = await self._send_bundles(self.settings.join_topic, ticks)
+        judge_active = self._active_partitions(self.settings.judge_topic)
+        for key, due in list(self._judge_due.items()):
+            if due <= now:
+                futs.append(await self._send(self.settings.judge_topic, key, TICK))
+                self._judge_due[key] = now + TICK_RETRY_S
+        if not self._judge_due and judge_active:
+            # After a restart the in-memory due list is empty: rebuild it from the (small) judge table.
+            for key, raw in list(self.judge_table.data.items()):
+                if raw is not None:
+                    self._judge_due[key] = float(json.loads(raw)["created"])
+        if futs:
+            await asyncio.gather(*futs)
+        M.PENDING.set(open_count)
+        M.export_stats(self.stats)
+
+
+def find_event_ids(bootstrap: str, topic: str, wanted: set[str], since: float,
+                   timeout: float = 30.0) -> set[str]:
+    """Which of `wanted` event ids are in `topic` at or after wall-clock time `since` (all partitions)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"grader-verify-{uuid.uuid4()}",
+                  "enable.auto.commit": False, "isolation.level": "read_committed"})
+    found: set[str] = set()
+    try:
+        md = c.list_topics(topic, timeout=timeout)
+        parts = list(md.topics[topic].partitions)
+        starts = c.offsets_for_times([TopicPartition(topic, p, max(0, int(since * 1000))) for p in parts],
+                                     timeout=timeout)
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1] for p in parts}
+        assign = [tp for tp in starts if tp.offset >= 0 and tp.offset < ends[tp.partition]]
+        if not assign:
+            return found
+        c.assign(assign)
+        remaining = {tp.partition for tp in assign}
+        deadline = time.monotonic() + timeout
+        while remaining and time.monotonic() < deadline:
+            for m in c.consume(500, 0.5):
+                if m.error():
+                    continue
+                try:
+                    eid = events_pb2.GradedInteraction.FromString(m.value()).envelope.event_id
+                except Exception:  # noqa: BLE001 - a foreign record is simply not ours
+                    eid = ""
+                if eid in wanted:
+                    found.add(eid)
+                if m.offset() + 1 >= ends[m.partition()]:
+                    remaining.discard(m.partition())
+        if remaining:
+            raise TimeoutError(f"could not read {topic} partitions {sorted(remaining)} to their end")
+    finally:
+        c.close()
+    return found
+

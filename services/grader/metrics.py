@@ -1,0 +1,55 @@
+"""Prometheus metrics of the grader (served on :9102, DESIGN.md section 2).
+
+Detector flags are counted per flag; the rolling statistics behind them (reward-length correlation,
+mean length, truncation rate, mean reward per policy version) are exported as gauges so that a
+dashboard shows a drift before the flags fire.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.grader.detectors import DetectorStats
+
+RECORDS = Counter("apprentice_grader_records_total", "Graded records emitted (every revision)",
+                  ["tenant", "task", "signal"])
+REVISIONS = Counter("apprentice_grader_revisions_total", "Emissions with revision > 1 (late feedback)",
+                    ["tenant", "task"])
+FLAGS = Counter("apprentice_grader_flags_total", "Reward-hacking detector flags on emitted records",
+                ["tenant", "task", "flag"])
+QUARANTINED = Counter("apprentice_grader_quarantined_total", "Emitted records marked quarantined",
+                      ["tenant", "task"])
+MASKED = Counter("apprentice_grader_masked_total", "Records masked as no signal, by reason",
+                 ["tenant", "task", "reason"])
+REWARD = Histogram("apprentice_grader_reward", "Reward of records with signal", ["tenant", "task"],
+                   buckets=(-1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0))
+EVENTS = Counter("apprentice_grader_events_total", "Join events applied, by kind and outcome",
+                 ["kind", "outcome"])
+DEADLETTERS = Counter("apprentice_grader_deadletters_total", "Records sent to the dead-letter topic",
+                      ["stage"])
+RECOVERED = Counter("apprentice_grader_recovery_total",
+                    "Unconfirmed emissions found after a restart, by outcome (already_emitted | re_emitted)",
+                    ["outcome"])
+JUDGE_CALLS = Counter("apprentice_grader_judge_calls_total", "LLM judge calls, by outcome", ["outcome"])
+PENDING = Gauge("apprentice_grader_pending", "Interactions in the table whose window is still open")
+BATCH_SECONDS = Histogram("apprentice_grader_batch_seconds", "Time to process one join batch",
+                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+
+LENGTH_CORR = Gauge("apprentice_grader_reward_length_corr", "Pearson r of reward and response length",
+                    ["tenant", "task", "policy_version"])
+MEAN_LENGTH = Gauge("apprentice_grader_mean_length", "Mean response length (tokens)",
+                    ["tenant", "task", "policy_version"])
+TRUNCATION = Gauge("apprentice_grader_truncation_rate", "Share of responses cut at max_new_tokens",
+                   ["tenant", "task", "policy_version"])
+MEAN_REWARD = Gauge("apprentice_grader_mean_reward", "Mean reward of records with signal",
+                    ["tenant", "task", "policy_version"])
+
+
+def export_stats(stats: DetectorStats) -> None:
+    """Copy the detectors' rolling statistics into the gauges (called once per tick, not per record)."""
+    for tenant, task, version, s in stats.snapshot():
+        labels = (tenant, task, version)
+        LENGTH_CORR.labels(*labels).set(s.length_reward_corr)
+        MEAN_LENGTH.labels(*labels).set(s.mean_length)
+        TRUNCATION.labels(*labels).set(s.truncation_rate)
+        MEAN_REWARD.labels(*labels).set(s.mean_reward)

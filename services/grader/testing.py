@@ -1,0 +1,156 @@
+"""Helpers for tests and the benchmark: build events, run the grader as a real subprocess, read output.
+
+The grader runs exactly as in production (`python -m services.grader`), in its own process group so
+that a test can kill -9 it; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from confluent_kafka import Consumer
+
+from shared.events import make_envelope
+from shared.proto.apprentice.v1 import common_pb2, events_pb2
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def interaction(*, tenant: str = "demo", task: str = "support", text: str = "The warranty is 24 months.",
+                interaction_id: str | None = None, session_id: str | None = None, policy_version: str = "v1",
+                finish_reason: str = "stop", n_tokens: int | None = None, event_id: str | None = None,
+                occurred_at: datetime | None = None, group_id: str = "", group_size: int = 0,
+                messages: Iterable[tuple[str, str]] = (("user", "How long is the warranty?"),)
+                ) -> events_pb2.Interaction:
+    n = n_tokens if n_tokens is not None else max(1, len(text.split()))
+    return events_pb2.Interaction(
+        envelope=make_envelope(tenant, source="test", event_id=event_id, occurred_at=occurred_at or datetime.now(UTC)),
+        interaction_id=interaction_id or str(uuid.uuid4()), session_id=session_id or f"s-{uuid.uuid4().hex[:8]}",
+        task=task, model="tiny-random", policy_version=policy_version,
+        messages=[common_pb2.ChatMessage(role=r, content=c) for r, c in messages],
+        response_text=text, response_token_ids=list(range(n)), response_logprobs=[-0.5] * n,
+        response_logprobs_t1=[-0.6] * n, finish_reason=finish_reason, group_id=group_id, group_size=group_size)
+
+
+def feedback(interaction_id: str, *, kind: str = "kpi", value: float = 1.0, kpi_name: str = "",
+             comment: str = "", tenant: str = "demo", event_id: str | None = None) -> events_pb2.FeedbackEvent:
+    return events_pb2.FeedbackEvent(envelope=make_envelope(tenant, source="test", event_id=event_id),
+                                    interaction_id=interaction_id, kind=kind, value=value,
+                                    kpi_name=kpi_name or ("resolved" if kind == "kpi" else ""), comment=comment)
+
+
+class GraderProcess:
+    """`python -m services.grader` with the caller's environment plus `env`; logs go to `log_path`."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env = {**os.environ, **env}
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> GraderProcess:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child until stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "services.grader"], cwd=REPO, env=self.env,
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        """SIGKILL the whole process group: no flush, no commit, no goodbye."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self._close_log()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, n: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+
+
+class TopicReader:
+    """Reads a topic from the beginning and keeps everything it has seen (read_committed)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4()}",
+                           "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                           "isolation.level": "read_committed"})
+        self.c.subscribe([topic])
+        self.records: list[Any] = []
+
+    def poll(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for m in self.c.consume(500, 0.2):
+                if not m.error():
+                    self.records.append(m)
+
+    def wait_for(self, pred: Any, timeout: float = 30.0, parse: Any = None) -> list[Any]:
+        """Poll until `pred(parsed records)` is true; return the parsed records."""
+        deadline = time.monotonic() + timeout
+        while True:
+            parsed = [parse(m.value()) if parse else m for m in self.records]
+            if pred(parsed) or time.monotonic() > deadline:
+                return parsed
+            self.poll(0.3)
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def graded(value: bytes) -> events_pb2.GradedInteraction:
+    return events_pb2.GradedInteraction.FromString(value)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def grader_env(prefix: str, bootstrap: str, config_path: Path, home: Path, **extra: str) -> dict[str, str]:
+    """Environment for a grader subprocess in the namespace `prefix` (metrics off unless given)."""
+    env = {"APPRENTICE_TOPIC_PREFIX": prefix, "APPRENTICE_KAFKA_BOOTSTRAP": bootstrap,
+           "APPRENTICE_GRADER_CONFIG_PATH": str(config_path), "APPRENTICE_GRADER_METRICS_PORT": "0",
+           "APPRENTICE_HOME": str(home), "APPRENTICE_LOG_JSON": "false",
+           "APPRENTICE_GRADER_TICK_INTERVAL_S": "0.5", "APPRENTICE_GRADER_BATCH_WITHIN_S": "0.02"}
+    env.update({f"APPRENTICE_GRADER_{k.upper()}": v for k, v in extra.items()})
+    return env
+
+
+def delete_namespace(bootstrap: str, prefix: str) -> None:
+    """Delete every topic of a namespace, including faust's internal and changelog topics."""
+    from shared.kafka.admin import delete_topics, list_topics
+
+    delete_topics(bootstrap, [t for t in list_topics(bootstrap) if t.startswith(prefix)])
+
+
+def by_interaction(records: Iterable[events_pb2.GradedInteraction], interaction_id: str
+                   ) -> list[events_pb2.GradedInteraction]:
+    return [r for r in records if r.interaction.interaction_id == interaction_id]

@@ -1,0 +1,93 @@
+"""The LLM judge end to end: grader -> real Inference gRPC server (tiny random model) -> judge results.
+
+The tiny random model writes gibberish, so the judge must come back as *no signal* (never a reward),
+the rule component must still carry the reward, a group must be judged once as a group, and the
+judge's own Generate calls must not be captured as interactions (no_capture).
+"""
+
+from __future__ import annotations
+
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from services.grader.testing import (
+    GraderProcess,
+    TopicReader,
+    by_interaction,
+    delete_namespace,
+    free_port,
+    graded,
+    grader_env,
+    interaction,
+)
+from shared.kafka import EventProducer
+from shared.kafka.admin import ensure_topics
+from shared.topics import Topics
+
+pytestmark = pytest.mark.integration
+
+CONFIG = """
+version: judge-1
+tasks:
+  - tenant: demo
+    task: judged
+    graders:
+      - {name: judge, type: judge, rubric: "States the warranty period in months.", max_new_tokens: 12,
+         group_wait_s: 3, weight: 1.0}
+      - {name: has_number, type: regex, pattern: "[0-9]+", weight: 1.0}
+"""
+
+
+def test_judge_scores_groups_through_inference(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path) -> None:
+    from services.inference.testing import start_inference
+
+    topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")
+    ensure_topics(kafka_bootstrap, topics)
+    inference = start_inference(tmp_path / "inference", model=tiny_model_name, bootstrap=kafka_bootstrap,
+                                topic_prefix=topics.prefix)
+    cfg = tmp_path / "grader.yaml"
+    cfg.write_text(CONFIG)
+    port = free_port()
+    grader = GraderProcess(grader_env(topics.prefix, kafka_bootstrap, cfg, tmp_path, metrics_port=str(port),
+                                      inference_endpoint=f"127.0.0.1:{inference.port}"),
+                           tmp_path / "grader.log").start()
+    reader = TopicReader(kafka_bootstrap, topics.graded)
+    try:
+        group = [interaction(task="judged", text=t, group_id="g-1", group_size=2)
+                 for t in ("24 months.", "Two years, I think.")]
+        single = interaction(task="judged", text="It is 24 months.")
+        p = EventProducer(kafka_bootstrap)
+        for it in [*group, single]:
+            p.produce(topics.interactions, it.session_id, it)
+        p.flush()
+        ids = {it.interaction_id for it in [*group, single]}
+        recs = reader.wait_for(lambda rs: {r.interaction.interaction_id for r in rs} >= ids, 90, parse=graded)
+        assert {r.interaction.interaction_id for r in recs} >= ids, grader.log_tail()
+        for it in [*group, single]:
+            [rec] = by_interaction(recs, it.interaction_id)
+            judge = {c.name: c for c in rec.components}["judge"]
+            rule = {c.name: c for c in rec.components}["has_number"]
+            if judge.has_signal:  # a random model can, rarely, write something readable
+                assert 0.0 <= judge.value <= 1.0 and "/10" in judge.detail
+            else:
+                assert judge.detail.startswith("judge output unreadable"), judge.detail
+                assert rec.reward == rule.value  # the masked judge does not count
+            assert rec.has_signal and rule.has_signal
+        # Three interactions, two judge calls: the group of two was judged together.
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        calls = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                    if line.startswith("apprentice_grader_judge_calls_total{"))
+        assert calls == 2.0, metrics
+        # The judge's own Generate calls were not captured as interactions.
+        captured = TopicReader(kafka_bootstrap, topics.interactions)
+        captured.poll(3.0)
+        assert len(captured.records) == 3
+        captured.close()
+    finally:
+        reader.close()
+        grader.stop()
+        inference.stop(grace=0)
+        delete_namespace(kafka_bootstrap, topics.prefix)

@@ -1,0 +1,84 @@
+"""Grader-config YAML: the default file, task resolution, and errors that say where and what to change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.grader.config import DEFAULT_CONFIG, GraderSettings
+from shared.grading import GraderConfigError, KpiSpec, load_grader_config, parse_grader_config
+
+
+def test_default_config_has_the_demo_task() -> None:
+    cfg = load_grader_config(DEFAULT_CONFIG)
+    demo = cfg.for_task("demo", "support")
+    assert demo is not None and demo.tenant == "demo"
+    kpi = next(g for g in demo.graders if isinstance(g, KpiSpec))
+    assert kpi.kpi == "resolved" and kpi.success and kpi.map == {1.0: 1.0, 0.0: 0.0}
+    assert demo.needs_feedback and [g.name for g in demo.feedback_graders] == ["resolved"]
+    assert cfg.for_task("acme", "billing") is not None  # the catch-all
+
+
+def test_most_specific_task_entry_wins() -> None:
+    g = [{"name": "t", "type": "feedback", "kind": "thumbs"}]
+    cfg = parse_grader_config({"version": "1", "tasks": [
+        {"tenant": "*", "task": "*", "graders": g}, {"tenant": "a", "task": "*", "graders": g},
+        {"tenant": "*", "task": "x", "graders": g}, {"tenant": "a", "task": "x", "graders": g}]})
+    assert (cfg.for_task("a", "x").tenant, cfg.for_task("a", "x").task) == ("a", "x")
+    assert (cfg.for_task("a", "y").tenant, cfg.for_task("a", "y").task) == ("a", "*")
+    assert (cfg.for_task("b", "x").tenant, cfg.for_task("b", "x").task) == ("*", "x")
+    assert (cfg.for_task("b", "y").tenant, cfg.for_task("b", "y").task) == ("*", "*")
+    assert parse_grader_config({"version": "1", "tasks": [{"tenant": "a", "task": "x", "graders": g}]}) \
+        .for_task("b", "x") is None
+
+
+@pytest.mark.parametrize(("doc", "where", "what"), [
+    ({"tasks": []}, "version", "Field required"),
+    ({"version": "1", "tasks": [{"graders": []}]}, "tasks.0.graders", "at least 1 item"),
+    ({"version": "1", "tasks": [{"graders": [{"name": "a", "type": "regex", "pattern": "[a"}]}]},
+     "tasks.0.graders.0.regex.pattern", "invalid regular expression"),
+    ({"version": "1", "tasks": [{"graders": [{"name": "a", "type": "thumbs"}]}]}, "tasks.0.graders.0",
+     "does not match any of the expected tags"),
+    ({"version": "1", "tasks": [{"graders": [{"name": "a", "type": "kpi", "kpi": "k", "weight": -1}]}]},
+     "tasks.0.graders.0.kpi.weight", "greater than or equal to 0"),
+    ({"version": "1", "tasks": [{"graders": [{"name": "a", "type": "kpi", "kpi": "k", "colour": "red"}]}]},
+     "tasks.0.graders.0.kpi.colour", "Extra inputs are not permitted"),
+    ({"version": "1", "tasks": [{"graders": [{"name": "a", "type": "kpi", "kpi": "k"},
+                                             {"name": "a", "type": "feedback", "kind": "thumbs"}]}]},
+     "tasks.0", "repeated: a"),
+    ({"version": "1", "tasks": [{"feedback_mode": "required",
+                                 "graders": [{"name": "a", "type": "regex", "pattern": "x"}]}]},
+     "tasks.0", "feedback_mode 'required' needs a feedback or kpi grader"),
+    ({"version": "1", "tasks": [{"feedback_window_s": 0, "graders": [{"name": "a", "type": "regex",
+                                                                      "pattern": "x"}]}]},
+     "tasks.0.feedback_window_s", "greater than 0"),
+    ({"version": "1", "detectors": {"length_corr_threshold": 2},
+      "tasks": [{"graders": [{"name": "a", "type": "regex", "pattern": "x"}]}]},
+     "detectors.length_corr_threshold", "less than or equal to 1"),
+])
+def test_config_errors_name_the_place(doc: dict, where: str, what: str) -> None:
+    with pytest.raises(GraderConfigError) as e:
+        parse_grader_config(doc, source="grader.yaml")
+    msg = str(e.value)
+    assert msg.startswith("invalid grader config grader.yaml:")
+    assert f"  {where}: " in msg and what in msg, msg
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(GraderConfigError, match="cannot read grader config"):
+        load_grader_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\ntasks: [\n")
+    with pytest.raises(GraderConfigError, match="not valid YAML"):
+        load_grader_config(bad)
+    bad.write_text("- just a list\n")
+    with pytest.raises(GraderConfigError, match="top level must be a mapping"):
+        load_grader_config(bad)
+
+
+def test_settings_namespaces_app_id_with_the_topic_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", "test-abc.")
+    s = GraderSettings()
+    assert s.app_id == "test-abc.apprentice-grader"
+    assert s.join_topic.startswith("test-abc.") and s.judge_topic.startswith("test-abc.")

@@ -1,0 +1,143 @@
+"""Each reward-hacking detector fires on a constructed case and stays quiet on a clean one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from services.grader import detectors as D
+from services.grader.testing import feedback, interaction
+from shared.grading import DetectorConfig, TaskGraders
+from shared.proto.apprentice.v1 import events_pb2
+
+CFG = DetectorConfig(min_samples=20, window=200)
+TASK = TaskGraders.model_validate({"graders": [
+    {"name": "judge", "type": "judge", "rubric": "r"},
+    {"name": "resolved", "type": "kpi", "kpi": "resolved", "map": {1: 1.0, 0: 0.0}}]})
+CLEAN_TEXT = "The warranty lasts 24 months from purchase; register online to claim it."
+
+
+def obs(version: str = "v1", length: int = 50, reward: float | None = 0.5, truncated: bool = False) -> D.Observation:
+    return D.Observation("demo", "support", version, length, reward, truncated)
+
+
+def run(stats: D.DetectorStats, o: D.Observation, text: str = CLEAN_TEXT,
+        components: list[events_pb2.RewardComponent] | None = None) -> list[str]:
+    stats.observe(o)
+    return D.detect(CFG, stats, TASK, o, text, components or [])
+
+
+def comps(judge: float, kpi: float) -> list[events_pb2.RewardComponent]:
+    return [events_pb2.RewardComponent(name="judge", value=judge, weight=1, has_signal=True),
+            events_pb2.RewardComponent(name="resolved", value=kpi, weight=1, has_signal=True)]
+
+
+def test_pearson_hand_computed() -> None:
+    # x = 1,2,3; y = 2,4,7: mx = 2, my = 13/3; Sxy = 5, Sxx = 2, Syy = 38/3 -> r = 5 / sqrt(76/3)
+    assert D.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / (76 / 3) ** 0.5)
+    s = D.VersionStats(window=10)
+    for x, y in ((1, 2), (2, 4), (3, 7)):
+        s.add(x, y, False)
+    assert s.length_reward_corr == pytest.approx(D.pearson([1, 2, 3], [2, 4, 7]))
+    assert D.pearson([1, 1, 1], [1, 2, 3]) == 0.0
+
+
+def test_rolling_window_forgets_old_records() -> None:
+    s = D.VersionStats(window=3)
+    for x in (100, 1, 2, 3):
+        s.add(x, 1.0, x == 100)
+    assert s.n == 3 and s.mean_length == pytest.approx(2.0) and s.truncation_rate == 0.0
+
+
+def test_length_exploit_fires_when_reward_follows_length() -> None:
+    stats = D.DetectorStats(CFG)
+    rng = random.Random(0)
+    flags: list[str] = []
+    for _ in range(60):
+        n = rng.randint(10, 400)
+        flags = run(stats, obs(length=n, reward=n / 400))
+    long_flags = run(stats, obs(length=390, reward=0.97))
+    short_flags = run(stats, obs(length=20, reward=0.05))
+    assert "length_exploit" in long_flags and "length_exploit" not in short_flags
+    assert stats.current("demo", "support", "v1").length_reward_corr > 0.9
+    del flags
+
+
+def test_length_exploit_quiet_when_reward_is_independent_of_length() -> None:
+    stats = D.DetectorStats(CFG)
+    rng = random.Random(1)
+    fired = set()
+    for _ in range(100):
+        fired |= set(run(stats, obs(length=rng.randint(10, 400), reward=rng.random())))
+    assert "length_exploit" not in fired
+
+
+def test_length_shift_between_versions() -> None:
+    stats = D.DetectorStats(CFG)
+    for _ in range(30):
+        run(stats, obs("v1", length=50))
+    quiet = set()
+    for _ in range(30):
+        quiet |= set(run(stats, obs("v2", length=55)))
+    assert "length_shift" not in quiet
+    shifted = [run(stats, obs("v3", length=150)) for _ in range(30)]
+    assert "length_shift" in shifted[-1]
+    assert "length_shift" not in shifted[0]  # not before min_samples
+
+
+def test_high_truncation() -> None:
+    stats = D.DetectorStats(CFG)
+    for i in range(40):
+        run(stats, obs(truncated=i % 10 == 0))  # 10 %
+    assert "high_truncation" not in run(stats, obs(truncated=True))
+    stats2 = D.DetectorStats(CFG)
+    for i in range(40):
+        run(stats2, obs(truncated=i % 2 == 0))  # 50 %
+    assert "high_truncation" in run(stats2, obs(truncated=True))
+    assert "high_truncation" not in run(stats2, obs(truncated=False))
+
+
+def test_degenerate_repetition() -> None:
+    stats = D.DetectorStats(CFG)
+    assert "degenerate" in run(stats, obs(), text="the answer is yes " * 20)
+    assert "degenerate" in run(stats, obs(), text="!" * 80)
+    assert "degenerate" not in run(stats, obs(), text=CLEAN_TEXT)
+    assert "degenerate" not in run(stats, obs(), text="ok")
+    assert D.repetition_ratio("a b c d e f g h") == 0.0
+
+
+def test_judge_kpi_disagreement() -> None:
+    stats = D.DetectorStats(CFG)
+    assert "judge_kpi_disagreement" in run(stats, obs(), components=comps(judge=0.95, kpi=0.0))
+    assert "judge_kpi_disagreement" not in run(stats, obs(), components=comps(judge=0.9, kpi=1.0))
+    only_judge = comps(0.9, 0.0)[:1]
+    assert "judge_kpi_disagreement" not in run(stats, obs(), components=only_judge)
+
+
+def test_reward_jump_between_versions() -> None:
+    stats = D.DetectorStats(CFG)
+    for i in range(30):
+        run(stats, obs("v1", reward=0.2 + 0.01 * (i % 3)))
+    steady = set()
+    for _ in range(30):
+        steady |= set(run(stats, obs("v2", reward=0.3)))
+    assert "reward_jump" not in steady
+    jumped = [run(stats, obs("v3", reward=0.95)) for _ in range(25)]
+    assert "reward_jump" in jumped[-1]
+
+
+def test_infra_failure_sources() -> None:
+    ok = interaction()
+    assert D.infra_failure(CFG, ok, []) is None
+    assert D.infra_failure(CFG, interaction(finish_reason="error"), []) == "infra_failure"
+    assert D.infra_failure(CFG, interaction(messages=[("tool", "deadline exceeded")]), []) == "tool_timeout"
+    assert D.infra_failure(CFG, interaction(messages=[("user", "why did it time out?")]), []) is None
+    assert D.infra_failure(CFG, ok, [feedback(ok.interaction_id, kpi_name="infra_error", value=1)]) == "infra_failure"
+    assert D.infra_failure(CFG, ok, [feedback(ok.interaction_id, kpi_name="tool_timeout", value=0)]) is None
+
+
+def test_quarantine_flags() -> None:
+    assert D.quarantined(CFG, ["degenerate"])
+    assert not D.quarantined(CFG, ["tool_timeout"])
+    assert not D.quarantined(DetectorConfig(quarantine_flags=[]), ["degenerate"])
