@@ -1,0 +1,28 @@
+"""`apprentice serve trainer`: settings --> the training loop until SIGTERM/SIGINT (torchrun: rank 0 reads
+Kafka, checkpoints and publishes; the other ranks train what it broadcasts)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="apprentice serve trainer", description="GRPO + OEL trainer (one tenant)")
+    parser.add_argument("--tenant", help="overrides APPRENTICE_TRAINER_TENANT")
+    args = parser.parse_args(argv)
+    from services.trainer.config import TrainerSettings
+
+    settings = TrainerSettings(**({"tenant": args.tenant} if args.tenant else {}))
+    from services.trainer import distributed
+    from services.trainer.app import follower, serve
+    from shared.logs import configure_logging
+
+    configure_logging("trainer", settings.common.log_level, settings.common.log_json)
+    if distributed.init_from_env() and distributed.rank() > 0:
+        return follower(settings)
+    return serve(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""GradedInteraction records of one tenant --> batches of trainable Rollouts (the RL buffer).
+
+Filters, in order, each counted under its reason:
+- other_tenant   the record belongs to another tenant (strict isolation: never trained here)
+- malformed      no prompt or response tokens
+- older_revision a lower revision than one already seen for the interaction
+- already_trained the interaction was trained (at most once per interaction)
+- no_signal / quarantined  the grader could not judge, or flagged reward hacking (masked, not 0)
+- unknown_version / stale  the producing policy is not in this trainer's lineage, or more than
+                 `max_staleness` trainer versions old
+
+Revision semantics: the grader re-emits an interaction with a higher revision when late feedback
+changes its reward. Until the interaction is trained, the highest revision replaces the pending one
+(if it turned no-signal or quarantined, the pending one is withdrawn: "revoked"). Once trained, later
+revisions are skipped: each interaction is trained at most once, on the first revision that was usable
+when a round took it.
+
+Groups: the n samples of one request share `group_id`; a group is released when every sibling was
+seen (usable or not) or after `group_wait_s`, so one lost sibling never blocks the others.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.trainer.rollouts import MalformedRollout, Rollout, from_graded, tenant_of
+from shared.proto.apprentice.v1 import events_pb2
+
+ACCEPTED = "accepted"
+
+
+@dataclass
+class _Pending:
+    rollout: Rollout
+    raw: bytes           # the GradedInteraction, kept to persist the buffer in checkpoints
+    partition: int
+    offset: int
+    arrived: float
+
+
+@dataclass
+class _Group:
+    size: int
+    first_seen: float
+    seen: set[str] = field(default_factory=set)
+
+
+class RolloutBuffer:
+    def __init__(self, tenant: str, *, max_staleness: int = 4, group_wait_s: float = 120.0) -> None:
+        self.tenant = tenant
+        self.max_staleness = max_staleness
+        self.group_wait_s = group_wait_s
+        self.lineage: list[str] = ["base"]          # versions this trainer produced, oldest first
+        self.trained: dict[str, int] = {}            # interaction id -> lineage index of its policy
+        self.revisions: dict[str, int] = {}          # interaction id -> highest revision seen (pending ones)
+        self.pending: dict[str, _Pending] = {}
+        self.groups: dict[str, _Group] = {}
+        self.skipped: Counter[str] = Counter()
+
+    # --- versions -------------------------------------------------------------------------------------
+    def staleness(self, version: str) -> int | None:
+        """Trainer versions published since `version` (0 = current); None if not in the lineage."""
+        try:
+            return len(self.lineage) - 1 - self.lineage.index(version or "base")
+        except ValueError:
+            return None
+
+    def advance(self, version: str) -> None:
+        """A new version of this lineage exists: staleness of everything grows by one."""
+        if version not in self.lineage:
+            self.lineage.append(version)
+        horizon = len(self.lineage) - 1 - self.max_staleness
+        self.trained = {k: v for k, v in self.trained.items() if v >= horizon}
+
+    # --- intake ---------------------------------------------------------------------------------------
+    def offer(self, g: events_pb2.GradedInteraction, now: float, *, partition: int = -1, offset: int = -1) -> str:
+        """Consider one graded record; returns "accepted" or the reason it was skipped."""
+        reason = self._offer(g, now, partition, offset)
+        if reason != ACCEPTED:
+            self.skipped[reason] += 1
+        return reason
+
+    def _offer(self, g: events_pb2.GradedInteraction, now: float, partition: int, offset: int) -> str:
+        if tenant_of(g) != self.tenant or (g.interaction.envelope.tenant and g.interaction.envelope.tenant != self.tenant):
+            return "other_tenant"
+        iid = g.interaction.interaction_id
+        if not iid:
+            return "malformed"
+        if g.revision < self.revisions.get(iid, 0):
+            return "older_revision"
+        if iid in self.trained:
+            return "already_trained"
+        it = g.interaction
+        if it.group_id and it.group_size > 1:
+            grp = self.groups.setdefault(it.group_id, _Group(size=it.group_size, first_seen=now))
+            grp.seen.add(iid)
+        self.revisions[iid] = g.revision
+        if not g.has_signal or g.quarantined:
+            if self.pending.pop(iid, None) is not None:
+                self.skipped["revoked"] += 1
+            return "quarantined" if g.quarantined else "no_signal"
+        st = self.staleness(it.policy_version)
+        if st is None:
+            return "unknown_version"
+        if st > self.max_staleness:
+            return "stale"
+        try:
+            rollout = from_graded(g)
+        except MalformedRollout:
+            return "malformed"
+        self.pending[iid] = _Pending(rollout, g.SerializeToString(), partition, offset, now)
+        return ACCEPTED
+
+    # --- release --------------------------------------------------------------------------------------
+    def ready(self, now: float) -> list[Rollout]:
+        """Rollouts that may be trained now, in arrival order: singles, and the usable members of groups
+        that are complete or waited long enough. Stale ones are dropped here (the lineage moves on)."""
+        for iid in [i for i, p in self.pending.items() if (self.staleness(p.rollout.policy_version) or 0) > self.max_staleness]:
+            del self.pending[iid]
+            self.skipped["stale"] += 1
+        out: list[_Pending] = []
+        for p in self.pending.values():
+            r = p.rollout
+            if not r.grouped:
+                out.append(p)
+                continue
+            grp = self.groups.get(r.group_id)
+            if grp is None or len(grp.seen) >= grp.size or now - grp.first_seen >= self.group_wait_s:
+                out.append(p)
+        out.sort(key=lambda p: (p.arrived, p.partition, p.offset))
+        waiting = {p.rollout.group_id for p in self.pending.values() if p.rollout.grouped}
+        for gid in [g for g, grp in self.groups.items()
+                    if g not in waiting and now - grp.first_seen >= self.group_wait_s]:
+            del self.groups[gid]          # every member trained or unusable, and no sibling is due any more
+        return [p.rollout for p in out]
+
+    def take(self, rollouts: list[Rollout]) -> None:
+        """Mark rollouts trained: they leave the buffer and later revisions are skipped."""
+        for r in rollouts:
+            self.pending.pop(r.interaction_id, None)
+            self.revisions.pop(r.interaction_id, None)
+            idx = self.lineage.index(r.policy_version) if r.policy_version in self.lineage else len(self.lineage) - 1
+            self.trained[r.interaction_id] = idx
+            grp = self.groups.get(r.group_id) if r.grouped else None
+            if grp is not None and len(grp.seen) >= grp.size and not any(
+                    p.rollout.group_id == r.group_id for p in self.pending.values()):
+                del self.groups[r.group_id]
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    # --- persistence (inside checkpoints) -----------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "lineage": self.lineage, "trained": self.trained, "revisions": self.revisions,
+            "pending": [{"raw": base64.b64encode(p.raw).decode(), "partition": p.partition, "offset": p.offset,
+                         "arrived": p.arrived} for p in self.pending.values()],
+            "groups": {k: {"size": g.size, "first_seen": g.first_seen, "seen": sorted(g.seen)}
+                       for k, g in self.groups.items()},
+            "skipped": dict(self.skipped),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.lineage = list(state.get("lineage", ["base"]))
+        self.trained = {k: int(v) for k, v in state.get("trained", {}).items()}
+        self.revisions = {k: int(v) for k, v in state.get("revisions", {}).items()}
+        self.pending = {}
+        for p in state.get("pending", []):
+            raw = base64.b64decode(p["raw"])
+            g = events_pb2.GradedInteraction.FromString(raw)
+            self.pending[g.interaction.interaction_id] = _Pending(from_graded(g), raw, int(p["partition"]),
+                                                                  int(p["offset"]), float(p["arrived"]))
+        self.groups = {k: _Group(int(v["size"]), float(v["first_seen"]), set(v["seen"]))
+                       for k, v in state.get("groups", {}).items()}
+        self.skipped = Counter(state.get("skipped", {}))

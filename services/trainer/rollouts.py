@@ -1,0 +1,69 @@
+"""GradedInteraction --> Rollout: the fields the RL loss needs, checked once.
+
+`behaviour_logprobs` is `Interaction.response_logprobs_t1` (log softmax at temperature 1, unfiltered):
+the same quantity the trainer recomputes for π_θ, so π_old/π_rollout is a like-for-like ratio
+(events.proto). It is empty when inference did not record it; those rollouts train without the
+truncated-IS correction (w = 1) and are counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.proto.apprentice.v1 import events_pb2
+
+DEFAULT_TENANT = "default"
+DEFAULT_DOMAIN = "general"
+
+
+class MalformedRollout(ValueError):
+    """A graded record that cannot be trained on (no tokens). Counted and skipped, never retried."""
+
+
+@dataclass
+class Rollout:
+    interaction_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    reward: float
+    tenant: str = DEFAULT_TENANT
+    task: str = DEFAULT_DOMAIN
+    group_id: str = ""
+    group_size: int = 1
+    behaviour_logprobs: list[float] = field(default_factory=list)
+    policy_version: str = "base"
+    max_new_tokens: int = 0
+    finish_reason: str = "stop"
+    revision: int = 1
+
+    @property
+    def has_behaviour(self) -> bool:
+        return len(self.behaviour_logprobs) == len(self.completion_ids) > 0
+
+    @property
+    def grouped(self) -> bool:
+        return bool(self.group_id) and self.group_size > 1
+
+
+def tenant_of(g: events_pb2.GradedInteraction) -> str:
+    """The owning tenant: the graded envelope's, which must agree with the interaction's."""
+    return g.envelope.tenant or g.interaction.envelope.tenant or DEFAULT_TENANT
+
+
+def domain_of(task: str) -> str:
+    return task or DEFAULT_DOMAIN
+
+
+def from_graded(g: events_pb2.GradedInteraction) -> Rollout:
+    it = g.interaction
+    if not it.response_token_ids:
+        raise MalformedRollout(f"interaction {it.interaction_id}: no response tokens")
+    if not it.prompt_token_ids:
+        raise MalformedRollout(f"interaction {it.interaction_id}: no prompt tokens")
+    return Rollout(
+        interaction_id=it.interaction_id, prompt_ids=list(it.prompt_token_ids),
+        completion_ids=list(it.response_token_ids), reward=float(g.reward), tenant=tenant_of(g),
+        task=domain_of(it.task), group_id=it.group_id, group_size=max(1, it.group_size),
+        behaviour_logprobs=list(it.response_logprobs_t1), policy_version=it.policy_version or "base",
+        max_new_tokens=int(it.sampling.max_new_tokens), finish_reason=it.finish_reason, revision=g.revision,
+    )

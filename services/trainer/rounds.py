@@ -1,0 +1,139 @@
+"""Examples --> one training round, in-process: the library entry used by `apprentice demo` and by the
+service loop (`apprentice serve trainer`), so both run exactly the same code.
+
+    trainer = Trainer(TrainerSettings(...))                # loads the base model, LoRA by default
+    r = trainer.rl_round(graded_or_rollouts)               # GRPO family, per settings.algorithm
+    r = trainer.consolidation_round(examples, items)       # OEL consolidation, per settings.distill_method
+    trainer.save_version(folder)                           # the version files for Weights.Upload
+
+Rounds are deterministic for a given settings.seed and inputs (seeded sampling, fixed batch order).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.trainer.config import TrainerSettings
+from services.trainer.distill import (
+    AcceptFn,
+    DistillConfig,
+    DistillExample,
+    consolidation_round,
+    context_from_base,
+    context_from_items,
+)
+from services.trainer.knowledge import KnowledgeBase
+from services.trainer.policy import Policy, PolicyConfig
+from services.trainer.rl import RLConfig, RunningBaseline, rl_round
+from services.trainer.rollouts import MalformedRollout, Rollout, from_graded, tenant_of
+from shared.proto.apprentice.v1 import events_pb2
+
+log = logging.getLogger(__name__)
+
+OEL_ALGORITHMS = {"rkl_topk": "oel", "gkd": "oel_gkd", "sft_filtered": "oel_sft"}
+
+
+@dataclass
+class RoundResult:
+    algorithm: str                        # grpo | dr_grpo | dapo | gspo | oel | oel_gkd | oel_sft
+    metrics: dict[str, float]
+    trained_ids: list[str] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return int(self.metrics.get("steps", 0))
+
+
+class Trainer:
+    """One tenant's trainable policy with its RL baseline and knowledge base."""
+
+    def __init__(self, settings: TrainerSettings | None = None, *, model: Any = None, tokenizer: Any = None,
+                 init_dir: Path | None = None) -> None:
+        self.settings = s = settings or TrainerSettings()
+        if s.common.torch_threads:
+            torch.set_num_threads(s.common.torch_threads)
+        self.policy = Policy(PolicyConfig.from_settings(s), model=model, tokenizer=tokenizer, init_dir=init_dir)
+        self.rl_cfg = RLConfig.from_settings(s)
+        self.distill_cfg = DistillConfig.from_settings(s)
+        self.baseline = RunningBaseline(s.baseline_decay)
+        self.knowledge = KnowledgeBase(s.tenant, s.knowledge_snapshots)
+
+    @property
+    def model(self) -> Any:
+        return self.policy.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.policy.tokenizer
+
+    def steps_left(self) -> int | None:
+        """Remaining step budget (None = unlimited)."""
+        if self.settings.max_steps <= 0:
+            return None
+        return max(0, self.settings.max_steps - self.policy.steps)
+
+    # --- RL ---------------------------------------------------------------------------------------------
+    def rl_round(self, items: Sequence[Rollout | events_pb2.GradedInteraction]) -> RoundResult:
+        """GRPO-family update on rollouts or graded records. Graded records of other tenants, without
+        signal, quarantined or malformed are skipped and counted (the service's buffer does more:
+        staleness, revisions, groups waiting for siblings)."""
+        rollouts: list[Rollout] = []
+        skipped: dict[str, int] = {}
+        for it in items:
+            if isinstance(it, Rollout):
+                reason = "other_tenant" if it.tenant != self.settings.tenant else ""
+                r: Rollout | None = it
+            else:
+                reason, r = self._usable(it)
+            if reason:
+                skipped[reason] = skipped.get(reason, 0) + 1
+            elif r is not None:
+                rollouts.append(r)
+        metrics = rl_round(self.policy, rollouts, self.rl_cfg, self.baseline, max_steps=self.steps_left())
+        return RoundResult(self.rl_cfg.algorithm, metrics, [r.interaction_id for r in rollouts], skipped)
+
+    def _usable(self, g: events_pb2.GradedInteraction) -> tuple[str, Rollout | None]:
+        if tenant_of(g) != self.settings.tenant:
+            return "other_tenant", None
+        if not g.has_signal:
+            return "no_signal", None
+        if g.quarantined:
+            return "quarantined", None
+        try:
+            return "", from_graded(g)
+        except MalformedRollout:
+            return "malformed", None
+
+    # --- OEL consolidation -------------------------------------------------------------------------------
+    def consolidation_round(self, examples: Sequence[DistillExample],
+                            knowledge: KnowledgeBase | Sequence[str] | None = None, *,
+                            accept: AcceptFn | None = None, config: DistillConfig | None = None) -> RoundResult:
+        """OEL consolidation on deployment prompts. `knowledge`: the tenant's base (default: this trainer's,
+        fed from the knowledge topic) or a fixed list of item texts. `accept(example, text)` is the grader
+        filter for sft_filtered. The teacher is a frozen snapshot of the policy taken now (round start)."""
+        s = self.settings
+        cfg = config or self.distill_cfg
+        kb = self.knowledge if knowledge is None else knowledge
+        ctx = (context_from_base(kb, s.retrieval, s.retrieval_items) if isinstance(kb, KnowledgeBase)
+               else context_from_items(list(kb), s.retrieval, s.retrieval_items))
+        teacher = self.policy.snapshot()
+        try:
+            cfg = DistillConfig(**{**cfg.__dict__, "seed": cfg.seed + random.Random(self.policy.steps).randrange(1 << 20)})
+            metrics = consolidation_round(self.policy, teacher, examples, ctx, cfg, accept=accept,
+                                          max_steps=self.steps_left())
+        finally:
+            del teacher
+        return RoundResult(OEL_ALGORITHMS[cfg.method], metrics)
+
+    # --- output -----------------------------------------------------------------------------------------
+    def save_version(self, dest: Path | str) -> str:
+        """Write the version files (LoRA adapter or full weights, safetensors). Returns the kind."""
+        return self.policy.save_weights(Path(dest))

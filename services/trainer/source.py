@@ -1,0 +1,76 @@
+"""Kafka topic --> records, read from explicit per-partition offsets (the checkpoint's), not from a
+consumer group's committed position.
+
+Why not a group subscription: the trainer's effect (weights) is only durable inside a checkpoint, so the
+offsets that say "everything before this is in the weights or the buffer" must be stored in that same
+checkpoint. On start the reader is assigned every partition at the checkpointed next-offset; partitions
+the checkpoint never saw start at the beginning (or the end, by setting). Offsets are also committed to
+the group after each checkpoint, only so that lag monitoring (`apprentice status`) sees progress.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+log = logging.getLogger(__name__)
+
+
+class PartitionReader:
+    def __init__(self, bootstrap: str, topic: str, group_id: str, start: dict[int, int] | None = None, *,
+                 from_end: bool = False, metadata_timeout: float = 10.0) -> None:
+        self.topic = topic
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": group_id, "enable.auto.commit": False,
+            "enable.auto.offset.store": False, "isolation.level": "read_committed",
+        })
+        md = self._consumer.list_topics(topic, timeout=metadata_timeout)
+        meta = md.topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            self._consumer.close()
+            raise KafkaException(f"topic {topic!r} not found (create it with `apprentice topics`)")
+        self.partitions = sorted(meta.partitions)
+        start = start or {}
+        default = OFFSET_END if from_end else OFFSET_BEGINNING
+        self.start: dict[int, int] = dict(start)
+        self.position: dict[int, int] = dict(start)      # next offset to read, per partition read so far
+        self._consumer.assign([TopicPartition(topic, p, start.get(p, default)) for p in self.partitions])
+
+    def poll(self, max_records: int = 500, timeout: float = 0.5) -> list[Message]:
+        out = []
+        for m in self._consumer.consume(num_messages=max_records, timeout=timeout):
+            err = m.error()
+            if err is None:
+                out.append(m)
+                self.position[int(m.partition() or 0)] = int(m.offset() or 0) + 1
+            elif err.code() == KafkaError._PARTITION_EOF:
+                continue
+            elif err.fatal():
+                raise KafkaException(err)
+            else:
+                log.warning("consumer error (retried by librdkafka): %s", err)
+        return out
+
+    def positions(self) -> dict[int, int]:
+        return dict(self.position)
+
+    def commit(self, positions: dict[int, int]) -> None:
+        """Informational commit to the consumer group (monitoring); the checkpoint is the source of truth."""
+        if positions:
+            try:
+                self._consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in positions.items()],
+                                      asynchronous=False)
+            except KafkaException as e:
+                log.warning("offset commit for monitoring failed: %s", e)
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,114 @@
+"""OEL consolidation on the real tiny model: the three methods, the teacher snapshot, KL going down."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from services.trainer import losses
+from services.trainer.batching import make_batch
+from services.trainer.config import TrainerSettings
+from services.trainer.distill import DistillExample
+from services.trainer.knowledge import with_knowledge
+from services.trainer.logprobs import Scorer, teacher_view
+from services.trainer.rounds import Trainer
+from shared.generation import encode_prompt, render_chat
+
+ITEMS = ["The warranty lasts 14 months from delivery.", "Returns need form R-22.", "Call extension 417."]
+QUESTIONS = ["how long is the warranty?", "which form for returns?", "what extension for billing?", "hello"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_name: str):  # noqa: ANN201
+    """The tiny random model with an untied LM head scaled ×10: logits with std ≈ 1.6 instead of 0.16, so
+    that distributions are peaked like a trained LM's and the teacher/student gap is measurable."""
+    from shared.models import load_model
+
+    model, tok = load_model(tiny_model_name)
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(model.get_input_embeddings().weight * 10.0)
+    model.lm_head = head
+    model.config.tie_word_embeddings = False
+    return model, tok
+
+
+def make_trainer(tiny, **kw) -> Trainer:  # noqa: ANN001
+    model, tok = tiny
+    s = TrainerSettings(common={"model": "tiny-random"}, tenant="acme", lr=kw.pop("lr", 2e-3), distill_batch=4,
+                        distill_steps=kw.pop("steps", 2), distill_max_new_tokens=6, micro_batch_size=2,
+                        retrieval_items=1, **kw)
+    return Trainer(s, model=copy.deepcopy(model), tokenizer=tok)
+
+
+def examples() -> list[DistillExample]:
+    return [DistillExample([{"role": "user", "content": q}], task="support", reference="14 months")
+            for q in QUESTIONS]
+
+
+def probe_kl(t: Trainer, teacher: torch.nn.Module, pairs: list[tuple[str, list[int]]]) -> float:
+    """Token-mean full-vocabulary reverse KL of the current student to `teacher` (knowledge in context) on
+    fixed (question, answer) pairs (the top-k objective is not itself a divergence: it can go below 0)."""
+    tok = t.tokenizer
+    msgs = [[{"role": "user", "content": q}] for q, _ in pairs]
+    bs = make_batch([encode_prompt(tok, render_chat(tok, m)) for m in msgs], [y for _, y in pairs], t.policy.pad_id)
+    bt = make_batch([encode_prompt(tok, render_chat(tok, with_knowledge(m, ITEMS))) for m in msgs],
+                    [y for _, y in pairs], t.policy.pad_id)
+    with torch.no_grad():
+        student = Scorer(t.model, fused=False)._logits(bs)
+        return float(losses.full_reverse_kl(student, teacher_view(teacher, bt, False)[0]).mean())
+
+
+def test_rkl_topk_consolidation_moves_the_student_towards_the_teacher(tiny) -> None:  # noqa: ANN001
+    """k = |V| makes the objective the full reverse KL (a true divergence) on this toy, whose flat random
+    logits put only ~12% of the mass in the top 256 (a trained LM puts nearly all of it there).
+    Measured: 0.241 -> 0.015 nats/token in 4 steps."""
+    t = make_trainer(tiny, retrieval="all", steps=4, distill_topk=49152)
+    teacher = t.policy.snapshot()
+    pairs = [(q, [i * 7 + 100 for i in range(1, 6)]) for q in QUESTIONS]
+    before = probe_kl(t, teacher, pairs)
+    r = t.consolidation_round(examples(), ITEMS)
+    after = probe_kl(t, teacher, pairs)
+    assert r.algorithm == "oel" and r.metrics["steps"] == 4 and r.metrics["teacher_sampled"] == 0
+    assert before > 0.01 and after < before * 0.8, (before, after)
+    assert r.metrics["gold_nll_after"] < r.metrics["gold_nll_before"] + 1.0
+
+
+def test_gkd_mixture_samples_a_share_from_the_teacher(tiny) -> None:  # noqa: ANN001
+    t = make_trainer(tiny, distill_method="gkd", gkd_lambda=0.5)
+    r = t.consolidation_round(examples(), ITEMS)
+    assert r.algorithm == "oel_gkd" and r.metrics["steps"] == 2
+    assert r.metrics["teacher_sampled"] == 4 and r.metrics["samples"] == 8 and r.metrics["kl"] > 0
+
+
+def test_sft_filtered_uses_only_accepted_teacher_samples(tiny) -> None:  # noqa: ANN001
+    t = make_trainer(tiny, distill_method="sft_filtered")
+    none = t.consolidation_round(examples(), ITEMS, accept=lambda ex, text: False)
+    assert none.metrics["steps"] == 0 and none.metrics["accepted"] == 0
+    seen: list[str] = []
+    some = t.consolidation_round(examples(), ITEMS, accept=lambda ex, text: seen.append(text) or len(seen) % 2 == 0)
+    assert some.algorithm == "oel_sft" and some.metrics["steps"] >= 1
+    assert some.metrics["accepted"] == len(seen) // 2
+
+
+def test_teacher_is_a_frozen_snapshot_of_the_round_start_model(tiny) -> None:  # noqa: ANN001
+    t = make_trainer(tiny, lr=5e-2)
+    t.consolidation_round(examples(), ITEMS)               # the LoRA adapter now differs from zero
+    snap = t.policy.snapshot()
+    x = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.allclose(snap(input_ids=x).logits, t.model(input_ids=x).logits, atol=1e-4)
+        assert not any(p.requires_grad for p in snap.parameters())
+        frozen = snap(input_ids=x).logits.clone()
+    t.consolidation_round(examples(), ITEMS)                # training goes on; the snapshot does not move
+    with torch.no_grad():
+        assert torch.equal(snap(input_ids=x).logits, frozen)
+        assert not torch.allclose(t.model(input_ids=x).logits, frozen, atol=1e-4)
+
+
+def test_no_knowledge_no_round(tiny) -> None:  # noqa: ANN001
+    t = make_trainer(tiny)
+    r = t.consolidation_round(examples(), [])
+    assert r.metrics["steps"] == 0 and r.metrics["n_examples"] == 0
