@@ -95,6 +95,7 @@ class TrainerService:
         self.new_prompts = 0
         self.consolidated: dict[str, int] = {}
         self.rounds = 0
+        self.knowledge_changed_at = 0.0
         offsets: dict[int, int] = {}
         if ckpt is not None:
             self._restore(ckpt)
@@ -158,6 +159,7 @@ class TrainerService:
                 self.dead.publish(msg, stage="trainer.knowledge.decode", reason=str(e), error_type="UndecodableEvent")
                 continue
             self.trainer.knowledge.apply(snap)
+            self.knowledge_changed_at = time.time()
             M.RECORDS.labels("knowledge", "read").inc()
         if self._budget_spent():
             return 0
@@ -217,7 +219,8 @@ class TrainerService:
                     if self.trainer.knowledge.has_items(p["task"])]
         changed = any(self.consolidated.get(self.trainer.knowledge.key_for(e.task)) != kv.get(
             self.trainer.knowledge.key_for(e.task)) for e in examples)
-        if s.distill_enabled and examples and self.schedule.distill_due(changed, self.new_prompts, now):
+        settling = s.trigger_knowledge_quiet_s > 0 and now - self.knowledge_changed_at < s.trigger_knowledge_quiet_s
+        if s.distill_enabled and examples and not settling and self.schedule.distill_due(changed, self.new_prompts, now):
             result = run_round(self.trainer, ("oel", (examples, self.trainer.knowledge)))
             self.consolidated = kv
             self.new_prompts = 0

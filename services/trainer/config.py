@@ -194,6 +194,11 @@ class TrainerSettings(BaseSettings):
     trigger_on_knowledge: bool = True
     """Run a consolidation round when a new knowledge version with trainable items arrives."""
 
+    trigger_knowledge_quiet_s: float = 0.0
+    """... but only once the knowledge has not changed for this long. The extractor publishes a version
+    per change, so a burst of extraction would otherwise start one round (and one candidate version) per
+    item; a few seconds of quiet turn the burst into one round on the complete knowledge."""
+
     poll_max_records: int = 500
     poll_timeout_s: float = 0.5
 
