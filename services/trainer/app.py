@@ -131,11 +131,21 @@ class TrainerService:
         log.info("resumed from checkpoint", extra={"checkpoint": ckpt.id, "pending": len(self.buffer),
                                                    "lineage": ",".join(self.buffer.lineage)})
 
-    def _state(self, result: RoundResult) -> dict[str, Any]:
+    def _state(self, result: RoundResult, prompt_sources: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         graded = self.settings.common.topics.graded
         pos = self.graded.positions()
-        ranges = [{"topic": graded, "partition": p, "start": self.range_start.get(p, 0), "end": o}
-                  for p, o in sorted(pos.items()) if o > self.range_start.get(p, 0)]
+        if prompt_sources is not None:
+            # A consolidation round trains on deployment prompts, which may have been read before earlier
+            # rounds: link the version to the graded records those prompts came from.
+            spans: dict[int, list[int]] = {}
+            for src in prompt_sources:
+                if "partition" in src:
+                    lo_hi = spans.setdefault(int(src["partition"]), [int(src["offset"]), int(src["offset"])])
+                    lo_hi[0], lo_hi[1] = min(lo_hi[0], int(src["offset"])), max(lo_hi[1], int(src["offset"]))
+            ranges = [{"topic": graded, "partition": p, "start": lo, "end": hi + 1} for p, (lo, hi) in sorted(spans.items())]
+        else:
+            ranges = [{"topic": graded, "partition": p, "start": self.range_start.get(p, 0), "end": o}
+                      for p, o in sorted(pos.items()) if o > self.range_start.get(p, 0)]
         return {
             "tenant": self.settings.tenant, "model": self.settings.common.model, "algorithm": result.algorithm,
             "metrics": result.metrics, "trained_ids": result.trained_ids, "rounds": self.rounds,
@@ -177,18 +187,19 @@ class TrainerService:
             if outcome != ACCEPTED:
                 M.SKIPPED.labels(outcome).inc()
             if outcome not in ("other_tenant", "quarantined", "malformed") and tenant_of(g) == s.tenant:
-                self._remember_prompt(g)
+                self._remember_prompt(g, int(msg.partition() or 0), int(msg.offset() or 0))
         M.BUFFER.set(len(self.buffer))
         return len(msgs)
 
-    def _remember_prompt(self, g: events_pb2.GradedInteraction) -> None:
+    def _remember_prompt(self, g: events_pb2.GradedInteraction, partition: int, offset: int) -> None:
         it = g.interaction
         if not it.messages:
             return
         msgs = [{"role": m.role, "content": m.content} for m in it.messages]
         if any(p["messages"] == msgs for p in self.prompts):
             return
-        self.prompts.append({"messages": msgs, "task": domain_of(it.task), "interaction_id": it.interaction_id})
+        self.prompts.append({"messages": msgs, "task": domain_of(it.task), "interaction_id": it.interaction_id,
+                             "partition": partition, "offset": offset})
         self.new_prompts += 1
         M.PROMPTS.set(len(self.prompts))
 
@@ -215,8 +226,8 @@ class TrainerService:
             self.schedule.last_rl = now
             return self._finish(result)
         kv = {k: v for k, v in self.trainer.knowledge.versions().items()}
-        examples = [DistillExample(messages=p["messages"], task=p["task"]) for p in self.prompts
-                    if self.trainer.knowledge.has_items(p["task"])]
+        sources = [p for p in self.prompts if self.trainer.knowledge.has_items(p["task"])]
+        examples = [DistillExample(messages=p["messages"], task=p["task"]) for p in sources]
         changed = any(self.consolidated.get(self.trainer.knowledge.key_for(e.task)) != kv.get(
             self.trainer.knowledge.key_for(e.task)) for e in examples)
         settling = s.trigger_knowledge_quiet_s > 0 and now - self.knowledge_changed_at < s.trigger_knowledge_quiet_s
@@ -225,7 +236,7 @@ class TrainerService:
             self.consolidated = kv
             self.new_prompts = 0
             self.schedule.last_distill = now
-            return self._finish(result)
+            return self._finish(result, sources)
         return None
 
     def _round_slice(self, ready: list[Any]) -> list[Any]:
@@ -241,12 +252,12 @@ class TrainerService:
                     groups.add(r.group_id)
         return chosen
 
-    def _finish(self, result: RoundResult) -> RoundResult:
+    def _finish(self, result: RoundResult, prompt_sources: list[dict[str, Any]] | None = None) -> RoundResult:
         self.rounds += 1
         M.record_round(result.algorithm, result.metrics)
         M.STEPS.set(self.trainer.policy.steps)
         t0 = time.perf_counter()
-        ckpt = self.store.write(self.trainer.policy, self._state(result))
+        ckpt = self.store.write(self.trainer.policy, self._state(result, prompt_sources))
         M.CHECKPOINT_SECONDS.observe(time.perf_counter() - t0)
         self.range_start = self.graded.positions()
         log.info("round done", extra={"algorithm": result.algorithm, "checkpoint": ckpt.id,

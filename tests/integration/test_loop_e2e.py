@@ -33,7 +33,7 @@ def test_one_round_changes_the_served_version_and_links_to_offsets(kafka_bootstr
     assert r1["knowledge_items"], "corrections should have become knowledge"
     offsets = r1["manifest"]["data_offsets"]
     graded_topic = demo.stack.topics.graded
-    assert offsets and all(o["topic"] == graded_topic and o["end"] > o["start"] for o in offsets)
+    assert offsets and all(o["topic"] == graded_topic and o["end"] > o["start"] for o in offsets), r1
     # the offsets name real graded records of this run's tenant
     records = read_all(kafka_bootstrap, graded_topic)
     by_pos = {(m.partition(), m.offset()): decode(events_pb2.GradedInteraction, m.value()) for m in records}

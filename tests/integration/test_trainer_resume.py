@@ -82,30 +82,40 @@ def test_kill_9_and_restart_loses_nothing_and_trains_nothing_twice(
     rng = random.Random(1234)
     log = tmp_path / "trainer.log"
 
-    # run 1: killed shortly after its first checkpoint (during publish or the next round)
-    proc = start(env, log)
-    wait_for(lambda: latest_id(state) != "", 120, proc, log)
-    time.sleep(rng.uniform(0.0, 1.0))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    # run 2: killed right after it writes one more checkpoint (before or while publishing it)
-    before = latest_id(state)
-    proc = start(env, log)
-    wait_for(lambda: latest_id(state) != before, 120, proc, log)
-    time.sleep(rng.uniform(0.0, 0.3))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    # run 3: to completion (every acme record trained, the newest checkpoint published), then SIGTERM
-    proc = start(env, log)
+    procs: list[subprocess.Popen] = []
+    try:
+        # run 1: killed shortly after its first checkpoint (during publish or the next round)
+        proc = start(env, log)
+        procs.append(proc)
+        wait_for(lambda: latest_id(state) != "", 120, proc, log)
+        time.sleep(rng.uniform(0.0, 1.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        # run 2: killed right after it writes one more checkpoint (before or while publishing it)
+        before = latest_id(state)
+        proc = start(env, log)
+        procs.append(proc)
+        wait_for(lambda: latest_id(state) != before, 120, proc, log)
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        # run 3: to completion (every acme record trained, the newest checkpoint published), then SIGTERM
+        proc = start(env, log)
+        procs.append(proc)
 
-    def done() -> bool:
-        trained = [i for st in chain(state) for i in st["trained_ids"]]
-        pub = json.loads((state / "published.json").read_text()) if (state / "published.json").exists() else {}
-        return set(trained) >= expected and latest_id(state) in pub
+        def done() -> bool:
+            trained = [i for st in chain(state) for i in st["trained_ids"]]
+            pub = json.loads((state / "published.json").read_text()) if (state / "published.json").exists() else {}
+            return set(trained) >= expected and latest_id(state) in pub
 
-    wait_for(done, 120, proc, log)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
+        wait_for(done, 120, proc, log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        for p in procs:                          # never leave a trainer behind when an assertion fails
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
     lineage = chain(state)
     trained = Counter(i for st in lineage for i in st["trained_ids"])

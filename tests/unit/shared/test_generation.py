@@ -7,8 +7,14 @@ import math
 import pytest
 import torch
 
-from shared.generation import (SamplingConfig, _filter_logits, encode_prompt, generate, render_chat,
-                               sequence_logprobs)
+from shared.generation import (
+    SamplingConfig,
+    _filter_logits,
+    encode_prompt,
+    generate,
+    render_chat,
+    sequence_logprobs,
+)
 
 
 @pytest.fixture(scope="module")
