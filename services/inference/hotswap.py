@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -34,6 +34,9 @@ from services.inference.engines.base import BASE_VERSION, Engine, VersionFiles
 from services.inference.routing import OPERATOR, InvalidOrder, RoutingTable, Slot
 from shared.events import UndecodableEvent, decode, timestamp
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
+
+if TYPE_CHECKING:
+    from shared.weights_client import DownloadClient
 
 log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -61,7 +64,7 @@ class VersionManager:
         self.applied_at = 0.0                         # monotonic time of the last Kafka order applied
         self._files: dict[str, VersionFiles] = {}
         self._apply_lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
+        self._clients: dict[str, DownloadClient] = {}
         self._canary_counts: dict[str, list[int]] = {}   # canary version -> [requests, errors]
         self._counts_lock = threading.Lock()
         self._rng = random.Random()
@@ -78,6 +81,11 @@ class VersionManager:
                 counts = self._canary_counts.setdefault(version, [0, 0])
                 counts[0] += 1
                 counts[1] += 0 if ok else 1
+
+    @property
+    def applying(self) -> bool:
+        """An order or catch-up is being applied (downloading or loading) right now."""
+        return self._apply_lock.locked()
 
     # --- orders -----------------------------------------------------------------------------------
     def apply(self, updates: Sequence[events_pb2.ModelUpdate], *, source: str = "kafka") -> None:
@@ -171,9 +179,13 @@ class VersionManager:
             if depth > 0:
                 raise ValueError(f"LoRA {version} applies to {files.base_version}, itself not full weights")
             self._ensure_loaded(files.base_version, endpoints, slots, depth + 1)
+        t1 = time.monotonic()
         self.engine.load_version(files)
         metrics.SWAPS.labels(outcome="loaded").inc()
         metrics.LOAD_SECONDS.observe(time.monotonic() - t0)
+        log.info("version ready", extra={"version": version, "kind": files.kind,
+                                         "load_seconds": round(time.monotonic() - t1, 3),
+                                         "seconds": round(time.monotonic() - t0, 3)})
         self.last_error = ""
 
     def _fetch(self, version: str, endpoint: str) -> VersionFiles:
@@ -182,18 +194,24 @@ class VersionManager:
         if version in self._files and self._files[version].path.exists():
             return self._files[version]
         dest = versions_root(self.settings) / path_slug(version)
-        stub = weights_pb2_grpc.WeightsStub(self._channel(endpoint))
-        manifest = download_version(stub, self.model, version, dest, timeout=self.settings.download_timeout_s)
+        t0 = time.monotonic()
+        manifest = download_version(self._client(endpoint), self.model, version, dest,
+                                    timeout=self.settings.download_timeout_s)
         files = VersionFiles(version=version, kind=manifest.kind or "full", path=dest,
                              base_version=manifest.base_version or BASE_VERSION, tenant=manifest.tenant)
         self._files[version] = files
+        log.info("version downloaded", extra={"version": version, "kind": files.kind,
+                                              "bytes": sum(f.size for f in manifest.files),
+                                              "seconds": round(time.monotonic() - t0, 3)})
         return files
 
-    def _channel(self, endpoint: str) -> grpc.Channel:
-        if endpoint not in self._channels:
-            self._channels[endpoint] = grpc.insecure_channel(
-                endpoint, options=[("grpc.max_receive_message_length", 64 << 20)])
-        return self._channels[endpoint]
+    def _client(self, endpoint: str) -> DownloadClient:
+        """One download client per weights endpoint (hand-decoded chunks: see shared.weights_client)."""
+        if endpoint not in self._clients:
+            from shared.weights_client import DownloadClient
+
+            self._clients[endpoint] = DownloadClient(endpoint)
+        return self._clients[endpoint]
 
     def _unload_unused(self) -> None:
         keep = self.table.versions()
@@ -230,8 +248,8 @@ class VersionManager:
             canary_errors=counts[1])
 
     def close(self) -> None:
-        for ch in self._channels.values():
-            ch.close()
+        for client in self._clients.values():
+            client.close()
 
 
 class UpdateFollower:
@@ -258,7 +276,12 @@ class UpdateFollower:
         try:
             while not self._stop.is_set():
                 try:
-                    msgs = consumer.poll_batch(max_records=200, timeout=0.5)
+                    # Wait for one record, then take what else is already there: a batch wait would hold
+                    # every order until its timeout (consume() returns early only for a full batch),
+                    # while a restart still folds the whole log into one table and loads only its result.
+                    msgs = consumer.poll_batch(max_records=1, timeout=0.5)
+                    if msgs:
+                        msgs += consumer.poll_batch(max_records=199, timeout=0)
                 except Exception:  # noqa: BLE001 - keep following; the broker may come back
                     log.exception("model-updates poll failed")
                     time.sleep(1.0)
@@ -342,7 +365,8 @@ class Heartbeater:
             except InvalidOrder:
                 return
         self._last_target = target
-        stable = previous is not None and _same(previous, target) and self.manager.applied_at < previous_at
+        stable = (previous is not None and _same(previous, target) and self.manager.applied_at < previous_at
+                  and not self.manager.applying)  # an order being downloaded/loaded now is not a missed one
         if stable and not _same(self.manager.table, target):
             log.warning("pod missed model updates; converging on the weights service's desired state")
             self.manager.converge(target)

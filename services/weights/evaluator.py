@@ -3,19 +3,24 @@
 Loads both models on CPU (the candidate from the store's blobs, hard-linked into a work folder; the
 baseline is the version the candidate's tenant is served now, or the base model), scores them on the
 held-out and OOD sets (see gate.py for the checks) and writes the results and the verdict into the
-candidate's manifest. One evaluation runs at a time; baseline scores are cached per version and set.
+candidate's manifest. One evaluation runs at a time. Scores are cached per version, eval sets and
+settings (in memory and under `<store>/eval-cache/`, so a restart does not score the serving version
+again): a candidate costs one model's evaluation, its scores become the next candidate's baseline.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
+import os
 import shutil
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +60,37 @@ def nonfinite_tensors(files_dir: Path) -> tuple[list[str], int]:
     return bad, total
 
 
+class _LastLogitsOnly:
+    """The model, asked for the last position's logits only (`logits_to_keep=1`).
+
+    `shared.generation.generate` reads only the last position, but a plain forward pass computes the
+    vocabulary projection for every prompt position at prefill: rows x prompt tokens x 49,152 logits
+    (300 MB for the default sets in one batch), computed and thrown away.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.config = model.config
+        self.generation_config = getattr(model, "generation_config", None)
+
+    def parameters(self) -> Any:
+        return self.model.parameters()
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self.model(logits_to_keep=1, **kwargs)
+
+    @staticmethod
+    def wrap(model: Any) -> Any:
+        import inspect
+
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft forwards kwargs
+        try:
+            accepts = "logits_to_keep" in inspect.signature(inner.forward).parameters
+        except (TypeError, ValueError):
+            accepts = False
+        return _LastLogitsOnly(model) if accepts else model
+
+
 @dataclass(frozen=True)
 class ModelScores:
     heldout: float      # mean rule score over items with signal; NaN when none had signal
@@ -72,11 +108,18 @@ def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, ma
     from shared.generation import encode_prompt, generate, render_chat, sequence_logprobs
 
     def greedy(chats: list[list[dict[str, str]]]) -> list[Any]:
-        prompts = [render_chat(tok, c) for c in chats]
-        out = []
-        for i in range(0, len(prompts), batch_size):
-            out += [s[0] for s in generate(model, tok, prompts[i:i + batch_size], max_new_tokens=max_new_tokens,
-                                           temperature=0.0)]
+        """Greedy answers, batched: one batch of all prompts runs each decode step (which reads every
+        weight once) once instead of once per batch; when they do not fit in one batch, prompts of
+        similar length share one (less left padding). Answers do not depend on the batching."""
+        prompts = [encode_prompt(tok, render_chat(tok, c)) for c in chats]
+        order = sorted(range(len(prompts)), key=lambda j: len(prompts[j]))
+        fast = _LastLogitsOnly.wrap(model)
+        out: list[Any] = [None] * len(prompts)
+        for i in range(0, len(order), batch_size):
+            idx = order[i:i + batch_size]
+            for j, smp in zip(idx, generate(fast, tok, [prompts[j] for j in idx], max_new_tokens=max_new_tokens,
+                                            temperature=0.0), strict=True):
+                out[j] = smp[0]
         return out
 
     def rule_score(specs: Sequence[Any], text: str, reference: dict[str, Any] | None) -> float | None:
@@ -120,6 +163,9 @@ def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, ma
     return ModelScores(mean(item_scores), len(item_scores), loglik, mean(reps), mean(checks))
 
 
+SCORING_VERSION = "2"  # part of every score-cache key: change it when score_model measures differently
+
+
 class Evaluator:
     def __init__(self, store: WeightStore, settings: WeightsSettings) -> None:
         self.store = store
@@ -127,13 +173,56 @@ class Evaluator:
         self.heldout = load_heldout(settings.eval_set)
         self.ood, self._ood_digest = load_ood(settings.ood_set)
         self.workdir = settings.store_root / "work"
+        self.cache_dir = settings.store_root / "eval-cache"
         self._lock = threading.Lock()
-        self._baseline_cache: dict[tuple[str, ...], ModelScores] = {}
+        self._baseline_cache: dict[str, ModelScores] = {}
         self._tok: Any = None
+        self.scored = 0  # models scored (not served from the cache) by this evaluator
 
-    def _key(self, m: weights_pb2.Manifest) -> tuple[str, ...]:
-        return (m.model, m.version, ",".join(f.sha256 for f in m.files), self.heldout.digest, self._ood_digest,
-                str(self.settings.eval_max_new_tokens))
+    def _key(self, m: weights_pb2.Manifest) -> str:
+        """What a version's scores depend on: its bytes (and its base's, for LoRA), the eval sets and the
+        generation settings. Greedy scoring is deterministic, so equal keys mean equal scores."""
+        s = self.settings
+        parts = [SCORING_VERSION, m.model, m.version, ",".join(f.sha256 for f in m.files), self._base_fingerprint(m),
+                 self.heldout.digest, self._ood_digest, str(s.eval_max_new_tokens), str(s.eval_batch_size)]
+        return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+    def _base_fingerprint(self, m: weights_pb2.Manifest) -> str:
+        """The local base model's files (names, sizes, mtimes) for `base` and LoRA-on-base versions; the
+        base version's file hashes for a LoRA on stored full weights."""
+        if m.version != BASE and m.kind != "lora":
+            return ""
+        if m.version != BASE and m.base_version not in ("", BASE):
+            return ",".join(f.sha256 for f in self.store.get(m.model, m.base_version).files)
+        from shared.models import resolve_model_dir
+
+        where = Path(resolve_model_dir(m.base_model or m.model))
+        if not where.is_dir():
+            return str(where)  # a hub id: its cache is immutable per revision
+        return ",".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(where.iterdir())
+                        if p.is_file())
+
+    def _cached_scores(self, key: str) -> ModelScores | None:
+        """Scores from memory, else from the store's eval cache (they survive a restart of the service)."""
+        if key in self._baseline_cache:
+            return self._baseline_cache[key]
+        try:
+            raw = json.loads((self.cache_dir / f"{key}.json").read_text())
+            scores = ModelScores(**raw)
+        except (OSError, ValueError, TypeError):
+            return None  # absent or unreadable: score again
+        self._baseline_cache[key] = scores
+        return scores
+
+    def _remember(self, key: str, scores: ModelScores) -> None:
+        self._baseline_cache[key] = scores
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.cache_dir / f".{key}.{uuid.uuid4().hex}.tmp"
+            tmp.write_text(json.dumps(asdict(scores)))
+            os.replace(tmp, self.cache_dir / f"{key}.json")
+        except OSError:
+            log.warning("could not write the eval score cache", exc_info=True)
 
     def _tokenizer(self, model_name: str) -> Any:
         if self._tok is None:
@@ -158,6 +247,7 @@ class Evaluator:
     def _scores(self, m: weights_pb2.Manifest, work: Path) -> ModelScores:
         model = self._load(m, work)
         s = self.settings
+        self.scored += 1
         return score_model(model, self._tokenizer(m.base_model or m.model), self.heldout, self.ood,
                            max_new_tokens=s.eval_max_new_tokens, batch_size=s.eval_batch_size)
 
@@ -204,12 +294,12 @@ class Evaluator:
         s = self.settings
         bm = self.store.get(m.model, baseline)
         key = self._key(bm)
-        base_scores = self._baseline_cache.get(key)
+        base_scores = self._cached_scores(key)
         if base_scores is None:
             base_scores = self._scores(bm, work)
-            self._baseline_cache[key] = base_scores
+            self._remember(key, base_scores)
         cand = self._scores(m, work)
-        self._baseline_cache[self._key(m)] = cand  # it may be the baseline of the next candidate
+        self._remember(self._key(m), cand)  # it may be the baseline of the next candidate
         name = self.heldout.spec.name
         return [
             compare("heldout", "rule_score", cand.heldout, base_scores.heldout, s.heldout_max_drop,

@@ -87,8 +87,9 @@ class WeightsServicer(weights_pb2_grpc.WeightsServicer):
     @grpc_errors
     def Download(self, request: weights_pb2.DownloadRequest, context: Any) -> Iterator[bytes]:
         validate_model(request.model)
-        require(request.offset >= 0, "offset must be >= 0")
+        require(request.offset >= 0 and request.length >= 0, "offset and length must be >= 0")
         require(request.offset == 0 or bool(request.path), "offset needs path (resume one file)")
+        require(request.length == 0 or bool(request.path), "length needs path (a range of one file)")
         require(0 <= request.chunk_size <= self.s.max_chunk_size,
                 f"chunk_size must be in [0, {self.s.max_chunk_size}] (0 = server default)")
         chunk_size = request.chunk_size or self.s.chunk_size
@@ -101,30 +102,33 @@ class WeightsServicer(weights_pb2_grpc.WeightsServicer):
             entries = [e for e in entries if e.path == request.path]
             if not entries:
                 raise NotFound(f"{m.model} {m.version} has no file {request.path!r}")
-            require(request.offset <= entries[0].size,
-                    f"offset {request.offset} is past the end of {request.path!r} ({entries[0].size} bytes)")
+            require(request.offset + request.length <= entries[0].size,
+                    f"offset {request.offset} + length {request.length} is past the end of {request.path!r} "
+                    f"({entries[0].size} bytes)")
         manifest: weights_pb2.Manifest | None = m  # rides on the first chunk only
-        buf = bytearray(chunk_size)
+        buf = bytearray(chunk_size)  # reused: the file is read into it, then copied once into the message
         view = memoryview(buf)
         for e in entries:
             offset = request.offset if request.path else 0
+            end = offset + request.length if request.length else e.size  # a range lets clients fetch in parallel
             with self.svc.store.open_file(m, e) as f:
                 f.seek(offset)
                 sent_one = False
-                while offset < e.size or not sent_one:
-                    n = f.readinto(view[:min(chunk_size, e.size - offset)]) if offset < e.size else 0  # type: ignore[attr-defined]
-                    if offset < e.size and not n:
+                while offset < end or not sent_one:
+                    n = f.readinto(view[:min(chunk_size, end - offset)]) if offset < end else 0  # type: ignore[attr-defined]
+                    if offset < end and not n:
                         raise FailedPrecondition(f"{m.model} {m.version}: stored blob of {e.path!r} is shorter "
                                                  f"than its manifest ({offset} of {e.size} bytes)")
                     if not context.is_active():
                         return
                     # Pre-encoded DownloadChunk (wire.py): the payload is copied once on its way out.
-                    yield encode_chunk(view[:n], path=e.path, offset=offset, file_size=e.size, file_sha256=e.sha256,
-                                       manifest=manifest)
+                    wire = encode_chunk(view[:n], path=e.path, offset=offset, file_size=e.size,
+                                        file_sha256=e.sha256, manifest=manifest)
+                    DOWNLOAD_BYTES.inc(n)  # counted when handed to gRPC: a client may hang up after the last chunk
+                    yield wire
                     manifest = None
                     sent_one = True
                     offset += n
-                    DOWNLOAD_BYTES.inc(n)
 
     # --- versions --------------------------------------------------------------------------------------
     @grpc_errors

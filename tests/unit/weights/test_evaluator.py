@@ -151,3 +151,34 @@ def test_lora_candidate_is_evaluated_on_the_base(store: WeightStore, evaluator: 
     save_version_files(peft, tmp_path / "adapter", "lora")
     m = evaluator.evaluate(upload_dir(store, tmp_path / "adapter", kind="lora"))
     assert m.status == weights_pb2.VERSION_STATUS_APPROVED, m.status_reason  # LoRA B starts at 0: identical model
+
+
+def test_scores_are_cached_across_restarts(store: WeightStore, evaluator: Evaluator,
+                                           variants: dict[str, Path]) -> None:
+    """A restarted service scores only the candidate: the serving version's scores come from the store's
+    eval cache, keyed by its bytes, the eval sets and the settings (another setting scores again)."""
+    evaluator.evaluate(upload_dir(store, variants["identical"]))  # base's scores are cached now (at the latest)
+    fresh = Evaluator(store, evaluator.settings)
+    m = fresh.evaluate(upload_dir(store, variants["perturbed"]))
+    assert m.status == weights_pb2.VERSION_STATUS_APPROVED and fresh.scored == 1
+    assert results(m)["ood/ref_loglik"].baseline == results(m)["ood/ref_loglik"].baseline  # not NaN
+    other = Evaluator(store, evaluator.settings.model_copy(update={"eval_max_new_tokens": 4}))
+    other.evaluate(upload_dir(store, variants["perturbed"]))
+    assert other.scored == 2  # different generation settings: the base is scored again
+
+
+def test_batching_does_not_change_greedy_answers(tiny_model_name: str) -> None:
+    """Sorting by length and asking for the last logits only are optimisations: same answers as the
+    unbatched, full-logits generation of each prompt alone."""
+    from services.weights.evaluator import _LastLogitsOnly
+    from shared.generation import encode_prompt, generate, render_chat
+    from shared.models import load_model
+
+    model, tok = load_model(tiny_model_name)
+    chats = [[{"role": "user", "content": q}] for q in ("Hi", "Which form do I need to return a jacket?", "Why?")]
+    prompts = [encode_prompt(tok, render_chat(tok, c)) for c in chats]
+    alone = [generate(model, tok, [p], max_new_tokens=6, temperature=0.0)[0][0].token_ids for p in prompts]
+    wrapped = _LastLogitsOnly.wrap(model)
+    assert isinstance(wrapped, _LastLogitsOnly)
+    together = [s[0].token_ids for s in generate(wrapped, tok, prompts, max_new_tokens=6, temperature=0.0)]
+    assert together == alone

@@ -172,18 +172,20 @@ class UploadRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[UploadHeader, _Mapping]] = ..., chunk: _Optional[_Union[FileChunk, _Mapping]] = ...) -> None: ...
 
 class DownloadRequest(_message.Message):
-    __slots__ = ("model", "version", "path", "offset", "chunk_size")
+    __slots__ = ("model", "version", "path", "offset", "chunk_size", "length")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     path: str
     offset: int
     chunk_size: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+    length: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., chunk_size: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class DownloadChunk(_message.Message):
     __slots__ = ("path", "offset", "data", "file_size", "file_sha256", "manifest")
