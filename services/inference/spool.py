@@ -97,9 +97,9 @@ class Spool:
         # always write into a fresh segment: never append behind a tail that recovery had to cut
         self._writer: BinaryIO | None = None
         self._open_segment()
-        self._drop_acked_segments()
-        self._reader_idx = 0
+        self._reader_idx = 0                       # before _drop_acked_segments, which moves the reader
         self._reader: BinaryIO | None = None
+        self._drop_acked_segments()
         self.rewind()
 
     # --- recovery ---------------------------------------------------------------------------------

@@ -51,6 +51,23 @@ def test_reopen_replays_only_unacked_in_order(tmp_path: Path) -> None:
     s2.close()
 
 
+def test_reopen_after_everything_was_acked(tmp_path: Path) -> None:
+    """A restart with fully delivered segments on disk drops them on open (this once crashed the service)."""
+    s = Spool(tmp_path, segment_bytes=60, cursor_interval_s=0)
+    for i in range(4):
+        s.append("t", b"k", f"v{i}".encode() * 8)
+    s.flush()
+    for q in _drain(s):
+        s.ack(q)
+    s.close()
+    s2 = Spool(tmp_path)
+    assert _drain(s2) == [] and s2.depth == 0
+    assert s2.append("t", b"k", b"new") == 5
+    s2.flush()
+    assert _drain(s2) == [5]
+    s2.close()
+
+
 def test_rewind_resends_failed_but_not_acked_records(tmp_path: Path) -> None:
     s = Spool(tmp_path)
     for _ in range(5):
