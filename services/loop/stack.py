@@ -1,5 +1,9 @@
-"""A private local stack for one demo or end-to-end run: broker (shared, reused) + the five services as
-supervised processes, in their own topic namespace, state folder and free ports."""
+"""A private local stack for one demo, end-to-end or chaos run: broker (shared, reused, or a private one)
++ the five services as supervised processes, in their own topic namespace, state folder and free ports.
+
+`Ports` and `wire_services` are also what `apprentice up` uses, so the wiring between services (who calls
+whom on which port) is written once.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,19 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from services.loop.supervisor import Supervisor
 from shared.config import CommonSettings
 from shared.kafka.admin import ensure_topics
 from shared.topics import Topics
+
+if TYPE_CHECKING:
+    from shared.kafka.local_broker import LocalBroker
+
+METRICS_SERVICES = ("inference", "grader", "extractor", "trainer", "weights")
 
 
 def free_port() -> int:
@@ -24,38 +34,79 @@ def free_port() -> int:
 
 @dataclass
 class Ports:
+    """Where each service listens. The default is free ports (private stacks never collide with a stack
+    that is already up); `configured()` is what the services' own settings name."""
+
     inference: int = field(default_factory=free_port)
     weights: int = field(default_factory=free_port)
     extractor: int = field(default_factory=free_port)
-    metrics: dict[str, int] = field(default_factory=lambda: {n: free_port() for n in
-                                                              ("inference", "grader", "extractor", "trainer", "weights")})
+    metrics: dict[str, int] = field(default_factory=lambda: {n: free_port() for n in METRICS_SERVICES})
+
+    @classmethod
+    def configured(cls) -> Ports:
+        """DESIGN.md's defaults (50051-50053, 9101-9105) with the services' APPRENTICE_* overrides: what
+        `apprentice up` binds, so one setting moves both the server and everything that calls it."""
+        from services.extractor.config import ExtractorSettings
+        from services.grader.config import GraderSettings
+        from services.inference.config import InferenceSettings
+        from services.trainer.config import TrainerSettings
+        from services.weights.config import WeightsSettings
+
+        inf, wts, ext = InferenceSettings(), WeightsSettings(), ExtractorSettings()
+        return cls(inference=inf.port, weights=wts.port, extractor=ext.grpc_port,
+                   metrics={"inference": inf.metrics_port, "grader": GraderSettings().metrics_port,
+                            "extractor": ext.metrics_port, "trainer": TrainerSettings().metrics_port,
+                            "weights": wts.metrics_port})
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Ports:
+        return cls(inference=int(d["inference"]), weights=int(d["weights"]), extractor=int(d["extractor"]),
+                   metrics={k: int(v) for k, v in d["metrics"].items()})
+
+
+def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str, dict[str, str]]:
+    """Per-service environment that binds each service to `ports` (and `bind_host`; None = the services'
+    own setting) and points every caller at them over loopback: inference -> weights, grader judge ->
+    inference, extractor LLM -> inference, trainer -> weights."""
+    inference, weights, knowledge = (f"127.0.0.1:{p}" for p in (ports.inference, ports.weights, ports.extractor))
+    env = {
+        "inference": {"APPRENTICE_INFERENCE_PORT": str(ports.inference),
+                      "APPRENTICE_INFERENCE_WEIGHTS_ENDPOINT": weights},
+        "weights": {"APPRENTICE_WEIGHTS_PORT": str(ports.weights)},
+        "grader": {"APPRENTICE_GRADER_INFERENCE_ENDPOINT": inference},
+        "extractor": {"APPRENTICE_EXTRACTOR_GRPC_PORT": str(ports.extractor),
+                      "APPRENTICE_EXTRACTOR_INFERENCE_TARGET": inference, "APPRENTICE_EXTRACTOR_TARGET": knowledge},
+        "trainer": {"APPRENTICE_TRAINER_WEIGHTS_ENDPOINT": weights},
+    }
+    if bind_host is not None:
+        env["inference"]["APPRENTICE_INFERENCE_HOST"] = bind_host
+        env["weights"]["APPRENTICE_WEIGHTS_HOST"] = bind_host
+        env["extractor"]["APPRENTICE_EXTRACTOR_GRPC_HOST"] = bind_host
+    for name, port in ports.metrics.items():
+        env[name][f"APPRENTICE_{name.upper()}_METRICS_PORT"] = str(port)
+    return env
 
 
 class LocalStack:
     def __init__(self, run_dir: Path, model: str, *, prefix: str | None = None,
-                 service_env: dict[str, dict[str, str]] | None = None) -> None:
+                 service_env: dict[str, dict[str, str]] | None = None, broker: LocalBroker | None = None) -> None:
+        """`broker`: a private broker this stack starts (chaos runs stop and restart it); None = the
+        configured bootstrap, started locally if nothing answers there (reused otherwise)."""
         self.run_dir = run_dir
         self.model = model
         self.common = CommonSettings()
+        self.broker = broker
+        self.bootstrap = broker.bootstrap if broker is not None else self.common.kafka_bootstrap
         self.topics = Topics(prefix if prefix is not None else f"run-{uuid.uuid4().hex[:8]}.")
         self.ports = Ports()
         env = dict(os.environ, APPRENTICE_MODEL=model, APPRENTICE_TOPIC_PREFIX=self.topics.prefix,
-                   APPRENTICE_HOME=str(run_dir), APPRENTICE_KAFKA_BOOTSTRAP=self.common.kafka_bootstrap,
+                   APPRENTICE_HOME=str(run_dir), APPRENTICE_KAFKA_BOOTSTRAP=self.bootstrap,
                    PYTHONUNBUFFERED="1")
-        p = self.ports
-        per_service = {
-            "inference": {"APPRENTICE_INFERENCE_PORT": str(p.inference), "APPRENTICE_INFERENCE_HOST": "127.0.0.1",
-                          "APPRENTICE_INFERENCE_WEIGHTS_ENDPOINT": self.weights_target,
-                          "APPRENTICE_INFERENCE_POD_ID": "pod-0"},
-            "weights": {"APPRENTICE_WEIGHTS_PORT": str(p.weights), "APPRENTICE_WEIGHTS_HOST": "127.0.0.1"},
-            "grader": {"APPRENTICE_GRADER_INFERENCE_ENDPOINT": self.inference_target},
-            "extractor": {"APPRENTICE_EXTRACTOR_GRPC_PORT": str(p.extractor), "APPRENTICE_EXTRACTOR_GRPC_HOST": "127.0.0.1",
-                          "APPRENTICE_EXTRACTOR_INFERENCE_TARGET": self.inference_target,
-                          "APPRENTICE_EXTRACTOR_TARGET": self.knowledge_target},
-            "trainer": {"APPRENTICE_TRAINER_WEIGHTS_ENDPOINT": self.weights_target},
-        }
-        for name, port in p.metrics.items():
-            per_service[name][f"APPRENTICE_{name.upper()}_METRICS_PORT"] = str(port)
+        per_service = wire_services(self.ports)
+        per_service["inference"]["APPRENTICE_INFERENCE_POD_ID"] = "pod-0"
         for name, extra in (service_env or {}).items():
             per_service[name].update(extra)
         self.supervisor = Supervisor(run_dir, env=env, service_env=per_service)
@@ -75,30 +126,35 @@ class LocalStack:
     def start(self) -> None:
         from shared.kafka.local_broker import LocalBroker
 
-        host, _, port = self.common.kafka_bootstrap.split(",")[0].rpartition(":")
-        LocalBroker(self.common.home, host=host or "127.0.0.1", port=int(port or 9092)).start()
-        ensure_topics(self.common.kafka_bootstrap, self.topics)
+        if self.broker is not None:
+            self.broker.start()
+        else:
+            host, _, port = self.bootstrap.split(",")[0].rpartition(":")
+            LocalBroker(self.common.home, host=host or "127.0.0.1", port=int(port or 9092)).start()
+        ensure_topics(self.bootstrap, self.topics)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor.start_background()
 
     def health(self) -> dict[str, bool]:
-        from services.loop.stack_cli import _grpc_healthy, _metrics
+        from services.loop.stack_cli import service_health
 
-        p = self.ports
-        return {"inference": _grpc_healthy(p.inference), "weights": _grpc_healthy(p.weights),
-                "extractor": _grpc_healthy(p.extractor), "grader": _metrics(p.metrics["grader"]) is not None,
-                "trainer": _metrics(p.metrics["trainer"]) is not None}
+        return service_health(self.ports)
 
-    def wait_healthy(self, timeout: float) -> dict[str, bool]:
+    def wait_healthy(self, timeout: float, names: tuple[str, ...] | None = None) -> dict[str, bool]:
+        """Health of every service (or of `names`) once all are healthy, or at `timeout`."""
         deadline = time.monotonic() + timeout
-        h = self.health()
-        while not all(h.values()) and time.monotonic() < deadline:
-            time.sleep(2)
+        while True:
             h = self.health()
-        return h
+            if names is not None:
+                h = {n: h[n] for n in names}
+            if all(h.values()) or time.monotonic() >= deadline:
+                return h
+            time.sleep(1)
 
     def crashed(self) -> dict[str, list[int]]:
         return {c.name: c.exits for c in self.supervisor.children if c.exits}
 
-    def stop(self) -> None:
-        self.supervisor.stop()
+    def stop(self, grace: float = 20.0) -> None:
+        """Stop every service (SIGTERM, then SIGKILL after `grace` seconds each)."""
+        self.supervisor.stop(grace)
+

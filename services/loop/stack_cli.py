@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -14,19 +13,31 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from services.loop.stack import Ports
 from shared.config import CommonSettings
 
-GRPC_PORTS = {"inference": 50051, "weights": 50052, "extractor": 50053}
-METRICS_PORTS = {"inference": 9101, "grader": 9102, "extractor": 9103, "trainer": 9104, "weights": 9105}
+
+def _state(home: Path) -> dict[str, Any]:
+    """The supervisor's `stack.json` (pids, restarts, ports), or {} when no stack was started here."""
+    try:
+        return dict(json.loads((home / "stack.json").read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
 
 
 def _supervisor_pid(home: Path) -> int | None:
     try:
-        pid = int(json.loads((home / "stack.json").read_text())["supervisor_pid"])
+        pid = int(_state(home)["supervisor_pid"])
         os.kill(pid, 0)
         return pid
-    except (FileNotFoundError, ValueError, KeyError, ProcessLookupError, json.JSONDecodeError):
+    except (ValueError, KeyError, ProcessLookupError):
         return None
+
+
+def stack_ports(home: Path) -> Ports:
+    """The ports the running stack was started with (recorded in stack.json), else the configured ones."""
+    recorded = _state(home).get("ports")
+    return Ports.from_dict(recorded) if recorded else Ports.configured()
 
 
 def up(argv: list[str]) -> int:
@@ -48,21 +59,25 @@ def up(argv: list[str]) -> int:
         return supervise()
     log = settings.home / "logs" / "supervisor.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.Popen([sys.executable, "-m", "services.loop.supervisor"], stdout=open(log, "ab"),  # noqa: SIM115
-                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    with open(log, "ab") as out:
+        sup = subprocess.Popen([sys.executable, "-m", "services.loop.supervisor"], stdout=out,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    ports = Ports.configured()
     deadline = time.monotonic() + ns.wait
-    while time.monotonic() < deadline:
-        health = service_health()
-        if all(health.values()):
+    while time.monotonic() < deadline and sup.poll() is None:
+        if all(service_health(ports).values()):
             break
         time.sleep(2)
+    if sup.poll() is not None:
+        print(f"the supervisor exited with status {sup.returncode}; see {log}", file=sys.stderr)
+        return 1
     report = collect_status(settings)
     print_status(report)
     print("\nCall it:  grpcurl -plaintext -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}' "
-          "localhost:50051 apprentice.v1.Inference/Generate\n"
+          f"localhost:{ports.inference} apprentice.v1.Inference/Generate\n"
           "   or:    python -c \"from services.inference.client import InferenceClient; "
-          "print(InferenceClient('localhost:50051').generate('hi'))\"")
-    return 0 if all(service_health().values()) else 1
+          f"print(InferenceClient('localhost:{ports.inference}').generate('hi'))\"")
+    return 0 if all(service_health(ports).values()) else 1
 
 
 def down(argv: list[str]) -> int:
@@ -103,11 +118,12 @@ def _metrics(port: int) -> str | None:
         return None
 
 
-def service_health() -> dict[str, bool]:
-    out = {}
-    for name, mport in METRICS_PORTS.items():
-        out[name] = _grpc_healthy(GRPC_PORTS[name]) if name in GRPC_PORTS else _metrics(mport) is not None
-    return out
+def service_health(ports: Ports) -> dict[str, bool]:
+    """gRPC health for the three gRPC services; a metrics endpoint that answers for grader and trainer
+    (they serve no gRPC)."""
+    return {"inference": _grpc_healthy(ports.inference), "grader": _metrics(ports.metrics["grader"]) is not None,
+            "extractor": _grpc_healthy(ports.extractor), "trainer": _metrics(ports.metrics["trainer"]) is not None,
+            "weights": _grpc_healthy(ports.weights)}
 
 
 def _metric_value(text: str | None, prefix: str) -> float | None:
@@ -127,15 +143,16 @@ def consumer_lag(bootstrap: str, topic_names: set[str]) -> dict[str, dict[str, i
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=10).result(15).valid]
+    groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=10).result(15).valid
+              if not g.group_id.startswith("apprentice-tail") and g.group_id != "apprentice-status-probe"]
+    # one request per group (the API takes one at a time), all in flight together: a shared broker may
+    # hold many groups of other stacks
+    futures = {gid: admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)])[gid] for gid in groups}
     probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "apprentice-status-probe"})
     lag: dict[str, dict[str, int]] = {}
     try:
-        for gid in groups:
-            if gid.startswith("apprentice-tail") or gid == "apprentice-status-probe":
-                continue
-            futs = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)])
-            res = futs[gid].result(15)
+        for gid, fut in futures.items():
+            res = fut.result(15)
             for tp in res.topic_partitions:
                 if tp.topic not in topic_names or tp.offset < 0:
                     continue
@@ -152,14 +169,14 @@ def collect_status(settings: CommonSettings) -> dict[str, Any]:
 
     report: dict[str, Any] = {"broker": {"bootstrap": settings.kafka_bootstrap,
                                          "up": broker_answers(settings.kafka_bootstrap)}}
-    state: dict[str, Any] = {}
-    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-        state = json.loads((settings.home / "stack.json").read_text())
-    health = service_health()
+    state = _state(settings.home)
+    ports = stack_ports(settings.home)
+    health = service_health(ports)
+    report["supervisor"] = {"pid": _supervisor_pid(settings.home), "ports": ports.as_dict()}
     report["services"] = {name: {"healthy": ok, **state.get("services", {}).get(name, {})}
                           for name, ok in health.items()}
-    report["spool_depth"] = _metric_value(_metrics(METRICS_PORTS["inference"]), "apprentice_inference_spool_depth")
-    report["pods"], report["knowledge"] = _versions(settings)
+    report["spool_depth"] = _metric_value(_metrics(ports.metrics["inference"]), "apprentice_inference_spool_depth")
+    report["pods"], report["knowledge"] = _versions(settings, ports)
     if report["broker"]["up"]:
         try:
             report["lag"] = consumer_lag(settings.kafka_bootstrap, {s.name for s in settings.topics.specs()})
@@ -168,7 +185,7 @@ def collect_status(settings: CommonSettings) -> dict[str, Any]:
     return report
 
 
-def _versions(settings: CommonSettings) -> tuple[Any, Any]:
+def _versions(settings: CommonSettings, ports: Ports) -> tuple[Any, Any]:
     import grpc
 
     from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
@@ -176,7 +193,7 @@ def _versions(settings: CommonSettings) -> tuple[Any, Any]:
     pods: Any = None
     knowledge: Any = None
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORTS['weights']}") as ch:
+        with grpc.insecure_channel(f"127.0.0.1:{ports.weights}") as ch:
             st = weights_pb2_grpc.WeightsStub(ch).Status(weights_pb2.StatusRequest(model=settings.model), timeout=3)
             pods = {"promoted": st.promoted_version, "canary": st.canary_version, "converged": st.converged,
                     "pods": {p.pod_id: {"serving": p.serving_version, "tenants": dict(p.tenant_versions),
@@ -184,7 +201,7 @@ def _versions(settings: CommonSettings) -> tuple[Any, Any]:
     except grpc.RpcError as e:
         pods = {"error": e.code().name}
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{GRPC_PORTS['extractor']}") as ch:
+        with grpc.insecure_channel(f"127.0.0.1:{ports.extractor}") as ch:
             lst = knowledge_pb2_grpc.KnowledgeStub(ch).List(knowledge_pb2.ListKnowledgeRequest(), timeout=3)
             knowledge = {b.key: {"version": b.version, "items": b.item_count} for b in lst.bases}
     except grpc.RpcError as e:
@@ -196,9 +213,18 @@ def print_status(report: dict[str, Any]) -> None:
     b = report["broker"]
     print(f"broker     {'up' if b['up'] else 'DOWN'} at {b['bootstrap']}")
     for name, s in report["services"].items():
-        extra = f"pid {s.get('pid')}, restarts {s.get('restarts', 0)}" if "pid" in s else "not supervised here"
+        extra = (f"pid {s.get('pid')}, restarts {s.get('restarts', 0)}"
+                 + (f", last exits {s['exits']}" if s.get("exits") else "")) if "pid" in s else "not supervised here"
         print(f"{name:<10} {'healthy' if s['healthy'] else 'DOWN':<8} ({extra})")
-    print(f"versions   {json.dumps(report['pods'])}")
+    pods = report["pods"] or {}
+    if "pods" in pods:
+        print(f"promoted   {pods['promoted'] or 'base'}" + (f", canary {pods['canary']}" if pods["canary"] else "")
+              + f", converged {pods['converged']}")
+        for pod_id, p in pods["pods"].items():
+            print(f"pod        {pod_id}: serving {p['serving'] or 'base'}, per tenant {p['tenants'] or {}}"
+                  + (" (LAGGING)" if p["lagging"] else ""))
+    else:
+        print(f"versions   {json.dumps(pods)}")
     print(f"knowledge  {json.dumps(report['knowledge'])}")
     print(f"spool      {report['spool_depth'] if report['spool_depth'] is not None else 'n/a'}")
     for group, topics in (report.get("lag") or {}).items():

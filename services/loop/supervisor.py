@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ class Child:
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
+    started_wall: float = 0.0          # wall clock of the last start (status, chaos timelines)
     restarts: int = 0
     backoff: float = BACKOFF_START_S
     next_start: float = 0.0
@@ -39,10 +41,11 @@ class Child:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        out = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=self.env, start_new_session=True)
+        with open(self.log_path, "ab") as out:  # the child keeps its own copy; ours closes (no fd per restart)
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.env, start_new_session=True)
         self.started_at = time.monotonic()
+        self.started_wall = time.time()
 
     def poll(self, now: float) -> None:
         """Restart a dead child once its back-off has passed."""
@@ -75,9 +78,13 @@ class Child:
 
 class Supervisor:
     def __init__(self, home: Path, services: tuple[str, ...] = SERVICES, env: dict[str, str] | None = None,
-                 service_env: dict[str, dict[str, str]] | None = None) -> None:
+                 service_env: dict[str, dict[str, str]] | None = None,
+                 extra_state: dict[str, Any] | None = None) -> None:
+        """`extra_state` goes into `stack.json` as is (`apprentice up` records the ports there, so that
+        `apprentice status` in another shell probes the right ones)."""
         self.home = home
         self.state_file = home / "stack.json"
+        self.extra_state = extra_state or {}
         base_env = dict(os.environ if env is None else env)
         self.children = [Child(name, [sys.executable, "-m", "shared.cli.main", "serve", name],
                                home / "logs" / f"{name}.log", {**base_env, **(service_env or {}).get(name, {})})
@@ -87,6 +94,14 @@ class Supervisor:
 
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int | None:
+        """Send `sig` to a running service (chaos tests: kill -9, then watch the restart); its pid or None."""
+        proc = self.child(name).proc
+        if proc is None or proc.poll() is not None:
+            return None
+        os.kill(proc.pid, sig)
+        return proc.pid
 
     def start_background(self, poll_s: float = 0.5) -> None:
         """Supervise from a thread (for callers that own the main thread and its signals, like the demo)."""
@@ -101,9 +116,10 @@ class Supervisor:
         self._thread.start()
 
     def write_state(self) -> None:
-        state = {"supervisor_pid": os.getpid(), "updated": time.time(),
+        state = {"supervisor_pid": os.getpid(), "updated": time.time(), **self.extra_state,
                  "services": {c.name: {"pid": c.proc.pid if c.proc and c.proc.poll() is None else None,
-                                       "restarts": c.restarts, "exits": c.exits[-5:], "log": str(c.log_path)}
+                                       "restarts": c.restarts, "exits": c.exits[-5:], "started_at": c.started_wall,
+                                       "log": str(c.log_path)}
                               for c in self.children}}
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=1))
@@ -133,13 +149,19 @@ class Supervisor:
 
 
 def main() -> int:
+    from services.loop.stack import Ports, wire_services
     from shared.config import CommonSettings
     from shared.logs import configure_logging
 
     settings = CommonSettings()
     configure_logging("supervisor", settings.log_level, settings.log_json)
     services = tuple(os.environ.get("APPRENTICE_STACK_SERVICES", ",".join(SERVICES)).split(","))
-    Supervisor(settings.home, services).run()
+    ports = Ports.configured()
+    # the wiring fills in what the user did not set (an endpoint set in the environment wins)
+    wiring = {name: {k: v for k, v in env.items() if k not in os.environ}
+              for name, env in wire_services(ports, bind_host=None).items()}
+    Supervisor(settings.home, services, service_env=wiring,
+               extra_state={"ports": ports.as_dict(), "model": settings.model}).run()
     return 0
 
 

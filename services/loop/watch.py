@@ -31,8 +31,9 @@ class TopicWatcher:
         self.state = LoopState()
         self.lock = threading.Lock()
         self._stop = threading.Event()
+        # log_level 2: while the broker is down (chaos runs restart it) librdkafka would log every reconnect
         self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"demo-watch-{uuid.uuid4().hex[:8]}",
-                                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
+                                   "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 2})
         self._consumer.subscribe([topics.interactions, topics.graded, topics.knowledge, topics.checkpoints,
                                   topics.model_updates, topics.deadletter])
         self._thread = threading.Thread(target=self._run, name="topic-watcher", daemon=True)

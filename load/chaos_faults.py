@@ -1,0 +1,183 @@
+"""Faults for chaos runs and the reads that judge them: a private broker that can be killed and started
+again, kill -9 of supervised services with the wait for their restart, operator weight swaps through the
+Weights service, and reading a topic exactly to its end.
+
+Each fault returns a `Window` (wall clock, like the load generator's call records), so failed calls can
+be attributed to what was broken at the time (`chaos_invariants.classify`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from load.chaos_invariants import Window
+from services.loop.stack import LocalStack, free_port
+from shared.config import CommonSettings
+from shared.kafka.local_broker import LocalBroker
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def say(msg: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- the private broker ------------------------------------------------------------------------------
+def private_broker(home: Path) -> LocalBroker:
+    """A broker on free ports with its data under `home`, reusing the jars of the usual local broker
+    (symlinked) so no Maven run is needed when `apprentice kafka start` ran once on this machine."""
+    broker = LocalBroker(home, port=free_port(), controller_port=free_port())
+    for libs in (CommonSettings().home / "kafka" / "libs", REPO / ".apprentice" / "kafka" / "libs"):
+        if (libs / ".complete").exists() and not broker.libs.exists():
+            broker.libs.parent.mkdir(parents=True, exist_ok=True)
+            broker.libs.symlink_to(libs.resolve(), target_is_directory=True)
+    return broker
+
+
+def _reap(pid: int, timeout: float) -> bool:
+    """Wait for our child `pid` to exit and collect it (a zombie would still answer `kill(pid, 0)`,
+    which LocalBroker takes for a running broker)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:           # already collected (subprocess's own clean-up)
+            return True
+        if done:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def broker_down(broker: LocalBroker, how: str) -> None:
+    pid = broker.status().pid
+    if pid is None:
+        raise RuntimeError("the private broker is not running")
+    if how == "kill":
+        os.kill(pid, signal.SIGKILL)
+        _reap(pid, 30)
+    else:
+        os.kill(pid, signal.SIGTERM)
+        if not _reap(pid, 60):
+            os.kill(pid, signal.SIGKILL)
+            _reap(pid, 30)
+    broker.pid_file.unlink(missing_ok=True)
+
+
+def stop_broker(broker: LocalBroker) -> None:
+    with contextlib.suppress(RuntimeError, ProcessLookupError):
+        broker_down(broker, "stop")
+
+
+def read_to_end(bootstrap: str, topic: str, timeout: float = 120.0) -> list[Any]:
+    """Every record on `topic` up to its end as of now, duplicates included: each partition is read until
+    the consumer's position reaches the high watermark taken at the start (an end that is exact, unlike
+    waiting for the topic to go quiet, and that steps over transaction markers)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-check-{uuid.uuid4().hex[:8]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            behind = [tp for tp in c.position([TopicPartition(topic, p) for p in parts if ends[p] > 0])
+                      if tp.offset < ends[tp.partition]]          # not fetched yet: OFFSET_INVALID (< 0)
+            if not behind:
+                return out
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: partitions {[tp.partition for tp in behind]} not read to their end")
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                out.append(m)
+    finally:
+        c.close()
+
+
+# --- faults ------------------------------------------------------------------------------------------
+def kill_group(stack: LocalStack, names: tuple[str, ...], timeout: float) -> dict[str, tuple[Window, bool]]:
+    """kill -9 the services `names` at the same moment; each one's window lasts until the supervisor
+    restarted it and it answers again. Returns name -> (window, came back within `timeout`)."""
+    t0 = time.time()
+    pids = {n: stack.supervisor.kill(n) for n in names}
+    out: dict[str, tuple[Window, bool]] = {}
+    for n, pid in pids.items():
+        if pid is None:
+            say(f"{n}: not running, nothing to kill")
+            out[n] = (Window("kill", n, t0, t0), False)
+    pending = {n for n, pid in pids.items() if pid is not None}
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        health = stack.health()
+        for n in sorted(pending):
+            proc = stack.supervisor.child(n).proc
+            if proc is not None and proc.pid != pids[n] and proc.poll() is None and health[n]:
+                out[n] = (Window("kill", n, t0, time.time()), True)
+                pending.discard(n)
+                say(f"{n}: kill -9 pid {pids[n]}; restarted as pid {proc.pid}, healthy after {time.time() - t0:.1f}s")
+        time.sleep(0.3)
+    for n in pending:
+        c = stack.supervisor.child(n)
+        say(f"{n}: NOT healthy again {timeout:.0f}s after kill -9 (exits {c.exits[-3:]}); see {c.log_path}")
+        out[n] = (Window("kill", n, t0, time.time()), False)
+    return out
+
+
+def broker_outage(broker: LocalBroker, how: str, down_s: float) -> Window:
+    """Take the private broker down (SIGKILL or SIGTERM), keep it down `down_s`, start it again on the
+    same port and data; the window lasts until it answers metadata requests again."""
+    t0 = time.time()
+    broker_down(broker, how)
+    time.sleep(down_s)
+    broker.start(timeout=180)
+    w = Window("broker", "broker", t0, time.time())
+    say(f"broker: {'kill -9' if how == 'kill' else 'clean stop'}, down {down_s:.0f}s, answering again after "
+        f"{w.end - t0:.1f}s")
+    return w
+
+
+def operator_version(stack: LocalStack, model: str, work: Path) -> str | None:
+    """Upload a copy of the base weights as an operator version (every tenant) and promote it; None
+    when the model has no local full-weights folder to copy."""
+    import grpc
+
+    from shared.models import resolve_model_dir
+    from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
+    from shared.weights_client import upload_version
+
+    src = resolve_model_dir(model)
+    if not isinstance(src, Path) or not (src / "model.safetensors").exists():
+        return None
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("model.safetensors", "config.json", "generation_config.json"):
+        shutil.copy(src / name, work / name)
+    with grpc.insecure_channel(stack.weights_target) as ch:
+        stub = weights_pb2_grpc.WeightsStub(ch)
+        m = upload_version(stub, weights_pb2.UploadHeader(model=model, kind="full", base_model=model, tenant="",
+                                                          parent_version="base",
+                                                          training_metadata={"source": "chaos operator swap"}),
+                           work, timeout=120)
+        stub.Promote(weights_pb2.PromoteRequest(model=model, version=m.version, force=True,
+                                                reason="chaos: operator swap under load"), timeout=60)
+    return str(m.version)
+
+
+def rollback_to_base(stack: LocalStack, model: str) -> None:
+    import grpc
+
+    from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
+
+    with grpc.insecure_channel(stack.weights_target) as ch:
+        weights_pb2_grpc.WeightsStub(ch).Rollback(weights_pb2.RollbackRequest(
+            model=model, version="base", tenant="", reason="chaos: operator rollback under load"), timeout=60)

@@ -1,0 +1,132 @@
+"""`apprentice up`, `apprentice status`, `apprentice down` as a user runs them (real processes, the real
+broker, tiny model), on an isolated APPRENTICE_HOME, topic namespace and free ports: status reports
+health, pid and restarts per service, what the inference pod serves, consumer lag, spool depth and
+knowledge; a service killed with -9 is restarted by the supervisor and status shows the restart; down
+stops every process it started and leaves alone the broker it did not start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.loop.stack import Ports
+from shared.kafka.admin import broker_answers
+from shared.topics import Topics
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie still answers kill(pid, 0); its /proc status says so
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def _wait(what: str, probe: Callable[[], Any], timeout: float, every: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"{what} within {timeout:.0f}s; last: {last!r}")
+
+
+def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_model_name: str,
+                                     tmp_path: Path) -> None:
+    ports = Ports()   # free ports: never collide with a stack (or test) that already listens on 50051...
+    home = tmp_path / "home"
+    env = {**os.environ, "APPRENTICE_HOME": str(home), "APPRENTICE_MODEL": tiny_model_name,
+           "APPRENTICE_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "APPRENTICE_INFERENCE_PORT": str(ports.inference), "APPRENTICE_WEIGHTS_PORT": str(ports.weights),
+           "APPRENTICE_EXTRACTOR_GRPC_PORT": str(ports.extractor), "APPRENTICE_INFERENCE_POD_ID": "pod-up",
+           **{f"APPRENTICE_{n.upper()}_METRICS_PORT": str(p) for n, p in ports.metrics.items()}}
+
+    def apprentice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "shared.cli.main", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def status() -> dict[str, Any]:
+        proc = apprentice("status", "--json")
+        return dict(json.loads(proc.stdout))
+
+    try:
+        up = apprentice("up", "--wait", "240", timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "inference  healthy" in up.stdout and "pod        pod-up: serving base" in up.stdout, up.stdout
+
+        st = status()
+        assert st["broker"] == {"bootstrap": kafka_bootstrap, "up": True}
+        assert st["supervisor"]["ports"] == ports.as_dict()         # the ports `up` was given, read back
+        assert set(st["services"]) == {"inference", "grader", "extractor", "trainer", "weights"}
+        for name, s in st["services"].items():
+            assert s["healthy"] and isinstance(s["pid"], int) and _alive(s["pid"]), (name, s)
+            assert s["restarts"] == 0 and s["exits"] == [], (name, s)
+            assert Path(s["log"]).parent == home / "logs" and Path(s["log"]).stat().st_size > 0
+        assert st["pods"]["pods"]["pod-up"]["serving"] in ("", "base"), st["pods"]
+        assert st["pods"]["promoted"] in ("", "base") and not st["pods"]["pods"]["pod-up"]["lagging"]
+        assert st["knowledge"] == {}                                  # no knowledge base yet
+        assert st["spool_depth"] == 0.0
+
+        # one served request: its interaction becomes consumer lag or a commit of the grader's group
+        import grpc
+
+        from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+        with grpc.insecure_channel(f"127.0.0.1:{ports.inference}") as ch:
+            resp = inference_pb2_grpc.InferenceStub(ch).Generate(inference_pb2.GenerateRequest(
+                messages=[common_pb2.ChatMessage(role="user", content="hello")], tenant="acme", task="support",
+                sampling=common_pb2.SamplingParams(max_new_tokens=4)), timeout=60)
+        assert resp.policy_version == "base" and resp.choices[0].interaction_id
+
+        def lag_on_interactions() -> dict[str, Any] | None:
+            lag = status().get("lag") or {}
+            groups = {g: t for g, t in lag.items() if isinstance(t, dict) and topics.interactions in t}
+            return groups or None
+
+        groups = _wait("a consumer group committed on the interactions topic", lag_on_interactions, 90)
+        assert all(isinstance(n, int) and n >= 0 for t in groups.values() for n in t.values()), groups
+
+        # kill -9 one service: the supervisor restarts it and status shows the restart
+        victim = st["services"]["weights"]["pid"]
+        os.kill(victim, signal.SIGKILL)
+
+        def restarted() -> dict[str, Any] | None:
+            s = status()["services"]["weights"]
+            return s if s["healthy"] and s["restarts"] == 1 and s["pid"] not in (None, victim) else None
+
+        w = _wait("weights healthy again after kill -9", restarted, 120)
+        assert w["exits"] == [-signal.SIGKILL]
+        # the restarted store knows the pod again from its next heartbeat (every 3 s)
+        after = _wait("the pod re-registered with the restarted weights service",
+                      lambda: (lambda s: s if "pod-up" in (s["pods"].get("pods") or {}) else None)(status()), 60)
+        assert all(s["healthy"] for s in after["services"].values()), after["services"]
+        text = apprentice("status")
+        print(text.stdout)
+        assert text.returncode == 0 and "weights    healthy  (pid" in text.stdout and "restarts 1" in text.stdout
+
+        pids = [s["pid"] for s in after["services"].values()] + [after["supervisor"]["pid"]]
+    finally:
+        down = apprentice("down", timeout=180)
+    assert down.returncode == 0, down.stdout + down.stderr
+    _wait("every service process gone after down", lambda: not any(_alive(p) for p in pids), 30, every=0.5)
+    assert not (home / "stack.json").exists()
+    assert broker_answers(kafka_bootstrap)             # down leaves alone a broker it did not start
+    final = apprentice("status", "--json")
+    assert final.returncode == 1
+    assert not any(s["healthy"] for s in json.loads(final.stdout)["services"].values())
