@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--finetune", default="lora")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--max-new-tokens", type=int, default=40)
+    ap.add_argument("--filter", choices=("confidence", "verifier"), default="confidence",
+                    help="sft_filtered: keep confident teacher samples, or those the task's answer check passes")
+    ap.add_argument("--teacher-samples", type=int, default=1, help="sft_filtered: teacher samples per prompt")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of student/teacher")
     ns = ap.parse_args(argv)
     os.environ.setdefault("APPRENTICE_TRAINER_TENANT", "demo")
 
@@ -70,17 +74,22 @@ def main(argv: list[str] | None = None) -> int:
     for method in ns.methods.split(","):
         for lr in (float(x) for x in ns.lrs.split(",")):
             base, _ = load_model(ns.model)  # peft wraps layers in place: start each run from a fresh copy
+            verifier = ("services.loop.task:verify_training_answer", {"task": "support_desk"}) \
+                if ns.filter == "verifier" else ("", {})
             settings = TrainerSettings(distill_method=method, lr=lr, finetune=ns.finetune, device=ns.device,
-                                       distill_batch=ns.batch, distill_max_new_tokens=ns.max_new_tokens)
+                                       distill_batch=ns.batch, distill_max_new_tokens=ns.max_new_tokens,
+                                       sft_verifier=verifier[0], sft_verifier_params=verifier[1],
+                                       teacher_samples=ns.teacher_samples, distill_temperature=ns.temperature)
             trainer = Trainer(settings, model=base, tokenizer=tok)
             t0, done = time.time(), 0
             while done < ns.steps:
                 chunk = min(ns.eval_every, ns.steps - done)
                 cfg = DistillConfig(**{**trainer.distill_cfg.__dict__, "steps": chunk})
-                trainer.consolidation_round(examples, items, config=cfg)
+                r = trainer.consolidation_round(examples, items, config=cfg)
                 done += chunk
+                acc = f"accepted {r.metrics['accepted']:.0f}/{r.metrics['samples']:.0f}" if method == "sft_filtered" else ""
                 ok, nll = evaluate(trainer.model)
-                print(f"{method:<14} {lr:>8.0e} {done:>5} {ok:>6}/{len(held)} {nll:>9.3f} {time.time() - t0:>8.0f}",
+                print(f"{method:<14} {lr:>8.0e} {done:>5} {ok:>6}/{len(held)} {nll:>9.3f} {time.time() - t0:>8.0f}  {acc}",
                       flush=True)
             del trainer
     return 0

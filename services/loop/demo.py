@@ -41,12 +41,13 @@ class DemoBudget:
     @staticmethod
     def full(rounds: int) -> DemoBudget:
         return DemoBudget(rounds=rounds, users_per_round=60, eval_samples=4, max_new_tokens=48,
-                          round_timeout_s=900, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "8"})
+                          round_timeout_s=900, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "8",
+                                                            "APPRENTICE_TRAINER_TEACHER_SAMPLES": "4"})
 
     @staticmethod
     def quick(rounds: int) -> DemoBudget:
         return DemoBudget(rounds=rounds, users_per_round=10, eval_samples=0, max_new_tokens=24,
-                          round_timeout_s=420, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "1",
+                          round_timeout_s=900, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "1",
                                                             "APPRENTICE_TRAINER_DISTILL_BATCH": "4"})
 
 
@@ -72,8 +73,9 @@ class Progress:
 
 class Demo:
     def __init__(self, task: Task, *, model: str, budget: DemoBudget, algo: str, report: Path, plot_path: Path,
-                 run_dir: Path, seed: int = 0) -> None:
+                 run_dir: Path, seed: int = 0, task_source: str | None = None) -> None:
         self.task, self.model, self.budget, self.algo = task, model, budget, algo
+        self.task_source = task_source or task.name   # what the services' verifier loads the task from
         self.report_path, self.plot_path, self.run_dir, self.seed = report, plot_path, run_dir, seed
         self.progress = Progress()
         self.stack = LocalStack(run_dir, model, service_env=self._service_env())
@@ -94,7 +96,15 @@ class Demo:
             # oel-probe.md and load/oel_methods_probe.py: teacher samples as supervised targets move the
             # gold-answer loss fastest on this model (pure reverse KL barely moves it)
             "APPRENTICE_TRAINER_DISTILL_METHOD": "sft_filtered",
-            "APPRENTICE_TRAINER_LR": "5e-4",
+            # grader-filtered teacher samples: the task's own answer check (its KPI rule) as the verifier;
+            # it knows only the training questions, never the held-out ones
+            "APPRENTICE_TRAINER_SFT_VERIFIER": "services.loop.task:verify_training_answer",
+            "APPRENTICE_TRAINER_SFT_VERIFIER_PARAMS": json.dumps({"task": self.task_source}),
+            # full fine-tuning at 5e-5: oel-probe.md's lever that moved held-out answers (LoRA at 5e-4 moved
+            # the gold loss but no answer in load/oel_methods_probe.py)
+            "APPRENTICE_TRAINER_FINETUNE": "full",
+            "APPRENTICE_TRAINER_LR": "5e-5",
+            "APPRENTICE_TRAINER_DISTILL_TEMPERATURE": "0.7",
             "APPRENTICE_TRAINER_SEED": str(self.seed),
             **self.budget.trainer_env,
         }
@@ -238,5 +248,6 @@ def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, a
     run_dir = common.home / "demo" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     demo = Demo(task, model=model or common.model, budget=budget, algo=algo, report=report,
                 plot_path=report.with_name("learning_curve.png") if report.suffix == ".json" else report.with_suffix(".png"),
-                run_dir=run_dir, seed=seed)
+                run_dir=run_dir, seed=seed,
+                task_source=str(Path(task_name).resolve()) if Path(task_name).exists() else task_name)
     return demo.run()

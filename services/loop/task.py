@@ -6,6 +6,7 @@ checks are rule-grader entries (`shared/grading`), the same rules the grader and
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,18 @@ def load_task(name_or_path: str | Path) -> Task:
         return Task.model_validate(yaml.safe_load(path.read_text()))
     except ValidationError as e:
         raise TaskError(f"{path}: {e}") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _training_checks(task: str) -> dict[str, Fact]:
+    t = load_task(task)
+    return {q: f for f, q in t.train_questions()}
+
+
+def verify_training_answer(messages: list[dict[str, str]], text: str, task: str) -> bool | None:
+    """The task's answer check as a trainer verifier (`APPRENTICE_TRAINER_SFT_VERIFIER`): the product's KPI
+    rule applied to a candidate answer for a deployment question. Only training questions are known to it
+    (None for anything else), so a held-out question can never yield a training target."""
+    question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    fact = _training_checks(task).get(question)
+    return None if fact is None else check_answer(fact, text).value >= 1

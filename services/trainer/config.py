@@ -141,6 +141,19 @@ class TrainerSettings(BaseSettings):
     """sft_filtered without an external grader: keep teacher samples whose mean token log-prob is at
     least this (the teacher was confident)."""
 
+    sft_verifier: str = ""
+    """sft_filtered: a verifier `package.module:function` called as `fn(messages, text, **params) -> bool | None` on
+    each teacher sample (messages = the deployment prompt, without knowledge); only samples it passes
+    become targets (None = cannot judge = rejected). The same kind of programmatic check the grader's
+    `verifier` graders run. Empty: the confidence filter above."""
+
+    sft_verifier_params: dict[str, str] = Field(default_factory=dict)
+    """Keyword arguments for the verifier (JSON in the environment), e.g. {"task": "path/to/task.yaml"}."""
+
+    teacher_samples: int = Field(default=1, ge=1, le=16)
+    """sft_filtered: samples drawn from the teacher per prompt; with a verifier, more samples find a
+    passing answer for more prompts (distinct passing samples all become targets)."""
+
     # --- optimisation --------------------------------------------------------------------------------
     finetune: Literal["lora", "full"] = "lora"
     """LoRA adapters through peft (default: small uploads, cheap hot swap) or full fine-tuning."""

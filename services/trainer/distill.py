@@ -57,6 +57,7 @@ class DistillConfig:
     max_new_tokens: int = 48
     temperature: float = 1.0
     sft_min_mean_logprob: float = -1.5
+    teacher_samples: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -68,7 +69,7 @@ class DistillConfig:
         return cls(method=s.distill_method, topk=s.distill_topk, gkd_lambda=s.gkd_lambda, batch=s.distill_batch,
                    steps=s.distill_steps, micro_batch_size=s.micro_batch_size,
                    max_new_tokens=s.distill_max_new_tokens, temperature=s.distill_temperature,
-                   sft_min_mean_logprob=s.sft_min_mean_logprob, seed=s.seed)
+                   sft_min_mean_logprob=s.sft_min_mean_logprob, teacher_samples=s.teacher_samples, seed=s.seed)
 
 
 def context_from_base(kb: KnowledgeBase, retrieval: str, n_items: int) -> ContextFn:
@@ -98,13 +99,26 @@ def confident(min_mean_logprob: float) -> Callable[[Sequence[float]], bool]:
     return lambda lps: bool(lps) and sum(lps) / len(lps) >= min_mean_logprob
 
 
-def _sample(model: nn.Module, tok: Any, prompts: list[list[int]], cfg: DistillConfig, seed: int) -> list[Any]:
+def _sample(model: nn.Module, tok: Any, prompts: list[list[int]], cfg: DistillConfig, seed: int,
+            n: int = 1) -> list[list[Any]]:
     was = model.training
     model.eval()
-    params = [SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=seed + i)
+    params = [SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=seed + i, n=n)
               for i in range(len(prompts))]
-    out = [s[0] for s in generate(model, tok, prompts, params)]
+    out = generate(model, tok, prompts, params)
     model.train(was)
+    return out
+
+
+def _distinct(samples: Sequence[Any]) -> list[Any]:
+    """Identical samples of one prompt once: a duplicate would only up-weight that sequence."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for s in samples:
+        key = tuple(s.token_ids)
+        if key and key not in seen:
+            seen.add(key)
+            out.append(s)
     return out
 
 
@@ -192,27 +206,33 @@ def consolidation_round(policy: Policy, teacher: nn.Module, examples: Sequence[D
         seed = (cfg.seed * 100_003 + policy.steps * 1_009) % (1 << 31)
         # 1) sequences: from the student (on-policy), the teacher (GKD share / SFT), or both
         n_teacher = {"rkl_topk": 0, "gkd": round(cfg.gkd_lambda * len(chosen)), "sft_filtered": len(chosen)}[cfg.method]
+        per_prompt = cfg.teacher_samples if cfg.method == "sft_filtered" else 1
         g0 = time.perf_counter()
-        samples: Any = None
+        drawn: Any = None
         if rank() == 0:           # torchrun: rank 0 samples, every rank trains on the same sequences
-            from_teacher = _sample(teacher, tok, t_ids[:n_teacher], cfg, seed) if n_teacher else []
-            from_student = _sample(policy.model, tok, s_ids[n_teacher:], cfg, seed + 50_000) if n_teacher < len(chosen) else []
-            samples = from_teacher + from_student
-        samples = broadcast(samples)
+            from_teacher = _sample(teacher, tok, t_ids[:n_teacher], cfg, seed, per_prompt) if n_teacher else []
+            from_student = (_sample(policy.model, tok, s_ids[n_teacher:], cfg, seed + 50_000)
+                            if n_teacher < len(chosen) else [])
+            drawn = [_distinct(g) if per_prompt > 1 else g[:1] for g in from_teacher + from_student]
+        drawn = broadcast(drawn)
         m["gen_seconds"] += time.perf_counter() - g0
+        # one row per sequence, remembering its prompt (several teacher samples per prompt under SFT)
+        owner = [i for i, g in enumerate(drawn) for _ in g]
+        samples = [s for g in drawn for s in g]
         m["samples"] += len(samples)
-        m["teacher_sampled"] += n_teacher
-        rows = [i for i, s in enumerate(samples) if s.token_ids]
+        m["teacher_sampled"] += sum(len(g) for g in drawn[:n_teacher])
+        rows = [r for r, s in enumerate(samples) if s.token_ids]
         if cfg.method == "sft_filtered":
             conf = confident(cfg.sft_min_mean_logprob)
-            rows = [i for i in rows if (accept(chosen[i], samples[i].text) if accept else conf(samples[i].logprobs_t1))]
+            rows = [r for r in rows if (accept(chosen[owner[r]], samples[r].text) if accept
+                                        else conf(samples[r].logprobs_t1))]
             m["accepted"] += len(rows)
         if not rows:
             continue
-        ys = [samples[i].token_ids for i in rows]
+        ys = [samples[r].token_ids for r in rows]
         loss, kl_sum, n_tok, gnorm = distill_step(
-            policy, teacher, [s_ids[i] for i in rows], [t_ids[i] for i in rows], ys,
-            [i < n_teacher for i in rows], cfg, t_fused=t_fused)
+            policy, teacher, [s_ids[owner[r]] for r in rows], [t_ids[owner[r]] for r in rows], ys,
+            [owner[r] < n_teacher for r in rows], cfg, t_fused=t_fused)
         m["loss"] += loss
         m["kl"] += kl_sum
         m["tokens"] += n_tok

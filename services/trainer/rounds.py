@@ -33,6 +33,7 @@ from services.trainer.knowledge import KnowledgeBase
 from services.trainer.policy import Policy, PolicyConfig
 from services.trainer.rl import RLConfig, RunningBaseline, rl_round
 from services.trainer.rollouts import MalformedRollout, Rollout, from_graded, tenant_of
+from shared.grading import load_function
 from shared.proto.apprentice.v1 import events_pb2
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,20 @@ class RoundResult:
         return int(self.metrics.get("steps", 0))
 
 
+def verifier_filter(path: str, params: dict[str, Any] | None = None) -> AcceptFn:
+    """`sft_verifier` --> the SFT filter: a teacher sample becomes a target only when the verifier passes it
+    (None, an exception or a falsy verdict rejects it: an unverifiable sample must not become a target)."""
+    fn = load_function(path)
+
+    def accept(ex: DistillExample, text: str) -> bool:
+        try:
+            return bool(fn(ex.messages, text, **(params or {})))
+        except Exception:  # noqa: BLE001 - a buggy verifier rejects the sample; the round goes on
+            log.warning("sft verifier %s raised", path, exc_info=True)
+            return False
+    return accept
+
+
 class Trainer:
     """One tenant's trainable policy with its RL baseline and knowledge base."""
 
@@ -65,6 +80,7 @@ class Trainer:
         self.distill_cfg = DistillConfig.from_settings(s)
         self.baseline = RunningBaseline(s.baseline_decay)
         self.knowledge = KnowledgeBase(s.tenant, s.knowledge_snapshots)
+        self.accept = verifier_filter(s.sft_verifier, s.sft_verifier_params) if s.sft_verifier else None
 
     @property
     def model(self) -> Any:
@@ -118,7 +134,7 @@ class Trainer:
                             accept: AcceptFn | None = None, config: DistillConfig | None = None) -> RoundResult:
         """OEL consolidation on deployment prompts. `knowledge`: the tenant's base (default: this trainer's,
         fed from the knowledge topic) or a fixed list of item texts. `accept(example, text)` is the grader
-        filter for sft_filtered. The teacher is a frozen snapshot of the policy taken now (round start)."""
+        filter for sft_filtered (default: the `sft_verifier` setting's). The teacher is a frozen snapshot of the policy taken now (round start)."""
         s = self.settings
         cfg = config or self.distill_cfg
         kb = self.knowledge if knowledge is None else knowledge
@@ -127,7 +143,7 @@ class Trainer:
         teacher = self.policy.snapshot()
         try:
             cfg = DistillConfig(**{**cfg.__dict__, "seed": cfg.seed + random.Random(self.policy.steps).randrange(1 << 20)})
-            metrics = consolidation_round(self.policy, teacher, examples, ctx, cfg, accept=accept,
+            metrics = consolidation_round(self.policy, teacher, examples, ctx, cfg, accept=accept or self.accept,
                                           max_steps=self.steps_left())
         finally:
             del teacher

@@ -93,6 +93,32 @@ def test_sft_filtered_uses_only_accepted_teacher_samples(tiny) -> None:  # noqa:
     assert some.metrics["accepted"] == len(seen) // 2
 
 
+def test_sft_filtered_draws_several_teacher_samples_per_prompt(tiny) -> None:  # noqa: ANN001
+    """teacher_samples = 3: up to 3 distinct samples per prompt are judged; each passing one is a target."""
+    t = make_trainer(tiny, distill_method="sft_filtered", teacher_samples=3, steps=1)
+    judged: list[tuple[str, str]] = []
+    r = t.consolidation_round(examples(), ITEMS, accept=lambda ex, text: judged.append((ex.messages[-1]["content"], text)) or True)
+    per_prompt = {q: [x for qq, x in judged if qq == q] for q, _ in judged}
+    assert r.metrics["samples"] == len(judged) and r.metrics["accepted"] == len(judged)
+    assert len(judged) > 4 and max(len(v) for v in per_prompt.values()) > 1     # more than one per prompt
+    assert all(len(v) <= 3 for v in per_prompt.values())
+    assert r.metrics["steps"] == 1
+
+
+def reject_hello(messages: list[dict[str, str]], text: str, prefix: str) -> bool | None:
+    """A verifier for the settings-level test: no verdict on "hello", else pass."""
+    return None if messages[-1]["content"] == "hello" else bool(prefix)
+
+
+def test_sft_verifier_setting_filters_samples_and_rejects_no_verdict(tiny) -> None:  # noqa: ANN001
+    t = make_trainer(tiny, distill_method="sft_filtered", steps=3,
+                     sft_verifier=f"{__name__}:reject_hello", sft_verifier_params={"prefix": "x"})
+    r = t.consolidation_round(examples(), ITEMS)
+    assert r.metrics["samples"] > r.metrics["accepted"] > 0          # "hello" rows were sampled, never kept
+    with pytest.raises(ValueError, match="cannot import"):
+        make_trainer(tiny, distill_method="sft_filtered", sft_verifier="no_such_module:fn")
+
+
 def test_teacher_is_a_frozen_snapshot_of_the_round_start_model(tiny) -> None:  # noqa: ANN001
     t = make_trainer(tiny, lr=5e-2)
     t.consolidation_round(examples(), ITEMS)               # the LoRA adapter now differs from zero
