@@ -107,6 +107,14 @@ class InferenceSettings(BaseSettings):
     """vLLM only: top-k raw log-probs fetched per token, from which the behaviour log-prob is computed
     (see engines/vllm_engine.py for when that is exact)."""
 
+    vllm_enforce_eager: bool = False
+    """vLLM only: skip torch.compile and CUDA graph capture. Starts tens of seconds sooner and decodes
+    slower; for short-lived checks and debugging."""
+
+    vllm_attention_backend: str = ""
+    """vLLM only: attention backend name (`FLASH_ATTN`, `TRITON_ATTN`, `FLEX_ATTENTION`, ...); "" lets
+    vLLM choose. `TRITON_ATTN` needs no compiled attention library (head size >= 32)."""
+
     # --- capture -----------------------------------------------------------------------------------
     capture: bool = True
     """Record every served choice as an `Interaction` (off = serve only)."""

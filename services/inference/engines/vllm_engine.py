@@ -117,12 +117,15 @@ class VLLMEngine(Engine):
         self._full_path = path
         self._tok = load_tokenizer(self.model_name)
         s = self.settings
+        optional: dict[str, Any] = {}                      # only when set: older vLLMs lack the argument
+        if s.vllm_attention_backend:
+            optional["attention_backend"] = s.vllm_attention_backend
         args = AsyncEngineArgs(
             model=path, tokenizer=path, enable_lora=True, max_loras=s.vllm_max_loras,
             max_lora_rank=s.vllm_max_lora_rank, gpu_memory_utilization=s.vllm_gpu_memory_utilization,
             max_model_len=s.context_window or None, max_logprobs=max(20, s.vllm_logprobs_topk),
             worker_extension_cls="services.inference.engines.vllm_worker.WeightReloader",
-            dtype="auto" if s.dtype == "float32" else s.dtype)
+            dtype="auto" if s.dtype == "float32" else s.dtype, enforce_eager=s.vllm_enforce_eager, **optional)
         self._thread.start()
 
         async def make() -> Any:
