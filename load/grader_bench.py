@@ -1,23 +1,26 @@
 """Grader throughput: graded records/s with rule graders vs a raw confluent-kafka passthrough, same run.
 
-    .venv/bin/python load/grader_bench.py [--n 20000] [--workers 1] [--batch 1000]
+    .venv/bin/python load/grader_bench.py [--n 20000] [--batch 1000] [--native-workers 1,2] [--faust-workers 1]
 
-1. A fresh topic namespace; N realistic Interaction records (a chat prompt, a ~30-word answer, 120
-   response token ids with both log-prob arrays: ~1.4 kB each) on the interactions topic.
+1. N realistic Interaction records (a chat prompt, a ~30-word answer, 120 response token ids with both
+   log-prob arrays: ~1.4 kB each), built once and written to a fresh namespace per pipeline.
 2. Baseline: confluent-kafka consume -> produce of the same records into another topic (idempotent
-   producer, acks=all, commit after each flushed batch: the same delivery guarantees the grader gives).
-3. The same framework without any grading: a minimal faust agent forwarding each record (faust's own
-   ceiling on this machine, to separate framework cost from grader cost).
-4. The grader, as in production (`python -m services.grader`, one process per --workers), with a task
-   of three rule graders (regex, contains, exact) so every interaction is graded and emitted at once.
-Both rates are taken from the output records' broker timestamps (first to last record), which leaves
-process start-up and consumer-group joins out of both. Prints a table and the ratio (target >= 0.5x).
+   producer, acks=all, commit after each flushed batch of --batch records). Measured before and after
+   the graders; the ratio uses the mean of the two, because the machine's load drifts during a run.
+3. The grader as in production (`python -m services.grader`, one process per worker), runtime native
+   (the default) with each --native-workers count, and faust with each --faust-workers count, with a
+   task of three rule graders (regex, contains, exact): every interaction is graded and emitted at once,
+   with its state written to the changelog, inside one Kafka transaction per batch (native).
+4. For reference, the faust framework alone: a minimal faust agent forwarding each record.
+Rates come from the output records' broker timestamps (first to last record), which leaves process
+start-up and consumer-group joins out of every row. Prints a table and the ratio (target >= 0.5x).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -25,6 +28,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import NewTopic
@@ -46,23 +50,45 @@ tasks:
       - {name: exact_refusal, type: exact, expected: "I cannot help with that.", weight: 0.5}
 """
 
-ANSWER = ("Thanks for asking. The standard warranty on the X200 blender is 24 months from the date of "
-          "purchase; keep your receipt and register the product online to claim it.")
+ANSWERS = (
+    "Thanks for asking. The standard warranty on the X{model} blender is {months} months from the date of "
+    "purchase; keep your receipt and register the product online to claim it.",
+    "Your X{model} is covered for {months} months. After that, repairs are charged at cost, and the guarantee "
+    "on spare parts is six months from the repair date.",
+    "I checked order {order}: it shipped yesterday and should arrive within three working days. You will get "
+    "a tracking link by email as soon as the carrier scans it.",
+    "I cannot help with that.",
+    "Sorry, I could not find an answer to that question in our policies. A colleague will contact you by email "
+    "within one working day to help you further.",
+)
 
 
-def produce_inputs(bootstrap: str, topic: str, n: int) -> None:
+def answer(i: int) -> str:
+    """Varied responses (every rule passes on some and fails on others; no two interactions alike)."""
+    return ANSWERS[i % len(ANSWERS)].format(model=100 + i % 900, months=12 + i % 25, order=40_000 + i)
+
+
+def build_inputs(n: int) -> list[tuple[bytes, bytes]]:
+    """(key, value) of n interactions (fresh ids, 997 sessions, ~1.4 kB each)."""
+    out = []
+    for i in range(n):
+        it = interaction(tenant="bench", task="rules", text=answer(i), n_tokens=120, session_id=f"s{i % 997}",
+                         policy_version="v1")
+        out.append((it.session_id.encode(), it.SerializeToString()))
+    return out
+
+
+def produce_inputs(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                   "linger.ms": 20, "compression.type": "lz4"})
-    for i in range(n):
-        it = interaction(tenant="bench", task="rules", text=ANSWER, n_tokens=120, session_id=f"s{i % 997}",
-                         policy_version="v1")
-        p.produce(topic, it.SerializeToString(), it.session_id.encode())
+    for i, (key, value) in enumerate(records):
+        p.produce(topic, value, key)
         if i % 1000 == 0:
             p.poll(0)
     p.flush(60)
 
 
-def passthrough(bootstrap: str, src: str, dst: str, n: int, timeout: float = 300.0) -> None:
+def passthrough(bootstrap: str, src: str, dst: str, n: int, batch: int, timeout: float = 300.0) -> None:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-pass-{uuid.uuid4()}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
                   "isolation.level": "read_committed"})
@@ -73,7 +99,7 @@ def passthrough(bootstrap: str, src: str, dst: str, n: int, timeout: float = 300
     deadline = time.monotonic() + timeout
     try:
         while done < n and time.monotonic() < deadline:
-            msgs = [m for m in c.consume(1000, 0.5) if not m.error()]
+            msgs = [m for m in c.consume(batch, 0.5) if not m.error()]
             for m in msgs:
                 p.produce(dst, m.value(), m.key())
                 p.poll(0)
@@ -108,35 +134,159 @@ def faust_passthrough_worker() -> None:
     faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False).execute_from_commandline()
 
 
-def output_rate(bootstrap: str, topic: str, n: int, timeout: float) -> tuple[int, float]:
-    """(records seen, records/s between the first and the last broker timestamp)."""
+def output_rate(bootstrap: str, topic: str, n: int, timeout: float,
+                probe: Any = None) -> tuple[int, float, float]:
+    """(records seen, records/s between the first and the last broker timestamp, `probe()` at the last
+    record minus `probe()` at the first: e.g. the CPU the pipeline spent while it produced them, start-up
+    left out); read_committed."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{uuid.uuid4()}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})
     c.subscribe([topic])
     stamps: list[int] = []
     deadline = time.monotonic() + timeout
     idle_since = time.monotonic()
+    first = last = 0.0
     try:
         while len(stamps) < n and time.monotonic() < deadline:
             msgs = [m for m in c.consume(1000, 0.5) if not m.error()]
+            if msgs and not stamps and probe is not None:
+                first = probe()
             stamps.extend(m.timestamp()[1] for m in msgs)
             if msgs:
                 idle_since = time.monotonic()
+                last = probe() if probe is not None else 0.0
             elif stamps and time.monotonic() - idle_since > 30:
                 break
     finally:
         c.close()
     if len(stamps) < 2:
-        return len(stamps), 0.0
+        return len(stamps), 0.0, 0.0
     span = (max(stamps) - min(stamps)) / 1000.0
-    return len(stamps), (len(stamps) - 1) / span if span > 0 else float("inf")
+    return len(stamps), (len(stamps) - 1) / span if span > 0 else float("inf"), last - first
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def broker_pid() -> int | None:
+    """The local Kafka broker's process (the JVM running kafka.Kafka), if it runs on this machine."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if b"kafka.Kafka" in (d / "cmdline").read_bytes():
+                    return int(d.name)
+            except OSError:
+                continue
+    return None
+
+
+class Row:
+    """One pipeline's figures: output records, records/s, and CPU microseconds per record spent by the
+    pipeline's own processes and by the broker while it ran (the machine is shared: CPU per record says
+    what each pipeline costs, whatever share of the cores it got)."""
+
+    def __init__(self, name: str, n: int, rate: float, cpu_s: float, broker_s: float) -> None:
+        self.name, self.n, self.rate = name, n, rate
+        self.cpu_us = cpu_s / max(n, 1) * 1e6
+        self.broker_us = broker_s / max(n, 1) * 1e6
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.bootstrap = args.bootstrap
+        self.run_id = uuid.uuid4().hex[:8]
+        self.prefixes: list[str] = []
+        self.workdir = Path(tempfile.mkdtemp(prefix="grader-bench-"))
+        self.cfg = self.workdir / "bench.yaml"
+        self.cfg.write_text(CONFIG)
+        self.records = build_inputs(args.n)
+        self.broker = broker_pid()
+
+    def measure(self, name: str, run: Any) -> Row:
+        """Run one pipeline; `run()` returns (records, records/s, pipeline CPU seconds)."""
+        b0 = proc_cpu(self.broker) if self.broker else 0.0
+        n, rate, cpu = run()
+        b1 = proc_cpu(self.broker) if self.broker else 0.0
+        return Row(name, n, rate, cpu, b1 - b0)
+
+    def namespace(self, name: str) -> Topics:
+        """A fresh namespace holding the N input records."""
+        topics = Topics(prefix=f"gbench-{self.run_id}-{name}.")
+        self.prefixes.append(topics.prefix)
+        ensure_topics(self.bootstrap, topics)
+        produce_inputs(self.bootstrap, topics.interactions, self.records)
+        return topics
+
+    def extra_topic(self, topics: Topics, name: str) -> str:
+        client = admin(self.bootstrap)  # keep a reference: the future dies with the handle
+        for fut in client.create_topics([NewTopic(topics.prefix + name, 6, 1)]).values():
+            fut.result(30)
+        return topics.prefix + name
+
+    def raw(self, label: str) -> tuple[int, float, float]:
+        topics = self.namespace(f"raw{label}")
+        dst = self.extra_topic(topics, "passthrough")
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        passthrough(self.bootstrap, topics.interactions, dst, self.args.n, self.args.batch, self.args.timeout)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+        n, rate, _ = output_rate(self.bootstrap, dst, self.args.n, 60)
+        return n, rate, cpu
+
+    def faust_passthrough(self) -> tuple[int, float, float]:
+        topics = self.namespace("fpass")
+        dst = self.extra_topic(topics, "faust-passthrough")
+        env = {**os.environ, "BENCH_SRC": topics.interactions, "BENCH_DST": dst, "BENCH_BOOTSTRAP": self.bootstrap,
+               "BENCH_DATADIR": str(self.workdir / "fpass")}
+        with open(self.workdir / "fpass.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, __file__, "--faust-passthrough-worker"], start_new_session=True,
+                                    env=env, stdout=subprocess.DEVNULL, stderr=log)
+            try:
+                return output_rate(self.bootstrap, dst, self.args.n, self.args.timeout,
+                                   probe=lambda: proc_cpu(proc.pid))
+            finally:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(30)
+
+    def grader(self, runtime: str, workers: int) -> tuple[int, float, float]:
+        topics = self.namespace(f"{runtime}{workers}")
+        env = {"APPRENTICE_TOPIC_PREFIX": topics.prefix, "APPRENTICE_KAFKA_BOOTSTRAP": self.bootstrap,
+               "APPRENTICE_GRADER_CONFIG_PATH": str(self.cfg), "APPRENTICE_GRADER_METRICS_PORT": "0",
+               "APPRENTICE_GRADER_BATCH_MAX": str(self.args.batch), "APPRENTICE_GRADER_RUNTIME": runtime,
+               "APPRENTICE_HOME": str(self.workdir / topics.prefix), "APPRENTICE_LOG_JSON": "false",
+               "APPRENTICE_GRADER_LOG_LEVEL": os.environ.get("APPRENTICE_GRADER_LOG_LEVEL", "WARNING")}
+        procs = [GraderProcess(env, self.workdir / f"{topics.prefix}grader-{i}.log").start() for i in range(workers)]
+        try:
+            n, rate, cpu = output_rate(self.bootstrap, topics.graded, self.args.n, self.args.timeout,
+                                       probe=lambda: sum(proc_cpu(p.proc.pid) for p in procs if p.proc is not None))
+            if n < self.args.n:
+                print(f"WARNING: {runtime} x{workers}: only {n}/{self.args.n} graded records; log tail:\n"
+                      f"{procs[0].log_tail()}", flush=True)
+            return n, rate, cpu
+        finally:
+            for p in procs:
+                p.stop()
+
+    def cleanup(self) -> None:
+        names = [t for t in list_topics(self.bootstrap) if t.startswith(tuple(self.prefixes))]
+        delete_topics(self.bootstrap, names)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=20000)
-    ap.add_argument("--workers", type=int, default=1, help="grader processes (each takes a share of partitions)")
-    ap.add_argument("--batch", type=int, default=1000, help="APPRENTICE_GRADER_BATCH_MAX")
+    ap.add_argument("--batch", type=int, default=1000, help="records per batch: passthrough and APPRENTICE_GRADER_BATCH_MAX")
+    ap.add_argument("--native-workers", default="1,2", help="comma-separated worker counts for the native runtime")
+    ap.add_argument("--faust-workers", default="1", help="worker counts for the faust runtime ('' = skip)")
+    ap.add_argument("--no-faust-passthrough", action="store_true")
     ap.add_argument("--bootstrap", default=os.environ.get("APPRENTICE_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--faust-passthrough-worker", action="store_true", help=argparse.SUPPRESS)
@@ -145,62 +295,35 @@ def main(argv: list[str] | None = None) -> int:
         faust_passthrough_worker()
         return 0
     wait_for_broker(args.bootstrap, 30)
-
-    topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
-    ensure_topics(args.bootstrap, topics)
-    pass_topic = topics.prefix + "passthrough"
-    client = admin(args.bootstrap)  # keep a reference: the future dies with the handle
-    fpass_topic = topics.prefix + "faust-passthrough"
-    for fut in client.create_topics([NewTopic(pass_topic, 6, 1), NewTopic(fpass_topic, 6, 1)]).values():
-        fut.result(30)
-    workdir = Path(tempfile.mkdtemp(prefix="grader-bench-"))
-    procs: list[GraderProcess] = []
+    bench = Bench(args)
+    rows: list[Row] = []
     try:
-        t0 = time.monotonic()
-        produce_inputs(args.bootstrap, topics.interactions, args.n)
-        print(f"produced {args.n} interactions in {time.monotonic() - t0:.1f}s", flush=True)
-
-        passthrough(args.bootstrap, topics.interactions, pass_topic, args.n, args.timeout)
-        n_pass, pass_rate = output_rate(args.bootstrap, pass_topic, args.n, 60)
-
-        fpass = subprocess.Popen([sys.executable, __file__, "--faust-passthrough-worker"], start_new_session=True,
-                                 env={**os.environ, "BENCH_SRC": topics.interactions, "BENCH_DST": fpass_topic,
-                                      "BENCH_BOOTSTRAP": args.bootstrap, "BENCH_DATADIR": str(workdir / "fpass")},
-                                 stdout=subprocess.DEVNULL, stderr=open(workdir / "fpass.log", "wb"))  # noqa: SIM115
-        try:
-            n_fpass, fpass_rate = output_rate(args.bootstrap, fpass_topic, args.n, args.timeout)
-        finally:
-            os.killpg(fpass.pid, signal.SIGTERM)
-            fpass.wait(30)
-
-        cfg = workdir / "bench.yaml"
-        cfg.write_text(CONFIG)
-        env = {"APPRENTICE_TOPIC_PREFIX": topics.prefix, "APPRENTICE_KAFKA_BOOTSTRAP": args.bootstrap,
-               "APPRENTICE_GRADER_CONFIG_PATH": str(cfg), "APPRENTICE_GRADER_METRICS_PORT": "0",
-               "APPRENTICE_GRADER_BATCH_MAX": str(args.batch), "APPRENTICE_HOME": str(workdir),
-               "APPRENTICE_LOG_JSON": "false", "APPRENTICE_GRADER_LOG_LEVEL": "WARNING"}
-        for i in range(args.workers):
-            procs.append(GraderProcess(env, workdir / f"grader-{i}.log").start())
-        n_graded, grader_rate = output_rate(args.bootstrap, topics.graded, args.n, args.timeout)
-        if n_graded < args.n:
-            print(f"WARNING: only {n_graded}/{args.n} graded records; log tail:\n{procs[0].log_tail()}")
-
-        ratio = grader_rate / pass_rate if pass_rate else 0.0
-        print()
-        print(f"{'pipeline':<48}{'records':>9}{'records/s':>12}{'vs raw':>9}")
-        rows = [("raw confluent-kafka passthrough", n_pass, pass_rate),
-                ("faust passthrough (framework only, 1 worker)", n_fpass, fpass_rate),
-                (f"grader, {args.workers} worker(s), 3 rule graders", n_graded, grader_rate)]
-        for name, n, rate in rows:
-            print(f"{name:<48}{n:>9}{rate:>12.0f}{rate / pass_rate if pass_rate else 0:>8.2f}x")
-        print(f"\nratio grader / raw passthrough = {ratio:.2f}x (target >= 0.5x); "
-              f"grader / faust passthrough = {grader_rate / fpass_rate if fpass_rate else 0:.2f}x")
-        return 0 if n_graded >= args.n else 1
+        rows.append(bench.measure("raw confluent-kafka passthrough (before)", lambda: bench.raw("a")))
+        for w in [int(x) for x in args.native_workers.split(",") if x]:
+            rows.append(bench.measure(f"grader native, {w} worker(s), 3 rule graders",
+                                      lambda w=w: bench.grader("native", w)))
+        for w in [int(x) for x in args.faust_workers.split(",") if x]:
+            rows.append(bench.measure(f"grader faust, {w} worker(s), 3 rule graders",
+                                      lambda w=w: bench.grader("faust", w)))
+        if not args.no_faust_passthrough:
+            rows.append(bench.measure("faust passthrough (framework only, 1 worker)", bench.faust_passthrough))
+        rows.append(bench.measure("raw confluent-kafka passthrough (after)", lambda: bench.raw("b")))
     finally:
-        for p in procs:
-            p.stop()
-        names = [t for t in list_topics(args.bootstrap) if t.startswith(topics.prefix)]
-        delete_topics(args.bootstrap, names)
+        bench.cleanup()
+    base = (rows[0].rate + rows[-1].rate) / 2
+    print()
+    print(f"{'pipeline':<48}{'records':>8}{'records/s':>11}{'vs raw':>8}{'cpu us/rec':>12}{'broker us/rec':>15}")
+    for r in rows:
+        print(f"{r.name:<48}{r.n:>8}{r.rate:>11.0f}{r.rate / base if base else 0:>7.2f}x{r.cpu_us:>12.0f}"
+              f"{r.broker_us:>15.0f}")
+    print(f"(vs raw = rate / mean of the two passthrough runs, {base:.0f} records/s; cpu = the pipeline's own "
+          f"processes, broker = the broker's CPU while it ran; load average {os.getloadavg()[0]:.1f})")
+    ok = True
+    for r in rows:
+        if r.name.startswith("grader native"):
+            ok = ok and r.n >= args.n
+            print(f"ratio {r.name} / raw passthrough = {r.rate / base if base else 0:.2f}x (target >= 0.5x)")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`apprentice serve grader` / `python -m services.grader`: validate the config, then run the faust worker."""
+"""`apprentice serve grader` / `python -m services.grader`: validate the config, then run the chosen runtime."""
 
 from __future__ import annotations
 
@@ -17,20 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     except GraderConfigError as e:
         print(f"apprentice grader: {e}\n(set APPRENTICE_GRADER_CONFIG_PATH to a valid file)", file=sys.stderr)
         return 2
-    import faust  # heavy: only after the config is known to be good
-
-    from services.grader.app import GraderApp
+    from services.grader.runtime import make_runtime  # heavy: only after the config is known to be good
     from shared.metrics import start_metrics_server
 
+    runtime = make_runtime(settings.runtime, settings, config)
     start_metrics_server(settings.metrics_port)
-    grader = GraderApp(settings, config)
-    worker = faust.Worker(grader.app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False,
-                          override_logging=False)
-    try:
-        worker.execute_from_commandline()
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
+    return runtime.run()
 
 
 if __name__ == "__main__":

@@ -15,18 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.grading import (
-    FeedbackSpec,
-    JudgeSpec,
-    KpiSpec,
-    RuleResult,
-    TaskGraders,
-    grade_rule,
-)
+from services.grader.plan import plan_for
+from shared.grading import FeedbackSpec, JudgeSpec, KpiSpec, RuleResult, TaskGraders
 from shared.proto.apprentice.v1 import events_pb2
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Combined:
     reward: float
     has_signal: bool
@@ -89,20 +83,16 @@ def compute_components(task: TaskGraders, interaction: events_pb2.Interaction,
                        feedback: Sequence[events_pb2.FeedbackEvent],
                        judge: dict[str, dict[str, Any]] | None = None) -> list[events_pb2.RewardComponent]:
     """One component per configured grader, in config order."""
+    plan = plan_for(task)
     text = interaction.response_text
-    reference = reference_for(interaction, feedback)
+    reference = reference_for(interaction, feedback) if plan.uses_reference else None
+    judge = judge or {}
+    component = events_pb2.RewardComponent
     out = []
-    for spec in task.graders:
-        if isinstance(spec, FeedbackSpec):
-            r = grade_feedback(spec, feedback)
-        elif isinstance(spec, KpiSpec):
-            r = grade_kpi(spec, feedback)
-        elif isinstance(spec, JudgeSpec):
-            r = grade_judge(spec, judge or {})
-        else:
-            r = grade_rule(spec, text, reference=reference)
-        out.append(events_pb2.RewardComponent(name=spec.name, value=r.value, weight=spec.weight,
-                                              has_signal=r.has_signal, detail=r.detail[:500]))
+    for spec, grade in plan.graders:
+        r = grade(spec, text, reference, feedback, judge)
+        out.append(component(name=spec.name, value=r.value, weight=spec.weight, has_signal=r.has_signal,
+                             detail=r.detail[:500]))
     return out
 
 
@@ -111,23 +101,25 @@ def combine(task: TaskGraders, components: Sequence[events_pb2.RewardComponent])
 
     When the task needs feedback and no weighted feedback grader has signal, there is no signal at all:
     a reward from the immediate graders alone would teach the wrong thing."""
-    counted = [c for c in components if c.has_signal and c.weight > 0]
-    total_w = sum(c.weight for c in counted)
-    reward = sum(c.weight * c.value for c in counted) / total_w if total_w > 0 else 0.0
-    has_signal = total_w > 0
-    if task.needs_feedback:
-        fb_names = {g.name for g in task.feedback_graders}
-        if not any(c.name in fb_names for c in counted):
-            has_signal = False
+    plan = plan_for(task)
+    total_w, weighted, feedback_signal = 0.0, 0.0, False
+    for c in components:
+        if c.has_signal and c.weight > 0:
+            total_w += c.weight
+            weighted += c.weight * c.value
+            feedback_signal = feedback_signal or c.name in plan.feedback_names
+    reward = weighted / total_w if total_w > 0 else 0.0
+    has_signal = total_w > 0 and (feedback_signal or not plan.needs_feedback)
     if not has_signal:
         reward = 0.0
     success = False
-    by_name = {c.name: c for c in components}
-    for spec in task.graders:
-        c = by_name[spec.name]
-        if spec.success and c.has_signal:
-            success = c.value >= spec.success_threshold
-            break
+    if plan.success:
+        by_name = {c.name: c for c in components}
+        for name, threshold in plan.success:
+            c = by_name[name]
+            if c.has_signal:
+                success = c.value >= threshold
+                break
     return Combined(reward, has_signal, success)
 
 
@@ -135,7 +127,7 @@ def feedback_complete(task: TaskGraders, components: Sequence[events_pb2.RewardC
     """Whether the weighted feedback graders have what `emit_when` asks for (emit before the window ends)."""
     if task.emit_when == "window_end":
         return False
-    names = {g.name for g in task.feedback_graders}
+    names = plan_for(task).feedback_names
     have = [c.has_signal for c in components if c.name in names]
     if not have:
         return True

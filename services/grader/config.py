@@ -25,6 +25,14 @@ class GraderSettings(BaseSettings):
     config_path: Path = DEFAULT_CONFIG
     """Grader-config YAML (tenants, tasks, graders, detector thresholds). Validated at start."""
 
+    runtime: Literal["native", "faust"] = "faust"
+    """How the stages run against Kafka (services/grader/README.md, "Runtimes"). `faust` (default): the
+    faust-streaming app, proven by the chaos test (every service and the broker killed under load).
+    `native`: confluent-kafka batches, one Kafka transaction per batch (outputs, state changelog and
+    input offsets commit together), about half the CPU per record of faust. Both share
+    routing, the join state machine, graders and detectors, and use the same topics, table changelogs
+    and consumer group: stop every worker of one runtime before starting the other."""
+
     app_name: str = "apprentice-grader"
     """Faust app id (= consumer group) after the topic prefix; changelog and internal topics derive from it."""
 
@@ -76,7 +84,18 @@ class GraderSettings(BaseSettings):
 
     instance_id: str = ""
     """Static group membership (`group.instance.id`): a worker restarted under the same id takes its
-    partitions back at once. Must differ between replicas; "" = dynamic membership."""
+    partitions back at once. Must differ between replicas. "" = faust: dynamic membership; native: the
+    host name and the lowest free worker slot of this data directory (a file lock), so that a worker
+    restarted on the same host reuses its id (and its transactional id)."""
+
+    transaction_timeout_s: float = Field(default=30.0, ge=5.0, le=900.0)
+    """native: Kafka transaction timeout. A worker that dies mid-transaction and is not restarted under
+    the same id holds back read_committed readers of the partitions it wrote to until the broker aborts
+    the transaction after this long; a batch must commit well within it."""
+
+    restore_timeout_s: float = Field(default=240.0, gt=0)
+    """native: longest time to read a partition's state changelog when the worker is given it
+    (must stay below the consumer's max.poll.interval of 300 s)."""
 
     metrics_port: int = 9102
     """Prometheus endpoint (DESIGN.md section 2); 0 disables it."""
@@ -87,14 +106,18 @@ class GraderSettings(BaseSettings):
     log_level: str = "INFO"
 
     fault_injection: str = ""
-    """Tests only: `after_state:N` / `after_emit:N` ends the process abruptly (os._exit, like kill -9)
-    right after phase (a) / (b) of the N-th batch that emits (app.py), to prove crash recovery."""
+    """Tests only: `after_state:N` / `after_emit:N` ends the process abruptly (os._exit, like kill -9) in
+    the N-th batch that emits. faust: right after phase (a) / (b) (app.py). native: after the batch's
+    records are in the log inside its open transaction / right after the transaction committed.
+    `fail_after_state:N` (faust): the batch raises at that point instead (a Kafka time-out under load),
+    and the worker must recover it by itself."""
 
     @field_validator("fault_injection")
     @classmethod
     def _fault(cls, v: str) -> str:
-        if v and (v.partition(":")[0] not in ("after_state", "after_emit") or not v.partition(":")[2].isdigit()):
-            raise ValueError("fault_injection must be '', 'after_state:N' or 'after_emit:N'")
+        point, _, count = v.partition(":")
+        if v and (point not in ("after_state", "after_emit", "fail_after_state") or not count.isdigit()):
+            raise ValueError("fault_injection must be '', 'after_state:N', 'after_emit:N' or 'fail_after_state:N'")
         return v
 
     @property
@@ -111,6 +134,16 @@ class GraderSettings(BaseSettings):
     def judge_topic(self) -> str:
         """Internal topic: interactions waiting for the LLM judge, keyed by group id."""
         return f"{self.app_id}-judge"
+
+    @property
+    def pending_changelog(self) -> str:
+        """The pending table's changelog (faust's name for table `pending`): interaction id -> state."""
+        return f"{self.app_id}-pending-changelog"
+
+    @property
+    def judge_changelog(self) -> str:
+        """The judge-groups table's changelog (faust's name for table `judge-groups`): group id -> group."""
+        return f"{self.app_id}-judge-groups-changelog"
 
     @property
     def datadir(self) -> Path:

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from services.grader.plan import plan_for
 from shared.grading import DetectorConfig, JudgeSpec, KpiSpec, TaskGraders
 from shared.proto.apprentice.v1 import events_pb2
 
@@ -56,23 +57,36 @@ def infra_failure(cfg: DetectorConfig, interaction: events_pb2.Interaction,
 
 def repetition_ratio(text: str, n: int = 4) -> float:
     """Share of word n-grams that repeat an earlier one: 1 - distinct / total (0 for short texts)."""
-    words = _WORD.findall(text.lower())
+    return _repetition(_WORD.findall(text.lower()), n)
+
+
+def _repetition(words: list[str], n: int = 4) -> float:
     if len(words) < n + 1:
         return 0.0
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
-    return 1.0 - len(set(grams)) / len(grams)
+    total = len(words) - n + 1
+    return 1.0 - len(set(zip(*(words[i:] for i in range(n)), strict=False))) / total
 
 
 def is_degenerate(cfg: DetectorConfig, text: str) -> bool:
-    words = _WORD.findall(text)
-    if len(words) < cfg.repetition_min_words:
+    lowered = text.lower()
+    words = _WORD.findall(lowered)
+    # ASCII lower-casing keeps every word boundary; beyond ASCII it may not (İ -> i + combining dot).
+    n_words = len(words) if text.isascii() else len(_WORD.findall(text))
+    if n_words < cfg.repetition_min_words:
         # A long run of one character ("!!!!!!!!" or "aaaa...") has few words but is still degenerate.
         return len(text) >= 4 * cfg.repetition_min_words and len(set(text)) <= 2
-    return repetition_ratio(text) > cfg.repetition_threshold
+    total = len(words) - 3
+    # Shortcut, exact: each distinct word outside the last three starts a distinct 4-gram, so the ratio
+    # is at most 1 - (distinct words - 3) / total; most responses are far below the threshold.
+    if total > 0 and 1.0 - (len(set(words)) - 3) / total <= cfg.repetition_threshold:
+        return False
+    return _repetition(words) > cfg.repetition_threshold
 
 
 def judge_kpi_gap(task: TaskGraders, components: Sequence[events_pb2.RewardComponent]) -> float | None:
     """|judge - KPI| with both mapped onto 0..1, or None when either has no signal."""
+    if not plan_for(task).judge_and_kpi:
+        return None
     by_name = {c.name: c for c in components if c.has_signal}
     judges = [by_name[g.name].value for g in task.graders if isinstance(g, JudgeSpec) and g.name in by_name]
     kpis = []
@@ -169,7 +183,7 @@ class VersionStats:
         return max(-1.0, min(1.0, (n * self.rxy - self.rx * self.ry) / math.sqrt(vx * vy)))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Observation:
     """What the detectors need from one graded interaction."""
     tenant: str

@@ -11,8 +11,10 @@ from collections.abc import Sequence
 
 import grpc
 
+from services.grader import metrics as M
+from services.grader.judge import JudgeScore, build_messages, score_group
 from shared.grading import JudgeSpec
-from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2, inference_pb2_grpc
 
 
 class JudgeUnavailable(RuntimeError):
@@ -61,6 +63,20 @@ class InferenceJudge(JudgeBackend):
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()
+
+
+async def judge_group(backend: JudgeBackend, spec: JudgeSpec,
+                      members: Sequence[events_pb2.Interaction]) -> list[JudgeScore]:
+    """One judge grader over one group: the judge's scores, or *no signal* for every member when the
+    judge cannot be reached or read (never a reward)."""
+    try:
+        text = await backend.complete(build_messages(spec.rubric, members), spec)
+    except JudgeUnavailable as e:
+        M.JUDGE_CALLS.labels("unavailable").inc()
+        return score_group(members, None, str(e))
+    scores = score_group(members, text)
+    M.JUDGE_CALLS.labels("scored" if scores[0].has_signal else "unreadable").inc()
+    return scores
 
 
 def make_judge_backend(name: str, *, endpoint: str, tenant: str = "grader") -> JudgeBackend:

@@ -7,9 +7,12 @@ dashboard shows a drift before the flags fire.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.grader.detectors import DetectorStats
+from shared.proto.apprentice.v1 import events_pb2
 
 RECORDS = Counter("apprentice_grader_records_total", "Graded records emitted (every revision)",
                   ["tenant", "task", "signal"])
@@ -43,6 +46,42 @@ TRUNCATION = Gauge("apprentice_grader_truncation_rate", "Share of responses cut 
                    ["tenant", "task", "policy_version"])
 MEAN_REWARD = Gauge("apprentice_grader_mean_reward", "Mean reward of records with signal",
                     ["tenant", "task", "policy_version"])
+
+
+_children: dict[tuple[Any, ...], Any] = {}
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    """`metric.labels(*labels)`, remembered: labels() takes a lock and validates on every call, and the
+    grader counts several series for every record."""
+    key = (id(metric), *labels)
+    child = _children.get(key)
+    if child is None:
+        if len(_children) > 50_000:  # label sets are tenants x tasks x flags; this only bounds a flood
+            _children.clear()
+        child = _children[key] = metric.labels(*labels)
+    return child
+
+
+def count_event(kind: str, outcome: str, n: int = 1) -> None:
+    """Join items applied (`kind`: I, F, J, T) with their outcome (emitted, applied, or a note)."""
+    _child(EVENTS, kind, outcome).inc(n)
+
+
+def count_emitted(rec: events_pb2.GradedInteraction) -> None:
+    """Counters for one graded record that reached the graded topic."""
+    tenant, task = rec.envelope.tenant, rec.interaction.task
+    _child(RECORDS, tenant, task, "true" if rec.has_signal else "false").inc()
+    if rec.revision > 1:
+        _child(REVISIONS, tenant, task).inc()
+    if rec.has_signal:
+        _child(REWARD, tenant, task).observe(rec.reward)
+    elif rec.no_signal_reason:
+        _child(MASKED, tenant, task, rec.no_signal_reason).inc()
+    for f in rec.flags:
+        _child(FLAGS, tenant, task, f).inc()
+    if rec.quarantined:
+        _child(QUARANTINED, tenant, task).inc()
 
 
 def export_stats(stats: DetectorStats) -> None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 MAGIC = b"GS1"
 _U32 = struct.Struct(">I")
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 MAX_SEEN = 256
 """Event ids remembered per interaction. Each event applies once per interaction, and an interaction
 receives a handful of events, so this bounds memory without ever forgetting in practice."""
@@ -63,12 +64,17 @@ class PendingState:
         if len(self.seen) > MAX_SEEN:
             del self.seen[: len(self.seen) - MAX_SEEN]
 
+    def copy(self) -> PendingState:
+        """An independent copy (a failed `Joiner.apply` may leave its argument half changed)."""
+        return replace(self, feedback=list(self.feedback), seen=list(self.seen),
+                       judge={k: dict(v) for k, v in self.judge.items()})
+
     # --- codec -----------------------------------------------------------------------------------
     def encode(self) -> bytes:
         header = {f: getattr(self, f) for f in _HEADER_FIELDS}
         header["has_interaction"] = self.interaction is not None
         header["n_feedback"] = len(self.feedback)
-        h = json.dumps(header, separators=(",", ":")).encode()
+        h = _COMPACT_JSON.encode(header).encode()
         parts = [MAGIC, _U32.pack(len(h)), h]
         for blob in ([self.interaction] if self.interaction is not None else []) + self.feedback:
             parts += [_U32.pack(len(blob)), blob]

@@ -94,13 +94,14 @@ class GraderProcess:
 
 
 class TopicReader:
-    """Reads a topic from the beginning and keeps everything it has seen (read_committed)."""
+    """Reads a topic from the beginning and keeps everything it has seen (read_committed, as every
+    Apprentice consumer reads; `read_uncommitted` also shows what aborted transactions wrote)."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, *, isolation: str = "read_committed") -> None:
         self.topic = topic
         self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4()}",
                            "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                           "isolation.level": "read_committed"})
+                           "isolation.level": isolation})
         self.c.subscribe([topic])
         self.records: list[Any] = []
 

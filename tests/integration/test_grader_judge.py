@@ -41,7 +41,9 @@ tasks:
 """
 
 
-def test_judge_scores_groups_through_inference(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("runtime", ["native", "faust"])
+def test_judge_scores_groups_through_inference(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path,
+                                               runtime: str) -> None:
     from services.inference.testing import start_inference
 
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")
@@ -52,7 +54,7 @@ def test_judge_scores_groups_through_inference(kafka_bootstrap: str, tiny_model_
     cfg.write_text(CONFIG)
     port = free_port()
     grader = GraderProcess(grader_env(topics.prefix, kafka_bootstrap, cfg, tmp_path, metrics_port=str(port),
-                                      inference_endpoint=f"127.0.0.1:{inference.port}"),
+                                      inference_endpoint=f"127.0.0.1:{inference.port}", runtime=runtime),
                            tmp_path / "grader.log").start()
     reader = TopicReader(kafka_bootstrap, topics.graded)
     try:

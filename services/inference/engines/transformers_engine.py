@@ -337,9 +337,9 @@ class TransformersEngine(Engine):
         if cfg.get("peft_type", "LORA") != "LORA":
             raise ValueError(f"version {files.version}: adapter type {cfg.get('peft_type')!r} is not LoRA")
         bb = base.backbone
+        from peft import PeftModel  # imported here, off the scheduler: the first import takes seconds
 
         def attach() -> None:
-            from peft import PeftModel
 
             if bb.peft is None:
                 bb.peft = PeftModel.from_pretrained(bb.model, files.path, adapter_name=files.version,

@@ -82,3 +82,43 @@ def test_settings_namespaces_app_id_with_the_topic_prefix(monkeypatch: pytest.Mo
     s = GraderSettings()
     assert s.app_id == "test-abc.apprentice-grader"
     assert s.join_topic.startswith("test-abc.") and s.judge_topic.startswith("test-abc.")
+
+
+def test_runtime_setting_and_factory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from services.grader.runtime import make_runtime
+
+    monkeypatch.delenv("APPRENTICE_GRADER_RUNTIME", raising=False)
+    assert GraderSettings().runtime == "faust"
+    monkeypatch.setenv("APPRENTICE_GRADER_RUNTIME", "native")
+    assert GraderSettings().runtime == "native"
+    monkeypatch.setenv("APPRENTICE_GRADER_RUNTIME", "spark")
+    with pytest.raises(ValidationError, match="native"):
+        GraderSettings()
+    with pytest.raises(ValueError, match="unknown grader runtime 'spark'"):
+        make_runtime("spark", GraderSettings.model_construct(), load_grader_config(DEFAULT_CONFIG))
+
+
+def test_fault_injection_points_are_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    for ok in ("", "after_state:2", "after_emit:1", "fail_after_state:3"):
+        monkeypatch.setenv("APPRENTICE_GRADER_FAULT_INJECTION", ok)
+        assert GraderSettings().fault_injection == ok
+    monkeypatch.setenv("APPRENTICE_GRADER_FAULT_INJECTION", "after_lunch:1")
+    with pytest.raises(ValidationError, match="fault_injection must be"):
+        GraderSettings()
+
+
+def test_both_runtimes_use_the_same_internal_topics(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The native runtime writes the changelogs faust's tables read (and the other way round)."""
+    from services.grader.app import GraderApp
+
+    monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", "test-xyz.")
+    monkeypatch.setenv("APPRENTICE_HOME", str(tmp_path))
+    s = GraderSettings()
+    faust_app = GraderApp(s, load_grader_config(DEFAULT_CONFIG))
+    assert faust_app.table.changelog_topic.get_topic_name() == s.pending_changelog
+    assert faust_app.judge_table.changelog_topic.get_topic_name() == s.judge_changelog
+    assert faust_app.app.conf.id == s.app_id  # the consumer group of both

@@ -141,3 +141,19 @@ def test_quarantine_flags() -> None:
     assert D.quarantined(CFG, ["degenerate"])
     assert not D.quarantined(CFG, ["tool_timeout"])
     assert not D.quarantined(DetectorConfig(quarantine_flags=[]), ["degenerate"])
+
+
+def test_degenerate_shortcut_agrees_with_the_full_ratio() -> None:
+    import random
+
+    rng = random.Random(11)
+    vocab = ["a", "b", "the", "warranty", "24", "months", "!", "x", "repeat", "İstanbul", "ß", "."]
+    for threshold in (0.1, 0.5, 0.8):
+        cfg = DetectorConfig(repetition_threshold=threshold)
+        for _ in range(3000):
+            words = [rng.choice(vocab) for _ in range(rng.randint(1, 8))] * rng.randint(1, 8)
+            for _ in range(rng.randint(0, 8)):
+                words.insert(rng.randint(0, len(words)), rng.choice(vocab))
+            text = " ".join(words)
+            if len(D._WORD.findall(text)) >= cfg.repetition_min_words:
+                assert D.is_degenerate(cfg, text) == (D.repetition_ratio(text) > threshold), text

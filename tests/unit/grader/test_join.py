@@ -217,3 +217,50 @@ def test_bundle_roundtrip_and_truncation() -> None:
         decode_bundle(encode_bundle(items)[:-5])
     with pytest.raises(BadJoinRecord):
         decode_bundle(b"garbage")
+
+
+def test_fast_murmur2_matches_kafkas() -> None:
+    import random
+
+    from aiokafka.partitioner import murmur2 as reference
+
+    from services.grader.join import murmur2
+
+    rng = random.Random(7)
+    for n in range(70):
+        for _ in range(20):
+            data = bytes(rng.randrange(256) for _ in range(n))
+            assert murmur2(data) == reference(data)
+
+
+def test_graded_event_id_is_the_shared_uuid5() -> None:
+    from shared.events import deterministic_id
+
+    for iid in ("3f0b1c5e-8f0a-4c1e-9d7e-1b2c3d4e5f60", "", "ünï/cödé", "x" * 300):
+        for rev in (1, 2, 17):
+            assert graded_event_id(iid, rev) == deterministic_id("graded", iid, str(rev))
+
+
+def test_record_timestamps_round_like_datetime() -> None:
+    import random
+
+    from services.grader.join import _timestamp
+    from shared.events import make_envelope
+
+    rng = random.Random(3)
+    for now in [T0, T0 + 0.9999996, T0 + 0.0000004] + [rng.uniform(1.7e9, 1.9e9) for _ in range(2000)]:
+        env = make_envelope("t", source="s", occurred_at=datetime.fromtimestamp(now, UTC))
+        assert (env.occurred_at.seconds, env.occurred_at.nanos) == _timestamp(now)
+
+
+def test_due_times_follow_the_state() -> None:
+    h = Harness()
+    it = interaction(occurred_at=at(T0))
+    h.interaction(it)
+    st = PendingState.decode(h.raw[it.interaction_id])
+    assert h.joiner.due(st) == (T0 + 60, True)  # the window
+    h.feedback(feedback(it.interaction_id, value=1.0), T0 + 5)
+    st = PendingState.decode(h.raw[it.interaction_id])
+    assert h.joiner.due(st) == (T0 + 60 + 3600, False)  # retention after the window
+    lone = PendingState("orphan", first_seen=T0)
+    assert h.joiner.due(lone) == (T0 + 600, False)

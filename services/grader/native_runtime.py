@@ -1,0 +1,193 @@
+"""Interactions + FeedbackEvents (Kafka) --> GradedInteractions (Kafka): the grader on confluent-kafka.
+
+    interactions, feedback, <app>-join --GradeStage--> graded, deadletter, <app>-join (other workers'
+                                                       items), <app>-judge, <app>-pending-changelog
+    <app>-judge --JudgeStage (own thread, only when a task has an LLM judge)--> <app>-join
+
+One consumer group (the app id, as under faust) reads the sources and the join topic; the worker that
+owns join partition p owns the states of p (`StateStore`, restored from partition p of the changelog).
+Each batch is one Kafka transaction (stage.py, txn.py), which is the whole exactly-once argument:
+
+- the batch's graded records, dead letters, forwarded join items, judge items, the new versions of
+  the states it changed, and the consumer offsets past every record it read, commit atomically;
+- a crash (or an aborted transaction) before the commit leaves none of it: readers of the graded
+  topic (read_committed) never see the batch's records, the changelog never holds its states, and
+  the offsets still point at its first records, which are processed again against the committed state
+  and produce the same revisions with the same deterministic event ids, once;
+- a crash after the commit leaves all of it, and nothing is processed twice;
+- duplicates *in the input* (the same event id twice) are absorbed by the join state machine;
+- a restarted worker takes its old transactional id (identity.py), which aborts the transaction it
+  left open, so readers are not held back until the transaction timeout.
+
+Everything between the Kafka calls is the same code as under faust: routing.py, join.py (the state
+machine), components.py, detectors.py, judge_groups.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+
+from confluent_kafka import Message
+
+from services.grader import metrics as M
+from services.grader.batch import BatchGrader, Outputs
+from services.grader.changelog import ensure_internal_topics
+from services.grader.config import GraderSettings
+from services.grader.detectors import DetectorStats
+from services.grader.identity import claim_identity
+from services.grader.join import Joiner, encode_bundle, partition_for
+from services.grader.judge_client import JudgeBackend
+from services.grader.runtime import GraderRuntime
+from services.grader.stage import AfterCommit, TxnStage
+from services.grader.state import SEQ_KEY_PREFIX, PendingState
+from services.grader.store import StateStore
+from shared.grading import GraderConfig
+
+log = logging.getLogger(__name__)
+
+
+class GradeStage(TxnStage):
+    """Sources and join bundles --> graded records (the hot path)."""
+
+    def __init__(self, settings: GraderSettings, joiner: Joiner, member: str) -> None:
+        topics = settings.common.topics
+        super().__init__(settings, name="grade", group_id=settings.app_id, state_topic=settings.join_topic,
+                         topics=[topics.interactions, topics.feedback, settings.join_topic],
+                         changelog=settings.pending_changelog, member=member, batch_max=settings.batch_max,
+                         poll_s=settings.batch_within_s)
+        self.joiner = joiner
+        self.store = StateStore(joiner.due)
+        self.batch = BatchGrader(joiner, self.store, interactions_topic=topics.interactions,
+                                 join_topic=settings.join_topic, partitions=settings.partitions)
+        self.out_topics = (topics.graded, topics.deadletter)
+        self._next_tick = 0.0
+        point, _, count = settings.fault_injection.partition(":")
+        self._fault = (point, int(count)) if point else None
+        self._emitting_batches = 0
+
+    def load(self, partition: int, table: dict[bytes, bytes]) -> None:
+        self.store.load(partition, _states(partition, table))
+
+    def drop(self, partition: int) -> None:
+        self.store.drop(partition)
+
+    def process(self, msgs: Sequence[Message], now: float) -> AfterCommit | None:
+        out = Outputs()
+        add = self.batch.add
+        for m in msgs:
+            add(m, out, now)
+        if now >= self._next_tick:
+            self.batch.tick(out, now)
+            self._next_tick = now + self.settings.tick_interval_s
+            M.PENDING.set(self.store.open_windows)
+            M.export_stats(self.joiner.stats)
+        if not out:
+            for (kind, outcome), n in out.events.items():  # duplicates only: nothing to commit
+                M.count_event(kind, outcome, n)
+            return None
+        self._write(out)
+        graded = out.graded
+        if graded:
+            self._emitting_batches += 1
+            if self._fault == ("after_state", self._emitting_batches):
+                self.producer.flush()  # the batch's records are in the log, its transaction still open
+                _crash("after_state")
+
+        def after() -> None:
+            for (kind, outcome), n in out.events.items():
+                M.count_event(kind, outcome, n)
+            for rec in graded:
+                M.count_emitted(rec)
+            if graded and self._fault == ("after_emit", self._emitting_batches):
+                _crash("after_emit")
+        return after
+
+    def _write(self, out: Outputs) -> None:
+        produce, s = self.producer.produce, self.settings
+        for p, items in out.hops.items():
+            produce(s.join_topic, None, encode_bundle(items), p)
+        for group, item in out.judge:
+            produce(s.judge_topic, group, item, partition_for(group, s.partitions))
+        changelog = s.pending_changelog
+        for iid, (p, state) in out.states.items():
+            produce(changelog, iid.encode(), state.encode() if state is not None else None, p)
+        graded, deadletter = self.out_topics
+        for rec in out.graded:
+            produce(graded, rec.interaction.session_id.encode() or None, rec.SerializeToString())
+        for original_key, letter in out.dead:
+            produce(deadletter, original_key, letter.SerializeToString())
+
+
+def _states(partition: int, table: dict[bytes, bytes]) -> Iterator[tuple[str, PendingState]]:
+    """The decodable states of a restored partition (faust's confirmation keys are not states). An
+    undecodable value is skipped with an error, rather than stopping the worker at every start."""
+    for key, value in table.items():
+        if key.startswith(SEQ_KEY_PREFIX.encode()):
+            continue
+        try:
+            yield key.decode(errors="replace"), PendingState.decode(value)
+        except Exception as e:  # noqa: BLE001 - any malformed value (JSON, lengths, fields)
+            log.error("skipping an unreadable state in the changelog",
+                      extra={"partition": partition, "key": key[:200].decode(errors="replace"), "error": str(e)})
+
+
+def _crash(point: str) -> None:
+    log.warning("fault injection: exiting abruptly", extra={"point": point})
+    os._exit(137)
+
+
+class NativeRuntime(GraderRuntime):
+    def __init__(self, settings: GraderSettings, config: GraderConfig, *, judge: JudgeBackend | None = None) -> None:
+        self.settings = settings
+        self.config = config
+        self.joiner = Joiner(config, DetectorStats(config.detectors), retention_s=settings.retention_s,
+                             orphan_feedback_s=settings.orphan_feedback_s)
+        self.judge = judge
+        self.stop = threading.Event()
+        self.failed = False
+
+    def run(self) -> int:
+        s = self.settings
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop.set())
+        ensure_internal_topics(s)
+        identity = claim_identity(s.app_id, s.instance_id, s.datadir)
+        log.info("native grader starting", extra={"app_id": s.app_id, "worker": identity.name})
+        judge_thread = None
+        grade = None
+        try:
+            grade = GradeStage(s, self.joiner, identity.name)
+            if any(t.judges for t in self.config.tasks):
+                judge_thread = threading.Thread(target=self._run_judge, args=(identity.name,), name="judge",
+                                                daemon=True)
+                judge_thread.start()
+            grade.run(self.stop)
+            return 1 if self.failed else 0
+        except Exception:
+            log.exception("native grader stopped on an error")
+            return 1
+        finally:
+            self.stop.set()
+            if judge_thread is not None:
+                judge_thread.join(30)
+            if grade is not None:
+                grade.close()
+            identity.release()
+
+    def _run_judge(self, member: str) -> None:
+        from services.grader.native_judge import JudgeStage
+
+        try:
+            stage = JudgeStage(self.settings, self.joiner, member, backend=self.judge)
+            try:
+                stage.run(self.stop)
+            finally:
+                stage.close()
+        except Exception:
+            log.exception("judge stage stopped on an error; stopping the worker")
+            self.failed = True
+            self.stop.set()

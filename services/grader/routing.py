@@ -1,0 +1,70 @@
+"""One source record (interactions or feedback topic) --> a join item, a judge item, or a rejection (pure).
+
+Both runtimes route with this function, so they accept, key and reject exactly the same records:
+an interaction becomes a join item keyed by its interaction id (plus a judge item keyed by its group
+when its task has an LLM judge); feedback becomes a join item keyed by the interaction it is about;
+an undecodable record or an interaction no grader is configured for becomes a `Rejected`, which the
+runtime sends to the dead-letter topic (`dead_letter`) before it commits past the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.grader.join import FEEDBACK, INTERACTION, Rejected
+from services.grader.plan import plan_for
+from shared.events import UndecodableEvent, decode, make_envelope
+from shared.grading import TaskGraders
+from shared.proto.apprentice.v1 import events_pb2
+
+TaskLookup = Callable[[str, str], TaskGraders | None]
+"""(tenant, task) --> the task's graders, or None when nothing is configured (`Joiner.task_of`)."""
+
+
+@dataclass(slots=True)
+class Routed:
+    join: tuple[bytes, bytes] | None = None
+    """(interaction id, join item) for the pending table."""
+    judge: tuple[bytes, bytes] | None = None
+    """(group id, judge item) for the judge stage; None when the task has no LLM judge."""
+    rejected: Rejected | None = None
+    interaction: events_pb2.Interaction | None = None
+    """The decoded interaction (so that a runtime joining it at once need not decode it again)."""
+
+
+def route(is_interaction: bool, value: bytes | None, task_of: TaskLookup) -> Routed:
+    """Validate one record of the interactions (`is_interaction`) or feedback topic and key it for the join."""
+    try:
+        if is_interaction:
+            it = decode(events_pb2.Interaction, value)
+            if not it.interaction_id:
+                raise UndecodableEvent("Interaction without interaction_id")
+            tenant = it.envelope.tenant
+            task = task_of(tenant, it.task)
+            if task is None:
+                return Routed(rejected=Rejected("grader.config", f"no grader configured for tenant {tenant!r} "
+                                                f"task {it.task!r}", "NoGraderConfig", tenant))
+            item = INTERACTION + value  # type: ignore[operator]  # decode() rejected None
+            key = it.interaction_id.encode()
+            judge = ((it.group_id or it.interaction_id).encode(), item) if _has_judge(task) else None
+            return Routed(join=(key, item), judge=judge, interaction=it)
+        fb = decode(events_pb2.FeedbackEvent, value)
+        if not fb.interaction_id:
+            raise UndecodableEvent("FeedbackEvent without interaction_id")
+        return Routed(join=(fb.interaction_id.encode(), FEEDBACK + value))  # type: ignore[operator]
+    except UndecodableEvent as e:
+        return Routed(rejected=Rejected("grader.decode", str(e), type(e).__name__))
+
+
+def dead_letter(rejected: Rejected, *, source: str, topic: str, partition: int, offset: int,
+                key: bytes | None, value: bytes | None) -> events_pb2.DeadLetter:
+    """The DeadLetter for a rejected record (or one join item of a record), tagged with its stage and origin."""
+    return events_pb2.DeadLetter(
+        envelope=make_envelope(rejected.tenant or "unknown", source=source), stage=rejected.stage,
+        reason=rejected.reason[:2000], error_type=rejected.error_type, origin_topic=topic,
+        origin_partition=partition, origin_offset=offset, original_key=key or b"", original_value=value or b"")
+
+
+def _has_judge(task: TaskGraders) -> bool:
+    return bool(plan_for(task).judge_names)

@@ -1,0 +1,148 @@
+"""Consumed batch --> processed outputs + input offsets in one Kafka transaction, forever (confluent-kafka).
+
+The loop of the native runtime's stages (grading, judging). Each stage has a consumer group, a
+transactional producer and a table whose working copy lives in memory and whose durable copy is a
+compacted changelog, partitioned like one of its input topics (`state_topic`):
+
+    consume(batch) -> process (state changes in memory, records into the open transaction)
+                   -> commit(records + changelog + offsets of everything consumed)
+
+- given a partition of `state_topic` (rebalance), the stage reads that partition's changelog into
+  memory before it processes any record (`load`), and forgets it when the partition is taken away;
+- an aborted transaction undoes the batch in Kafka; the stage then undoes it in memory (reloads its
+  partitions from the changelog) and rewinds its consumer to the committed offsets;
+- nothing is pending between batches: rebalance callbacks run inside `consume`, after the previous
+  batch committed, so a partition changes hands only between transactions.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from services.grader.changelog import read_table
+from services.grader.config import GraderSettings
+from services.grader.txn import TransactionAborted, TxnProducer
+
+log = logging.getLogger(__name__)
+
+AfterCommit = Callable[[], None]
+
+
+class TxnStage(abc.ABC):
+    def __init__(self, settings: GraderSettings, *, name: str, group_id: str, topics: list[str],
+                 state_topic: str, changelog: str, member: str, batch_max: int, poll_s: float) -> None:
+        self.settings = settings
+        self.name = name
+        self.state_topic = state_topic
+        self.changelog = changelog
+        self.batch_max = batch_max
+        self.poll_s = poll_s
+        bootstrap = settings.common.kafka_bootstrap
+        self.producer = TxnProducer(bootstrap, f"{group_id}-{member}", timeout_s=settings.transaction_timeout_s)
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": group_id, "group.instance.id": f"{group_id}-{member}",
+            # range: every worker gets its share of *each* topic (the state lives with the join partitions;
+            # a balanced-overall assignor may give one worker all of them and the other only routing).
+            "partition.assignment.strategy": "range", "isolation.level": "read_committed",
+            "enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
+            "session.timeout.ms": int(settings.session_timeout_s * 1000),
+            "heartbeat.interval.ms": int(min(3.0, settings.session_timeout_s / 4) * 1000),
+            "max.poll.interval.ms": 300_000})
+        self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
+
+    # --- what a stage does ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def load(self, partition: int, table: dict[bytes, bytes]) -> None:
+        """Take over `partition`: its table as read from the changelog (key -> latest value)."""
+
+    @abc.abstractmethod
+    def drop(self, partition: int) -> None:
+        """Forget `partition` (revoked, or reloaded after an aborted transaction)."""
+
+    @abc.abstractmethod
+    def process(self, msgs: Sequence[Message], now: float) -> AfterCommit | None:
+        """Apply one batch (possibly empty: timers), producing into `self.producer`. Returns what to do
+        once the transaction committed (metrics), if anything."""
+
+    # --- the loop -------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.step()
+
+    def step(self) -> None:
+        msgs = [m for m in self.consumer.consume(self.batch_max, self.poll_s) if _usable(m)]
+        after = self.process(msgs, time.time())
+        if not msgs and not self.producer.in_transaction:
+            return
+        offsets = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
+        try:
+            self.producer.commit(offsets, self.consumer.consumer_group_metadata())
+        except TransactionAborted as e:
+            log.warning("transaction aborted; reprocessing from the committed offsets",
+                        extra={"stage": self.name, "error": str(e)})
+            self.rewind()
+            return
+        if after is not None:
+            after()
+
+    def rewind(self) -> None:
+        """After an aborted transaction: the committed state of every owned partition, and the consumer
+        back at the committed offsets."""
+        assignment = self.consumer.assignment()
+        owned = sorted(tp.partition for tp in assignment if tp.topic == self.state_topic)
+        for p in owned:
+            self.drop(p)
+        self._restore(owned)
+        for tp in self.consumer.committed(assignment, timeout=30):
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+    def close(self) -> None:
+        try:
+            self.producer.close()
+        finally:
+            self.consumer.close()
+
+    # --- rebalances (called inside consume(), between transactions) -----------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._restore(sorted(tp.partition for tp in partitions if tp.topic == self.state_topic))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            if tp.topic == self.state_topic:
+                self.drop(tp.partition)
+
+    def _restore(self, parts: list[int]) -> None:
+        if not parts:
+            return
+        start = time.monotonic()
+        # The broker aborts a dead worker's transaction at most ~10 s after its timeout.
+        tables = read_table(self.settings.common.kafka_bootstrap, self.changelog, parts,
+                            timeout_s=self.settings.restore_timeout_s,
+                            settle_s=self.settings.transaction_timeout_s + 15.0)
+        for p in parts:
+            self.load(p, tables[p])
+        log.info("restored state from the changelog",
+                 extra={"stage": self.name, "partitions": parts, "keys": sum(len(t) for t in tables.values()),
+                        "seconds": round(time.monotonic() - start, 3)})
+
+
+def _usable(m: Message) -> bool:
+    err = m.error()
+    if err is None:
+        return True
+    if err.fatal():
+        raise KafkaException(err)
+    if err.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+        raise RuntimeError(f"another kind of consumer is in this group ({err.str()}): stop the faust workers "
+                           "before starting native ones (APPRENTICE_GRADER_RUNTIME)")
+    if err.code() != KafkaError._PARTITION_EOF:
+        log.warning("consumer error (retried by librdkafka): %s", err)
+    return False
