@@ -89,7 +89,7 @@ class ExtractorApp:
             max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, top_p=settings.top_p,
             top_k=settings.top_k, batch_size=settings.batch_size, max_items=settings.max_items_per_trajectory,
             max_turn_chars=settings.max_turn_chars, include_previous=settings.include_previous_knowledge,
-            correction_items=settings.correction_items, retries=settings.retries),
+            correction_items=settings.correction_items, llm_items=settings.llm_items, retries=settings.retries),
             RateLimiter(settings.rate_limit_per_s, settings.rate_burst))
         self.consumer: EventConsumer | None = None
         self.server: Any = None

@@ -96,6 +96,12 @@ class ExtractorSettings(BaseSettings):
     """Also turn each correction's text into an item ("When asked ..., answer: ..."). A small policy is
     weak at writing rules from a trajectory; the human correction is the strongest source (oel-probe)."""
 
+    llm_items: bool = True
+    """Ask the extractor LLM for items. False = knowledge from human corrections only, no LLM call: for a
+    policy too weak to write rules (oel-probe.md) on a CPU too small to also serve the extraction prompts
+    (measured: SmolLM2 extraction through the Inference service on 2 cores timed out and starved a
+    demo round); the demo's full budget on CPU uses it."""
+
     max_items_per_trajectory: int = 2
     """OEL asks for 1-2 items per trajectory; extra parsed items are dropped."""
 

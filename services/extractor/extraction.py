@@ -90,6 +90,7 @@ class ExtractionSettings:
     max_prompt_chars: int = 6000
     include_previous: bool = True
     correction_items: bool = True
+    llm_items: bool = True
     retries: int = 3
     retry_backoff_s: float = 1.0
 
@@ -131,6 +132,8 @@ class Extractor:
     def extract(self, trajectories: Sequence[Trajectory],
                 previous: Callable[[str], Sequence[str]]) -> list[Extracted]:
         """Candidates for each trajectory, in order. Raises LLMUnavailable when the LLM stays down."""
+        if not self.cfg.llm_items:       # corrections only: no LLM call at all
+            return [Extracted(t, self._correction_candidates(t)) for t in trajectories]
         results: list[Extracted] = []
         for start in range(0, len(trajectories), self.cfg.batch_size):
             chunk = list(trajectories[start:start + self.cfg.batch_size])
@@ -150,10 +153,13 @@ class Extractor:
             self.empty_answers += 1
         self.parsed_items += len(items)
         by = f"llm:{resp.model or self.llm.name}@{resp.policy_version or '?'}"
-        cands = [Candidate(text, by, ids) for text in items]
-        if self.cfg.correction_items:
-            for turn, corr in traj.corrections:
-                cands.append(Candidate(correction_item(turn.input_text, corr), "correction", [turn.interaction_id]))
+        cands = [Candidate(text, by, ids) for text in items] + self._correction_candidates(traj)
         if resp.error:
             log.warning("extraction request failed", extra={"key": traj.key, "error": resp.error})
         return Extracted(traj, cands, extractor_model=resp.model, policy_version=resp.policy_version)
+
+    def _correction_candidates(self, traj: Trajectory) -> list[Candidate]:
+        if not self.cfg.correction_items:
+            return []
+        return [Candidate(correction_item(turn.input_text, corr), "correction", [turn.interaction_id])
+                for turn, corr in traj.corrections]

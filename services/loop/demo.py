@@ -14,7 +14,7 @@ import json
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,16 @@ class DemoBudget:
     max_new_tokens: int
     round_timeout_s: float     # waiting for grade -> extract -> train -> gate -> promote
     trainer_env: dict[str, str]
+    extractor_env: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def full(rounds: int) -> DemoBudget:
         return DemoBudget(rounds=rounds, users_per_round=60, eval_samples=4, max_new_tokens=48,
                           round_timeout_s=900, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "8",
-                                                            "APPRENTICE_TRAINER_TEACHER_SAMPLES": "4"})
+                                                            "APPRENTICE_TRAINER_TEACHER_SAMPLES": "4"},
+                          # knowledge from the human corrections only: SmolLM2 writes poor rules (oel-probe.md)
+                          # and its extraction prompts through the one CPU inference pod starved the round
+                          extractor_env={"APPRENTICE_EXTRACTOR_LLM_ITEMS": "false"})
 
     @staticmethod
     def quick(rounds: int) -> DemoBudget:
@@ -108,7 +112,8 @@ class Demo:
             "APPRENTICE_TRAINER_SEED": str(self.seed),
             **self.budget.trainer_env,
         }
-        extractor = {"APPRENTICE_EXTRACTOR_SESSION_GAP_S": "2", "APPRENTICE_EXTRACTOR_AUTO_APPROVE_TENANTS": t.tenant}
+        extractor = {"APPRENTICE_EXTRACTOR_SESSION_GAP_S": "2", "APPRENTICE_EXTRACTOR_AUTO_APPROVE_TENANTS": t.tenant,
+                     **self.budget.extractor_env}
         return {"trainer": trainer, "extractor": extractor, "grader": {}, "weights": {}, "inference": {}}
 
     # --- the loop ------------------------------------------------------------------------------------

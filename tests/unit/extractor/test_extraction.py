@@ -73,6 +73,14 @@ def test_batches_seeds_items_and_corrections() -> None:
     assert out[0].candidates[0].sources == ["i0"] and out[1].policy_version == "v7"
 
 
+def test_corrections_only_never_calls_the_llm() -> None:
+    llm = ScriptedLLM("- EXPERIENCE ITEM: never asked for.", down=5)      # would fail if it were called
+    out = Extractor(llm, ExtractionSettings(llm_items=False)).extract(trajectories(2), lambda key: [])
+    assert llm.batches == []
+    assert [c.text for c in out[0].candidates] == ['When asked "How long is the warranty?", answer: 24 months']
+    assert out[0].candidates[0].created_by == "correction" and out[1].candidates == []
+
+
 def test_retries_then_gives_up() -> None:
     llm = ScriptedLLM("- EXPERIENCE ITEM: Fine rule after a retry.", down=1)
     ex = Extractor(llm, ExtractionSettings(retries=2, retry_backoff_s=0.0))
