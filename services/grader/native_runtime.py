@@ -17,7 +17,11 @@ Each batch is one Kafka transaction (stage.py, txn.py), which is the whole exact
 - a crash after the commit leaves all of it, and nothing is processed twice;
 - duplicates *in the input* (the same event id twice) are absorbed by the join state machine;
 - a restarted worker takes its old transactional id (identity.py), which aborts the transaction it
-  left open, so readers are not held back until the transaction timeout.
+  left open, so readers are not held back until the transaction timeout;
+- a fatal client error (fenced producer or static consumer, which librdkafka never recovers from) makes
+  the worker exit with status 1 rather than live on with dead clients; its supervisor restarts it, and
+  the restart is the kill -9 case above. Closing is bounded (CLOSE_S): a client that hangs on the way
+  out cannot keep the process alive either.
 
 Everything between the Kafka calls is the same code as under faust: routing.py, join.py (the state
 machine), components.py, detectors.py, judge_groups.py.
@@ -29,7 +33,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from confluent_kafka import Message
 
@@ -45,9 +49,14 @@ from services.grader.runtime import GraderRuntime
 from services.grader.stage import AfterCommit, TxnStage
 from services.grader.state import SEQ_KEY_PREFIX, PendingState
 from services.grader.store import StateStore
+from services.grader.txn import FatalClientError
 from shared.grading import GraderConfig
 
 log = logging.getLogger(__name__)
+
+CLOSE_S = 30.0
+"""Longest wait for the judge thread and for the clients to close when the worker stops; past it the
+process exits at once (the broker aborts what is left open, as after a kill -9)."""
 
 
 class GradeStage(TxnStage):
@@ -159,6 +168,7 @@ class NativeRuntime(GraderRuntime):
         log.info("native grader starting", extra={"app_id": s.app_id, "worker": identity.name})
         judge_thread = None
         grade = None
+        code = 1
         try:
             grade = GradeStage(s, self.joiner, identity.name)
             if any(t.judges for t in self.config.tasks):
@@ -166,17 +176,20 @@ class NativeRuntime(GraderRuntime):
                                                 daemon=True)
                 judge_thread.start()
             grade.run(self.stop)
-            return 1 if self.failed else 0
+            code = 1 if self.failed else 0
+        except FatalClientError as e:
+            log.error("native grader stopping: a Kafka client is fenced or failed for good; exiting for a "
+                      "restart with fresh clients", extra={"error": str(e)})
         except Exception:
             log.exception("native grader stopped on an error")
-            return 1
         finally:
             self.stop.set()
-            if judge_thread is not None:
-                judge_thread.join(30)
-            if grade is not None:
-                grade.close()
+            closing = grade
+            if not _within(CLOSE_S, lambda: _shut(judge_thread, closing)):
+                log.error("the Kafka clients did not close in time; exiting now", extra={"seconds": CLOSE_S})
+                os._exit(code or 1)
             identity.release()
+        return code
 
     def _run_judge(self, member: str) -> None:
         from services.grader.native_judge import JudgeStage
@@ -191,3 +204,23 @@ class NativeRuntime(GraderRuntime):
             log.exception("judge stage stopped on an error; stopping the worker")
             self.failed = True
             self.stop.set()
+
+
+def _shut(judge_thread: threading.Thread | None, grade: GradeStage | None) -> None:
+    if judge_thread is not None:
+        judge_thread.join()
+    if grade is not None:
+        grade.close()
+
+
+def _within(seconds: float, fn: Callable[[], None]) -> bool:
+    """Run `fn` on a daemon thread; whether it finished within `seconds` (its errors are logged)."""
+    def target() -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("error while stopping the native grader")
+    t = threading.Thread(target=target, name="grader-close", daemon=True)
+    t.start()
+    t.join(seconds)
+    return not t.is_alive()

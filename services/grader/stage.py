@@ -12,7 +12,10 @@ compacted changelog, partitioned like one of its input topics (`state_topic`):
 - an aborted transaction undoes the batch in Kafka; the stage then undoes it in memory (reloads its
   partitions from the changelog) and rewinds its consumer to the committed offsets;
 - nothing is pending between batches: rebalance callbacks run inside `consume`, after the previous
-  batch committed, so a partition changes hands only between transactions.
+  batch committed, so a partition changes hands only between transactions;
+- a fatal client error (either client fenced; e.g. librdkafka's static member fenced by its own rejoin
+  after a broker restart) ends the loop with FatalClientError: the worker exits non-zero and its
+  supervisor restarts it, which is the kill -9 path (fresh clients, committed state and offsets).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from services.grader.changelog import read_table
 from services.grader.config import GraderSettings
-from services.grader.txn import TransactionAborted, TxnProducer
+from services.grader.txn import FatalClientError, FatalErrors, TransactionAborted, TxnProducer
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,7 @@ class TxnStage(abc.ABC):
         self.batch_max = batch_max
         self.poll_s = poll_s
         bootstrap = settings.common.kafka_bootstrap
+        self.fatal = FatalErrors(f"{name} consumer")
         self.producer = TxnProducer(bootstrap, f"{group_id}-{member}", timeout_s=settings.transaction_timeout_s)
         self.consumer = Consumer({
             "bootstrap.servers": bootstrap, "group.id": group_id, "group.instance.id": f"{group_id}-{member}",
@@ -53,7 +57,7 @@ class TxnStage(abc.ABC):
             "enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
             "session.timeout.ms": int(settings.session_timeout_s * 1000),
             "heartbeat.interval.ms": int(min(3.0, settings.session_timeout_s / 4) * 1000),
-            "max.poll.interval.ms": 300_000})
+            "max.poll.interval.ms": 300_000, "error_cb": self.fatal})
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
 
@@ -78,6 +82,7 @@ class TxnStage(abc.ABC):
 
     def step(self) -> None:
         msgs = [m for m in self.consumer.consume(self.batch_max, self.poll_s) if _usable(m)]
+        self.check()
         after = self.process(msgs, time.time())
         if not msgs and not self.producer.in_transaction:
             return
@@ -85,6 +90,7 @@ class TxnStage(abc.ABC):
         try:
             self.producer.commit(offsets, self.consumer.consumer_group_metadata())
         except TransactionAborted as e:
+            self.check()
             log.warning("transaction aborted; reprocessing from the committed offsets",
                         extra={"stage": self.name, "error": str(e)})
             self.rewind()
@@ -104,11 +110,18 @@ class TxnStage(abc.ABC):
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
 
+    def check(self) -> None:
+        """Raise FatalClientError if the consumer or the producer reported a fatal error."""
+        self.fatal.raise_if_any()
+        self.producer.check()
+
     def close(self) -> None:
+        """Let go of both clients. Never raises (it runs on the way out after errors)."""
+        self.producer.close()
         try:
-            self.producer.close()
-        finally:
             self.consumer.close()
+        except (KafkaException, RuntimeError) as e:
+            log.warning("could not close the consumer cleanly: %s", e, extra={"stage": self.name})
 
     # --- rebalances (called inside consume(), between transactions) -----------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -138,8 +151,10 @@ def _usable(m: Message) -> bool:
     err = m.error()
     if err is None:
         return True
-    if err.fatal():
-        raise KafkaException(err)
+    if err.fatal() or err.code() == KafkaError._FATAL:
+        # consume() hands a fatal error over once, as _FATAL (whose fatal() is False), then nothing
+        # ever again: logging it and polling on would leave a live process that grades nothing.
+        raise FatalClientError(f"consumer: {err.str()}")
     if err.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
         raise RuntimeError(f"another kind of consumer is in this group ({err.str()}): stop the faust workers "
                            "before starting native ones (APPRENTICE_GRADER_RUNTIME)")

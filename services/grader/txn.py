@@ -12,11 +12,13 @@ in a rebalance (a zombie) cannot commit anything for them (KIP-447).
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +28,79 @@ class TransactionAborted(RuntimeError):
     reprocesses from the committed offsets and state."""
 
 
+class FatalClientError(RuntimeError):
+    """A Kafka client of the worker hit a fatal error: librdkafka will never use it again (fenced: another
+    live instance took its transactional id or its static group membership, or a broker failover left
+    it with a stale member id or producer epoch). Not recoverable in place: the worker must stop and exit
+    non-zero, so that its supervisor starts it again with fresh clients, which restore the committed
+    state and offsets (the same path as after a kill -9)."""
+
+
+class FatalErrors:
+    """The first fatal error a client reported through its `error_cb`. librdkafka reports a fatal error
+    once, from inside a poll/consume call, and then answers nothing: a worker that only logs it keeps
+    running with dead clients (its process alive, grading nothing), so every loop round checks here."""
+
+    def __init__(self, client: str) -> None:
+        self.client = client
+        self.error: KafkaError | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        """The clients' `error_cb` (called on the thread that polls). Non-fatal errors are retried by
+        librdkafka itself (and logged by it)."""
+        if err.fatal() or err.code() == KafkaError._FATAL:
+            if self.error is None:
+                log.error("fatal Kafka client error", extra={"client": self.client, "error": err.str()})
+                self.error = err
+        else:
+            log.debug("Kafka client error (retried by librdkafka): %s", err)
+
+    def raise_if_any(self) -> None:
+        if self.error is not None:
+            raise FatalClientError(f"{self.client}: {self.error.str()}")
+
+
+class StallWatchdog:
+    """Exits the process when one transactional call blocks past `limit_s`. librdkafka does not always
+    honour the timeout of a transactional call: after a broker kill -9 + restart,
+    `send_offsets_to_transaction` was seen waiting forever inside librdkafka, leaving a live process that
+    grades nothing. Such a call cannot be interrupted from Python, so the worker exits with status 1
+    (its supervisor restarts it; the restart is the kill -9 case: the broker, or the restarted worker's
+    `init_transactions`, aborts the open transaction)."""
+
+    def __init__(self, limit_s: float, name: str) -> None:
+        self.limit_s = limit_s
+        self.name = name
+        self._since: float | None = None
+        self._op = ""
+        self._stop = threading.Event()
+        threading.Thread(target=self._watch, name=f"txn-watchdog-{name}", daemon=True).start()
+
+    def enter(self, op: str) -> None:
+        self._op, self._since = op, time.monotonic()
+
+    def leave(self) -> None:
+        self._since = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(1.0):
+            since = self._since
+            if since is not None and time.monotonic() - since > self.limit_s:
+                log.error("a transactional call is stuck inside librdkafka; exiting for a restart",
+                          extra={"producer": self.name, "call": self._op, "seconds": round(self.limit_s)})
+                logging.shutdown()
+                os._exit(1)
+
+
 class TxnProducer:
     def __init__(self, bootstrap: str, transactional_id: str, *, timeout_s: float,
                  extra: dict[str, Any] | None = None) -> None:
         self.timeout_s = timeout_s
+        self.fatal = FatalErrors(f"producer {transactional_id}")
+        self.watchdog = StallWatchdog(timeout_s + 15.0, transactional_id)
         self._p = Producer({
             "bootstrap.servers": bootstrap, "transactional.id": transactional_id,
             "enable.idempotence": True, "acks": "all", "transaction.timeout.ms": int(timeout_s * 1000),
@@ -38,16 +109,22 @@ class TxnProducer:
             # land in the same partition whichever runtime emits them.
             "partitioner": "murmur2_random",
             "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576,
-            **(extra or {})})
+            "error_cb": self.fatal, **(extra or {})})
         # Fences an older instance with the same id and aborts the transaction it left open.
         self._retry(lambda: self._p.init_transactions(timeout_s))
         self.in_transaction = False
         self.records = 0
 
+    def check(self) -> None:
+        """Serve the producer's callbacks; raise FatalClientError if it reported a fatal error (the
+        transactional calls raise theirs directly; this catches one reported between batches)."""
+        self._p.poll(0)
+        self.fatal.raise_if_any()
+
     def produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int = -1) -> None:
         """Add one record to the current transaction (begun on the first record)."""
         if not self.in_transaction:
-            self._p.begin_transaction()
+            self._retry(self._p.begin_transaction)
             self.in_transaction = True
         while True:
             try:
@@ -68,7 +145,7 @@ class TxnProducer:
         if not self.in_transaction:
             if not offsets:
                 return
-            self._p.begin_transaction()
+            self._retry(self._p.begin_transaction)
             self.in_transaction = True
         try:
             if offsets:
@@ -92,17 +169,33 @@ class TxnProducer:
         self.records = 0
 
     def close(self) -> None:
-        self.abort()
-        self._p.flush(5)
+        """Abort what is open and let go. Never raises: it runs on the way out after errors, and a fatal
+        producer can neither abort nor flush (the broker aborts its transaction, or a restarted worker's
+        `init_transactions` does)."""
+        self.watchdog.stop()
+        if self.fatal.error is not None:
+            return
+        try:
+            if self.in_transaction or self.records:
+                self.in_transaction, self.records = False, 0
+                self._p.abort_transaction(min(self.timeout_s, 10.0))  # once: the broker may be gone
+            self._p.flush(5)
+        except KafkaException as e:
+            log.warning("could not abort the open transaction on close: %s", e.args[0])
 
     def _retry(self, op: Any, attempts: int = 5) -> None:
         for i in range(attempts):
+            self.watchdog.enter(getattr(op, "__name__", "transaction step"))
             try:
                 op()
                 return
             except KafkaException as e:
                 err = e.args[0]
+                if err.fatal():
+                    self.fatal(err)
                 if not err.retriable() or i == attempts - 1:
                     raise
                 log.warning("retrying a transaction step: %s", err)
                 time.sleep(0.2 * (i + 1))
+            finally:
+                self.watchdog.leave()

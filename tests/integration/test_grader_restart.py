@@ -257,6 +257,31 @@ def test_native_two_workers_share_the_work_and_one_is_killed(run: Run) -> None:
         reader.close()
 
 
+def test_native_worker_whose_clients_are_fenced_exits_for_a_restart(run: Run) -> None:
+    """A second worker under the same instance id fences the first one's static membership and
+    transactional id (the fatal error librdkafka also raises after a broker restart). The fenced worker
+    must exit non-zero (its supervisor restarts it) instead of living on with dead clients, grading
+    nothing; the other one grades everything, exactly once."""
+    reader = TopicReader(run.bootstrap, run.topics.graded)
+    a = run.grader("native", instance_id="twin")
+    b = None
+    try:
+        run.produce(n_rules=100, n_support=0)
+        run.check_exactly_once(reader)  # a works
+        b = run.grader("native", instance_id="twin")
+        assert a.proc is not None
+        assert a.proc.wait(60) == 1, a.log_tail()
+        assert "fenced" in a.log_path.read_text(errors="replace").lower(), a.log_tail()
+        assert b.alive(), b.log_tail()
+        run.produce(n_rules=100, n_support=0)
+        assert len(run.check_exactly_once(reader)) == 200, b.log_tail()
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+        reader.close()
+
+
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_windows_still_expire_after_a_restart_without_new_records(kafka_bootstrap: str, tmp_path: Path,
                                                                    runtime: str) -> None:
