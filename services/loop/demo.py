@@ -114,7 +114,13 @@ class Demo:
         }
         extractor = {"APPRENTICE_EXTRACTOR_SESSION_GAP_S": "2", "APPRENTICE_EXTRACTOR_AUTO_APPROVE_TENANTS": t.tenant,
                      **self.budget.extractor_env}
-        return {"trainer": trainer, "extractor": extractor, "grader": {}, "weights": {}, "inference": {}}
+        services = {"trainer": trainer, "extractor": extractor, "grader": {}, "weights": {}, "inference": {}}
+        # One intra-op thread per service: inference, trainer and the gate run at the same time on a
+        # 2-core machine, and torch's default (a thread per core in each process) oversubscribes it; the
+        # OpenMP barriers then stall (measured: SmolLM2 inference fell to ~4 tokens/s during training).
+        for env in services.values():
+            env.setdefault("APPRENTICE_TORCH_THREADS", "1")
+        return services
 
     # --- the loop ------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
