@@ -255,7 +255,7 @@ def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, a
 
     task = load_task(task_name)
     common = CommonSettings()
-    budget = DemoBudget.quick(rounds or 1) if quick else DemoBudget.full(rounds or 3)
+    budget = DemoBudget.quick(rounds or 1) if quick else DemoBudget.full(rounds or 2)
     run_dir = common.home / "demo" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     demo = Demo(task, model=model or common.model, budget=budget, algo=algo, report=report,
                 plot_path=report.with_name("learning_curve.png") if report.suffix == ".json" else report.with_suffix(".png"),
