@@ -8,6 +8,8 @@ eval gate (load). File layout of a version:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import itertools
 import os
@@ -257,6 +259,36 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+WRITEBACK_STEP = 32 << 20
+"""Bytes of a file between two early-writeback requests (see `start_writeback`)."""
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _libc_sync_file_range() -> Any:
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None  # not Linux: fsync at the end does all the work
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _libc_sync_file_range()
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing [offset, offset + nbytes) of `fd` to disk, without waiting
+    (Linux `sync_file_range(SYNC_FILE_RANGE_WRITE)`, as RocksDB's `bytes_per_sync`).
+
+    A durable download otherwise leaves the whole file dirty until its final fsync, which then writes
+    every byte after the transfer instead of during it (on the dev machine, 0.3-0.7 s per 538 MB after
+    the last chunk). With writeback started behind the transfer, the final fsync only waits for the
+    tail. Not a durability point by itself: the fsync still decides. Best effort (a no-op elsewhere)."""
+    if _sync_file_range is not None and nbytes > 0:
+        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+
+
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
@@ -273,11 +305,13 @@ class _OrderedHasher:
     from memory while it keeps up; chunks beyond `window` bytes of backlog are dropped from memory and
     read back from the file (page cache) when their turn comes, so memory stays bounded however far the
     parallel ranges run ahead. `contiguous` is the length of the complete prefix on disk: where a later
-    call resumes if this one fails.
+    call resumes if this one fails. `writeback`: also start the disk writeback of each hashed stretch
+    (`start_writeback`), so that a durable download's final fsync has little left to do.
     """
 
-    def __init__(self, fd: int, size: int, *, window: int = 64 << 20) -> None:
+    def __init__(self, fd: int, size: int, *, window: int = 64 << 20, writeback: bool = False) -> None:
         self.fd = fd
+        self.writeback = writeback
         self.size = size
         self.window = window
         self.contiguous = 0
@@ -308,9 +342,12 @@ class _OrderedHasher:
 
     def _run(self) -> None:
         buf = memoryview(bytearray(0))
-        hashed = 0
+        hashed = synced = 0
         try:
             while hashed < self.size:
+                if self.writeback and hashed - synced >= WRITEBACK_STEP:
+                    start_writeback(self.fd, synced, hashed - synced)
+                    synced = hashed
                 with self._cv:
                     while hashed not in self._pending and not self._stopped:
                         self._cv.wait()
@@ -382,7 +419,7 @@ class _FileFetch:
             ranges = self.ranges(have) if have < e.size else []
             if len(ranges) > 1:
                 self.marker.touch()
-            hasher = _OrderedHasher(fd, e.size)
+            hasher = _OrderedHasher(fd, e.size, writeback=self.durable)
             try:
                 if have:
                     hasher.written(0, None, have)  # bytes of an interrupted earlier call: read back and hashed

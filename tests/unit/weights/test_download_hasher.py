@@ -57,3 +57,33 @@ def test_close_stops_a_hasher_waiting_for_a_gap(tmp_path: Path) -> None:
         hasher.close()  # returns: the thread gave up waiting
     finally:
         os.close(fd)
+
+
+def test_writeback_is_started_behind_the_hashed_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A durable download asks for writeback of each hashed stretch, in file order and never ahead of
+    the bytes hashed, so the final fsync has only the tail left; the real syscall accepts the call."""
+    import shared.weights_client as wc
+
+    calls: list[tuple[int, int]] = []
+    real = wc.start_writeback
+
+    def spy(fd: int, offset: int, nbytes: int) -> None:
+        calls.append((offset, nbytes))
+        real(fd, offset, nbytes)
+
+    monkeypatch.setattr(wc, "WRITEBACK_STEP", 10_000)
+    monkeypatch.setattr(wc, "start_writeback", spy)
+    data = random.Random(3).randbytes(100_000)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        hasher = _OrderedHasher(fd, len(data), writeback=True)
+        for off in range(0, len(data), 4_000):
+            os.pwrite(fd, data[off:off + 4_000], off)
+            hasher.written(off, data[off:off + 4_000])
+        assert hasher.digest(timeout=10) == hashlib.sha256(data).hexdigest()
+    finally:
+        os.close(fd)
+    assert calls and calls[0][0] == 0
+    assert all(a + n == b for (a, n), (b, _) in zip(calls, calls[1:], strict=False))  # contiguous, in order
+    assert all(n >= 10_000 for _, n in calls)
+    assert calls[-1][0] + calls[-1][1] <= len(data)
