@@ -60,13 +60,22 @@ class Load:
     errors: Counter[str] = field(default_factory=Counter)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    callers: list[threading.Thread] = field(default_factory=list)
 
     def run(self) -> list[threading.Thread]:
-        ts = [threading.Thread(target=self._caller, args=(i,), daemon=True)
-              for i in range(len(self.targets)) for _ in range(self.threads)]
-        for t in ts:
+        self.callers = [threading.Thread(target=self._caller, args=(i,), daemon=True)
+                        for i in range(len(self.targets)) for _ in range(self.threads)]
+        for t in self.callers:
             t.start()
-        return ts
+        return self.callers
+
+    def finish(self, timeout: float = 120.0) -> None:
+        """Stop issuing requests and wait for the ones in flight: the replicas are shut down only after,
+        so a request cut by the benchmark's own teardown is not counted as a failure."""
+        self.stop.set()
+        deadline = time.monotonic() + timeout
+        for t in self.callers:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _caller(self, replica: int) -> None:
         import grpc
@@ -247,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)
     finally:
         if load is not None:
-            load.stop.set()
+            load.finish()
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

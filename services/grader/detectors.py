@@ -30,6 +30,7 @@ import re
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from services.grader.plan import plan_for
 from shared.grading import DetectorConfig, JudgeSpec, KpiSpec, TaskGraders
@@ -46,13 +47,18 @@ def infra_failure(cfg: DetectorConfig, interaction: events_pb2.Interaction,
     """"tool_timeout" or "infra_failure" when the outcome says nothing about the response, else None."""
     if interaction.finish_reason in INFRA_FINISH_REASONS:
         return "infra_failure"
-    pattern = re.compile(cfg.tool_timeout_pattern)
+    pattern = _compiled(cfg.tool_timeout_pattern)
     if any(m.role == "tool" and pattern.search(m.content) for m in interaction.messages):
         return "tool_timeout"
     for f in feedback:
         if f.kind == "kpi" and f.kpi_name in cfg.infra_kpis and f.value > 0:
             return "tool_timeout" if "timeout" in f.kpi_name else "infra_failure"
     return None
+
+
+@lru_cache(maxsize=64)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
 
 
 def repetition_ratio(text: str, n: int = 4) -> float:

@@ -153,6 +153,17 @@ class InferenceSettings(BaseSettings):
 
     download_timeout_s: float = 600.0
 
+    host_cache: bool = True
+    """Share downloaded versions between the pods of one host (services/inference/host_cache.py): each
+    version crosses the network once per host, the other pods hard-link it. Pods share the cache when
+    they share `host_cache_dir` (by default, when they share APPRENTICE_HOME)."""
+
+    host_cache_dir: Path | None = None
+    """None = `<APPRENTICE_HOME>/inference/host-cache`."""
+
+    host_cache_keep: int = Field(default=2, ge=1)
+    """Versions per model the host cache keeps (most recently used); pods keep their own links."""
+
     startup_catchup_s: float = 10.0
     """At start, how long to wait for the model-updates backlog (the versions this pod should serve)
     before reporting SERVING; the backlog keeps applying in the background after that."""
@@ -212,6 +223,10 @@ class InferenceSettings(BaseSettings):
     @property
     def spool_path(self) -> Path:
         return self.spool_dir or self.state_dir / "spool"
+
+    @property
+    def host_cache_path(self) -> Path:
+        return self.host_cache_dir or self.common.home / "inference" / "host-cache"
 
     @property
     def versions_path(self) -> Path:

