@@ -158,9 +158,14 @@ class _LosslessConsumer(faust_aiokafka.Consumer):
 
     async def seek_to_committed(self) -> Mapping[Any, int]:
         committed = await super().seek_to_committed()
+        rewound = []
         for tp, offset in committed.items():
             if not offset and not tp.topic.endswith("-changelog"):
                 await self.seek(TP(tp.topic, tp.partition), 0)
+                rewound.append(f"{tp.topic}/{tp.partition}")
+        log.info("stream positions set from the committed offsets",
+                 extra={"committed": {f"{tp.topic}/{tp.partition}": o for tp, o in committed.items()
+                                      if not tp.topic.endswith("-changelog")}, "rewound": rewound})
         return committed
 
 
