@@ -10,7 +10,8 @@ the very cores that are serving. With it:
 
 The cache holds only complete, verified versions (`download_version` renames its `.partial` folder into
 place after every file matched the manifest; an interrupted download leaves the `.partial` folder, which
-the next pod resumes). A pod's own folder holds hard links (a copy across filesystems), so the cache can
+the next pod resumes), and reuses one only for the same files: an entry records the paths, sizes and
+sha256 it was verified against, so a version *name* reused for other weights is fetched again. A pod's own folder holds hard links (a copy across filesystems), so the cache can
 drop an entry without touching what a pod is serving. The cache keeps the `keep` newest versions per
 model; an entry is removed only under its own lock, never while a pod is linking it.
 
@@ -21,6 +22,7 @@ the middle of a download never blocks the others (the next one resumes the parti
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -34,6 +36,8 @@ from shared.weights_client import DownloadSource, download_version
 log = logging.getLogger(__name__)
 
 LOCK_SUFFIX = ".lock"
+IDENTITY = ".apprentice-files.json"
+"""Written into an entry after its download: the files (path, size, sha256) it was verified against."""
 
 
 @contextmanager
@@ -73,6 +77,7 @@ class HostCache:
             if not _matches(entry, manifest):
                 shutil.rmtree(entry, ignore_errors=True)  # absent, or not what the manifest says: fetch again
                 download_version(source, model, version, entry, timeout=timeout)
+                (entry / IDENTITY).write_text(_identity(manifest))  # a crash before this: fetched again
                 downloaded = True
             os.utime(entry)  # most recently used: the last to be pruned
             link_tree(entry, manifest, dest)
@@ -93,11 +98,19 @@ class HostCache:
                     log.info("dropped a version from the host cache", extra={"entry": str(d)})
 
 
+def _identity(manifest: weights_pb2.Manifest) -> str:
+    """What makes two versions the same bytes: every file's path, size and sha256 (a name is not enough:
+    a reset store, or two stacks on one host, may reuse `v1` for other weights)."""
+    return json.dumps(sorted([f.path, f.size, f.sha256] for f in manifest.files))
+
+
 def _matches(entry: Path, manifest: weights_pb2.Manifest) -> bool:
-    """The entry holds every file of the manifest at its size. The bytes were sha256-verified before the
-    entry was renamed into place, and nothing writes into it afterwards (pods link, never write)."""
+    """The entry was downloaded for exactly these files (paths, sizes, sha256, recorded next to them after
+    the download verified every hash) and still holds each at its size. Nothing writes into an entry
+    afterwards (pods link, never write)."""
     try:
-        return entry.is_dir() and all((entry / f.path).stat().st_size == f.size for f in manifest.files)
+        return ((entry / IDENTITY).read_text() == _identity(manifest)
+                and all((entry / f.path).stat().st_size == f.size for f in manifest.files))
     except OSError:
         return False
 

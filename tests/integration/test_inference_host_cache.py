@@ -107,3 +107,24 @@ def test_prune_keeps_the_newest_and_skips_locked_entries(client: DownloadClient,
     assert sorted(d.name for d in folder.iterdir() if d.is_dir()) == sorted(versions[2:])
     for v in versions:  # the pod's own links survive every prune
         assert (tmp_path / "pod" / v / "model.safetensors").stat().st_size == 3 << 20
+
+
+def test_a_version_name_reused_for_other_weights_is_fetched_again(client: DownloadClient, server: RunningServer,
+                                                                   tmp_path: Path) -> None:
+    """A reset store (or a second stack on the host) may call other weights `v1` again: same name, same
+    sizes, other bytes. The cache must tell them apart by their sha256, not by name or size."""
+    first = upload(client, server, tmp_path, 20)
+    cache = HostCache(tmp_path / "cache")
+    assert fetch(cache, client, first.version, tmp_path / "pod-a" / first.version)
+    other = start(WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=tmp_path / "store-2",
+                                  policy="manual"), consume=False)
+    try:
+        with DownloadClient(f"127.0.0.1:{other.port}") as client2:
+            second = upload(client2, other, tmp_path / "second", 20)
+            assert second.version == first.version
+            assert {f.sha256 for f in second.files} != {f.sha256 for f in first.files}
+            assert fetch(cache, client2, second.version, tmp_path / "pod-b" / second.version)  # downloaded again
+            for f in second.files:
+                assert sha256_file(tmp_path / "pod-b" / second.version / f.path) == f.sha256
+    finally:
+        other.stop(grace=1.0)
