@@ -87,9 +87,15 @@ class HostCache:
     def prune(self, folder: Path, *, keep_also: str) -> None:
         """Drop all but the `keep` most recently used entries of one model (and `keep_also`); an entry a
         pod holds the lock of is skipped (it is being downloaded or linked)."""
-        entries = sorted((d for d in folder.iterdir() if d.is_dir() and not d.name.endswith(".partial")),
-                         key=lambda d: d.stat().st_mtime, reverse=True)
-        for d in entries[self.keep:]:
+        used: list[tuple[float, Path]] = []
+        for d in folder.iterdir():
+            try:
+                if d.is_dir() and not d.name.endswith(".partial"):
+                    used.append((d.stat().st_mtime, d))
+            except OSError:
+                continue  # another pod's prune removed it meanwhile
+        used.sort(key=lambda x: x[0], reverse=True)
+        for _mtime, d in used[self.keep:]:
             if d.name == keep_also:
                 continue
             with locked(folder / f".{d.name}{LOCK_SUFFIX}", blocking=False) as got:
