@@ -206,7 +206,7 @@ class GraderApp:
             topic_partitions=P, topic_replication_factor=settings.replication,
             key_serializer="raw", value_serializer="raw", consumer_auto_offset_reset="earliest",
             consumer_max_fetch_size=4 * 1024 * 1024, stream_buffer_maxsize=max(4096, 4 * settings.batch_max),
-            broker_commit_every=max(1000, settings.batch_max), broker_commit_interval=1.0,
+            broker_commit_every=max(1000, settings.batch_max), broker_commit_interval=settings.commit_interval_s,
             producer_acks=-1, producer_linger=0.005, table_standby_replicas=0,
             broker_session_timeout=settings.session_timeout_s,
             broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 4),

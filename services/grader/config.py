@@ -52,6 +52,10 @@ class GraderSettings(BaseSettings):
     batch_within_s: float = Field(default=0.05, gt=0)
     """A batch is processed after this long even when not full (latency bound under light load)."""
 
+    commit_interval_s: float = Field(default=1.0, gt=0)
+    """faust runtime: how often consumed offsets are committed (records already processed; a shorter
+    interval replays fewer after a crash)."""
+
     tick_interval_s: float = Field(default=1.0, gt=0)
     """How often windows and retention are checked. Window expiry is late by at most this much."""
 
