@@ -56,6 +56,10 @@ class GraderSettings(BaseSettings):
     """faust runtime: how often consumed offsets are committed (records already processed; a shorter
     interval replays fewer after a crash)."""
 
+    stall_after_s: float = Field(default=30.0, gt=0)
+    """faust runtime: a source or join partition whose records its agent has not received for this long
+    is resumed and re-sought (services/grader/stall.py)."""
+
     tick_interval_s: float = Field(default=1.0, gt=0)
     """How often windows and retention are checked. Window expiry is late by at most this much."""
 

@@ -156,23 +156,23 @@ def test_kill9_mid_stream_loses_and_duplicates_nothing(run: Run, runtime: str) -
 
 
 @pytest.mark.parametrize(("point", "outcome"), [
-    # intermittent: fails when the first worker committed offsets before its crash (1 in 2 runs with
-    # grader_env(..., commit_interval_s="0.02") on the first worker). Then the restarted worker settles the
-    # in-doubt states but never fetches some join partitions again: their committed offsets stay at 3-4 of
-    # 13-14 records while the others reach the end, and the items in them (join items present, no state)
-    # are never graded (108-115 of 600). The native runtime passes the same case in every run. Reported,
-    # not hidden -- issue #4 stays open
-    pytest.param("after_state", "re_emitted", marks=pytest.mark.xfail(strict=False, reason="intermittent, issue #4")),
+    # The first worker commits every 0.02 s, so it has usually committed offsets when it crashes: then the
+    # restarted faust consumer used to leave some join records unread for good (108-115 of 600 interactions
+    # never graded, in 1 of 2 runs). The stall watchdog (stall.py, 3 s here) re-reads such partitions from
+    # their committed offset: 8 of 8 runs passed, the watchdog acting in 4. Kept non-strict until it has
+    # more runs behind it (issue #4).
+    pytest.param("after_state", "re_emitted", marks=pytest.mark.xfail(strict=False, reason="watchdog new, issue #4")),
     ("after_emit", "already_emitted")])
 def test_faust_abrupt_exit_at_an_in_doubt_point_recovers_exactly_once(run: Run, point: str, outcome: str) -> None:
     """faust: the emission marker is settled by looking in the graded topic (app.py)."""
     run.produce(n_rules=600, n_support=0)
     reader = TopicReader(run.bootstrap, run.topics.graded)
-    g = run.grader("faust", fault_injection=f"{point}:2", batch_max="50")
+    fast_commits = {"commit_interval_s": "0.02"} if point == "after_state" else {}
+    g = run.grader("faust", fault_injection=f"{point}:2", batch_max="50", **fast_commits)
     try:
         assert g.proc is not None
         assert g.proc.wait(90) == 137, g.log_tail()
-        g = run.grader("faust")
+        g = run.grader("faust", stall_after_s="3")
         recs = run.check_exactly_once(reader)
         logs = log_lines(g.log_path, "settled in-doubt")
         assert logs, f"no recovery of in-doubt emissions logged:\n{g.log_tail()}"

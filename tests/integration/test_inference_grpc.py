@@ -133,10 +133,17 @@ def test_bad_requests_get_invalid_argument_and_server_stays_healthy(app: Any, cl
 
 
 def test_deadline_cancels_generation(app: Any, client: InferenceClient, kafka_bootstrap: str, ns: Topics) -> None:
-    session = f"deadline-{uuid.uuid4().hex[:6]}"
-    with pytest.raises(grpc.RpcError) as e:
-        client.generate("write a long essay", max_new_tokens=2000, temperature=1.0, session_id=session, timeout=0.4)
-    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    for _attempt in range(5):
+        session = f"deadline-{uuid.uuid4().hex[:6]}"
+        try:
+            client.generate("write a long essay", max_new_tokens=2000, temperature=1.0, session_id=session,
+                            timeout=0.4)
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            break
+        # the tiny random model may sample its end-of-sequence token within 0.4 s (a CI run saw it once)
+    else:
+        pytest.fail("five sampled essays all ended before the 0.4 s deadline")
     t0 = time.monotonic()
     client.generate("quick", max_new_tokens=2)
     assert time.monotonic() - t0 < 5.0           # the engine is not still busy with the abandoned essay
