@@ -44,8 +44,9 @@ things make that replay harmless:
    Assumption: one worker owns a partition at a time (faust's rebalancing; a zombie worker fenced only
    by the session timeout is outside this argument, as for any non-transactional Kafka app).
 
-3. Nothing skipped. faust's at-least-once consumer can skip records around rebalances; the three
-   mechanisms and their fixes are in `_LosslessConsumer` (each was reproduced by a restart test).
+3. Nothing skipped. faust's at-least-once consumer can skip records around rebalances; four
+   mechanisms and their fixes are in `_LosslessConsumer` (each was reproduced by a restart test), and a
+   stall watchdog (stall.py) re-reads any stream partition whose commit stays short of its end.
    And no batch is dropped: an exception inside an agent's batch would reach faust's supervisor,
    which restarts the agent without the batch in hand (those records are never delivered to this
    worker again); every batch is therefore retried until it succeeds (`_until_done`).
