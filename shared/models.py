@@ -86,7 +86,9 @@ def _build_smollm2() -> tuple[Any, Any]:
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
     # The weights are de-quantised to fp32 on load; drop the quantiser so save/load treat them as plain.
-    model.hf_quantizer = None
+    # transformers sets `hf_quantizer` dynamically and never declares it, so mypy checks it against
+    # nn.Module.__setattr__ (Tensor | Module).
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     # The GGUF metadata names <|im_start|> as EOS; the chat model ends its turns with <|im_end|>.
@@ -149,7 +151,8 @@ def load_model(name: str, *, cache: Path | None = None, dtype: Any = None, devic
     src = resolve_model_dir(name, cache)
     with LOAD_LOCK:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype or torch.float32)
-    model.to(device)
+    # typeshed types the `functools.wraps`-decorated PreTrainedModel.to as unbound (self looks missing).
+    model.to(device)  # type: ignore[arg-type]
     model.eval()
     tok = load_tokenizer(name, cache) if name in (SMOLLM2, TINY) else load_tokenizer(str(src))
     return model, tok

@@ -335,7 +335,10 @@ class _OrderedHasher:
 
     def written(self, offset: int, data: bytes | memoryview | None, n: int | None = None) -> None:
         """`n` bytes (default len(data)) at `offset` are in the file; `data` None = read them back later."""
-        n = len(data) if n is None else n
+        if n is None:
+            if data is None:
+                raise TypeError("written(): `n` is required when `data` is None")
+            n = len(data)
         with self._cv:
             keep = data is not None and self._held + n <= self.window
             self._pending[offset] = (offset + n, data if keep else None)
@@ -549,6 +552,7 @@ def load_version(manifest: weights_pb2.Manifest, files_dir: Path | str, base_mod
     from shared.models import LOAD_LOCK, load_model
 
     files = Path(files_dir)
+    model: torch.nn.Module  # a PeftModel (LoRA) or a plain causal LM (full)
     if manifest.kind == LORA:
         from peft import PeftModel
 

@@ -73,6 +73,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 
 from services.grader import metrics as M
+from services.grader.commit_offsets import committable
 from services.grader.config import GraderSettings
 from services.grader.detectors import DetectorStats
 from services.grader.join import (
@@ -143,14 +144,16 @@ class _LosslessConsumer(faust_aiokafka.Consumer):
        (`_read_offset` never remembers): a re-delivered record is replayed, which the grader's state
        machine de-duplicates by event id.
     3. faust treats a jump in offsets as a "gap" (transaction markers, compaction) and counts the
-       skipped offsets as acknowledged, so the commit moves past records that were lost as in 2. The
-       grader's input topics are written without transactions and are not compacted: offsets are
-       contiguous and no gap is ever skipped.
+       skipped offsets as acknowledged, so the commit moves past records that were lost as in 2. Here
+       the commit decides from what was *fetched* instead (commit_offsets.py): an offset never fetched
+       (a marker, an aborted transaction) is skipped, a fetched one is waited for.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._read_offset = _NoReadOffsets()
+        self._fetched: dict[TP, set[int]] = {}
+        """Source-topic offsets fetched and not yet committed over, per partition."""
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ReadCommittedThread(self, loop=self.loop, beacon=self.beacon)
@@ -158,20 +161,47 @@ class _LosslessConsumer(faust_aiokafka.Consumer):
     async def _add_gap(self, tp: TP, offset_from: int, offset_to: int) -> None:
         return None
 
+    async def _wait_next_records(self, timeout: float) -> tuple[Any, Any]:
+        records, active = await super()._wait_next_records(timeout)
+        if records:
+            acks_enabled_for = self.app.topics.acks_enabled_for
+            for tp, batch in records.items():
+                if acks_enabled_for(tp.topic) and not tp.topic.endswith("-join"):  # what _new_offset decides
+                    self._fetched.setdefault(tp, set()).update(r.offset for r in batch)
+        return records, active
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        await super().on_partitions_revoked(revoked)
+        for tp in revoked:
+            self._fetched.pop(tp, None)
+
     def _new_offset(self, tp: TP) -> int | None:
         """4. faust's commit skips one unacknowledged record: `_committed_offset` holds the next offset to
         read (what it commits), but the hole check is `min(acked) - committed > 1`, so with offsets
         12, 13, 14 acknowledged and 11 not, it commits 15 and record 11 is never processed (reproduced
-        by the `after_state` restart test with frequent commits: its items never graded). On the join
-        topic, which only the grader writes and faust writes without transactions (contiguous offsets),
-        any acknowledged offset above the committed one is a hole: nothing is committed until it fills
-        (the stall watchdog re-reads it). Source topics keep faust's rule: a producer outside the
-        grader may write them in transactions, whose markers are one-offset holes that never fill."""
+        by the `after_state` restart test with frequent commits: its items never graded); and with no
+        commit yet (or one at offset 0) it checks nothing. On the join topic, which only the grader
+        writes and faust writes without transactions (contiguous offsets), any unacknowledged offset
+        below an acknowledged one is a hole: nothing is committed until it fills (the stall watchdog
+        re-reads it). Source topics may hold transaction markers from producers outside the grader:
+        there a hole is an offset that was fetched and not acknowledged (`committable`)."""
         acked = self._acked[tp]
-        committed = self._committed_offset[tp]
-        if acked and committed is not None and min(acked) > committed and tp.topic.endswith("-join"):
+        if not acked:
             return None
-        return super()._new_offset(tp)  # type: ignore[no-any-return]
+        committed = self._committed_offset[tp]
+        if tp.topic.endswith("-join"):
+            if committed is not None and min(acked) > committed:
+                return None
+            return super()._new_offset(tp)  # type: ignore[no-any-return]
+        acked.sort()
+        fetched = self._fetched.get(tp, set())
+        if committed and fetched:
+            fetched.difference_update([o for o in fetched if o < committed])
+        taken, offset = committable(acked, committed, fetched)
+        if taken:
+            self._acked_index[tp].difference_update(acked[:taken])
+            del acked[:taken]
+        return offset
 
     async def seek_to_committed(self) -> Mapping[Any, int]:
         committed = await super().seek_to_committed()

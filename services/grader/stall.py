@@ -13,7 +13,11 @@ processed after that offset is replayed, and the join state machine ignores what
 `StallTracker` only decides; the app does the Kafka calls. A partition is stalled when its end offset is
 past its committed offset and the committed offset has not moved for `after_s` seconds (a live agent
 commits every `commit_interval_s`, so the threshold is far above that; a batch that really runs longer
-than `after_s` is replayed in part, which costs time, not correctness).
+than `after_s` is replayed in part, which costs time, not correctness). A remedy that did not move the
+commit while the end stayed put is tried again after twice the previous wait (up to `MAX_BACKOFF` x
+`after_s`): an idle source partition whose last records are transaction markers from an outside
+producer keeps its commit one short of its end for good (a marker is never delivered to be
+acknowledged), and re-reading it every `after_s` forever would only add noise.
 """
 
 from __future__ import annotations
@@ -24,11 +28,15 @@ Key = tuple[str, int]
 """(topic, partition)."""
 
 
+MAX_BACKOFF = 16
+"""The longest wait between two remedies of the same stuck commit, in multiples of `after_s`."""
+
+
 class StallTracker:
     def __init__(self, after_s: float) -> None:
         self.after_s = after_s
-        self._since: dict[Key, tuple[int, float]] = {}
-        """(committed offset, when it was first seen unchanged with records after it)."""
+        self._since: dict[Key, tuple[int, int, float, float]] = {}
+        """(committed offset, end offset, since when they are unchanged, how long to wait from then)."""
 
     def stalled(self, ends: Mapping[Key, int], committed: Mapping[Key, int | None], now: float) -> dict[Key, int]:
         """Partitions to resume, with the offset to seek each to. `ends`: end offsets (next offset to be
@@ -43,8 +51,11 @@ class StallTracker:
                 continue
             seen = self._since.get(key)
             if seen is None or seen[0] != at:
-                self._since[key] = (at, now)  # records after the commit: start (or restart) the clock
-            elif now - seen[1] >= self.after_s:
+                self._since[key] = (at, end, now, self.after_s)  # records after the commit: start the clock
+            elif seen[1] != end:
+                self._since[key] = (at, end, seen[2], self.after_s)  # new records: no back-off
+            elif now - seen[2] >= seen[3]:
                 out[key] = at
-                self._since[key] = (at, now)  # give the remedy time before trying again
+                wait = min(seen[3] * 2, self.after_s * MAX_BACKOFF)
+                self._since[key] = (at, end, now, wait)  # give the remedy time before trying again
         return out

@@ -207,7 +207,7 @@ class Demo:
     def _evaluate(self, k: int, *, deploy: dict[str, Any] | None, started: float) -> None:
         p = self.progress
         p(f"round {k}: evaluating held-out and out-of-distribution questions")
-        ev = self.evaluator.run(k).as_dict()
+        ev: dict[str, Any] = self.evaluator.run(k).as_dict()  # JSON-shaped; fields read by name below
         state = self.watcher.snapshot()
         kb = state.knowledge.get(f"{self.task.tenant}/{self.task.task}")
         versions = {m.version: m for m in self._versions()}

@@ -47,8 +47,8 @@ def plot(path: Path, rounds: list[dict[str, Any]], title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ax.errorbar(xs, rate, yerr=[lo, hi], marker="o", capsize=4, label="held-out success (95% CI)")
     ax.plot(xs, ood, marker="s", linestyle="--", label="out-of-distribution check")
-    loss = [r.get("gold_answer_loss") for r in rounds]
-    if all(v is not None for v in loss):
+    loss = [r["gold_answer_loss"] for r in rounds if r.get("gold_answer_loss") is not None]
+    if len(loss) == len(rounds):  # draw the loss curve only when every round measured it
         ax2 = ax.twinx()
         ax2.plot(xs, loss, color="grey", marker="^", linestyle=":", label="gold-answer loss (nats/token)")
         ax2.set_ylabel("gold-answer loss")

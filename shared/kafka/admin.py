@@ -12,7 +12,7 @@ from shared.topics import Topics, TopicSpec
 
 
 def admin(bootstrap: str, *, quiet: bool = False) -> AdminClient:
-    config = {"bootstrap.servers": bootstrap}
+    config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap}
     if quiet:
         config["log_level"] = 0  # probing a broker that may be down: connection errors are expected
     return AdminClient(config)

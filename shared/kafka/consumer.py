@@ -54,8 +54,11 @@ class EventConsumer:
         """Synchronously commit past the highest offset of each partition in `messages`."""
         highest: dict[tuple[str, int], int] = {}
         for m in messages:
-            tp = (m.topic(), m.partition())
-            highest[tp] = max(highest.get(tp, -1), m.offset())
+            topic, partition, offset = m.topic(), m.partition(), m.offset()
+            if topic is None or partition is None or offset is None:
+                raise ValueError(f"cannot commit a record with no position (error: {m.error()})")
+            tp = (topic, partition)
+            highest[tp] = max(highest.get(tp, -1), offset)
         if highest:
             self._consumer.commit(offsets=[TopicPartition(t, p, o + 1) for (t, p), o in highest.items()],
                                   asynchronous=False)

@@ -159,9 +159,9 @@ def test_kill9_mid_stream_loses_and_duplicates_nothing(run: Run, runtime: str) -
     # The first worker commits every 0.02 s, so it has usually committed offsets when it crashes: then the
     # restarted faust consumer used to leave some join records unread for good (108-115 of 600 interactions
     # never graded, in 1 of 2 runs). The stall watchdog (stall.py, 3 s here) re-reads such partitions from
-    # their committed offset: 8 of 8 runs passed, the watchdog acting in 4. Kept non-strict until it has
-    # more runs behind it (issue #4).
-    pytest.param("after_state", "re_emitted", marks=pytest.mark.xfail(strict=False, reason="watchdog new, issue #4")),
+    # their committed offset; the commit no longer skips an unacknowledged record (app.py, point 4).
+    # Since both: 12 of 12 runs of this case passed.
+    ("after_state", "re_emitted"),
     ("after_emit", "already_emitted")])
 def test_faust_abrupt_exit_at_an_in_doubt_point_recovers_exactly_once(run: Run, point: str, outcome: str) -> None:
     """faust: the emission marker is settled by looking in the graded topic (app.py)."""

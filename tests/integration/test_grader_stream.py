@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.grader.join import graded_event_id
 from services.grader.testing import (
@@ -118,6 +119,49 @@ def test_immediate_rule_grading(stack: Stack) -> None:
 
 def test_the_chosen_runtime_runs(stack: Stack) -> None:
     assert ("native grader starting" in stack.grader.log_tail(100_000)) == (stack.runtime == "native")
+
+
+def test_interactions_written_in_transactions_are_graded_and_committed_past(stack: Stack) -> None:
+    """A producer outside Apprentice that writes the interactions topic in transactions leaves offsets
+    that hold no record for a read_committed reader: commit and abort markers, an aborted transaction's
+    records. The committed interactions are graded, the aborted ones never, and the grader's commit
+    moves past those offsets (one that waited for them would hold the partition back for good)."""
+    run = uuid.uuid4().hex[:8]
+    producer = Producer({"bootstrap.servers": stack.bootstrap, "transactional.id": f"outside-{run}",
+                         "enable.idempotence": True})
+    producer.init_transactions(30)
+    kept = [interaction(task="rules", text=f"Warranty {i} months.", session_id=f"txn-{run}") for i in range(3)]
+    dropped = [interaction(task="rules", text=f"Dropped {i}.", session_id=f"txn-{run}") for i in range(2)]
+    for batch, commit in ((kept[:1], True), (dropped, False), (kept[1:], True)):
+        producer.begin_transaction()
+        for it in batch:
+            producer.produce(stack.topics.interactions, it.SerializeToString(), it.session_id.encode(), partition=0)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.flush(30)  # written to the log, then aborted (an abort before sending writes nothing)
+            producer.abort_transaction(30)
+    for it in kept:
+        [rec] = stack.records_for(it.interaction_id, 1)
+        assert rec.revision == 1 and rec.has_signal
+    graded_ids = {graded(m.value()).interaction.interaction_id for m in stack.graded.records}
+    assert not graded_ids & {it.interaction_id for it in dropped}  # same partition, written before kept[1:]
+
+    reader = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": f"{stack.topics.prefix}apprentice-grader",
+                       "enable.auto.commit": False})
+    try:
+        tp = TopicPartition(stack.topics.interactions, 0)
+        _low, end = reader.get_watermark_offsets(tp, timeout=10)
+        committed = -1
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            committed = reader.committed([tp], timeout=10)[0].offset
+            if committed >= end - 1:  # everything up to the last record (end - 1 is its commit marker)
+                break
+            time.sleep(0.5)
+        assert committed >= end - 1, f"commit stuck at {committed}, partition end {end}"
+    finally:
+        reader.close()
 
 
 def test_feedback_joined_within_window(stack: Stack) -> None:
