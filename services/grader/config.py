@@ -57,8 +57,8 @@ class GraderSettings(BaseSettings):
     interval replays fewer after a crash)."""
 
     stall_after_s: float = Field(default=30.0, gt=0)
-    """faust runtime: a source or join partition whose records its agent has not received for this long
-    is resumed and re-sought (services/grader/stall.py)."""
+    """faust runtime: a source or join partition whose committed offset has stayed short of its end for
+    this long is resumed and re-read from that offset (services/grader/stall.py)."""
 
     tick_interval_s: float = Field(default=1.0, gt=0)
     """How often windows and retention are checked. Window expiry is late by at most this much."""
