@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -278,6 +279,7 @@ class Bench:
     def cleanup(self) -> None:
         names = [t for t in list_topics(self.bootstrap) if t.startswith(tuple(self.prefixes))]
         delete_topics(self.bootstrap, names)
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

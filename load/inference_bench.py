@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -158,6 +159,7 @@ def kafka_down(model: str, n: int, max_new: int) -> tuple[float, float, int, int
     finally:
         app.stop(2)
         broker.stop(timeout=2)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.only in (None, "gateway", "batching"):
         topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:6]}.")
         ensure_topics(ns.bootstrap, topics)
-        proc, port = spawn_server(ns.model, ns.bootstrap, topics.prefix, Path(tempfile.mkdtemp(prefix="bench-")))
+        server_home = Path(tempfile.mkdtemp(prefix="bench-"))
+        proc, port = spawn_server(ns.model, ns.bootstrap, topics.prefix, server_home)
         try:
             with InferenceClient(f"127.0.0.1:{port}") as c:
                 c.wait_ready(300)
@@ -203,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.terminate()
             proc.wait(60)
             delete_topics(ns.bootstrap, [s.name for s in topics.specs()])
+            shutil.rmtree(server_home, ignore_errors=True)
 
     if ns.only in (None, "kafka-down"):
         up, down, spooled, missing, dupes = kafka_down(ns.model, ns.kafka_requests, ns.max_new_tokens)

@@ -250,12 +250,16 @@ def knowledge_items(target: str, key: str) -> list[str]:
 
 
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,
-             seed: int = 0) -> dict[str, Any]:
+             seed: int = 0, keep_runs: int = 2) -> dict[str, Any]:
+    from services.loop.run_dirs import prune_runs
     from shared.config import CommonSettings
 
     task = load_task(task_name)
     common = CommonSettings()
     budget = DemoBudget.quick(rounds or 1) if quick else DemoBudget.full(rounds or 2)
+    # The new run counts among the kept ones: keep_runs=1 leaves only this run's folder.
+    for old in prune_runs(common.home / "demo", keep=max(keep_runs - 1, 0)):
+        print(f"removed old demo run folder {old}", flush=True)
     run_dir = common.home / "demo" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     demo = Demo(task, model=model or common.model, budget=budget, algo=algo, report=report,
                 plot_path=report.with_name("learning_curve.png") if report.suffix == ".json" else report.with_suffix(".png"),

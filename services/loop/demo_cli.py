@@ -16,13 +16,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--algo", choices=["oel", "grpo", "both"], default="oel")
     ap.add_argument("--model", default=None, help="default: APPRENTICE_MODEL (smollm2-135m-instruct)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep-runs", type=int, default=2,
+                    help="run folders (checkpoints, logs: GiB each) kept under APPRENTICE_HOME/demo, this run "
+                         "included; older ones are deleted at start")
     ns = ap.parse_args(argv)
+    if ns.keep_runs < 1:
+        ap.error("--keep-runs must be at least 1 (this run's folder)")
     from services.loop.demo import run_demo
     from services.loop.task import TaskError
 
     try:
         report = run_demo(ns.task, rounds=ns.rounds, report=ns.report, quick=ns.quick, algo=ns.algo, model=ns.model,
-                          seed=ns.seed)
+                          seed=ns.seed, keep_runs=ns.keep_runs)
     except TaskError as e:
         print(f"apprentice demo: {e}")
         return 2
