@@ -11,9 +11,10 @@ the very cores that are serving. With it:
 The cache holds only complete, verified versions (`download_version` renames its `.partial` folder into
 place after every file matched the manifest; an interrupted download leaves the `.partial` folder, which
 the next pod resumes), and reuses one only for the same files: an entry records the paths, sizes and
-sha256 it was verified against, so a version *name* reused for other weights is fetched again. A pod's own folder holds hard links (a copy across filesystems), so the cache can
-drop an entry without touching what a pod is serving. The cache keeps the `keep` newest versions per
-model; an entry is removed only under its own lock, never while a pod is linking it.
+sha256 it was verified against, so a version *name* reused for other weights is fetched again. A pod's
+own folder holds hard links (a copy across filesystems), so the cache can drop an entry without touching
+what a pod is serving. The cache keeps the `keep` newest versions per model; an entry is removed only
+under its own lock, never while a pod is linking it.
 
 The lock is `flock` on a file next to the entry: released by the kernel when a pod dies, so a crash in
 the middle of a download never blocks the others (the next one resumes the partial folder).

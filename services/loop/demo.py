@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,7 +250,7 @@ def knowledge_items(target: str, key: str) -> list[str]:
 
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,
              seed: int = 0, keep_runs: int = 2) -> dict[str, Any]:
-    from services.loop.run_dirs import prune_runs
+    from services.loop.run_dirs import new_run_dir, prune_runs
     from shared.config import CommonSettings
 
     task = load_task(task_name)
@@ -260,7 +259,7 @@ def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, a
     # The new run counts among the kept ones: keep_runs=1 leaves only this run's folder.
     for old in prune_runs(common.home / "demo", keep=max(keep_runs - 1, 0)):
         print(f"removed old demo run folder {old}", flush=True)
-    run_dir = common.home / "demo" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    run_dir = new_run_dir(common.home / "demo")
     demo = Demo(task, model=model or common.model, budget=budget, algo=algo, report=report,
                 plot_path=report.with_name("learning_curve.png") if report.suffix == ".json" else report.with_suffix(".png"),
                 run_dir=run_dir, seed=seed,

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from services.loop.run_dirs import old_runs, prune_runs
+from services.loop.run_dirs import new_run_dir, old_runs, prune_runs
 
 
 def _mk(root: Path, *names: str) -> None:
@@ -31,3 +31,10 @@ def test_missing_root_and_bad_keep(tmp_path: Path) -> None:
     assert old_runs(tmp_path / "absent", keep=2) == []
     with pytest.raises(ValueError, match="keep"):
         old_runs(tmp_path, keep=-1)
+
+
+def test_a_new_run_folder_is_recognised_and_sorts_last(tmp_path: Path) -> None:
+    _mk(tmp_path, "20000101-000000-0000")
+    new = new_run_dir(tmp_path)
+    new.mkdir()
+    assert old_runs(tmp_path, keep=1) == [tmp_path / "20000101-000000-0000"]
