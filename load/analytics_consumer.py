@@ -25,6 +25,7 @@ from confluent_kafka import Consumer  # noqa: E402
 
 from shared.config import CommonSettings  # noqa: E402
 from shared.events import UndecodableEvent, decode  # noqa: E402
+from shared.kafka.security import librdkafka_config  # noqa: E402
 from shared.proto.apprentice.v1 import events_pb2  # noqa: E402
 
 
@@ -66,7 +67,8 @@ def aggregate(interactions: list[events_pb2.Interaction],
 
 def consume(settings: CommonSettings, from_beginning: bool, idle_s: float, max_s: float):  # noqa: ANN201
     topics = settings.topics
-    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": f"analytics-{uuid.uuid4().hex[:8]}",
+    c = Consumer({**librdkafka_config(settings), "bootstrap.servers": settings.kafka_bootstrap,
+                  "group.id": f"analytics-{uuid.uuid4().hex[:8]}",
                   "enable.auto.commit": False, "auto.offset.reset": "earliest" if from_beginning else "latest"})
     c.subscribe([topics.interactions, topics.graded])
     interactions, graded, bad = [], [], 0

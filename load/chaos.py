@@ -238,7 +238,7 @@ class Chaos:
             self.gen = LoadGenerator(stack.inference_target, cfg.task, list(cfg.tenants),
                                      max_new_tokens=cfg.max_new_tokens, feedback_rate=1.0,
                                      feedback_delay_s=cfg.feedback_delay_s, timeout_s=30.0, retry_s=cfg.retry_s,
-                                     thumbs_rate=cfg.thumbs_rate, seed=7)
+                                     thumbs_rate=cfg.thumbs_rate, seed=7, common=stack.client_common)
             stats: list[Stats] = []
             load = threading.Thread(target=lambda: stats.append(self.gen.run(
                 duration_s=3600, concurrency=cfg.concurrency, qps=cfg.qps, max_requests=10**9)), daemon=True)
@@ -356,7 +356,6 @@ class Chaos:
             time.sleep(0.5)
 
     def _check(self, stats: Stats) -> ChaosResult:
-        import grpc
 
         from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 
@@ -366,7 +365,7 @@ class Chaos:
         with ThreadPoolExecutor(len(names)) as pool:
             futures = {name: pool.submit(read_to_end, self.broker.bootstrap, topic) for name, topic in names.items()}
             records = {name: f.result() for name, f in futures.items()}
-        with grpc.insecure_channel(self.stack.weights_target) as ch:
+        with self.stack.channel(self.stack.weights_target) as ch:
             manifests = list(weights_pb2_grpc.WeightsStub(ch).List(
                 weights_pb2.ListVersionsRequest(model=cfg.model), timeout=30).versions)
         swaps = swap_windows(records["updates"], stats.attempts, cfg.tenants)

@@ -83,7 +83,9 @@ def read_to_end(bootstrap: str, topic: str, timeout: float = 120.0) -> list[Any]
     waiting for the topic to go quiet, and that steps over transaction markers)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-check-{uuid.uuid4().hex[:8]}",
+    from shared.kafka.security import librdkafka_config
+
+    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap, "group.id": f"chaos-check-{uuid.uuid4().hex[:8]}",
                   "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     try:
         parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
@@ -150,7 +152,6 @@ def broker_outage(broker: LocalBroker, how: str, down_s: float) -> Window:
 def operator_version(stack: LocalStack, model: str, work: Path) -> str | None:
     """Upload a copy of the base weights as an operator version (every tenant) and promote it; None
     when the model has no local full-weights folder to copy."""
-    import grpc
 
     from shared.models import resolve_model_dir
     from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
@@ -162,7 +163,7 @@ def operator_version(stack: LocalStack, model: str, work: Path) -> str | None:
     work.mkdir(parents=True, exist_ok=True)
     for name in ("model.safetensors", "config.json", "generation_config.json"):
         shutil.copy(src / name, work / name)
-    with grpc.insecure_channel(stack.weights_target) as ch:
+    with stack.channel(stack.weights_target) as ch:
         stub = weights_pb2_grpc.WeightsStub(ch)
         m = upload_version(stub, weights_pb2.UploadHeader(model=model, kind="full", base_model=model, tenant="",
                                                           parent_version="base",
@@ -174,10 +175,9 @@ def operator_version(stack: LocalStack, model: str, work: Path) -> str | None:
 
 
 def rollback_to_base(stack: LocalStack, model: str) -> None:
-    import grpc
 
     from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 
-    with grpc.insecure_channel(stack.weights_target) as ch:
+    with stack.channel(stack.weights_target) as ch:
         weights_pb2_grpc.WeightsStub(ch).Rollback(weights_pb2.RollbackRequest(
             model=model, version="base", tenant="", reason="chaos: operator rollback under load"), timeout=60)

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.grader.testing import GraderProcess, interaction  # noqa: E402
 from shared.kafka.admin import admin, delete_topics, ensure_topics, list_topics, wait_for_broker  # noqa: E402
+from shared.kafka.security import faust_credentials, librdkafka_config  # noqa: E402
 from shared.topics import Topics  # noqa: E402
 
 CONFIG = """
@@ -80,7 +81,7 @@ def build_inputs(n: int) -> list[tuple[bytes, bytes]]:
 
 
 def produce_inputs(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+    p = Producer({**librdkafka_config(), "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                   "linger.ms": 20, "compression.type": "lz4"})
     for i, (key, value) in enumerate(records):
         p.produce(topic, value, key)
@@ -90,10 +91,10 @@ def produce_inputs(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]
 
 
 def passthrough(bootstrap: str, src: str, dst: str, n: int, batch: int, timeout: float = 300.0) -> None:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-pass-{uuid.uuid4()}",
+    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap, "group.id": f"bench-pass-{uuid.uuid4()}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
                   "isolation.level": "read_committed"})
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+    p = Producer({**librdkafka_config(), "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                   "linger.ms": 5, "compression.type": "lz4"})
     c.subscribe([src])
     done = 0
@@ -120,6 +121,7 @@ def faust_passthrough_worker() -> None:
 
     src_name, dst_name = os.environ["BENCH_SRC"], os.environ["BENCH_DST"]
     app = faust.App(f"{src_name}-faust-pass", broker=f"kafka://{os.environ['BENCH_BOOTSTRAP']}",
+                    broker_credentials=faust_credentials(),
                     store="memory://", web_enabled=False, autodiscover=False, key_serializer="raw",
                     value_serializer="raw", consumer_auto_offset_reset="earliest",
                     consumer_max_fetch_size=4 * 1024 * 1024, stream_buffer_maxsize=4096,
@@ -140,7 +142,7 @@ def output_rate(bootstrap: str, topic: str, n: int, timeout: float,
     """(records seen, records/s between the first and the last broker timestamp, `probe()` at the last
     record minus `probe()` at the first: e.g. the CPU the pipeline spent while it produced them, start-up
     left out); read_committed."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{uuid.uuid4()}",
+    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap, "group.id": f"bench-read-{uuid.uuid4()}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
                   "isolation.level": "read_committed"})
     c.subscribe([topic])

@@ -35,8 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpc  # noqa: E402
 
 from services.loop.task import check_answer, load_task  # noqa: E402
+from shared.config import CommonSettings  # noqa: E402
 from shared.events import timestamp  # noqa: E402
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc  # noqa: E402
+from shared.security.channels import open_channel  # noqa: E402
 
 T = TypeVar("T")
 
@@ -92,11 +94,11 @@ def percentile(xs: list[float], q: float) -> float:
 class LoadGenerator:
     def __init__(self, target: str, task_name: str, tenants: list[str], *, max_new_tokens: int, feedback_rate: float,
                  feedback_delay_s: float, seed: int = 0, timeout_s: float = 120.0, retry_s: float = 0.0,
-                 thumbs_rate: float = 0.0) -> None:
+                 thumbs_rate: float = 0.0, common: CommonSettings | None = None) -> None:
         """`retry_s`: how long a failed call keeps being retried (0 = never); `thumbs_rate`: share of the
         answers that get KPI feedback which also get a thumbs up/down `feedback_delay_s` later (a second
-        feedback event, so graders emit a second revision)."""
-        self.channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        feedback event, so graders emit a second revision). `common`: client settings (TLS CA, key)."""
+        self.channel = open_channel(target, common, options=CHANNEL_OPTIONS)
         self.inference = inference_pb2_grpc.InferenceStub(self.channel)
         self.feedback = inference_pb2_grpc.FeedbackStub(self.channel)
         self.task = load_task(task_name)

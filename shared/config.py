@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.topics import Topics
@@ -22,10 +23,93 @@ def default_home() -> Path:
 
 
 class CommonSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="APPRENTICE_", extra="ignore")
+    # hide_input_in_errors: a validation error would otherwise echo every input, secrets included.
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_", extra="ignore", hide_input_in_errors=True)
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers. Points everything at an external cluster when set."""
+
+    # --- Kafka client security (every producer, consumer and admin client, faust included) ---------
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How clients talk to the brokers. PLAINTEXT (default): no TLS, no authentication, as the local
+    broker's 9092 listener. SASL_PLAINTEXT: SCRAM authentication (`apprentice kafka start --sasl`).
+    SSL / SASL_SSL: TLS to the brokers, verified against `kafka_ssl_ca` (or the system's CAs)."""
+
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = "SCRAM-SHA-512"
+    """SASL mechanism when the protocol is SASL_*. SCRAM never sends the password itself; PLAIN does, so
+    use it only with SASL_SSL."""
+
+    kafka_sasl_username: str | None = None
+    """SASL user name; required by SASL_PLAINTEXT and SASL_SSL."""
+
+    kafka_sasl_password: SecretStr | None = None
+    """SASL password (from the environment, never from a file in the repository). When set it wins over
+    `kafka_sasl_password_file`."""
+
+    kafka_sasl_password_file: Path | None = None
+    """File holding the SASL password (a mounted secret; one trailing newline is ignored). Read at
+    start-up when `kafka_sasl_password` is not set. `apprentice kafka start --sasl` writes one under
+    the broker's home."""
+
+    kafka_ssl_ca: Path | None = None
+    """PEM CA bundle that signs the brokers' certificates (SSL, SASL_SSL); unset = the system's CAs."""
+
+    kafka_ssl_cert: Path | None = None
+    """PEM client certificate for mutual TLS (SSL, SASL_SSL); set together with `kafka_ssl_key`."""
+
+    kafka_ssl_key: Path | None = None
+    """PEM private key of `kafka_ssl_cert` (unencrypted; mount it as a secret)."""
+
+    @field_validator("kafka_security_protocol", "kafka_sasl_mechanism", mode="before")
+    @classmethod
+    def _kafka_upper(cls, v: object) -> object:
+        return v.strip().upper() if isinstance(v, str) else v
+
+    @field_validator("kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file", "kafka_ssl_ca",
+                     "kafka_ssl_cert", "kafka_ssl_key", mode="before")
+    @classmethod
+    def _kafka_empty_is_unset(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v  # compose's `${VAR:-}` yields ""
+
+    @model_validator(mode="after")
+    def _kafka_security_consistent(self) -> CommonSettings:
+        """Fail at start, naming the variable to change, rather than connect without the intended
+        protection (credentials set but unused) or fail later at the first Kafka call."""
+        protocol = self.kafka_security_protocol
+        sasl, tls = protocol.startswith("SASL_"), protocol in ("SSL", "SASL_SSL")
+        if self.kafka_sasl_password is None and self.kafka_sasl_password_file is not None:
+            f = self.kafka_sasl_password_file
+            try:
+                secret = f.read_text().removesuffix("\n")
+            except OSError as e:
+                raise ValueError(f"APPRENTICE_KAFKA_SASL_PASSWORD_FILE={f} cannot be read: {e.strerror}") from e
+            if not secret:
+                raise ValueError(f"APPRENTICE_KAFKA_SASL_PASSWORD_FILE={f} is empty")
+            self.kafka_sasl_password = SecretStr(secret)
+        if sasl:
+            if not self.kafka_sasl_username:
+                raise ValueError(f"APPRENTICE_KAFKA_SECURITY_PROTOCOL={protocol} needs "
+                                 "APPRENTICE_KAFKA_SASL_USERNAME")
+            if self.kafka_sasl_password is None:
+                raise ValueError(f"APPRENTICE_KAFKA_SECURITY_PROTOCOL={protocol} needs a password: set "
+                                 "APPRENTICE_KAFKA_SASL_PASSWORD or APPRENTICE_KAFKA_SASL_PASSWORD_FILE")
+        elif self.kafka_sasl_username or self.kafka_sasl_password is not None:
+            raise ValueError(f"SASL credentials are set but APPRENTICE_KAFKA_SECURITY_PROTOCOL={protocol} does "
+                             "not use them: set it to SASL_PLAINTEXT or SASL_SSL, or unset the credentials")
+        tls_files = {"APPRENTICE_KAFKA_SSL_CA": self.kafka_ssl_ca, "APPRENTICE_KAFKA_SSL_CERT": self.kafka_ssl_cert,
+                     "APPRENTICE_KAFKA_SSL_KEY": self.kafka_ssl_key}
+        for name, path in tls_files.items():
+            if path is None:
+                continue
+            if not tls:
+                raise ValueError(f"{name} is set but APPRENTICE_KAFKA_SECURITY_PROTOCOL={protocol} does not "
+                                 f"use TLS: set it to SSL or SASL_SSL, or unset {name}")
+            if not path.is_file():
+                raise ValueError(f"{name}={path} is not a readable file")
+        if (self.kafka_ssl_cert is None) != (self.kafka_ssl_key is None):
+            raise ValueError("mutual TLS needs both APPRENTICE_KAFKA_SSL_CERT and APPRENTICE_KAFKA_SSL_KEY")
+        return self
+    # --- end of Kafka client security -----------------------------------------------------------------
 
     topic_prefix: str = ""
     """Namespace prepended to every topic name. Empty in production (the contract names); tests use it."""
@@ -45,6 +129,60 @@ class CommonSettings(BaseSettings):
 
     torch_threads: int = 0
     """Intra-op threads for torch; 0 = torch's default. The demo machine has 2 cores."""
+
+    # --- gRPC authentication and TLS (shared/security; SECURITY.md) --------------------------------
+    auth_keys: SecretStr = SecretStr("")
+    """Credentials a server accepts: entries `<role>:<key_id>[@<tenant>]=<secret|sha256:hex|cert:name>`
+    separated by commas (format in shared/security/keys.py). Empty with no key file = unauthenticated,
+    and then servers bind to loopback only."""
+
+    auth_keys_file: Path | None = None
+    """A mounted file of key entries, one per line; re-read when it changes (rotation without restart)."""
+
+    auth_token: SecretStr = SecretStr("")
+    """The key this process presents when it calls another service (a service key for services, an
+    operator or backend key for the CLI and tools)."""
+
+    auth_token_file: Path | None = None
+    """A mounted file holding that key; used when `auth_token` is empty, re-read when it changes."""
+
+    tls_cert: Path | None = None
+    """PEM certificate chain a gRPC server presents; with `tls_key`, servers listen with TLS only."""
+
+    tls_key: Path | None = None
+    """PEM private key of `tls_cert`."""
+
+    tls_ca: Path | None = None
+    """PEM CA bundle: clients verify servers with it (and then dial with TLS); servers verify client
+    certificates with it when `tls_client_auth` is on."""
+
+    tls_client_auth: bool = False
+    """Mutual TLS: servers require a client certificate signed by `tls_ca`; its name maps to an identity
+    through a `cert:<name>` key entry (a bearer key is still accepted on top)."""
+
+    tls_client_cert: Path | None = None
+    """PEM certificate a client presents under mutual TLS."""
+
+    tls_client_key: Path | None = None
+    """PEM private key of `tls_client_cert`."""
+
+    insecure: bool = False
+    """Allow a server without keys to bind a non-loopback address. Only for isolated networks: anyone who
+    reaches the port can then promote models and read every tenant's data."""
+
+    interaction_id_secret: SecretStr = SecretStr("")
+    """Key of the MAC that binds every interaction id to its tenant (shared/security/interaction_ids.py);
+    the same value on inference pods and graders. Empty = unsigned ids, ownership unchecked (dev only)."""
+
+    interaction_id_secret_file: Path | None = None
+    """A mounted file holding that key, used when `interaction_id_secret` is empty."""
+
+    def interaction_id_key(self) -> bytes:
+        """The interaction-id MAC key as bytes (b"" when none is configured)."""
+        value = self.interaction_id_secret.get_secret_value().strip()
+        if not value and self.interaction_id_secret_file is not None and self.interaction_id_secret_file.exists():
+            value = self.interaction_id_secret_file.read_text().strip()
+        return value.encode()
 
     @field_validator("kafka_bootstrap")
     @classmethod

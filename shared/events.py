@@ -28,6 +28,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
     T.CHECKPOINTS: events_pb2.CheckpointPublished,
     T.MODEL_UPDATES: events_pb2.ModelUpdate,
     T.DEADLETTER: events_pb2.DeadLetter,
+    T.AUDIT: events_pb2.AuditRecord,
 }
 
 

@@ -17,6 +17,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from shared.config import CommonSettings
+from shared.security.binding import resolve_bind_host
+from shared.security.keys import KeyEntry
+from shared.security.server_security import ServerSecurity
+
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,6 +61,16 @@ class Unauthenticated(ServiceError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class ResourceExhausted(ServiceError):
+    """A quota or size cap was hit; the caller may retry later or send less."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class PortInUse(OSError):
+    """A server's port is taken (or its address is not ours). Fatal: the process exits non-zero."""
+
+
 def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, ServiceError):
         return exc.code, str(exc)
@@ -93,7 +108,7 @@ def grpc_errors(fn: F) -> F:
             try:
                 yield from fn(self, request, context)
             except Exception as e:  # noqa: BLE001
-                if _is_abort(e):
+                if _is_abort(e, context):
                     raise
                 context.abort(*_status_of(e))
         return gen  # type: ignore[return-value]
@@ -103,15 +118,22 @@ def grpc_errors(fn: F) -> F:
         try:
             return fn(self, request, context)
         except Exception as e:  # noqa: BLE001
-            if _is_abort(e):
+            if _is_abort(e, context):
                 raise
             context.abort(*_status_of(e))
     return unary  # type: ignore[return-value]
 
 
-def _is_abort(e: Exception) -> bool:
-    # grpc's sync context.abort raises a bare Exception subclass; let it through untouched.
-    return type(e).__name__ in ("_AbortError", "AbortError") or isinstance(e, grpc.RpcError)
+def _is_abort(e: Exception, context: Any = None) -> bool:
+    """True for the exception of a call already aborted with its status; let it through untouched.
+
+    grpc's sync `context.abort` records the status, then raises a bare `Exception()` (grpc 1.85), so an
+    abort from below the handler (the auth interceptor refusing an undecodable message of a request
+    stream) must not be re-aborted as INTERNAL."""
+    if type(e).__name__ in ("_AbortError", "AbortError") or isinstance(e, grpc.RpcError):
+        return True
+    state = getattr(context, "_state", None)
+    return type(e) is Exception and bool(getattr(state, "aborted", False))
 
 
 def require(cond: bool, message: str) -> None:
@@ -128,25 +150,48 @@ def metadata_value(context: Any, key: str) -> str:
 
 
 def create_server(port: int, register: Callable[[grpc.Server], None], service_names: Iterable[str], *,
-                  host: str = "0.0.0.0", max_workers: int = 16,
-                  options: list[tuple[str, Any]] | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """A started-ready (not started) sync server with health and reflection. Port 0 picks a free port.
+                  host: str = "", max_workers: int = 16, options: list[tuple[str, Any]] | None = None,
+                  common: CommonSettings | None = None,
+                  extra_keys: list[KeyEntry] | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """A ready (not started) sync server with health, reflection, authentication and TLS. Port 0 picks a
+    free port.
 
+    Security comes from `common` (the environment when None): the key ring admits callers through
+    `AuthInterceptor`, TLS is on when a certificate is configured, and `host` "" binds every interface
+    with keys and loopback without (`shared/security/binding.py`). The port is never shared with another
+    process (SO_REUSEPORT off): a second server on a taken port fails here with a clear error.
     Returns (server, bound port, health servicer); call `health.set(name, SERVING)` once ready.
     """
-    opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=opts + (options or []))
+    sec = ServerSecurity.from_settings(common or CommonSettings(), extra=extra_keys)
+    names = list(service_names)
+    bind_host = sec.bind_host(host, what=", ".join(names) or "gRPC server")
+    opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.so_reuseport", 0)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=opts + (options or []),
+                         interceptors=[sec.interceptor()])
     register(server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = list(service_names)
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"[{bind_host}]:{port}" if ":" in bind_host else f"{bind_host}:{port}"
+    try:
+        bound = (server.add_secure_port(address, sec.credentials) if sec.credentials is not None
+                 else server.add_insecure_port(address))
+    except RuntimeError:
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind gRPC port {host}:{port}")
+        raise PortInUse(f"cannot bind gRPC port {address}: in use by another process or not an address of "
+                        f"this host; stop the other process or choose another port")
     for name in names:
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     return server, bound, health_servicer
+
+
+def service_host(host: str, common: CommonSettings | None = None, *,
+                 extra_keys: list[KeyEntry] | None = None) -> str:
+    """The address a service's other listeners (metrics, HTTP) bind: the same rule as its gRPC server."""
+    sec = ServerSecurity.from_settings(common or CommonSettings(), extra=extra_keys)
+    return resolve_bind_host(host, authenticated=sec.authenticated, insecure=sec.insecure, what="listener")
 
 
 def set_serving(health_servicer: health.HealthServicer, names: Iterable[str], serving: bool = True) -> None:

@@ -6,19 +6,24 @@ import logging
 
 from prometheus_client import start_http_server
 
+from shared.grpc_util import PortInUse
+
 log = logging.getLogger(__name__)
 
 
-def start_metrics_server(port: int, host: str = "0.0.0.0") -> int | None:
-    """Serve the default registry on `port`; 0 disables the endpoint. Returns the bound port.
+def start_metrics_server(port: int, host: str = "127.0.0.1") -> int | None:
+    """Serve the default registry on `host:port` (the service's own bind address); 0 disables it.
+    Returns the bound port.
 
-    A port already in use is logged, not fatal: metrics must never stop a service from serving.
+    A port that is taken is fatal (PortInUse): a second process of the same service on one host would
+    otherwise run without metrics, and operators would watch the first one's numbers believing they see
+    both.
     """
     if port <= 0:
         return None
     try:
         server, _thread = start_http_server(port, addr=host)
     except OSError as e:
-        log.error("metrics endpoint not started on :%d: %s", port, e)
-        return None
+        raise PortInUse(f"cannot bind the metrics port {host}:{port}: {e.strerror or e}; stop the other "
+                        f"process or set the service's METRICS_PORT (0 disables metrics)") from e
     return int(server.server_port)

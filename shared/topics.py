@@ -15,6 +15,7 @@ KNOWLEDGE = "apprentice.knowledge.v1"
 CHECKPOINTS = "apprentice.checkpoints.v1"
 MODEL_UPDATES = "apprentice.model-updates.v1"
 DEADLETTER = "apprentice.deadletter.v1"
+AUDIT = "apprentice.audit.v1"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ SPECS: tuple[TopicSpec, ...] = (
     TopicSpec(CHECKPOINTS, partitions=1),
     TopicSpec(MODEL_UPDATES, partitions=1),
     TopicSpec(DEADLETTER, partitions=1, retention_ms=30 * 24 * 3600 * 1000),
+    # Operator actions are kept a year: who promoted, forced, rolled back or approved what.
+    TopicSpec(AUDIT, partitions=1, retention_ms=365 * 24 * 3600 * 1000),
 )
 
 BASE_NAMES: tuple[str, ...] = tuple(s.name for s in SPECS)
@@ -72,6 +75,10 @@ class Topics:
     @property
     def deadletter(self) -> str:
         return self.prefix + DEADLETTER
+
+    @property
+    def audit(self) -> str:
+        return self.prefix + AUDIT
 
     def specs(self) -> list[TopicSpec]:
         return [TopicSpec(self.prefix + s.name, s.partitions, s.compacted, s.retention_ms) for s in SPECS]

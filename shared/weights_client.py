@@ -168,12 +168,12 @@ class DownloadClient:
     """
 
     def __init__(self, endpoint: str, *, connections: int = 1) -> None:
-        import grpc
 
         from shared.proto.apprentice.v1 import weights_pb2_grpc
+        from shared.security.channels import open_channel
 
         options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.use_local_subchannel_pool", 1)]
-        self._channels = [grpc.insecure_channel(endpoint, options=options) for _ in range(max(1, connections))]
+        self._channels = [open_channel(endpoint, options=options) for _ in range(max(1, connections))]
         self._get = weights_pb2_grpc.WeightsStub(self._channels[0]).Get
         self._downloads = [c.unary_stream(DOWNLOAD_METHOD, request_serializer=weights_pb2.DownloadRequest.SerializeToString,
                                           response_deserializer=decode_chunk) for c in self._channels]

@@ -37,7 +37,7 @@ def kafka_bootstrap() -> Iterator[str]:
 
 @pytest.fixture
 def topics(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Topics]:
-    """A fresh namespace of all seven topics; settings built inside the test see it via the environment."""
+    """A fresh namespace of all eight topics; settings built inside the test see it via the environment."""
     from shared.kafka.admin import delete_topics, ensure_topics
 
     t = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")

@@ -9,11 +9,12 @@ def main(argv: list[str] | None = None) -> int:
     from services.extractor.config import ExtractorSettings
 
     settings = ExtractorSettings()
+    from shared.grpc_util import service_host
     from shared.logs import configure_logging
     from shared.metrics import start_metrics_server
 
     configure_logging("extractor", settings.common.log_level, settings.common.log_json)
-    start_metrics_server(settings.metrics_port)
+    start_metrics_server(settings.metrics_port, service_host(settings.grpc_host, settings.common))
     from services.extractor.app import ExtractorApp
 
     app = ExtractorApp(settings)

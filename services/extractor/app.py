@@ -10,6 +10,7 @@ serving or consuming, so a restarted extractor continues the version numbers whe
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from services.extractor.server import SERVICE, create_knowledge_server
 from services.extractor.snapshots import read_snapshots
 from services.extractor.trajectories import SessionBuffer, Trajectory
 from shared.grpc_util import graceful_stop, set_serving
+from shared.injection_screen import InjectionScreen
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer, ensure_topics
 from shared.kafka.decode import decode_batch
 from shared.proto.apprentice.v1 import events_pb2
@@ -42,15 +44,32 @@ LLM_ERRORS = Counter("apprentice_extractor_llm_unavailable_total", "Batches left
 OPEN_SESSIONS = Gauge("apprentice_extractor_open_sessions", "Sessions collecting turns")
 
 
-def policy_token_counter(model_name: str) -> TokenCounter:
-    """Count tokens with the policy's tokenizer (the knowledge goes into its context); ~4 chars/token when
-    the tokenizer cannot be loaded here."""
+@functools.lru_cache(maxsize=4)
+def _policy_tokenizer(model_name: str) -> Any:
+    """The policy's tokenizer, loaded once per process; None when it cannot be loaded here."""
     try:
         from shared.models import load_tokenizer
 
-        tok = load_tokenizer(model_name)
-    except Exception as e:  # noqa: BLE001 - an approximate cap beats not starting
-        log.warning("token counts approximated (tokenizer of %s unavailable: %s)", model_name, e)
+        return load_tokenizer(model_name)
+    except Exception as e:  # noqa: BLE001 - approximations beat not starting
+        log.warning("tokenizer of %s unavailable here: %s", model_name, e)
+        return None
+
+
+def policy_screen(model_name: str) -> InjectionScreen:
+    """The injection screen with the policy tokenizer's own special tokens added to the common ones."""
+    from shared.chat_template import special_token_strings
+
+    tok = _policy_tokenizer(model_name)
+    return InjectionScreen(tuple(special_token_strings(tok)) if tok is not None else ())
+
+
+def policy_token_counter(model_name: str) -> TokenCounter:
+    """Count tokens with the policy's tokenizer (the knowledge goes into its context); ~4 chars/token when
+    the tokenizer cannot be loaded here."""
+    tok = _policy_tokenizer(model_name)
+    if tok is None:
+        log.warning("token counts approximated (no tokenizer of %s)", model_name)
         return approx_tokens
 
     def count(text: str) -> int:
@@ -66,7 +85,7 @@ def _position(rec: Any) -> tuple[str, int, int]:
 class ExtractorApp:
     def __init__(self, settings: ExtractorSettings, llm: ExtractorLLM | None = None, *,
                  embedder: Embedder | None = None, count_tokens: TokenCounter | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, screen: InjectionScreen | None = None) -> None:
         self.settings = settings
         common = settings.common
         self.topics = common.topics
@@ -82,7 +101,8 @@ class ExtractorApp:
                           count_tokens=count_tokens or policy_token_counter(common.model), embedder=embedder)
         self.store = KnowledgeStore(curator, self._publish, requires_approval=settings.tenant_requires_approval,
                                     max_tokens=settings.max_tokens, max_rejected_kept=settings.max_rejected_kept,
-                                    max_processed_kept=settings.max_processed_kept)
+                                    max_processed_kept=settings.max_processed_kept,
+                                    screen=screen or policy_screen(common.model))
         self.buffer = SessionBuffer(settings.session_gap_s, settings.max_turns, clock)
         self.llm = llm or make_llm(settings)
         self.extractor = Extractor(self.llm, ExtractionSettings(
@@ -121,8 +141,8 @@ class ExtractorApp:
         """Rebuild, serve gRPC, then (optionally) consume in a background thread. Returns the gRPC port."""
         ensure_topics(self.settings.common.kafka_bootstrap, self.topics)
         self.rebuild()
-        self.server, self.port, self.health = create_knowledge_server(self.store, self.settings.grpc_port,
-                                                                      self.settings.grpc_host)
+        self.server, self.port, self.health = create_knowledge_server(
+            self.store, self.settings.grpc_port, self.settings.grpc_host, common=self.settings.common)
         self.server.start()
         set_serving(self.health, [SERVICE])
         if consume:
@@ -217,6 +237,10 @@ class ExtractorApp:
                 ITEMS.labels(v.outcome).inc()
                 if v.outcome == "rejected":
                     log.info("item rejected", extra={"key": key, "reason": v.reason})
+                if v.flags:
+                    ITEMS.labels("flagged").inc()
+                    log.warning("item flagged by the injection screen; it waits for review",
+                                extra={"key": key, "item_id": v.item_id, "flags": ",".join(v.flags)})
             TRAJECTORIES.labels("extracted").inc(len(batch))
             self.buffer.release(r.trajectory for r in batch)
             applied += len(batch)

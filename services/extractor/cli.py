@@ -1,9 +1,13 @@
 """`apprentice knowledge ...`: read and curate the experiential knowledge bases.
 
-    apprentice knowledge [list]                      the bases and their latest versions
-    apprentice knowledge show [KEY] [--version N] [--training-view]
-    apprentice knowledge approve|reject|pin KEY ITEM_ID [--operator NAME]
+    apprentice knowledge [list] [--tenant T]         the bases and their latest versions
+    apprentice knowledge show [KEY] [--tenant T] [--version N] [--training-view]
+    apprentice knowledge approve|reject|pin KEY ITEM_ID [--operator NAME] [--override-screen]
     apprentice knowledge edit KEY ITEM_ID TEXT [--operator NAME]
+
+`show` prints each item's provenance (who sent it, from which interactions, every merge and review) and
+its injection-screen flags; approving or pinning a flagged item needs `--override-screen`. Reads name
+the tenant (the KEY's, or `--tenant`); without keys or as a service, listing every tenant shows nothing.
 
 Talks to a running extractor over gRPC (`--target`, default APPRENTICE_EXTRACTOR_TARGET or
 127.0.0.1:50053). `list` and `show` fall back to reading the compacted knowledge topic when no extractor
@@ -24,6 +28,8 @@ from shared.proto.apprentice.v1 import events_pb2
 S = events_pb2.ItemStatus
 STATUS = {S.ITEM_STATUS_PROPOSED: "PROPOSED", S.ITEM_STATUS_APPROVED: "APPROVED",
           S.ITEM_STATUS_REJECTED: "REJECTED", S.ITEM_STATUS_PINNED: "PINNED", S.ITEM_STATUS_UNSPECIFIED: "?"}
+NOTHING_VISIBLE = ("no knowledge bases visible (only operator keys list every tenant; others name one: "
+                   "--tenant T, or show TENANT/DOMAIN)")
 ORDER = {S.ITEM_STATUS_PINNED: 0, S.ITEM_STATUS_APPROVED: 1, S.ITEM_STATUS_PROPOSED: 2, S.ITEM_STATUS_REJECTED: 3}
 
 
@@ -57,7 +63,22 @@ def format_snapshot(snap: events_pb2.KnowledgeSnapshot, *, width: int = 100) -> 
         if it.edited_by:
             meta += f" · last changed by {it.edited_by}"
         lines.append(" " * len(head) + meta)
+        if it.screen_flags:
+            lines.append(" " * len(head) + "SCREEN FLAGS: " + ", ".join(it.screen_flags)
+                         + " (never auto-approved; approve only with --override-screen)")
+        lines.extend(" " * len(head) + format_provenance(p) for p in it.provenance)
     return "\n".join(lines)
+
+
+def format_provenance(p: events_pb2.Provenance) -> str:
+    """One provenance entry: when, what, by whom (role:key id), from which interactions."""
+    who = f"{p.principal.role or 'unknown'}:{p.principal.key_id or '?'}"
+    if p.principal.tenant:
+        who += f"@{p.principal.tenant}"
+    ids = list(p.interaction_ids)
+    src = f" from {', '.join(i[:8] for i in ids[:3])}{f' +{len(ids) - 3}' if len(ids) > 3 else ''}" if ids else ""
+    extra = "".join(f" · {x}" for x in (p.source, p.detail) if x)
+    return f"- {_when(p.at)} {p.action} by {who}{src}{extra}"
 
 
 def format_list(snaps: list[events_pb2.KnowledgeSnapshot]) -> str:
@@ -84,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--from-topic", action="store_true", help="read the knowledge topic instead of the service")
     sh = sub.add_parser("show", help="print a base (all bases without KEY)")
     sh.add_argument("key", nargs="?", default="")
+    sh.add_argument("--tenant", default="", help="the tenant to read (default: the KEY's)")
     sh.add_argument("--version", type=int, default=0, help="0 = latest")
     sh.add_argument("--training-view", action="store_true", help="only items that may reach the trainer")
     sh.add_argument("--from-topic", action="store_true", help="read the knowledge topic instead of the service")
@@ -92,6 +114,9 @@ def _parser() -> argparse.ArgumentParser:
         a.add_argument("key")
         a.add_argument("item_id")
         a.add_argument("--operator", default="")
+        if name != "reject":
+            a.add_argument("--override-screen", action="store_true",
+                           help="the item is flagged by the injection screen and you have read it")
     e = sub.add_parser("edit", help="replace an item's text (its id stays)")
     e.add_argument("key")
     e.add_argument("item_id")
@@ -127,24 +152,32 @@ def main(argv: list[str] | None = None) -> int:
     import grpc
 
     from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc
+    from shared.security.channels import open_channel
 
     if cmd in ("list", "show") and getattr(args, "from_topic", False):
         return _print_offline(cmd, args)
-    channel = grpc.insecure_channel(args.target)
+    channel = open_channel(args.target)
     stub = knowledge_pb2_grpc.KnowledgeStub(channel)
     try:
+        def named(key: str) -> tuple[tuple[str, str], ...]:
+            """Reads name their tenant (servers refuse unnamed reads from callers without a tenant)."""
+            tenant = getattr(args, "tenant", "") or key.partition("/")[0]
+            return (("x-apprentice-tenant", tenant),) if tenant else ()
+
         if cmd == "list":
-            resp = stub.List(knowledge_pb2.ListKnowledgeRequest(tenant=getattr(args, "tenant", "")), timeout=args.timeout)
-            snaps = [stub.Get(knowledge_pb2.GetKnowledgeRequest(key=b.key), timeout=args.timeout) for b in resp.bases]
-            print(format_list(snaps))
+            resp = stub.List(knowledge_pb2.ListKnowledgeRequest(tenant=args.tenant), timeout=args.timeout)
+            snaps = [stub.Get(knowledge_pb2.GetKnowledgeRequest(key=b.key), timeout=args.timeout, metadata=named(b.key))
+                     for b in resp.bases]
+            print(format_list(snaps) if snaps or args.tenant else NOTHING_VISIBLE)
         elif cmd == "show":
-            keys = [args.key] if args.key else [b.key for b in stub.List(knowledge_pb2.ListKnowledgeRequest(),
-                                                                          timeout=args.timeout).bases]
+            keys = [args.key] if args.key else [b.key for b in stub.List(
+                knowledge_pb2.ListKnowledgeRequest(tenant=args.tenant), timeout=args.timeout).bases]
             if not keys:
-                print("no knowledge bases yet")
+                print("no knowledge bases yet" if args.tenant else NOTHING_VISIBLE)
             for i, key in enumerate(keys):
                 snap = stub.Get(knowledge_pb2.GetKnowledgeRequest(key=key, version=args.version,
-                                                                  training_view=args.training_view), timeout=args.timeout)
+                                                                  training_view=args.training_view),
+                                timeout=args.timeout, metadata=named(key))
                 print(("\n" if i else "") + format_snapshot(snap))
         elif cmd == "edit":
             snap = stub.Edit(knowledge_pb2.EditItemRequest(key=args.key, item_id=args.item_id, text=args.text,
@@ -153,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             call = {"approve": stub.Approve, "reject": stub.Reject, "pin": stub.Pin}[cmd]
             snap = call(knowledge_pb2.ItemActionRequest(key=args.key, item_id=args.item_id,
-                                                        operator=_operator(args.operator)), timeout=args.timeout)
+                                                        operator=_operator(args.operator),
+                                                        override_screen=getattr(args, "override_screen", False)),
+                        timeout=args.timeout)
             done = {"approve": "approved", "reject": "rejected", "pin": "pinned"}[cmd]
             print(f"{done} {args.item_id}: {args.key} is now version {snap.version}")
         return 0

@@ -22,7 +22,7 @@ class ExtractorSettings(BaseSettings):
     grpc_port: int = 50053
     """`apprentice.v1.Knowledge` port (DESIGN.md section 2); 0 picks a free port (tests)."""
 
-    grpc_host: str = "0.0.0.0"
+    grpc_host: str = ""
     metrics_port: int = 9103
     """Prometheus `/metrics`; 0 disables it."""
 
@@ -136,15 +136,20 @@ class ExtractorSettings(BaseSettings):
     records since the last commit, so a bounded window is enough."""
 
     # --- approval ---------------------------------------------------------------------------------------
-    require_approval: bool = False
-    """Default for every tenant: false = new items are APPROVED at once (auto-approve); true = PROPOSED
-    until an operator approves them."""
+    # Knowledge is untrusted until reviewed: items wait as PROPOSED for an operator. Auto-approval is an
+    # opt-in per tenant, and even then applies only to items whose every source is a trusted caller
+    # (operator or service credential) and that the injection screen did not flag; text from backend keys
+    # (end users), anonymous callers or events without a recorded caller is never approved automatically.
+    require_approval: bool = True
+    """Default for tenants in neither list below: true = every new item waits for an operator; false =
+    every tenant opts in to auto-approval of trusted, unflagged items."""
 
     require_approval_tenants: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """Tenants that always require approval (comma-separated or JSON list in the environment)."""
+    """Tenants that never auto-approve, whatever the default (comma-separated or JSON list)."""
 
     auto_approve_tenants: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """Tenants that never require approval, whatever the default."""
+    """Tenants that opt in to auto-approval of items from trusted callers the screen did not flag, e.g.
+    `APPRENTICE_EXTRACTOR_AUTO_APPROVE_TENANTS=demo` (comma-separated or JSON list)."""
 
     # --- consumer loop ----------------------------------------------------------------------------------
     poll_max_records: int = 200
@@ -177,7 +182,8 @@ class ExtractorSettings(BaseSettings):
         return self
 
     def tenant_requires_approval(self, tenant: str) -> bool:
-        """Per-tenant approval policy: explicit lists win over the default."""
+        """Per-tenant approval policy: explicit lists win over the default. False only opts the tenant in:
+        an item is still auto-approved only from trusted callers and when unflagged (knowledge.py)."""
         if tenant in self.require_approval_tenants:
             return True
         if tenant in self.auto_approve_tenants:

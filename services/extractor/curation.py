@@ -6,7 +6,8 @@ Rules (OEL accumulation plus ACE-style curation):
   cosine >= threshold when an embedder is configured) is merged into the existing item: its provenance
   grows, no new item appears. Rejected items take part, so a rejected rule is not proposed again;
 - the active items (proposed + approved) are capped in tokens: items whose harmful count exceeds helpful
-  by `harmful_margin` go first, then the oldest (OEL keeps the newest); pinned items are exempt.
+  by `harmful_margin` go first, then the oldest proposals, then the oldest approved items (OEL keeps the
+  newest); pinned items are exempt.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Verdict:
     outcome: str                    # added | merged | rejected
     reason: str = ""                # why rejected, or "exact"/"near"/"embedding" for merges
     item_id: str = ""
+    flags: tuple[str, ...] = ()     # injection-screen flags of an added item (it then waits for review)
 
 
 @dataclass
@@ -129,8 +131,9 @@ class Curator:
     def over_cap(self, items: Sequence[events_pb2.KnowledgeItem], max_tokens: int) -> list[str]:
         """Ids of active items to evict so the active items fit in `max_tokens`.
 
-        Order: 1) items with harmful - helpful >= harmful_margin, oldest first; 2) the oldest. Pinned and
-        rejected items never count and are never evicted here."""
+        Order: 1) items with harmful - helpful >= harmful_margin, oldest first; 2) the oldest proposals
+        (unreviewed, so a flood of proposals cannot push reviewed knowledge out); 3) the oldest approved.
+        Pinned and rejected items never count and are never evicted here."""
         active = [it for it in items if it.status in ACTIVE]
         total = sum(it.token_count or self.count_tokens(it.text) for it in active)
         if total <= max_tokens:
@@ -140,9 +143,11 @@ class Curator:
             return it.created_at.seconds, it.created_at.nanos
 
         harmful = sorted((it for it in active if it.harmful - it.helpful >= self.harmful_margin), key=age)
-        rest = sorted((it for it in active if it.harmful - it.helpful < self.harmful_margin), key=age)
+        rest = [it for it in active if it.harmful - it.helpful < self.harmful_margin]
+        proposed = sorted((it for it in rest if it.status == S.ITEM_STATUS_PROPOSED), key=age)
+        approved = sorted((it for it in rest if it.status != S.ITEM_STATUS_PROPOSED), key=age)
         evict: list[str] = []
-        for it in [*harmful, *rest]:
+        for it in [*harmful, *proposed, *approved]:
             if total <= max_tokens:
                 break
             evict.append(it.item_id)

@@ -19,7 +19,7 @@ from services.extractor.knowledge import Candidate, Extracted
 from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse, LLMUnavailable
 from services.extractor.parser import parse_items
 from services.extractor.prompt import build_prompt
-from services.extractor.trajectories import Trajectory
+from services.extractor.trajectories import Trajectory, least_trusted
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,9 @@ class Extractor:
             self.empty_answers += 1
         self.parsed_items += len(items)
         by = f"llm:{resp.model or self.llm.name}@{resp.policy_version or '?'}"
-        cands = [Candidate(text, by, ids) for text in items] + self._correction_candidates(traj)
+        # an LLM item may be built from anything in the trajectory: it is as trusted as its least trusted caller
+        who = least_trusted(traj.sources)
+        cands = [Candidate(text, by, ids, who) for text in items] + self._correction_candidates(traj)
         if resp.error:
             log.warning("extraction request failed", extra={"key": traj.key, "error": resp.error})
         return Extracted(traj, cands, extractor_model=resp.model, policy_version=resp.policy_version)
@@ -161,5 +163,7 @@ class Extractor:
     def _correction_candidates(self, traj: Trajectory) -> list[Candidate]:
         if not self.cfg.correction_items:
             return []
-        return [Candidate(correction_item(turn.input_text, corr), "correction", [turn.interaction_id])
-                for turn, corr in traj.corrections]
+        return [Candidate(correction_item(turn.input_text, corr), "correction", [turn.interaction_id], who,
+                          detail=f"feedback {who.event_id}; asked by {turn.asked_by.role or 'unknown'}:"
+                                 f"{turn.asked_by.key_id or '?'}")
+                for turn, corr, who in traj.sourced_corrections]

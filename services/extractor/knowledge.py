@@ -5,6 +5,14 @@ only after `publish` returned, i.e. after it is durable on the compacted knowled
 raises, nothing changed (the caller retries or reports). Restarting = `load`ing every snapshot read back
 from that topic: the highest version per key wins, and its `processed` list says which graded
 interaction revisions were already applied (idempotence on redelivery).
+
+Review (knowledge is untrusted until reviewed): a new item is PROPOSED, and only an operator's Approve or
+Pin lets it reach training. The one exception is a tenant that opted in to auto-approval
+(`requires_approval(tenant)` false), and then only for an item whose every source is a trusted caller
+(operator or service credential, `Source.trusted`) and whose text the injection screen did not flag.
+Every item records its provenance (who, which interactions, when; every merge and review after) and its
+screen flags; an edit that would introduce a flag is refused, and approving or pinning a flagged item
+needs an explicit override.
 """
 
 from __future__ import annotations
@@ -19,10 +27,11 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from services.extractor.curation import ACTIVE, TRAINING, Curator, Verdict, item_id
 from services.extractor.pii import names_from_user_texts
-from services.extractor.trajectories import Trajectory, split_key
+from services.extractor.trajectories import Source, Trajectory, split_key
 from shared.events import deterministic_id, make_envelope
-from shared.grpc_util import InvalidRequest, NotFound
-from shared.proto.apprentice.v1 import events_pb2
+from shared.grpc_util import FailedPrecondition, InvalidRequest, NotFound
+from shared.injection_screen import InjectionScreen
+from shared.proto.apprentice.v1 import common_pb2, events_pb2
 
 S = events_pb2.ItemStatus
 Publish = Callable[[events_pb2.KnowledgeSnapshot], None]
@@ -35,6 +44,8 @@ class Candidate:
     text: str
     created_by: str                     # "llm:<model>@<policy version>" or "correction"
     sources: list[str] = field(default_factory=list)   # interaction ids (provenance)
+    by: Source = Source()               # who caused it (the least trusted caller it derives from)
+    detail: str = ""                    # provenance detail, e.g. the correction's feedback event id
 
 
 @dataclass
@@ -69,7 +80,8 @@ class KnowledgeStore:
     def __init__(self, curator: Curator, publish: Publish, *, requires_approval: Callable[[str], bool],
                  max_tokens: int = 1024, max_rejected_kept: int = 200, max_processed_kept: int = 2000,
                  history_per_key: int = 100, source: str = "extractor",
-                 clock: Callable[[], Timestamp] = _now) -> None:
+                 clock: Callable[[], Timestamp] = _now, screen: InjectionScreen | None = None,
+                 max_provenance: int = 20) -> None:
         self.curator = curator
         self._publish = publish
         self.requires_approval = requires_approval
@@ -79,6 +91,8 @@ class KnowledgeStore:
         self.history_per_key = history_per_key
         self.source = source
         self._clock = clock
+        self.screen = screen or InjectionScreen()
+        self.max_provenance = max_provenance
         self._lock = threading.RLock()
         self._history: dict[str, dict[int, events_pb2.KnowledgeSnapshot]] = {}
         self._latest: dict[str, events_pb2.KnowledgeSnapshot] = {}
@@ -114,12 +128,14 @@ class KnowledgeStore:
             return revision > self._processed.get(key, {}).get(interaction_id, 0)
 
     def active_texts(self, key: str) -> list[str]:
-        """The items an extractor should see as previous experience (proposed, approved, pinned)."""
+        """The items an extractor should see as previous experience (proposed, approved, pinned), except
+        flagged proposals: an unreviewed injection must not reach the extractor's prompt either."""
         with self._lock:
             snap = self._latest.get(key)
             if snap is None:
                 return []
-            return [it.text for it in snap.items if it.status in (*ACTIVE, S.ITEM_STATUS_PINNED)]
+            return [it.text for it in snap.items if it.status in (*ACTIVE, S.ITEM_STATUS_PINNED)
+                    and not (it.status == S.ITEM_STATUS_PROPOSED and it.screen_flags)]
 
     # --- restoring -------------------------------------------------------------------------------------
     def load(self, snap: events_pb2.KnowledgeSnapshot) -> bool:
@@ -237,6 +253,7 @@ class KnowledgeStore:
         reason = self.curator.rejection(text, names)
         if reason:
             return Verdict(text, "rejected", reason)
+        tenant, _ = split_key(snap.key)
         dup = self.curator.duplicate_of(text, snap.items)
         if dup is not None:
             idx, how = dup
@@ -246,15 +263,35 @@ class KnowledgeStore:
                 return Verdict(text, "duplicate", how, it.item_id)
             it.source_interaction_ids.extend(fresh)
             it.updated_at.CopyFrom(now)
+            self._note(it, "merged", cand.by.principal(), tenant, now, fresh, cand.created_by, cand.detail)
             return Verdict(text, "merged", how, it.item_id)
-        tenant, _ = split_key(snap.key)
-        status = S.ITEM_STATUS_PROPOSED if self.requires_approval(tenant) else S.ITEM_STATUS_APPROVED
-        it = snap.items.add(item_id=item_id(text), text=text, status=status, created_by=cand.created_by,
+        flags = self.screen.flags(text)
+        auto = not self.requires_approval(tenant) and cand.by.trusted and not flags
+        it = snap.items.add(item_id=item_id(text), text=text, created_by=cand.created_by,
+                            status=S.ITEM_STATUS_APPROVED if auto else S.ITEM_STATUS_PROPOSED,
                             token_count=self.curator.count_tokens(text))
         it.source_interaction_ids.extend(dict.fromkeys(cand.sources))
+        it.screen_flags.extend(flags)
         it.created_at.CopyFrom(now)
         it.updated_at.CopyFrom(now)
-        return Verdict(text, "added", "", it.item_id)
+        self._note(it, "created", cand.by.principal(), tenant, now, it.source_interaction_ids, cand.created_by,
+                   cand.detail)
+        if auto:
+            self._note(it, "auto_approved", cand.by.principal(), tenant, now, (), cand.created_by,
+                       f"tenant {tenant} auto-approves trusted {cand.by.role} sources")
+        return Verdict(text, "added", "", it.item_id, tuple(flags))
+
+    def _note(self, it: events_pb2.KnowledgeItem, action: str, who: common_pb2.Principal | None, tenant: str,
+              at: Timestamp, interaction_ids: Iterable[str] = (), source: str = "", detail: str = "") -> None:
+        """Append one provenance entry; beyond `max_provenance`, the oldest after the creation go."""
+        p = it.provenance.add(action=action, tenant=tenant, source=source, detail=detail)
+        if who is not None:
+            p.principal.CopyFrom(who)
+        p.interaction_ids.extend(interaction_ids)
+        p.at.CopyFrom(at)
+        excess = len(it.provenance) - max(2, self.max_provenance)
+        if excess > 0:
+            del it.provenance[1:1 + excess]
 
     def _bound(self, snap: events_pb2.KnowledgeSnapshot) -> None:
         rejected = [it.item_id for it in snap.items if it.status == S.ITEM_STATUS_REJECTED]
@@ -274,9 +311,13 @@ class KnowledgeStore:
             snap.processed.add(interaction_id=iid, revision=rev)
 
     # --- operator actions --------------------------------------------------------------------------------
-    def act(self, key: str, item_id_: str, action: str, operator: str = "", text: str = "") -> events_pb2.KnowledgeSnapshot:
-        """approve | reject | pin | edit one item; a no-op action returns the current snapshot unchanged."""
+    def act(self, key: str, item_id_: str, action: str, operator: str = "", text: str = "", *,
+            by: common_pb2.Principal | None = None, override_screen: bool = False) -> events_pb2.KnowledgeSnapshot:
+        """approve | reject | pin | edit one item by the caller `by`; a no-op action returns the current
+        snapshot unchanged. An edit runs the injection screen and is refused when the new text is flagged;
+        approving or pinning a flagged item needs `override_screen` (the operator read the flags)."""
         target = {"approve": S.ITEM_STATUS_APPROVED, "reject": S.ITEM_STATUS_REJECTED, "pin": S.ITEM_STATUS_PINNED}
+        done = {"approve": "approved", "reject": "rejected", "pin": "pinned", "edit": "edited"}
         with self._lock:
             if key not in self._latest:
                 raise NotFound(f"no knowledge base {key!r}")
@@ -284,12 +325,16 @@ class KnowledgeStore:
             idx = next((i for i, it in enumerate(cur.items) if it.item_id == item_id_), None)
             if idx is None:
                 raise NotFound(f"{key!r} has no item {item_id_!r}")
-            who = operator or "operator"
+            who = operator or (by.key_id if by is not None else "") or "operator"
             if action == "edit":
                 new_text = text.strip()
                 reason = self.curator.rejection(new_text)
                 if reason:
                     raise InvalidRequest(f"edited text rejected: {reason}")
+                flags = self.screen.flags(new_text)
+                if flags:
+                    raise InvalidRequest(f"edited text rejected by the injection screen ({', '.join(flags)}): "
+                                         "knowledge states facts; it may not address the model")
                 if new_text == cur.items[idx].text:
                     return _copy(cur)
                 others = [it for i, it in enumerate(cur.items) if i != idx]
@@ -300,16 +345,25 @@ class KnowledgeStore:
                 it = snap.items[idx]
                 it.text = new_text
                 it.token_count = self.curator.count_tokens(new_text)
+                del it.screen_flags[:]
             elif action in target:
                 if cur.items[idx].status == target[action]:
                     return _copy(cur)
+                flagged = list(cur.items[idx].screen_flags)
+                if flagged and action != "reject" and not override_screen:
+                    raise FailedPrecondition(f"item {item_id_} is flagged by the injection screen "
+                                             f"({', '.join(flagged)}); read it, then {action} it with the "
+                                             "screen override, or edit it first")
                 snap = self._next(key, f"{action} item {item_id_} by {who}")
                 it = snap.items[idx]
                 it.status = target[action]
             else:
                 raise InvalidRequest(f"unknown action {action!r}; use approve, reject, pin or edit")
+            now = self._clock()
             it.edited_by = who
-            it.updated_at.CopyFrom(self._clock())
+            it.updated_at.CopyFrom(now)
+            self._note(it, done[action], by, split_key(key)[0], now, (), "operator",
+                       f"operator {who}" + ("; screen flags overridden" if override_screen and it.screen_flags else ""))
             return self._commit(snap)
 
 

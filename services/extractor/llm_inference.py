@@ -15,6 +15,7 @@ import grpc
 from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse, LLMUnavailable
 from shared.grpc_util import TENANT_METADATA
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from shared.security.channels import open_channel
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
              grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL}
@@ -28,7 +29,7 @@ class InferenceLLM(ExtractorLLM):
         self.target = target
         self.model = model
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self._channel = open_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])
         self._stub = inference_pb2_grpc.InferenceStub(self._channel)
 
     def _request(self, r: LLMRequest) -> inference_pb2.GenerateRequest:

@@ -1,8 +1,15 @@
 """gRPC `apprentice.v1.Knowledge` --> the knowledge store: list, read (any kept version, or the training
 view), and the operator's approve / reject / pin / edit.
 
-Tenancy: a caller that sends `x-apprentice-tenant` metadata sees and changes only that tenant's bases;
-without it (the operator CLI on the cluster) every base is visible.
+Tenancy of reads (List, Get), by the caller's identity (set by the auth interceptor):
+- a backend key reads only its own tenant's bases; naming another tenant is PERMISSION_DENIED;
+- an operator reads the tenant it names (`ListKnowledgeRequest.tenant` or `x-apprentice-tenant`
+  metadata), or every tenant when it names none;
+- a service credential, and any caller of a server without keys (ANONYMOUS, loopback only), must name
+  the tenant: List without one returns nothing, Get without one is PERMISSION_DENIED. Knowledge reads
+  without a tenant identity return nothing.
+Changes (approve / reject / pin / edit) are operator-only (the interceptor's policy); with
+`x-apprentice-tenant` metadata they are limited to that tenant. The caller is recorded on the item.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import grpc
 from services.extractor.curation import TRAINING
 from services.extractor.knowledge import KnowledgeStore, training_view
 from services.extractor.trajectories import split_key
+from shared.config import CommonSettings
 from shared.grpc_util import (
     TENANT_METADATA,
     NotFound,
@@ -24,6 +32,7 @@ from shared.grpc_util import (
     require,
 )
 from shared.proto.apprentice.v1 import events_pb2, knowledge_pb2, knowledge_pb2_grpc
+from shared.security.identity import ANONYMOUS, Identity, Role, current_identity
 
 SERVICE = "apprentice.v1.Knowledge"
 S = events_pb2.ItemStatus
@@ -55,13 +64,32 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServicer):
         if tenant and split_key(key)[0] != tenant:
             raise PermissionDenied(f"tenant {tenant!r} may not access {key!r}")
 
+    @staticmethod
+    def _caller() -> Identity:
+        return current_identity() or ANONYMOUS
+
+    def _read_scope(self, context: Any, requested: str = "") -> str | None:
+        """The tenant whose bases the caller may read: a name, "" = every tenant, None = nothing."""
+        header = metadata_value(context, TENANT_METADATA)
+        if requested and header and requested != header:
+            raise PermissionDenied(f"request names tenant {requested!r} but x-apprentice-tenant says {header!r}")
+        named = requested or header
+        who = self._caller()
+        if who.role is Role.BACKEND:
+            if named and named != who.tenant:
+                raise PermissionDenied(f"backend key {who.key_id!r} reads tenant {who.tenant!r} only, not {named!r}")
+            return who.tenant
+        if named:
+            return named
+        return "" if who.role is Role.OPERATOR else None
+
     @grpc_errors
     def List(self, request: knowledge_pb2.ListKnowledgeRequest, context: Any) -> knowledge_pb2.ListKnowledgeResponse:
-        caller = metadata_value(context, TENANT_METADATA)
-        if caller and request.tenant and request.tenant != caller:
-            raise PermissionDenied(f"tenant {caller!r} may not list tenant {request.tenant!r}")
-        tenant = request.tenant or caller
+        require(len(request.tenant) <= 128, "tenant must be at most 128 characters")
+        tenant = self._read_scope(context, request.tenant)
         out = knowledge_pb2.ListKnowledgeResponse()
+        if tenant is None:
+            return out       # no tenant identity, none named: nothing
         for key in self.store.base_keys():
             if tenant and split_key(key)[0] != tenant:
                 continue
@@ -74,7 +102,12 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServicer):
     def Get(self, request: knowledge_pb2.GetKnowledgeRequest, context: Any) -> events_pb2.KnowledgeSnapshot:
         _check_key(request.key)
         require(request.version >= 0, f"version must be >= 0 (0 = latest), got {request.version}")
-        self._visible(request.key, context)
+        tenant = self._read_scope(context)
+        if tenant is None:
+            raise PermissionDenied(f"{self._caller().role.value} callers must name the tenant they read: send "
+                                   f"`x-apprentice-tenant: {split_key(request.key)[0]}` metadata")
+        if tenant and split_key(request.key)[0] != tenant:
+            raise PermissionDenied(f"tenant {tenant!r} may not read {request.key!r}")
         snap = self.store.get(request.key, int(request.version))
         return training_view(snap) if request.training_view else snap
 
@@ -83,7 +116,9 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServicer):
         require(bool(request.item_id), "item_id is required")
         require(len(request.operator) <= 200, "operator must be at most 200 characters")
         self._visible(request.key, context)
-        return self.store.act(request.key, request.item_id, action, request.operator, text)
+        return self.store.act(request.key, request.item_id, action, request.operator, text,
+                              by=self._caller().to_principal(),
+                              override_screen=bool(getattr(request, "override_screen", False)))
 
     @grpc_errors
     def Approve(self, request: knowledge_pb2.ItemActionRequest, context: Any) -> events_pb2.KnowledgeSnapshot:
@@ -104,14 +139,15 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServicer):
         return self._act(request, context, "edit", request.text)
 
 
-def create_knowledge_server(store: KnowledgeStore, port: int, host: str = "0.0.0.0") -> tuple[grpc.Server, int, Any]:
+def create_knowledge_server(store: KnowledgeStore, port: int, host: str = "",
+                            common: CommonSettings | None = None) -> tuple[grpc.Server, int, Any]:
     """(server, bound port, health servicer); not started. Port 0 picks a free port."""
     servicer = KnowledgeServicer(store)
 
     def register(server: grpc.Server) -> None:
         knowledge_pb2_grpc.add_KnowledgeServicer_to_server(servicer, server)
 
-    return create_server(port, register, [SERVICE], host=host)
+    return create_server(port, register, [SERVICE], host=host, common=common)
 
 
 __all__ = ["SERVICE", "KnowledgeServicer", "NotFound", "create_knowledge_server", "summary"]

@@ -12,8 +12,10 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from shared.events import UndecodableEvent, decode
+from shared.events import UndecodableEvent
+from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
+from shared.validation import decode_record
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +23,8 @@ log = logging.getLogger(__name__)
 def read_snapshots(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[events_pb2.KnowledgeSnapshot]:
     """All decodable snapshots up to the end offsets seen at the start of the call, in log order per
     partition. Undecodable records are logged and skipped (they cannot be dead-lettered from a read)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"extractor-rebuild-{uuid.uuid4()}",
+    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap,
+                  "group.id": f"extractor-rebuild-{uuid.uuid4()}",
                   "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True})
     out: list[events_pb2.KnowledgeSnapshot] = []
     try:
@@ -54,7 +57,7 @@ def read_snapshots(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list
             if int(m.offset() or 0) >= ends.get(part, 0) - 1:
                 ends.pop(part, None)
             try:
-                out.append(decode(events_pb2.KnowledgeSnapshot, m.value()))
+                out.append(decode_record(events_pb2.KnowledgeSnapshot, m.value(), m.headers()))
             except UndecodableEvent as e:
                 log.error("skipping undecodable knowledge record", extra={"offset": m.offset(), "error": str(e)})
         if ends:

@@ -33,6 +33,40 @@ def split_key(key: str) -> tuple[str, str]:
     return tenant, domain or DEFAULT_DOMAIN
 
 
+TRUSTED_ROLES = ("operator", "service")
+"""Callers whose words may become knowledge without a review (where a tenant opts in): operators and
+trusted agents (service credentials). Backend keys carry end users' text; anonymous callers and events
+without a recorded caller are unknown."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Who caused an event: its envelope's principal as plain values (a frozen Turn can hold it)."""
+
+    key_id: str = ""
+    role: str = ""                  # backend | operator | service | anonymous; "" = not recorded
+    tenant: str = ""
+    event_id: str = ""
+
+    @property
+    def trusted(self) -> bool:
+        return self.role in TRUSTED_ROLES
+
+    def principal(self) -> common_pb2.Principal:
+        return common_pb2.Principal(key_id=self.key_id, role=self.role, tenant=self.tenant)
+
+    @staticmethod
+    def of(env: common_pb2.Envelope) -> Source:
+        p = env.principal
+        return Source(key_id=p.key_id, role=p.role, tenant=p.tenant, event_id=env.event_id)
+
+
+def least_trusted(sources: Iterable[Source]) -> Source:
+    """The first untrusted source, else the first one: what an item derived from all of them may claim."""
+    seen = list(sources)
+    return next((s for s in seen if not s.trusted), seen[0] if seen else Source())
+
+
 @dataclass(frozen=True)
 class Turn:
     """One graded interaction as a round of a trajectory."""
@@ -50,6 +84,9 @@ class Turn:
     knowledge_version: str          # knowledge snapshot that was in context ("" if none)
     policy_version: str
     occurred_at: float              # seconds since the epoch (the interaction's envelope)
+    asked_by: Source = Source()     # the caller of the Generate request
+    corrected_by: tuple[Source, ...] = ()   # the caller of each correction, same order as `corrections`
+    feedback_by: tuple[Source, ...] = ()    # the caller of every feedback event joined to this turn
 
     @property
     def ref(self) -> str:
@@ -79,13 +116,15 @@ def _turn_input(inter: events_pb2.Interaction) -> str:
     return "\n".join(f"[{m.role}] {m.content}" for m in tail)
 
 
-def _feedback_lines(g: events_pb2.GradedInteraction) -> tuple[list[str], list[str]]:
+def _feedback_lines(g: events_pb2.GradedInteraction) -> tuple[list[str], list[str], list[Source]]:
     lines: list[str] = []
     corrections: list[str] = []
+    correctors: list[Source] = []
     for fb in g.feedback:
         comment = fb.comment.strip()
         if fb.kind == "correction" and comment:
             corrections.append(comment)
+            correctors.append(Source.of(fb.envelope))
             lines.append(f'The user corrected the answer; the right answer is: "{comment}"')
         elif fb.kind == "thumbs":
             lines.append(("Thumbs up" if fb.value > 0 else "Thumbs down") + (f': "{comment}"' if comment else ""))
@@ -102,13 +141,13 @@ def _feedback_lines(g: events_pb2.GradedInteraction) -> tuple[list[str], list[st
         lines.append("Flags: " + ", ".join(g.flags))
     if not g.has_signal and g.no_signal_reason:
         lines.append(f"No reward signal: {g.no_signal_reason}")
-    return lines, corrections
+    return lines, corrections, correctors
 
 
 def turn_from_graded(g: events_pb2.GradedInteraction) -> Turn:
     """One graded record --> a Turn. Success = the grader's task success, or a positive reward."""
     inter = g.interaction
-    lines, corrections = _feedback_lines(g)
+    lines, corrections, correctors = _feedback_lines(g)
     has_signal = g.has_signal and not g.quarantined
     ts = inter.envelope.occurred_at if inter.HasField("envelope") else g.envelope.occurred_at
     return Turn(
@@ -125,6 +164,9 @@ def turn_from_graded(g: events_pb2.GradedInteraction) -> Turn:
         knowledge_version=inter.knowledge_version,
         policy_version=inter.policy_version,
         occurred_at=ts.seconds + ts.nanos / 1e9,
+        asked_by=Source.of(inter.envelope),
+        corrected_by=tuple(correctors),
+        feedback_by=tuple(Source.of(fb.envelope) for fb in g.feedback),
     )
 
 
@@ -177,6 +219,17 @@ class Trajectory:
     @property
     def corrections(self) -> list[tuple[Turn, str]]:
         return [(t, c) for t in self.turns for c in t.corrections]
+
+    @property
+    def sourced_corrections(self) -> list[tuple[Turn, str, Source]]:
+        """Each correction with the turn it corrects and who sent it."""
+        return [(t, c, t.corrected_by[i] if i < len(t.corrected_by) else Source())
+                for t in self.turns for i, c in enumerate(t.corrections)]
+
+    @property
+    def sources(self) -> list[Source]:
+        """Every caller whose words are in this trajectory: the askers and the feedback senders."""
+        return [s for t in self.turns for s in (t.asked_by, *t.feedback_by)]
 
     @property
     def user_texts(self) -> list[str]:

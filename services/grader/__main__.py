@@ -18,10 +18,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"apprentice grader: {e}\n(set APPRENTICE_GRADER_CONFIG_PATH to a valid file)", file=sys.stderr)
         return 2
     from services.grader.runtime import make_runtime  # heavy: only after the config is known to be good
+    from shared.grpc_util import service_host
     from shared.metrics import start_metrics_server
 
     runtime = make_runtime(settings.runtime, settings, config)
-    start_metrics_server(settings.metrics_port)
+    start_metrics_server(settings.metrics_port, service_host("", settings.common))
     return runtime.run()
 
 

@@ -59,13 +59,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import faust
 from confluent_kafka import Consumer, TopicPartition
@@ -83,19 +82,23 @@ from services.grader.join import (
     Rejected,
     Step,
     decode_bundle,
-    encode_bundle,
+    encode_bundles,
     graded_event_id,
     partition_for,
 )
 from services.grader.judge_client import JudgeBackend, judge_group, make_judge_backend
 from services.grader.judge_groups import JudgeGroup, add_member, judge_items
 from services.grader.judge_groups import due as judge_due
-from services.grader.routing import dead_letter, route
+from services.grader.limits import limits_of, oversize
+from services.grader.poison import POISON_STAGE, Failure, classify, run_bisecting
+from services.grader.routing import DEADLETTER_HEADERS, GRADED_HEADERS, dead_letter, route
 from services.grader.runtime import GraderRuntime
 from services.grader.stall import StallTracker
 from services.grader.state import SEQ_KEY_PREFIX, PendingState, decode_seq, encode_seq, seq_key
 from shared.grading import GraderConfig
+from shared.kafka.security import faust_credentials, librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
+from shared.validation import KafkaHeaders
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +223,27 @@ faust_aiokafka.Transport.Producer = _IdempotentProducer
 faust_aiokafka.Transport.Consumer = _LosslessConsumer
 
 
+class _Item(NamedTuple):
+    """One join item of a grade batch, with the join record it came in (the unit the grade stage retries,
+    splits and, as a last resort, dead-letters)."""
+
+    ev: EventT
+    key: bytes
+    value: bytes
+    error: str = ""
+    """Why the join record could not be read as a bundle ("" = a readable item)."""
+
+
+def _items(events: Sequence[EventT]) -> list[_Item]:
+    out = []
+    for ev in events:
+        try:
+            out += [_Item(ev, key, value) for key, value in decode_bundle(ev.value)]  # type: ignore[arg-type]
+        except BadJoinRecord as e:
+            out.append(_Item(ev, b"", b"", str(e)))
+    return out
+
+
 def _brokers(bootstrap: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
 
@@ -232,7 +256,7 @@ class GraderApp:
         topics = settings.common.topics
         self.stats = DetectorStats(config.detectors)
         self.joiner = Joiner(config, self.stats, retention_s=settings.retention_s,
-                             orphan_feedback_s=settings.orphan_feedback_s, source=SOURCE)
+                             orphan_feedback_s=settings.orphan_feedback_s, source=SOURCE, limits=limits_of(settings))
         self.judge = judge
         self._seq = 0
         self._due: dict[bytes, tuple[float, bool, int]] = {}
@@ -251,6 +275,7 @@ class GraderApp:
         P = settings.partitions
         self.app = faust.App(
             settings.app_id, broker=_brokers(settings.common.kafka_bootstrap), store=settings.store,
+            broker_credentials=faust_credentials(settings.common),  # TLS / SASL, as every Kafka client
             datadir=str(settings.datadir / settings.app_id), web_enabled=False, autodiscover=False,
             topic_partitions=P, topic_replication_factor=settings.replication,
             key_serializer="raw", value_serializer="raw", consumer_auto_offset_reset="earliest",
@@ -279,9 +304,10 @@ class GraderApp:
 
     # --- helpers ---------------------------------------------------------------------------------
     async def _send(self, topic: str, key: bytes | None, value: bytes | None,
-                    partition: int | None = None) -> Awaitable[Any]:
-        """Hand a record to the producer; the returned future resolves when Kafka acknowledged it."""
-        return await self.app.producer.send(topic, key, value, partition, None, None)
+                    partition: int | None = None, headers: KafkaHeaders | None = None) -> Awaitable[Any]:
+        """Hand a record to the producer; the returned future resolves when Kafka acknowledged it.
+        `headers`: the value's type (shared/validation.py) on the graded and dead-letter topics."""
+        return await self.app.producer.send(topic, key, value, partition, None, headers)  # type: ignore[arg-type]  # bytes values
 
     async def _dead_letter(self, ev: EventT, stage: str, reason: str, error_type: str,
                            tenant: str = "unknown", *, key: bytes | None = None,
@@ -295,7 +321,19 @@ class GraderApp:
         M.DEADLETTERS.labels(stage).inc()
         log.warning("dead-lettered record", extra={"stage": stage, "reason": reason[:300],
                                                     "origin": f"{msg.topic}/{msg.partition}@{msg.offset}"})
-        return await self._send(self.topic_names["deadletter"], key, dl.SerializeToString())
+        return await self._send(self.topic_names["deadletter"], dl.original_key or None, dl.SerializeToString(),
+                                headers=DEADLETTER_HEADERS)
+
+    async def _poison_event(self, ev: EventT, failure: Failure) -> None:
+        """A source record that every batch holding it failed on (poison.py): dead-lettered on its own."""
+        await (await self._dead_letter(ev, POISON_STAGE, f"every batch holding this record failed the same way: "
+                                                         f"{failure.signature}", "PoisonRecord"))
+
+    async def _poison_item(self, item: _Item, failure: Failure) -> None:
+        """One join item that every batch holding it failed on: dead-lettered on its own."""
+        await (await self._dead_letter(item.ev, POISON_STAGE, f"every batch holding this join item failed the "
+                                                              f"same way: {failure.signature}", "PoisonRecord",
+                                       key=item.key, value=item.value))
 
     def _changelog_name(self, table: Any) -> str:
         return str(table.changelog_topic.get_topic_name())
@@ -303,7 +341,7 @@ class GraderApp:
     # --- stage 1: route -----------------------------------------------------------------------------
     async def _route_agent(self, stream: Any) -> None:
         async for events in stream.take_events(self.settings.batch_max, within=self.settings.batch_within_s):
-            await self._until_done("route", functools.partial(self._route_batch, events))
+            await run_bisecting(list(events), self._route_batch, poison=self._poison_event, stage="route")
 
     async def _route_batch(self, events: Sequence[EventT]) -> None:
         join_items: dict[int, list[tuple[bytes, bytes]]] = {}
@@ -319,27 +357,20 @@ class GraderApp:
         if futs:
             await asyncio.gather(*futs)
 
-    async def _until_done(self, stage: str, attempt: Callable[[], Awaitable[None]],
-                          on_error: Callable[[], None] | None = None) -> None:
-        """Run one batch of an agent until it succeeds. No exception may reach faust's agent supervisor:
-        it restarts the agent, but the batch in hand is gone (taken from the stream, never delivered to
-        this worker again, while later records are processed and committed), so its records would be
-        lost: the intermittent loss of a batch's records in test_grader_restart (issue #4), reproduced by
-        making `settle`'s look-up in the graded topic fail once, as a Kafka call timing out under load
-        does. Retrying is safe: routing is idempotent downstream, and a grade batch that failed is
-        settled again before it is applied again."""
-        for n in itertools.count(1):
-            try:
-                await attempt()
-                return
-            except Exception:  # noqa: BLE001 - see docstring; CancelledError (shutdown) still passes
-                log.exception("batch failed; retrying it", extra={"stage": stage, "attempt": n})
-                if on_error is not None:
-                    on_error()
-                await asyncio.sleep(min(10.0, 0.1 * 2 ** n))
+    # Each agent batch runs under poison.run_bisecting, never raising. No exception may reach faust's
+    # agent supervisor: it restarts the agent, but the batch in hand is gone (taken from the stream,
+    # never delivered to this worker again, while later records are processed and committed), so its
+    # records would be lost: the intermittent loss of a batch's records in test_grader_restart (issue
+    # #4), reproduced by making `settle`'s look-up in the graded topic fail once, as a Kafka call timing
+    # out under load does. Retrying is safe: routing is idempotent downstream, and a grade batch that
+    # failed is settled again before it is applied again. A batch that fails the same way twice because
+    # of one record is split until that record is found and dead-lettered (a record the broker refuses
+    # once stopped the grader for good); cancellation (shutdown) passes through every await.
 
     async def _send_bundles(self, topic: str, items: dict[int, list[tuple[bytes, bytes]]]) -> list[Awaitable[Any]]:
-        return [await self._send(topic, None, encode_bundle(batch), p) for p, batch in sorted(items.items())]
+        limit = self.joiner.limits.max_record_bytes
+        return [await self._send(topic, None, bundle, p) for p, batch in sorted(items.items())
+                for bundle in encode_bundles(batch, limit)]
 
     def _add_join_item(self, items: dict[int, list[tuple[bytes, bytes]]], key: bytes, value: bytes) -> None:
         items.setdefault(partition_for(key, self.settings.partitions), []).append((key, value))
@@ -347,7 +378,8 @@ class GraderApp:
     async def _route_one(self, ev: EventT, join_items: dict[int, list[tuple[bytes, bytes]]],
                          judge_items: list[tuple[bytes, bytes]]) -> Awaitable[Any] | None:
         """Validate one source record and queue its join item; a dead letter's future when rejected."""
-        r = route(ev.message.topic == self.topic_names["interactions"], ev.value, self.joiner.task_of)
+        r = route(ev.message.topic == self.topic_names["interactions"], ev.value, self.joiner.task_of,
+                  ev.message.headers, limits=self.joiner.limits)
         if r.rejected is not None:
             return await self._dead_letter(ev, r.rejected.stage, r.rejected.reason, r.rejected.error_type,
                                            r.rejected.tenant)
@@ -363,8 +395,8 @@ class GraderApp:
             start = time.perf_counter()
             parts = {ev.message.partition for ev in events}
             # A failed batch may have left emissions in doubt: settle its partitions again before the retry.
-            await self._until_done("grade", functools.partial(self.grade_batch, events),
-                                   on_error=functools.partial(self._settled.difference_update, parts))
+            await run_bisecting(_items(events), self.grade_batch, poison=self._poison_item, stage="grade",
+                                on_error=functools.partial(self._settled.difference_update, parts))
             M.BATCH_SECONDS.observe(time.perf_counter() - start)
 
     def _next_seq(self) -> int:
@@ -372,16 +404,16 @@ class GraderApp:
         self._seq = max(self._seq + 1, int(time.time() * 1000))
         return self._seq
 
-    async def grade_batch(self, events: Sequence[EventT]) -> None:
+    async def grade_batch(self, items: Sequence[_Item]) -> None:
         # The lock orders this batch with a settle started by the ticker (both touch the table).
         async with self._lock:
-            unsettled = {ev.message.partition for ev in events} - self._settled
+            unsettled = {item.ev.message.partition for item in items} - self._settled
             if unsettled:
                 await self.settle(unsettled)
                 self._settled |= unsettled
-            await self._grade_batch(events)
+            await self._grade_batch(items)
 
-    async def _grade_batch(self, events: Sequence[EventT]) -> None:
+    async def _grade_batch(self, items: Sequence[_Item]) -> None:
         now = time.time()
         seq = self._next_seq()
         data = self.table.data
@@ -390,39 +422,46 @@ class GraderApp:
         dirty: list[bytes] = []
         emits: list[tuple[events_pb2.GradedInteraction, int]] = []
         dead: list[Awaitable[Any]] = []
-        for ev in events:
+        for ev, key, value, error in items:
             p = ev.message.partition
-            try:
-                items = decode_bundle(ev.value)
-            except BadJoinRecord as e:
-                dead.append(await self._dead_letter(ev, "grader.join", str(e), type(e).__name__))
+            if error:  # the join record is not a bundle
+                dead.append(await self._dead_letter(ev, "grader.join", error, BadJoinRecord.__name__))
                 continue
-            for key, value in items:
-                raw = current[key] if key in current else data.get(key)
-                try:
-                    state = PendingState.decode(raw) if raw is not None else None
-                except ValueError as e:
-                    step: Step | Rejected = Rejected("grader.join", f"unreadable state: {e}", type(e).__name__)
-                else:
-                    step = self.joiner.apply_guarded(state, key, value, now, p)
-                if isinstance(step, Rejected):
-                    dead.append(await self._dead_letter(ev, step.stage, step.reason, step.error_type,
-                                                        key=key, value=value))
-                    continue
-                M.count_event(value[:1].decode(errors="replace"), step.note or ("emitted" if step.emit else "applied"))
-                partition_of[key] = p
-                if step.emit is not None and step.state is not None:
+            raw = current[key] if key in current else data.get(key)
+            try:
+                state = PendingState.decode(raw) if raw is not None else None
+            except ValueError as e:
+                step: Step | Rejected = Rejected("grader.join", f"unreadable state: {e}", type(e).__name__)
+            else:
+                step = self.joiner.apply_guarded(state, key, value, now, p)
+            blob: bytes | None = None
+            if not isinstance(step, Rejected):
+                if step.emit is not None and step.state is not None:  # the emission marker goes with the state
                     step.state.pending_seq, step.state.pending_ts = seq, now
-                    emits.append((step.emit, p))
-                if step.changed:
-                    current[key] = step.state.encode() if step.state is not None else None
-                    if key not in dirty:
-                        dirty.append(key)
-                if step.state is None:
-                    self._due.pop(key, None)
-                else:
-                    due, open_ = self.joiner.due(step.state)
-                    self._due[key] = (due, open_, p)
+                blob = step.state.encode() if step.changed and step.state is not None else None
+                too_big = oversize(len(blob or b""), step.emit, self.joiner.limits)
+                if too_big is not None:
+                    step = Rejected(too_big.stage, too_big.reason, "Refused")
+            if isinstance(step, Rejected):
+                dead.append(await self._dead_letter(ev, step.stage, step.reason, step.error_type,
+                                                    step.tenant, key=key, value=value))
+                continue
+            for body, why in step.refused:
+                dead.append(await self._dead_letter(ev, why.stage, why.reason, why.error_type, why.tenant,
+                                                    key=key, value=body))
+            M.count_event(value[:1].decode(errors="replace"), step.note or ("emitted" if step.emit else "applied"))
+            partition_of[key] = p
+            if step.emit is not None and step.state is not None:
+                emits.append((step.emit, p))
+            if step.changed:
+                current[key] = blob
+                if key not in dirty:
+                    dirty.append(key)
+            if step.state is None:
+                self._due.pop(key, None)
+            else:
+                due, open_ = self.joiner.due(step.state)
+                self._due[key] = (due, open_, p)
 
         # (a) states, with their emission markers, durable before any record leaves; the table takes
         # them only then, so that a batch that fails here is applied again from the states before it
@@ -443,8 +482,8 @@ class GraderApp:
                 raise TimeoutError("fault injection: a batch failed after its state write")
         # (b) the graded records
         graded = self.topic_names["graded"]
-        futs = [await self._send(graded, rec.interaction.session_id.encode() or None, rec.SerializeToString())
-                for rec, _ in emits]
+        futs = [await self._send(graded, rec.interaction.session_id.encode() or None, rec.SerializeToString(),
+                                 headers=GRADED_HEADERS) for rec, _ in emits]
         if futs:
             await asyncio.gather(*futs)
         if emits:
@@ -458,7 +497,7 @@ class GraderApp:
             await asyncio.gather(*dead)
         for rec, _ in emits:
             M.count_emitted(rec)
-        log.debug("join batch done", extra={"bundles": len(events), "states": len(dirty), "emitted": len(emits)})
+        log.debug("join batch done", extra={"items": len(items), "states": len(dirty), "emitted": len(emits)})
 
     async def _unstall(self, now: float) -> None:
         """Resume and seek back to their committed offset the source and join partitions whose commit
@@ -529,7 +568,7 @@ class GraderApp:
         found = await asyncio.to_thread(find_event_ids, self.settings.common.kafka_bootstrap,
                                         self.topic_names["graded"], set(wanted), since)
         now = time.time()
-        futs = []
+        sent: list[tuple[events_pb2.GradedInteraction, Awaitable[Any]]] = []
         for event_id, st in wanted.items():
             if event_id in found:
                 M.RECOVERED.labels("already_emitted").inc()
@@ -537,12 +576,28 @@ class GraderApp:
             rec = self.joiner.rebuild(st, now)
             if rec is None:
                 continue
-            futs.append(await self._send(self.topic_names["graded"], rec.interaction.session_id.encode() or None,
-                                         rec.SerializeToString()))
+            sent.append((rec, self._send(self.topic_names["graded"], rec.interaction.session_id.encode() or None,
+                                         rec.SerializeToString(), headers=GRADED_HEADERS)))
+        for rec, sending in sent:
+            try:
+                await (await sending)
+            except Exception as e:  # noqa: BLE001 - sorted below: the broker refusing this record, or not
+                if not classify(e).record_caused:
+                    raise  # the batch is retried (and settles again)
+                # The broker refuses this record (e.g. a topic limit below the grader's): dead-lettered,
+                # as a poison record is, so that the partition is not held in doubt for good.
+                letter = dead_letter(Rejected(POISON_STAGE, f"graded record refused by Kafka: {e}", type(e).__name__,
+                                              rec.envelope.tenant), source=SOURCE, topic=self.topic_names["graded"],
+                                     partition=-1, offset=-1, key=rec.interaction.session_id.encode(),
+                                     value=rec.SerializeToString())
+                await (await self._send(self.topic_names["deadletter"], letter.original_key or None,
+                                        letter.SerializeToString(), headers=DEADLETTER_HEADERS))
+                M.DEADLETTERS.labels(POISON_STAGE).inc()
+                log.error("a graded record the broker refuses was dead-lettered",
+                          extra={"interaction_id": rec.interaction.interaction_id, "error": str(e)[:300]})
+                continue
             M.RECOVERED.labels("re_emitted").inc()
             M.count_emitted(rec)
-        if futs:
-            await asyncio.gather(*futs)
         seq = self._next_seq()
         futs = []
         for p in sorted({st.partition for st in in_doubt}):
@@ -662,7 +717,7 @@ class GraderApp:
 def find_event_ids(bootstrap: str, topic: str, wanted: set[str], since: float,
                    timeout: float = 30.0) -> set[str]:
     """Which of `wanted` event ids are in `topic` at or after wall-clock time `since` (all partitions)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"grader-verify-{uuid.uuid4()}",
+    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap, "group.id": f"grader-verify-{uuid.uuid4()}",
                   "enable.auto.commit": False, "isolation.level": "read_committed"})
     found: set[str] = set()
     try:

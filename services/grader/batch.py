@@ -20,10 +20,12 @@ from typing import Protocol
 
 from services.grader import metrics as M
 from services.grader.join import TICK, BadJoinRecord, Joiner, Rejected, decode_bundle, partition_for
+from services.grader.limits import oversize
 from services.grader.routing import dead_letter, route
 from services.grader.state import SEQ_KEY_PREFIX, PendingState
 from services.grader.store import StateStore
 from shared.proto.apprentice.v1 import events_pb2
+from shared.validation import HeadersLike
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +42,15 @@ class Record(Protocol):
     def offset(self) -> int | None: ...
     def key(self) -> bytes | None: ...
     def value(self) -> bytes | None: ...
+    def headers(self) -> HeadersLike: ...
 
 
 @dataclass
 class Outputs:
     states: dict[str, tuple[int, PendingState | None]] = field(default_factory=dict)
     """Changelog writes: interaction id -> (partition, latest state or None = delete)."""
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    """interaction id -> its latest state, encoded (encoded once, to check its size before it is kept)."""
     graded: list[events_pb2.GradedInteraction] = field(default_factory=list)
     dead: list[tuple[bytes | None, events_pb2.DeadLetter]] = field(default_factory=list)
     """(original key, letter) for the dead-letter topic."""
@@ -82,7 +87,8 @@ class BatchGrader:
             for key, value in items:
                 self._apply(p, key, value, now, out, rec)
             return
-        r = route(topic == self.interactions_topic, rec.value(), self.joiner.task_of)
+        r = route(topic == self.interactions_topic, rec.value(), self.joiner.task_of, rec.headers(),
+                  limits=self.joiner.limits, now=now)
         if r.rejected is not None:
             self._reject(r.rejected, rec, out, rec.key(), rec.value())
             return
@@ -110,15 +116,28 @@ class BatchGrader:
         current = self.store.get(p, k)
         step = self.joiner.apply_guarded(current.copy() if current is not None else None, key, value, now, p,
                                          parsed)
+        blob = b""
+        if not isinstance(step, Rejected):
+            if step.changed and step.state is not None:
+                blob = step.state.encode()
+            too_big = oversize(len(blob), step.emit, self.joiner.limits)
+            if too_big is not None:
+                step = Rejected(too_big.stage, too_big.reason, "Refused")
         if isinstance(step, Rejected):
             self._reject(step, rec, out, key, value)
             if current is not None and value[:1] == TICK:
                 self.store.put(p, k, current, not_before=now + TICK_RETRY_S)
             return
+        for body, why in step.refused:
+            self._reject(why, None, out, key, body)
         out.events[(value[:1].decode(errors="replace"), step.note or ("emitted" if step.emit else "applied"))] += 1
         if step.changed:
             self.store.put(p, k, step.state)
             out.states[k] = (p, step.state)
+            if step.state is not None:
+                out.blobs[k] = blob
+            else:
+                out.blobs.pop(k, None)
         elif current is not None and value[:1] == TICK:
             self.store.put(p, k, current, not_before=now + TICK_RETRY_S)  # re-index the popped tick
         if step.emit is not None:

@@ -25,6 +25,7 @@ from confluent_kafka.admin import NewTopic, OffsetSpec
 
 from services.grader.config import GraderSettings
 from shared.kafka.admin import admin
+from shared.kafka.security import librdkafka_config
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def internal_topics(settings: GraderSettings) -> list[NewTopic]:
 
 def ensure_internal_topics(settings: GraderSettings, timeout: float = 30.0) -> list[str]:
     """Create the internal topics that do not exist yet; return their names."""
-    client = admin(settings.common.kafka_bootstrap)
+    client = admin(settings.common.kafka_bootstrap, security=settings.common)
     existing = set(client.list_topics(timeout=timeout).topics)
     missing = [t for t in internal_topics(settings) if t.topic not in existing]
     created = []
@@ -74,7 +75,8 @@ def read_table(bootstrap: str, topic: str, partitions: list[int], *, timeout_s: 
         return out
     if settle_s > 0:
         wait_for_resolved_end(bootstrap, topic, partitions, settle_s)
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"grader-restore-{uuid.uuid4()}",
+    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap,
+                  "group.id": f"grader-restore-{uuid.uuid4()}",
                   "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": "read_committed",
                   "auto.offset.reset": "earliest", **(extra or {})})
     try:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.grader.limits import STATE_HEADROOM
 from shared.config import CommonSettings
 
 DEFAULT_CONFIG = Path(__file__).with_name("default_config.yaml")
@@ -105,6 +106,34 @@ class GraderSettings(BaseSettings):
     """native: longest time to read a partition's state changelog when the worker is given it
     (must stay below the consumer's max.poll.interval of 300 s)."""
 
+    # --- bounds on what one interaction may accumulate (services/grader/limits.py) -----------------
+    max_feedback: int = Field(default=32, ge=1)
+    """Feedback events joined to one interaction; later ones are dead-lettered (the interaction is still
+    graded). Real traffic sends a handful (thumbs, a rating, a correction, a few KPIs)."""
+
+    max_feedback_bytes: int = Field(default=128 * 1024, ge=1024)
+    """Total bytes of the feedback joined to one interaction (and the most one event may have); past it
+    feedback is dead-lettered. Fits several corrections of the API's longest comment (20,000 characters)
+    while keeping the state and the graded record far below a Kafka record."""
+
+    max_comment_chars: int = Field(default=20_000, ge=1)
+    """Longest feedback comment (characters); longer feedback is dead-lettered. Equal to the Feedback
+    API's own limit, so feedback accepted there is never refused here for its length."""
+
+    feedback_skew_s: float = Field(default=300.0, ge=0)
+    """Clock skew allowed on feedback occurred_at: feedback dated more than this before its interaction,
+    or more than this in the future, is dead-lettered. 5 minutes, as the Feedback API allows."""
+
+    max_record_bytes: int = Field(default=1_000_000, ge=200_000)
+    """Largest record the grader writes (state, graded record, join bundle): librdkafka's default
+    `message.max.bytes`, below the broker's default limit (1 MiB). Interactions too large to leave room
+    for a full feedback budget under it are dead-lettered. Raise it only with the topics' limits."""
+
+    shutdown_grace_s: float = Field(default=10.0, gt=0)
+    """native runtime: after SIGTERM, how long the batch in progress may take to commit; past it the
+    worker exits at once, as after kill -9 (the open transaction is aborted and redone after a restart),
+    so a Kafka call that hangs (a failing broker) never holds a stop."""
+
     metrics_port: int = 9102
     """Prometheus endpoint (DESIGN.md section 2); 0 disables it."""
 
@@ -127,6 +156,15 @@ class GraderSettings(BaseSettings):
         if v and (point not in ("after_state", "after_emit", "fail_after_state") or not count.isdigit()):
             raise ValueError("fault_injection must be '', 'after_state:N', 'after_emit:N' or 'fail_after_state:N'")
         return v
+
+    @model_validator(mode="after")
+    def _room_for_state(self) -> GraderSettings:
+        room = self.max_record_bytes - self.max_feedback_bytes - STATE_HEADROOM
+        if room < 100_000:
+            raise ValueError(f"APPRENTICE_GRADER_MAX_RECORD_BYTES={self.max_record_bytes} leaves {room} bytes for an "
+                             f"interaction after the feedback budget (APPRENTICE_GRADER_MAX_FEEDBACK_BYTES="
+                             f"{self.max_feedback_bytes}) and 64 KiB of state headroom; raise it or lower the budget")
+        return self
 
     @property
     def app_id(self) -> str:

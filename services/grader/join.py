@@ -10,7 +10,10 @@ Timing rules (issue 4):
 - After the first emission, any new feedback that changes the content emits revision n+1 (late
   feedback is never dropped silently); content that does not change emits nothing.
 - Infrastructure failures and tool time-outs emit at once, masked (`has_signal=False`).
-- Duplicate events (same event id) change nothing; a second copy of an interaction id is ignored.
+- Duplicate events (same event id) change nothing; a second copy of an interaction id from the same
+  producer is ignored, one from another producer or tenant is refused (limits.py).
+- Feedback joins only within the bounds of limits.py (tenant, time, count, bytes); feedback refused
+  there, including feedback that waited for its interaction, goes to the dead-letter topic.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 import math
 import struct
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -29,6 +32,7 @@ from google.protobuf.message import DecodeError
 
 from services.grader import detectors as D
 from services.grader.components import combine, compute_components, feedback_complete
+from services.grader.limits import Limits, Refusal, check_join, check_pairing, check_same_producer
 from services.grader.plan import plan_for
 from services.grader.state import PendingState
 from shared.events import deterministic_id, new_id
@@ -97,6 +101,26 @@ def encode_bundle(items: list[tuple[bytes, bytes]]) -> bytes:
     return b"".join(parts)
 
 
+def encode_bundles(items: list[tuple[bytes, bytes]], max_bytes: int) -> list[bytes]:
+    """`items` as bundles of at most `max_bytes` each (less a margin for the record's framing): a
+    routing batch of long interactions would otherwise make one record over Kafka's limit. An item
+    larger than that on its own travels alone (routing refuses interactions that large)."""
+    limit = max(1, max_bytes - 4096)
+    out: list[bytes] = []
+    chunk: list[tuple[bytes, bytes]] = []
+    size = 1
+    for k, v in items:
+        n = 8 + len(k) + len(v)
+        if chunk and size + n > limit:
+            out.append(encode_bundle(chunk))
+            chunk, size = [], 1
+        chunk.append((k, v))
+        size += n
+    if chunk:
+        out.append(encode_bundle(chunk))
+    return out
+
+
 def decode_bundle(data: bytes | None) -> list[tuple[bytes, bytes]]:
     if not data or data[:1] != BUNDLE:
         raise BadJoinRecord("join record is not a bundle")
@@ -140,6 +164,19 @@ class Step:
     emit: events_pb2.GradedInteraction | None = None
     note: str = ""
     """Why nothing happened (duplicate, orphan, ...), for metrics and logs."""
+    refused: list[tuple[bytes, Rejected]] = field(default_factory=list)
+    """Feedback removed from the state by this step, (FeedbackEvent bytes, why), for the dead-letter
+    topic: feedback that waited for its interaction and turned out not to belong to it."""
+
+
+class Refused(Exception):  # noqa: N818 - a refusal, not an error
+    """The item must not join this state (limits.py). Recoverable: the item is dead-lettered, the state
+    stays as it was."""
+
+    def __init__(self, refusal: Refusal, tenant: str) -> None:
+        super().__init__(refusal.reason)
+        self.refusal = refusal
+        self.tenant = tenant or "unknown"
 
 
 def graded_event_id(interaction_id: str, revision: int) -> str:
@@ -167,8 +204,9 @@ def encode_judge(interaction_id: str, grader: str, value: float, has_signal: boo
 
 class Joiner:
     def __init__(self, config: GraderConfig, stats: D.DetectorStats, *, retention_s: float,
-                 orphan_feedback_s: float, source: str = "grader") -> None:
+                 orphan_feedback_s: float, source: str = "grader", limits: Limits | None = None) -> None:
         self.config = config
+        self.limits = limits or Limits()
         self.stats = stats
         self.retention_s = retention_s
         self.orphan_feedback_s = orphan_feedback_s
@@ -224,6 +262,8 @@ class Joiner:
         it may be half changed, and the caller keeps its previous state."""
         try:
             return self.apply(state, key.decode(), value, now, partition, parsed)
+        except Refused as e:
+            return Rejected(e.refusal.stage, e.refusal.reason, "Refused", e.tenant)
         except BadJoinRecord as e:
             return Rejected("grader.join", str(e), type(e).__name__)
         except Exception as e:  # noqa: BLE001 - see docstring
@@ -233,25 +273,52 @@ class Joiner:
     def _interaction(self, state: PendingState, body: bytes, now: float,
                      parsed: events_pb2.Interaction | None) -> Step:
         it = parsed if parsed is not None else _parse(events_pb2.Interaction, body)
-        if state.has_seen(it.envelope.event_id) or state.interaction is not None:
-            # Same event id, or the same interaction id under another event id: interaction ids are
-            # unique, so either way it is a duplicate and the first copy wins.
+        if state.interaction is not None:
+            # The same interaction id again: the first copy wins. From its own producer (a replay, under
+            # the same or another event id) it is a duplicate; from another producer or tenant it is
+            # refused, so that nobody can take over an id already in use.
+            refusal = check_same_producer(events_pb2.Interaction.FromString(state.interaction), it)
+            if refusal is not None:
+                raise Refused(refusal, it.envelope.tenant)
+            return Step(state, False, note="duplicate interaction")
+        if state.has_seen(it.envelope.event_id):
             return Step(state, False, note="duplicate interaction")
         state.mark_seen(it.envelope.event_id)
         state.interaction = body
+        refused = self._unpair(state, it)
         task = self.task_for(it)
         window = task.feedback_window_s if task is not None else 0.0
         occurred = it.envelope.occurred_at.ToMicroseconds() / 1e6 if it.envelope.HasField("occurred_at") else now
         state.deadline = occurred + window
-        return self._decide(state, now, changed=True, interaction=it)
+        step = self._decide(state, now, changed=True, interaction=it)
+        step.refused = refused
+        return step
+
+    def _unpair(self, state: PendingState, it: events_pb2.Interaction) -> list[tuple[bytes, Rejected]]:
+        """Feedback that arrived before `it` and does not belong to it (another tenant, too early): out of
+        the state, to the dead-letter topic. Its event ids stay seen, so a replay of it changes nothing."""
+        kept, refused = [], []
+        for raw in state.feedback:
+            fb = events_pb2.FeedbackEvent.FromString(raw)
+            refusal = check_pairing(it, fb, self.limits)
+            if refusal is None:
+                kept.append(raw)
+            else:
+                refused.append((raw, Rejected(refusal.stage, refusal.reason, "Refused", fb.envelope.tenant or "unknown")))
+        state.feedback = kept
+        return refused
 
     def _feedback(self, state: PendingState, body: bytes, now: float) -> Step:
         fb = _parse(events_pb2.FeedbackEvent, body)
         if state.has_seen(fb.envelope.event_id):
             return Step(state, False, note="duplicate feedback")
+        it = events_pb2.Interaction.FromString(state.interaction) if state.interaction is not None else None
+        refusal = check_join(it, fb, len(body), state.feedback, self.limits)
+        if refusal is not None:
+            raise Refused(refusal, fb.envelope.tenant)
         state.mark_seen(fb.envelope.event_id)
         state.feedback.append(body)
-        return self._decide(state, now, changed=True)
+        return self._decide(state, now, changed=True, interaction=it)
 
     def _judge(self, state: PendingState, body: bytes, now: float) -> Step:
         try:

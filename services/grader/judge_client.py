@@ -15,6 +15,7 @@ from services.grader import metrics as M
 from services.grader.judge import JudgeScore, build_messages, score_group
 from shared.grading import JudgeSpec
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2, inference_pb2_grpc
+from shared.security.channels import auth_metadata, open_aio_channel
 
 
 class JudgeUnavailable(RuntimeError):
@@ -42,7 +43,7 @@ class InferenceJudge(JudgeBackend):
     def _stub(self, endpoint: str) -> inference_pb2_grpc.InferenceStub:
         ch = self._channels.get(endpoint)
         if ch is None:
-            ch = self._channels[endpoint] = grpc.aio.insecure_channel(endpoint)
+            ch = self._channels[endpoint] = open_aio_channel(endpoint)
         return inference_pb2_grpc.InferenceStub(ch)
 
     async def complete(self, messages: Sequence[tuple[str, str]], spec: JudgeSpec) -> str:
@@ -52,7 +53,8 @@ class InferenceJudge(JudgeBackend):
                                                n=1, seed=1234),
             tenant=self.tenant, task="grader-judge", no_capture=True)
         try:
-            resp = await self._stub(spec.endpoint or self.endpoint).Generate(req, timeout=spec.timeout_s)
+            resp = await self._stub(spec.endpoint or self.endpoint).Generate(req, timeout=spec.timeout_s,
+                                                                             metadata=auth_metadata())
         except grpc.aio.AioRpcError as e:
             raise JudgeUnavailable(f"{e.code().name}: {e.details()}") from e
         if not resp.choices:

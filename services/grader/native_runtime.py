@@ -43,8 +43,10 @@ from services.grader.changelog import ensure_internal_topics
 from services.grader.config import GraderSettings
 from services.grader.detectors import DetectorStats
 from services.grader.identity import claim_identity
-from services.grader.join import Joiner, encode_bundle, partition_for
+from services.grader.join import Joiner, encode_bundles, partition_for
 from services.grader.judge_client import JudgeBackend
+from services.grader.limits import limits_of
+from services.grader.routing import DEADLETTER_HEADERS, GRADED_HEADERS
 from services.grader.runtime import GraderRuntime
 from services.grader.stage import AfterCommit, TxnStage
 from services.grader.state import SEQ_KEY_PREFIX, PendingState
@@ -118,17 +120,19 @@ class GradeStage(TxnStage):
     def _write(self, out: Outputs) -> None:
         produce, s = self.producer.produce, self.settings
         for p, items in out.hops.items():
-            produce(s.join_topic, None, encode_bundle(items), p)
+            for bundle in encode_bundles(items, self.joiner.limits.max_record_bytes):
+                produce(s.join_topic, None, bundle, p)
         for group, item in out.judge:
             produce(s.judge_topic, group, item, partition_for(group, s.partitions))
         changelog = s.pending_changelog
         for iid, (p, state) in out.states.items():
-            produce(changelog, iid.encode(), state.encode() if state is not None else None, p)
+            produce(changelog, iid.encode(), (out.blobs.get(iid) or state.encode()) if state is not None else None, p)
         graded, deadletter = self.out_topics
         for rec in out.graded:
-            produce(graded, rec.interaction.session_id.encode() or None, rec.SerializeToString())
-        for original_key, letter in out.dead:
-            produce(deadletter, original_key, letter.SerializeToString())
+            produce(graded, rec.interaction.session_id.encode() or None, rec.SerializeToString(),
+                    headers=GRADED_HEADERS)
+        for _original_key, letter in out.dead:
+            produce(deadletter, letter.original_key or None, letter.SerializeToString(), headers=DEADLETTER_HEADERS)
 
 
 def _states(partition: int, table: dict[bytes, bytes]) -> Iterator[tuple[str, PendingState]]:
@@ -154,10 +158,12 @@ class NativeRuntime(GraderRuntime):
         self.settings = settings
         self.config = config
         self.joiner = Joiner(config, DetectorStats(config.detectors), retention_s=settings.retention_s,
-                             orphan_feedback_s=settings.orphan_feedback_s)
+                             orphan_feedback_s=settings.orphan_feedback_s, limits=limits_of(settings))
         self.judge = judge
         self.stop = threading.Event()
         self.failed = False
+        self.code = 0
+        """Exit status: 1 after a fatal client error or a stage that stopped on an error."""
 
     def run(self) -> int:
         s = self.settings
@@ -166,13 +172,33 @@ class NativeRuntime(GraderRuntime):
         ensure_internal_topics(s)
         identity = claim_identity(s.app_id, s.instance_id, s.datadir)
         log.info("native grader starting", extra={"app_id": s.app_id, "worker": identity.name})
+        # The stages run on a worker thread and the main thread only waits, so that a stop signal is
+        # acted on at once: a signal handler runs on the main thread between bytecodes, and a main thread
+        # blocked in a Kafka call (a commit waiting out a failing broker, 30 s per try) would not see it.
+        worker = threading.Thread(target=self._work, args=(identity.name,), name="grader", daemon=True)
+        worker.start()
+        while not self.stop.wait(0.5):
+            pass
+        worker.join(s.shutdown_grace_s)
+        if worker.is_alive():
+            # Safe: what the batch in progress wrote is in an open transaction, which the broker (or this
+            # worker's restart, under the same transactional id) aborts; it is processed again then.
+            log.error("the batch in progress did not end within the shutdown grace; exiting now, as after "
+                      "kill -9", extra={"seconds": s.shutdown_grace_s})
+            logging.shutdown()
+            os._exit(self.code)
+        identity.release()
+        return self.code
+
+    def _work(self, member: str) -> None:
+        """The grade stage (and the judge stage's thread) until `stop`; `code` says how it ended."""
         judge_thread = None
         grade = None
         code = 1
         try:
-            grade = GradeStage(s, self.joiner, identity.name)
+            grade = GradeStage(self.settings, self.joiner, member)
             if any(t.judges for t in self.config.tasks):
-                judge_thread = threading.Thread(target=self._run_judge, args=(identity.name,), name="judge",
+                judge_thread = threading.Thread(target=self._run_judge, args=(member,), name="judge",
                                                 daemon=True)
                 judge_thread.start()
             grade.run(self.stop)
@@ -183,13 +209,13 @@ class NativeRuntime(GraderRuntime):
         except Exception:
             log.exception("native grader stopped on an error")
         finally:
+            self.code = code
             self.stop.set()
             closing = grade
             if not _within(CLOSE_S, lambda: _shut(judge_thread, closing)):
                 log.error("the Kafka clients did not close in time; exiting now", extra={"seconds": CLOSE_S})
+                logging.shutdown()
                 os._exit(code or 1)
-            identity.release()
-        return code
 
     def _run_judge(self, member: str) -> None:
         from services.grader.native_judge import JudgeStage

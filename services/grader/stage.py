@@ -11,6 +11,9 @@ compacted changelog, partitioned like one of its input topics (`state_topic`):
   memory before it processes any record (`load`), and forgets it when the partition is taken away;
 - an aborted transaction undoes the batch in Kafka; the stage then undoes it in memory (reloads its
   partitions from the changelog) and rewinds its consumer to the committed offsets;
+- so does any other failure of a batch; a failure that a record caused and that repeats the same way
+  splits the batch until the one record is found, which is dead-lettered on its own (poison.py): one
+  record the broker refuses no longer stops the grader;
 - nothing is pending between batches: rebalance callbacks run inside `consume`, after the previous
   batch committed, so a partition changes hands only between transactions;
 - a fatal client error (either client fenced; e.g. librdkafka's static member fenced by its own rejoin
@@ -28,9 +31,14 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from services.grader import metrics as M
 from services.grader.changelog import read_table
 from services.grader.config import GraderSettings
+from services.grader.join import Rejected
+from services.grader.poison import POISON_STAGE, Bisector, Failure, classify
+from services.grader.routing import DEADLETTER_HEADERS, dead_letter
 from services.grader.txn import FatalClientError, FatalErrors, TransactionAborted, TxnProducer
+from shared.kafka.security import librdkafka_config
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +56,10 @@ class TxnStage(abc.ABC):
         self.poll_s = poll_s
         bootstrap = settings.common.kafka_bootstrap
         self.fatal = FatalErrors(f"{name} consumer")
-        self.producer = TxnProducer(bootstrap, f"{group_id}-{member}", timeout_s=settings.transaction_timeout_s)
+        self.producer = TxnProducer(bootstrap, f"{group_id}-{member}", timeout_s=settings.transaction_timeout_s,
+                                    security=settings.common)
         self.consumer = Consumer({
+            **librdkafka_config(settings.common),
             "bootstrap.servers": bootstrap, "group.id": group_id, "group.instance.id": f"{group_id}-{member}",
             # range: every worker gets its share of *each* topic (the state lives with the join partitions;
             # a balanced-overall assignor may give one worker all of them and the other only routing).
@@ -60,6 +70,9 @@ class TxnStage(abc.ABC):
             "max.poll.interval.ms": 300_000, "error_cb": self.fatal})
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
+        self.bisect = Bisector(batch_max)
+        self._stop = threading.Event()
+        self._retries = 0
 
     # --- what a stage does ----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -77,26 +90,84 @@ class TxnStage(abc.ABC):
 
     # --- the loop -------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
+        self._stop = stop
         while not stop.is_set():
             self.step()
 
     def step(self) -> None:
         msgs = [m for m in self.consumer.consume(self.batch_max, self.poll_s) if _usable(m)]
         self.check()
-        after = self.process(msgs, time.time())
-        if not msgs and not self.producer.in_transaction:
-            return
-        offsets = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
+        if len(msgs) > self.bisect.limit:  # bisecting a batch that failed (poison.py)
+            self._put_back(msgs[self.bisect.limit:])
+            msgs = msgs[:self.bisect.limit]
         try:
+            after = self.process(msgs, time.time())
+            if not msgs and not self.producer.in_transaction:
+                return
+            offsets = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
             self.producer.commit(offsets, self.consumer.consumer_group_metadata())
-        except TransactionAborted as e:
-            self.check()
-            log.warning("transaction aborted; reprocessing from the committed offsets",
-                        extra={"stage": self.name, "error": str(e)})
-            self.rewind()
+        except FatalClientError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every batch failure is undone and retried (or bisected)
+            self._failed(msgs, e)
             return
+        self._retries = 0
+        self.bisect.succeeded(_positions(msgs))
         if after is not None:
             after()
+
+    def _failed(self, msgs: Sequence[Message], exc: Exception) -> None:
+        """Undo the batch (abort, committed state and offsets), then retry it whole, split it, or
+        dead-letter its one record, as poison.py decides."""
+        delivery = self.producer.take_delivery_error()
+        if isinstance(exc, TransactionAborted) and not delivery:
+            failure = Failure(f"transaction aborted: {exc}", record_caused=False)  # the cluster, not a record
+        else:
+            failure = classify(exc, delivery)
+        log.warning("batch failed; reprocessing from the committed offsets", exc_info=not isinstance(exc, KafkaException),
+                    extra={"stage": self.name, "records": len(msgs), "failure": failure.signature[:300]})
+        self.producer.abort()
+        self.check()
+        self.rewind()
+        if self.bisect.failed(_positions(msgs), failure):
+            self._dead_letter_poison(msgs[0], failure)
+        elif not failure.record_caused:
+            self._retries += 1
+            self._stop.wait(min(5.0, 0.25 * 2 ** min(self._retries, 5)))
+
+    def _dead_letter_poison(self, msg: Message, failure: Failure) -> None:
+        """The one record every batch failed on: a dead letter and the offset past it, in a transaction
+        of their own; every other record is processed as usual."""
+        letter = dead_letter(Rejected(POISON_STAGE, f"every batch holding this record failed the same way: "
+                                                    f"{failure.signature}", "PoisonRecord"),
+                             source="grader", topic=msg.topic() or "", partition=msg.partition() or 0,
+                             offset=msg.offset() or 0, key=msg.key(), value=msg.value())
+        past = TopicPartition(msg.topic() or "", msg.partition() or 0, (msg.offset() or 0) + 1)
+        try:
+            self.producer.produce(self.settings.common.topics.deadletter, letter.original_key or None,
+                                  letter.SerializeToString(), headers=DEADLETTER_HEADERS)
+            self.producer.commit([past], self.consumer.consumer_group_metadata())
+        except FatalClientError:
+            raise
+        except Exception as e:  # noqa: BLE001 - retried: the next batch fails on it again, and comes back here
+            log.error("could not dead-letter a poison record; retrying", extra={"stage": self.name, "error": str(e)})
+            self.producer.abort()
+            self.rewind()
+            self._stop.wait(1.0)
+            return
+        self.consumer.seek(past)
+        self.bisect.poisoned()
+        M.DEADLETTERS.labels(POISON_STAGE).inc()
+        log.error("dead-lettered a poison record", extra={"stage": self.name, "failure": failure.signature[:300],
+                                                          "origin": f"{msg.topic()}/{msg.partition()}@{msg.offset()}"})
+
+    def _put_back(self, rest: Sequence[Message]) -> None:
+        """Seek each partition of `rest` back to its first record there: they come again next batch."""
+        first: dict[tuple[str, int], int] = {}
+        for m in rest:
+            first.setdefault((m.topic() or "", m.partition() or 0), m.offset() or 0)
+        for (topic, partition), offset in first.items():
+            self.consumer.seek(TopicPartition(topic, partition, offset))
 
     def rewind(self) -> None:
         """After an aborted transaction: the committed state of every owned partition, and the consumer
@@ -145,6 +216,10 @@ class TxnStage(abc.ABC):
         log.info("restored state from the changelog",
                  extra={"stage": self.name, "partitions": parts, "keys": sum(len(t) for t in tables.values()),
                         "seconds": round(time.monotonic() - start, 3)})
+
+
+def _positions(msgs: Sequence[Message]) -> list[tuple[tuple[str, int], int]]:
+    return [((m.topic() or "", m.partition() or 0), m.offset() or 0) for m in msgs]
 
 
 def _usable(m: Message) -> bool:

@@ -21,6 +21,7 @@ from typing import IO, Any
 from confluent_kafka import Consumer
 
 from shared.events import make_envelope
+from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,8 +44,10 @@ def interaction(*, tenant: str = "demo", task: str = "support", text: str = "The
 
 
 def feedback(interaction_id: str, *, kind: str = "kpi", value: float = 1.0, kpi_name: str = "",
-             comment: str = "", tenant: str = "demo", event_id: str | None = None) -> events_pb2.FeedbackEvent:
-    return events_pb2.FeedbackEvent(envelope=make_envelope(tenant, source="test", event_id=event_id),
+             comment: str = "", tenant: str = "demo", event_id: str | None = None,
+             occurred_at: datetime | None = None) -> events_pb2.FeedbackEvent:
+    return events_pb2.FeedbackEvent(envelope=make_envelope(tenant, source="test", event_id=event_id,
+                                                           occurred_at=occurred_at),
                                     interaction_id=interaction_id, kind=kind, value=value,
                                     kpi_name=kpi_name or ("resolved" if kind == "kpi" else ""), comment=comment)
 
@@ -99,7 +102,8 @@ class TopicReader:
 
     def __init__(self, bootstrap: str, topic: str, *, isolation: str = "read_committed") -> None:
         self.topic = topic
-        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4()}",
+        self.c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap,
+                           "group.id": f"reader-{uuid.uuid4()}",
                            "auto.offset.reset": "earliest", "enable.auto.commit": False,
                            "isolation.level": isolation})
         self.c.subscribe([topic])

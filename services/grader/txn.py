@@ -20,6 +20,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from shared.kafka.security import SecuritySource, librdkafka_config
+from shared.validation import KafkaHeaders
+
 log = logging.getLogger(__name__)
 
 
@@ -97,12 +100,12 @@ class StallWatchdog:
 
 class TxnProducer:
     def __init__(self, bootstrap: str, transactional_id: str, *, timeout_s: float,
-                 extra: dict[str, Any] | None = None) -> None:
+                 extra: dict[str, Any] | None = None, security: SecuritySource = None) -> None:
         self.timeout_s = timeout_s
         self.fatal = FatalErrors(f"producer {transactional_id}")
         self.watchdog = StallWatchdog(timeout_s + 15.0, transactional_id)
         self._p = Producer({
-            "bootstrap.servers": bootstrap, "transactional.id": transactional_id,
+            **librdkafka_config(security), "bootstrap.servers": bootstrap, "transactional.id": transactional_id,
             "enable.idempotence": True, "acks": "all", "transaction.timeout.ms": int(timeout_s * 1000),
             "linger.ms": 5, "compression.type": "lz4",
             # Java's (and aiokafka's, so the faust runtime's) partitioner: a session's graded records
@@ -114,6 +117,13 @@ class TxnProducer:
         self._retry(lambda: self._p.init_transactions(timeout_s))
         self.in_transaction = False
         self.records = 0
+        self.delivery_error = ""
+        """The first record of the current transaction that Kafka refused: `<error name> on <topic>`
+        (a commit that fails only says that *something* failed; poison.py needs to know what)."""
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None and not self.delivery_error:
+            self.delivery_error = f"{err.name()} on {msg.topic()}"
 
     def check(self) -> None:
         """Serve the producer's callbacks; raise FatalClientError if it reported a fatal error (the
@@ -121,14 +131,16 @@ class TxnProducer:
         self._p.poll(0)
         self.fatal.raise_if_any()
 
-    def produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int = -1) -> None:
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, partition: int = -1, *,
+                headers: KafkaHeaders | None = None) -> None:
         """Add one record to the current transaction (begun on the first record)."""
         if not self.in_transaction:
             self._retry(self._p.begin_transaction)
             self.in_transaction = True
         while True:
             try:
-                self._p.produce(topic, value, key, partition=partition)
+                self._p.produce(topic, value, key, partition=partition, headers=headers,
+                                on_delivery=self._delivered)
                 break
             except BufferError:  # local queue full: let librdkafka send some
                 self._p.poll(0.05)
@@ -167,6 +179,12 @@ class TxnProducer:
             self._retry(lambda: self._p.abort_transaction(self.timeout_s))
         self.in_transaction = False
         self.records = 0
+
+    def take_delivery_error(self) -> str:
+        """The delivery error recorded since the last call (and forget it): read after a failed batch."""
+        self._p.poll(0)
+        err, self.delivery_error = self.delivery_error, ""
+        return err
 
     def close(self) -> None:
         """Abort what is open and let go. Never raises: it runs on the way out after errors, and a fatal

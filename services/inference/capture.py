@@ -27,6 +27,8 @@ from google.protobuf.message import Message as ProtoMessage
 
 from services.inference import metrics
 from services.inference.spool import Spool, SpoolRecord
+from shared.kafka.security import SecuritySource, librdkafka_config
+from shared.validation import type_headers_for_topic
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +40,15 @@ _PERMANENT = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG, KafkaError.
 class CaptureSink:
     def __init__(self, bootstrap: str, spool: Spool, *, client_id: str = "apprentice-inference",
                  max_inflight: int = 2000, delivery_timeout_ms: int = 0, max_queue: int = 100_000,
-                 stall_s: float = 5.0) -> None:
+                 stall_s: float = 5.0, security: SecuritySource = None) -> None:
+        """`security`: Kafka TLS/SASL settings (shared/kafka/security.py); None = from the environment."""
         self.spool = spool
         self.max_inflight = max_inflight
         self.stall_s = stall_s
         # Idempotent + acks=all as every Apprentice producer (DESIGN.md 8); our own client rather than
         # shared EventProducer because the sink must purge what it handed over when it closes.
         self._producer = Producer({
+            **librdkafka_config(security),
             "bootstrap.servers": bootstrap, "client.id": client_id, "enable.idempotence": True, "acks": "all",
             "linger.ms": 5, "compression.type": "lz4",
             "message.timeout.ms": delivery_timeout_ms,
@@ -125,7 +129,8 @@ class CaptureSink:
             if rec is None:
                 return
             try:
-                self._producer.produce(rec.topic, rec.value, rec.key,
+                # The value's type in a header (shared/validation.py), from the topic: the spool keeps bytes.
+                self._producer.produce(rec.topic, rec.value, rec.key, headers=type_headers_for_topic(rec.topic),
                                        on_delivery=functools.partial(self._on_delivery, rec.seq, rec.topic))
             except BufferError:       # librdkafka's queue is full: this record goes first next time
                 self._retry = rec

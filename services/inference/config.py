@@ -5,6 +5,7 @@ Validated once at start: every error names the variable to change.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from pathlib import Path
@@ -14,6 +15,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.config import CommonSettings
+from shared.security.identity import Identity, Role
+from shared.security.keys import KeyEntry
 
 EngineName = Literal["transformers", "vllm"]
 
@@ -29,8 +32,9 @@ class InferenceSettings(BaseSettings):
     common: CommonSettings = Field(default_factory=CommonSettings)
 
     # --- serving -----------------------------------------------------------------------------------
-    host: str = "0.0.0.0"
-    """Interface the gRPC server binds."""
+    host: str = ""
+    """Interface the gRPC, HTTP and metrics servers bind; "" = every interface when keys are configured,
+    loopback when not (shared/security/binding.py)."""
 
     port: int = 50051
     """gRPC port (DESIGN.md section 2); 0 picks a free port (tests)."""
@@ -53,11 +57,25 @@ class InferenceSettings(BaseSettings):
     (spool, downloaded versions), so keep it stable across restarts and distinct per replica."""
 
     api_keys: str = ""
-    """`key:tenant,key2:tenant2`. When set, every call needs `authorization: Bearer <key>` and is served
-    as the key's tenant; empty = no authentication (tenant from the request or `x-apprentice-tenant`)."""
+    """Deprecated (use `APPRENTICE_AUTH_KEYS` backend entries): `key:tenant,key2:tenant2`, accepted as
+    backend keys of those tenants."""
 
     default_tenant: str = "default"
     """Tenant of requests that name none (TEAM.md convention)."""
+
+    # --- feedback caps (services/inference/feedback_guard.py) ---------------------------------------
+    feedback_max_per_interaction: int = 32
+    """Feedback events one interaction may receive on this pod; more is RESOURCE_EXHAUSTED. A product
+    sends a handful (a thumb, a KPI or two, a correction); a flood only grows the grader's state."""
+
+    feedback_max_bytes_per_interaction: int = 65_536
+    """Total comment bytes per interaction on this pod (the grader keeps them in its join state)."""
+
+    feedback_max_comment_chars: int = 8_192
+    """Longest comment (a correction is a corrected answer, not a document)."""
+
+    feedback_clock_skew_s: float = 300.0
+    """How far `occurred_at` may lie before the interaction or after now (client clocks drift)."""
 
     # --- engine ------------------------------------------------------------------------------------
     engine: EngineName = "transformers"
@@ -199,18 +217,27 @@ class InferenceSettings(BaseSettings):
             raise ValueError("APPRENTICE_INFERENCE_DEFAULT_MAX_NEW_TOKENS must be within 1..MAX_NEW_TOKENS_LIMIT")
         if self.batch_wait_ms < 0 or self.batch_refill_ms < 0 or self.grace_s < 0:
             raise ValueError("APPRENTICE_INFERENCE_BATCH_WAIT_MS, BATCH_REFILL_MS and GRACE_S must be >= 0")
+        if min(self.feedback_max_per_interaction, self.feedback_max_bytes_per_interaction,
+               self.feedback_max_comment_chars) < 1 or self.feedback_clock_skew_s < 0:
+            raise ValueError("APPRENTICE_INFERENCE_FEEDBACK_* limits must be >= 1 (clock skew >= 0)")
         if self.spool_segment_bytes > self.spool_max_bytes:
             raise ValueError("APPRENTICE_INFERENCE_SPOOL_SEGMENT_BYTES must be <= SPOOL_MAX_BYTES")
         return self
 
     @property
     def keys(self) -> dict[str, str]:
-        """API key -> tenant."""
+        """Deprecated API key -> tenant."""
         out = {}
         for item in filter(None, (p.strip() for p in self.api_keys.split(","))):
             key, _, tenant = item.partition(":")
             out[key.strip()] = tenant.strip()
         return out
+
+    def legacy_key_entries(self) -> list[KeyEntry]:
+        """The deprecated `api_keys` as backend key-ring entries (key id `inference-api-key-<n>`)."""
+        return [KeyEntry(Identity(key_id=f"inference-api-key-{n}", role=Role.BACKEND, tenant=tenant),
+                         digest=hashlib.sha256(key.encode()).digest())
+                for n, (key, tenant) in enumerate(self.keys.items(), start=1)]
 
     @property
     def no_capture_tenants(self) -> frozenset[str]:

@@ -33,8 +33,10 @@ from services.inference.config import InferenceSettings
 from services.inference.engines.base import BASE_VERSION, Engine, VersionFiles
 from services.inference.host_cache import HostCache
 from services.inference.routing import OPERATOR, InvalidOrder, RoutingTable, Slot
-from shared.events import UndecodableEvent, decode, timestamp
+from shared.events import UndecodableEvent, timestamp
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
+from shared.security.channels import open_channel
+from shared.validation import decode_record
 
 if TYPE_CHECKING:
     from shared.weights_client import DownloadClient
@@ -301,7 +303,7 @@ class UpdateFollower:
                 updates = []
                 for m in msgs:
                     try:
-                        updates.append(decode(events_pb2.ModelUpdate, m.value()))
+                        updates.append(decode_record(events_pb2.ModelUpdate, m.value(), m.headers()))
                     except UndecodableEvent as e:
                         # Logged, not dead-lettered: every pod reads every order (and re-reads them on
                         # restart), so each pod would add its own copy of the same dead letter.
@@ -334,7 +336,7 @@ class Heartbeater:
         return self
 
     def _run(self) -> None:
-        channel = grpc.insecure_channel(self.settings.weights_endpoint)
+        channel = open_channel(self.settings.weights_endpoint, self.settings.common)
         stub = weights_pb2_grpc.WeightsStub(channel)
         try:
             while not self._stop.is_set():

@@ -7,7 +7,6 @@ tokenizer and context window are passed in.
 
 from __future__ import annotations
 
-import hmac
 import math
 import re
 from dataclasses import dataclass
@@ -21,11 +20,11 @@ from shared.grpc_util import (
     TENANT_METADATA,
     InvalidRequest,
     PermissionDenied,
-    Unauthenticated,
     metadata_value,
     require,
 )
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2
+from shared.security.identity import Role, current_identity
 
 ROLES = ("system", "user", "assistant")
 FEEDBACK_KINDS = ("thumbs", "rating", "correction", "kpi")
@@ -36,27 +35,28 @@ _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 # --- tenancy and auth ------------------------------------------------------------------------------
 def resolve_tenant(request_tenant: str, context: Any, settings: InferenceSettings) -> str:
-    """The tenant a call acts for: the API key's tenant when keys are configured (a request or metadata
-    naming another tenant is refused), else the request field, else `x-apprentice-tenant`, else the
-    default tenant."""
+    """The tenant a call acts for. A backend key acts for its own tenant only (a request or metadata
+    naming another one is PERMISSION_DENIED); operators and services name the tenant (request field,
+    else `x-apprentice-tenant`, else the default tenant), as does a caller of a server without keys."""
     md_tenant = metadata_value(context, TENANT_METADATA)
-    keys = settings.keys
-    if keys:
-        auth = metadata_value(context, "authorization")
-        if not auth.lower().startswith("bearer "):
-            raise Unauthenticated("this server requires `authorization: Bearer <api key>` metadata")
-        given = auth[7:].strip().encode()
-        tenant = next((t for k, t in keys.items() if hmac.compare_digest(k.encode(), given)), None)
-        if tenant is None:
-            raise Unauthenticated("unknown API key")
+    identity = current_identity()
+    if identity is not None and identity.role is Role.BACKEND:
         for claimed in (request_tenant, md_tenant):
-            if claimed and claimed != tenant:
-                raise PermissionDenied(f"this API key acts for tenant {tenant!r}, not {claimed!r}")
-        return tenant
+            if claimed and claimed != identity.tenant:
+                raise PermissionDenied(f"this key acts for tenant {identity.tenant!r}, not {claimed!r}")
+        return identity.tenant
     tenant = request_tenant or md_tenant or settings.default_tenant
     require(bool(_TENANT_RE.match(tenant)),
             f"tenant {tenant[:80]!r} must be 1-128 characters of letters, digits, '.', '_' or '-'")
     return tenant
+
+
+def stamp_principal(env: common_pb2.Envelope) -> common_pb2.Envelope:
+    """Record on an event who caused it (the authenticated caller of the current call)."""
+    identity = current_identity()
+    if identity is not None:
+        env.principal.CopyFrom(identity.to_principal())
+    return env
 
 
 # --- Generate ------------------------------------------------------------------------------------
@@ -72,6 +72,8 @@ class PreparedRequest:
     sampling: SamplingConfig
     effective: common_pb2.SamplingParams   # what was actually used (defaults filled in), for the event
     no_capture: bool
+    principal: common_pb2.Principal | None = None
+    """Who asked (recorded on the captured interaction); set by the server from the caller's identity."""
 
 
 def check_sampling(sp: common_pb2.SamplingParams, settings: InferenceSettings) -> None:
@@ -162,6 +164,8 @@ def interaction_event(p: PreparedRequest, sample: Any, *, interaction_id: str, g
     re-emission is recognisably the same event)."""
     env = make_envelope(p.tenant, source=f"inference/{pod}", trace_id=trace_id,
                         event_id=deterministic_id("interaction", interaction_id))
+    if p.principal is not None:
+        env.principal.CopyFrom(p.principal)
     return events_pb2.Interaction(
         envelope=env, interaction_id=interaction_id, session_id=p.session_id, task=p.task, model=model,
         policy_version=version, messages=p.messages, prompt_text=p.prompt_text,
@@ -199,6 +203,6 @@ def feedback_event(req: inference_pb2.FeedbackRequest, tenant: str, pod: str,
         when = now
     event_id = deterministic_id("feedback", tenant, req.interaction_id, req.kind, req.kpi_name, repr(req.value),
                                 req.comment, when.isoformat())
-    env = make_envelope(tenant, source=f"inference/{pod}", event_id=event_id, occurred_at=when)
+    env = stamp_principal(make_envelope(tenant, source=f"inference/{pod}", event_id=event_id, occurred_at=when))
     return events_pb2.FeedbackEvent(envelope=env, interaction_id=req.interaction_id, kind=req.kind,
                                     value=req.value, comment=req.comment, kpi_name=req.kpi_name)

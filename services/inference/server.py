@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC
 from typing import Any, TypeVar
 
 import grpc
@@ -32,6 +33,7 @@ from services.inference.engines.base import (
     RequestHandle,
     UnknownVersion,
 )
+from services.inference.feedback_guard import FeedbackGuard, FeedbackLimits
 from services.inference.hotswap import (
     Heartbeater,
     UpdateFollower,
@@ -54,11 +56,14 @@ from shared.grpc_util import (
     graceful_stop,
     grpc_errors,
     metadata_value,
+    service_host,
     set_serving,
 )
 from shared.logs import trace_id_var
 from shared.metrics import start_metrics_server
 from shared.proto.apprentice.v1 import inference_pb2, inference_pb2_grpc
+from shared.security import interaction_ids
+from shared.security.identity import current_identity
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +130,11 @@ class InferenceApp:
         self.port = 0
         self.ready = threading.Event()
         self._stopped = threading.Event()
+        self.feedback_guard = FeedbackGuard(FeedbackLimits(
+            max_per_interaction=settings.feedback_max_per_interaction,
+            max_bytes_per_interaction=settings.feedback_max_bytes_per_interaction,
+            max_comment_chars=settings.feedback_max_comment_chars,
+            clock_skew_s=settings.feedback_clock_skew_s), settings.common.interaction_id_key())
 
     # --- life cycle -------------------------------------------------------------------------------
     def start(self) -> int:
@@ -138,9 +148,12 @@ class InferenceApp:
 
     def _start(self) -> int:
         s = self.settings
-        start_metrics_server(s.metrics_port)
+        if s.api_keys:
+            log.warning("APPRENTICE_INFERENCE_API_KEYS is deprecated: use backend entries in APPRENTICE_AUTH_KEYS")
         self.server, self.port, self.health = create_server(
-            s.port, self._register, SERVICE_NAMES, host=s.host, max_workers=s.grpc_workers)
+            s.port, self._register, SERVICE_NAMES, host=s.host, max_workers=s.grpc_workers, common=s.common,
+            extra_keys=s.legacy_key_entries())
+        start_metrics_server(s.metrics_port, service_host(s.host, s.common, extra_keys=s.legacy_key_entries()))
         set_serving(self.health, SERVICE_NAMES, serving=False)
         self.server.start()
         log.info("inference listening", extra={"port": self.port, "engine": s.engine, "model": self.model})
@@ -218,8 +231,15 @@ class InferenceApp:
         self._ensure_ready()
         trace_id_var.set(metadata_value(context, "x-trace-id") or uuid.uuid4().hex)
         tenant = resolve_tenant(request.tenant, context, self.settings)
-        return prepare(request, tenant, self.settings, self.engine.tokenizer, self.engine.context_window,
-                       new_session_id=str(uuid.uuid4()))
+        p = prepare(request, tenant, self.settings, self.engine.tokenizer, self.engine.context_window,
+                    new_session_id=str(uuid.uuid4()))
+        identity = current_identity()
+        p.principal = identity.to_principal() if identity is not None else None
+        return p
+
+    def new_interaction_ids(self, p: PreparedRequest, n: int) -> list[str]:
+        """Ids bound to the request's tenant by a MAC, so feedback on them can be checked at the edge."""
+        return [interaction_ids.issue(p.tenant, self.feedback_guard.id_key) for _ in range(n)]
 
     def submit(self, p: PreparedRequest, context: Any, stream: bool) -> tuple[RequestHandle, str, bool]:
         """Route and queue; a version swapped out between routing and queueing is re-routed once."""
@@ -294,7 +314,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         t0 = time.perf_counter()
         p = self.app.prepare(request, context)
         samples, version, canary = self._generate(p, context)
-        ids = [str(uuid.uuid4()) for _ in samples]
+        ids = self.app.new_interaction_ids(p, len(samples))
         latency_ms = (time.perf_counter() - t0) * 1000
         self.app.record(p, samples, ids, group_id=str(uuid.uuid4()), version=version, canary=canary,
                         latency_ms=latency_ms)
@@ -329,7 +349,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         p = self.app.prepare(request, context)
         handle, version, canary = self.app.submit(p, context, stream=True)
         n = p.sampling.n
-        ids = [str(uuid.uuid4()) for _ in range(n)]
+        ids = self.app.new_interaction_ids(p, n)
         samples: dict[int, Any] = {}
         remaining = context.time_remaining()
         try:
@@ -378,7 +398,11 @@ class FeedbackServicer(inference_pb2_grpc.FeedbackServicer):
         if app.capture is None:
             raise Unavailable("the server is starting; retry shortly")
         tenant = resolve_tenant(request.tenant, context, app.settings)
+        guard = app.feedback_guard
+        guard.check_owner(request.interaction_id, tenant)
         event = feedback_event(request, tenant, app.settings.pod_id)
+        guard.check_time(request.interaction_id, event.envelope.occurred_at.ToDatetime(tzinfo=UTC))
+        guard.admit(request.interaction_id, request.comment)
         if tenant in app.settings.no_capture_tenants:
             metrics.CAPTURE_SKIPPED.labels(reason="tenant").inc()
             return inference_pb2.FeedbackAck(event_id=event.envelope.event_id, accepted=False)

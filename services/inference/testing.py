@@ -24,6 +24,7 @@ import grpc
 from confluent_kafka import Consumer
 from google.protobuf.message import Message
 
+from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 
 
@@ -74,7 +75,7 @@ def collect(bootstrap: str, topic: str, msg_type: type[Message], *, want: Iterab
     """Decoded records of `topic` from the beginning, until every id in `want` (by `key`) or `count`
     records arrived, or `timeout`. Returns every record read."""
     wanted = set(want)
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"collect-{uuid.uuid4()}",
+    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap, "group.id": f"collect-{uuid.uuid4()}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
     c.subscribe([topic])
     out: list[Any] = []

@@ -17,15 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from services.loop.evaluation import Evaluator
 from services.loop.report import plot, write_report
 from services.loop.simulated_users import SimulatedUsers
 from services.loop.stack import LocalStack
 from services.loop.task import Task, load_task
 from services.loop.watch import TopicWatcher
-from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
+from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 
 
 @dataclass
@@ -81,7 +79,7 @@ class Demo:
         self.task_source = task_source or task.name   # what the services' verifier loads the task from
         self.report_path, self.plot_path, self.run_dir, self.seed = report, plot_path, run_dir, seed
         self.progress = Progress()
-        self.stack = LocalStack(run_dir, model, service_env=self._service_env())
+        self.stack = LocalStack(run_dir, model, service_env=self._service_env(), tenants=(self.task.tenant,))
         self.rounds: list[dict[str, Any]] = []
 
     # --- configuration of the services for this task -------------------------------------------------
@@ -132,9 +130,11 @@ class Demo:
                 raise RuntimeError(f"services did not become healthy: {health}; logs in {self.run_dir / 'logs'}")
             p("stack healthy: " + ", ".join(health), done=True)
             self.watcher = TopicWatcher(self.stack.common.kafka_bootstrap, self.stack.topics)
-            self.users = SimulatedUsers(self.task, self.stack.inference_target, seed=self.seed)
+            self.users = SimulatedUsers(self.task, self.stack.inference_target, seed=self.seed,
+                                        token=self.stack.backend_token(self.task.tenant),
+                                        common=self.stack.client_common)
             self.evaluator = Evaluator(self.task, self.stack.inference_target, samples=self.budget.eval_samples,
-                                       max_new_tokens=self.budget.max_new_tokens)
+                                       max_new_tokens=self.budget.max_new_tokens, common=self.stack.client_common)
             self._evaluate(0, deploy=None, started=time.monotonic())
             for k in range(1, self.budget.rounds + 1):
                 started = time.monotonic()
@@ -168,14 +168,14 @@ class Demo:
                 "policy_versions": sorted({e.policy_version for e in exchanges})}
 
     def _served_version(self) -> str:
-        with grpc.insecure_channel(self.stack.weights_target) as ch:
+        with self.stack.channel(self.stack.weights_target) as ch:
             st = weights_pb2_grpc.WeightsStub(ch).Status(weights_pb2.StatusRequest(model=self.model), timeout=10)
         versions = {p.tenant_versions.get(self.task.tenant) or p.tenant_versions.get("") or p.serving_version
                     for p in st.pods}
         return ",".join(sorted(versions))
 
     def _versions(self) -> list[weights_pb2.Manifest]:
-        with grpc.insecure_channel(self.stack.weights_target) as ch:
+        with self.stack.channel(self.stack.weights_target) as ch:
             return list(weights_pb2_grpc.WeightsStub(ch).List(weights_pb2.ListVersionsRequest(model=self.model),
                                                               timeout=10).versions)
 
@@ -239,13 +239,6 @@ class Demo:
             s = report["summary"]
             p(f"round {k} vs 0: {s['heldout_diff']:+.0%} (95% CI {s['heldout_diff_ci95'][0]:+.0%} to "
               f"{s['heldout_diff_ci95'][1]:+.0%})", done=True)
-
-
-def knowledge_items(target: str, key: str) -> list[str]:
-    with grpc.insecure_channel(target) as ch:
-        snap = knowledge_pb2_grpc.KnowledgeStub(ch).Get(knowledge_pb2.GetKnowledgeRequest(key=key, training_view=True),
-                                                        timeout=10)
-    return [i.text for i in snap.items]
 
 
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,

@@ -6,11 +6,11 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-import grpc
-
 from services.loop.stats import wilson
 from services.loop.task import Task, check_answer, check_ood
+from shared.config import CommonSettings
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from shared.security.channels import open_channel
 
 
 @dataclass
@@ -43,9 +43,10 @@ class EvalResult:
 
 class Evaluator:
     def __init__(self, task: Task, inference_target: str, *, samples: int, temperature: float = 0.7,
-                 max_new_tokens: int = 48, concurrency: int = 8, timeout_s: float = 600.0) -> None:
+                 max_new_tokens: int = 48, concurrency: int = 8, timeout_s: float = 600.0,
+                 common: CommonSettings | None = None) -> None:
         self.task = task
-        self.channel = grpc.insecure_channel(inference_target)
+        self.channel = open_channel(inference_target, common)
         self.stub = inference_pb2_grpc.InferenceStub(self.channel)
         self.samples, self.temperature, self.max_new_tokens = samples, temperature, max_new_tokens
         self.concurrency, self.timeout_s = concurrency, timeout_s

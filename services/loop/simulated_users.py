@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import grpc
-
 from services.loop.task import Fact, Task, check_answer
+from shared.config import CommonSettings
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from shared.security.channels import open_channel
 
 
 @dataclass
@@ -33,9 +33,11 @@ class Exchange:
 
 class SimulatedUsers:
     def __init__(self, task: Task, inference_target: str, *, concurrency: int = 8, seed: int = 0,
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, token: str | None = None, common: CommonSettings | None = None) -> None:
+        """`token`: the key the simulated product backend presents (its tenant's backend key); None =
+        this process's configured key. `common`: client settings (TLS CA) for the stack."""
         self.task = task
-        self.channel = grpc.insecure_channel(inference_target)
+        self.channel = open_channel(inference_target, common, token=token)
         self.inference = inference_pb2_grpc.InferenceStub(self.channel)
         self.feedback = inference_pb2_grpc.FeedbackStub(self.channel)
         self.concurrency = concurrency

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from services.loop.supervisor import Supervisor
 from shared.config import CommonSettings
 from shared.kafka.admin import ensure_topics
+from shared.security.devpki import ensure_dev_credentials
 from shared.topics import Topics
 
 if TYPE_CHECKING:
@@ -92,9 +93,12 @@ def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str
 
 class LocalStack:
     def __init__(self, run_dir: Path, model: str, *, prefix: str | None = None,
-                 service_env: dict[str, dict[str, str]] | None = None, broker: LocalBroker | None = None) -> None:
+                 service_env: dict[str, dict[str, str]] | None = None, broker: LocalBroker | None = None,
+                 tenants: tuple[str, ...] = ("demo", "default"), secure: bool = True) -> None:
         """`broker`: a private broker this stack starts (chaos runs stop and restart it); None = the
-        configured bootstrap, started locally if nothing answers there (reused otherwise)."""
+        configured bootstrap, started locally if nothing answers there (reused otherwise).
+        `secure`: authentication and TLS on, with development credentials under `<run_dir>/secrets/`
+        (an operator key for this process, a service key for the services, a backend key per tenant)."""
         self.run_dir = run_dir
         self.model = model
         self.common = CommonSettings()
@@ -105,11 +109,34 @@ class LocalStack:
         env = dict(os.environ, APPRENTICE_MODEL=model, APPRENTICE_TOPIC_PREFIX=self.topics.prefix,
                    APPRENTICE_HOME=str(run_dir), APPRENTICE_KAFKA_BOOTSTRAP=self.bootstrap,
                    PYTHONUNBUFFERED="1")
+        self.creds = ensure_dev_credentials(run_dir, tenants) if secure else None
+        if self.creds is not None:
+            env.update(self.creds.service_env())
         per_service = wire_services(self.ports)
         per_service["inference"]["APPRENTICE_INFERENCE_POD_ID"] = "pod-0"
         for name, extra in (service_env or {}).items():
             per_service[name].update(extra)
         self.supervisor = Supervisor(run_dir, env=env, service_env=per_service)
+
+    @property
+    def client_common(self) -> CommonSettings:
+        """Settings of this process as a client of the stack: verify its CA, present the operator key."""
+        if self.creds is None:
+            return self.common
+        return self.common.model_copy(update={"tls_ca": self.creds.ca, "auth_token_file": self.creds.operator_token})
+
+    def backend_token(self, tenant: str) -> str | None:
+        """The backend key of `tenant` (created on first use; servers pick the key file up within a second)."""
+        if self.creds is None:
+            return None
+        ensure_dev_credentials(self.run_dir, (tenant,))
+        return self.creds.token(self.creds.backend_token(tenant))
+
+    def channel(self, target: str, *, token: str | None = None, options: list[tuple[str, Any]] | None = None) -> Any:
+        """A channel to one of the stack's services, as the operator (or as `token`)."""
+        from shared.security.channels import open_channel
+
+        return open_channel(target, self.client_common, token=token, options=options or [])
 
     @property
     def inference_target(self) -> str:
@@ -129,8 +156,7 @@ class LocalStack:
         if self.broker is not None:
             self.broker.start()
         else:
-            host, _, port = self.bootstrap.split(",")[0].rpartition(":")
-            LocalBroker(self.common.home, host=host or "127.0.0.1", port=int(port or 9092)).start()
+            LocalBroker.for_settings(self.common).start()  # with SASL settings: the broker's SASL listener
         ensure_topics(self.bootstrap, self.topics)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor.start_background()
@@ -138,7 +164,7 @@ class LocalStack:
     def health(self) -> dict[str, bool]:
         from services.loop.stack_cli import service_health
 
-        return service_health(self.ports)
+        return service_health(self.ports, self.client_common)
 
     def wait_healthy(self, timeout: float, names: tuple[str, ...] | None = None) -> dict[str, bool]:
         """Health of every service (or of `names`) once all are healthy, or at `timeout`."""

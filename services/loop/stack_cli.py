@@ -53,6 +53,13 @@ def up(argv: list[str]) -> int:
     if _supervisor_pid(settings.home):
         print("the stack is already up (apprentice status)")
         return 0
+    if not (os.environ.get("APPRENTICE_AUTH_KEYS") or os.environ.get("APPRENTICE_AUTH_KEYS_FILE")):
+        from shared.security.devpki import apply_stack_client_env, ensure_dev_credentials
+
+        creds = ensure_dev_credentials(settings.home)
+        apply_stack_client_env(settings.home)
+        print(f"authentication and TLS on: development CA and keys in {creds.directory} "
+              f"(operator key: {creds.operator_token})")
     if ns.foreground:
         from services.loop.supervisor import main as supervise
 
@@ -73,10 +80,14 @@ def up(argv: list[str]) -> int:
         return 1
     report = collect_status(settings)
     print_status(report)
-    print("\nCall it:  grpcurl -plaintext -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}' "
-          f"localhost:{ports.inference} apprentice.v1.Inference/Generate\n"
-          "   or:    python -c \"from services.inference.client import InferenceClient; "
-          f"print(InferenceClient('localhost:{ports.inference}').generate('hi'))\"")
+    secrets = settings.home / "secrets"
+    if (secrets / "ca.pem").exists():
+        print(f"\nCall it:  grpcurl -cacert {secrets / 'ca.pem'} -H \"authorization: Bearer $(cat "
+              f"{secrets / 'backend-default.token'})\" -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}' "
+              f"localhost:{ports.inference} apprentice.v1.Inference/Generate")
+    else:
+        print("\nCall it:  grpcurl -plaintext -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}' "
+              f"localhost:{ports.inference} apprentice.v1.Inference/Generate")
     return 0 if all(service_health(ports).values()) else 1
 
 
@@ -98,12 +109,14 @@ def down(argv: list[str]) -> int:
     return kafka(["stop"])
 
 
-def _grpc_healthy(port: int) -> bool:
+def _grpc_healthy(port: int, common: CommonSettings | None = None) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from shared.security.channels import open_channel
+
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        with open_channel(f"127.0.0.1:{port}", common) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
             return resp.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:
@@ -118,12 +131,14 @@ def _metrics(port: int) -> str | None:
         return None
 
 
-def service_health(ports: Ports) -> dict[str, bool]:
+def service_health(ports: Ports, common: CommonSettings | None = None) -> dict[str, bool]:
     """gRPC health for the three gRPC services; a metrics endpoint that answers for grader and trainer
-    (they serve no gRPC)."""
-    return {"inference": _grpc_healthy(ports.inference), "grader": _metrics(ports.metrics["grader"]) is not None,
-            "extractor": _grpc_healthy(ports.extractor), "trainer": _metrics(ports.metrics["trainer"]) is not None,
-            "weights": _grpc_healthy(ports.weights)}
+    (they serve no gRPC). `common`: the client settings (TLS CA) to dial with."""
+    return {"inference": _grpc_healthy(ports.inference, common),
+            "grader": _metrics(ports.metrics["grader"]) is not None,
+            "extractor": _grpc_healthy(ports.extractor, common),
+            "trainer": _metrics(ports.metrics["trainer"]) is not None,
+            "weights": _grpc_healthy(ports.weights, common)}
 
 
 def _metric_value(text: str | None, prefix: str) -> float | None:
@@ -142,13 +157,16 @@ def consumer_lag(bootstrap: str, topic_names: set[str]) -> dict[str, dict[str, i
     from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    from shared.kafka.security import librdkafka_config
+
+    admin = AdminClient({**librdkafka_config(), "bootstrap.servers": bootstrap})
     groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=10).result(15).valid
               if not g.group_id.startswith("apprentice-tail") and g.group_id != "apprentice-status-probe"]
     # one request per group (the API takes one at a time), all in flight together: a shared broker may
     # hold many groups of other stacks
     futures = {gid: admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)])[gid] for gid in groups}
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "apprentice-status-probe"})
+    probe = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap,
+                      "group.id": "apprentice-status-probe"})
     lag: dict[str, dict[str, int]] = {}
     try:
         for gid, fut in futures.items():
@@ -189,11 +207,12 @@ def _versions(settings: CommonSettings, ports: Ports) -> tuple[Any, Any]:
     import grpc
 
     from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
+    from shared.security.channels import open_channel
 
     pods: Any = None
     knowledge: Any = None
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{ports.weights}") as ch:
+        with open_channel(f"127.0.0.1:{ports.weights}") as ch:
             st = weights_pb2_grpc.WeightsStub(ch).Status(weights_pb2.StatusRequest(model=settings.model), timeout=3)
             pods = {"promoted": st.promoted_version, "canary": st.canary_version, "converged": st.converged,
                     "pods": {p.pod_id: {"serving": p.serving_version, "tenants": dict(p.tenant_versions),
@@ -201,7 +220,7 @@ def _versions(settings: CommonSettings, ports: Ports) -> tuple[Any, Any]:
     except grpc.RpcError as e:
         pods = {"error": e.code().name}
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{ports.extractor}") as ch:
+        with open_channel(f"127.0.0.1:{ports.extractor}") as ch:
             lst = knowledge_pb2_grpc.KnowledgeStub(ch).List(knowledge_pb2.ListKnowledgeRequest(), timeout=3)
             knowledge = {b.key: {"version": b.version, "items": b.item_count} for b in lst.bases}
     except grpc.RpcError as e:

@@ -160,6 +160,17 @@ def main() -> int:
     # the wiring fills in what the user did not set (an endpoint set in the environment wins)
     wiring = {name: {k: v for k, v in env.items() if k not in os.environ}
               for name, env in wire_services(ports, bind_host=None).items()}
+    if not (os.environ.get("APPRENTICE_AUTH_KEYS") or os.environ.get("APPRENTICE_AUTH_KEYS_FILE")):
+        # No keys of the user's own: the local stack runs with its development CA and keys (SECURITY.md).
+        from shared.security.devpki import ensure_dev_credentials
+
+        creds = ensure_dev_credentials(settings.home)
+        # The CLI that started us may carry the stack's operator key as a client: services get the service key.
+        inherited = {k: v for k, v in os.environ.items()
+                     if not (k == "APPRENTICE_AUTH_TOKEN_FILE" and v == str(creds.operator_token))}
+        secure = {k: v for k, v in creds.service_env().items() if k not in inherited}
+        for env in wiring.values():
+            env.update(secure)
     Supervisor(settings.home, services, service_env=wiring,
                extra_state={"ports": ports.as_dict(), "model": settings.model}).run()
     return 0

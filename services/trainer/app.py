@@ -32,10 +32,11 @@ from services.trainer.distributed import broadcast, world_size
 from services.trainer.rollouts import domain_of, tenant_of
 from services.trainer.rounds import RoundResult, Trainer
 from services.trainer.source import PartitionReader
-from shared.events import UndecodableEvent, decode
+from shared.events import UndecodableEvent
 from shared.kafka.deadletter import DeadLetterPublisher
 from shared.kafka.producer import EventProducer
 from shared.proto.apprentice.v1 import events_pb2
+from shared.validation import decode_record
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ class TrainerService:
         timeout = s.poll_timeout_s if timeout is None else timeout
         for msg in self.knowledge_reader.poll(s.poll_max_records, 0.0):
             try:
-                snap = decode(events_pb2.KnowledgeSnapshot, msg.value())
+                snap = decode_record(events_pb2.KnowledgeSnapshot, msg.value(), msg.headers())
             except UndecodableEvent as e:
                 self.dead.publish(msg, stage="trainer.knowledge.decode", reason=str(e), error_type="UndecodableEvent")
                 continue
@@ -177,7 +178,7 @@ class TrainerService:
         msgs = self.graded.poll(s.poll_max_records, timeout)
         for msg in msgs:
             try:
-                g = decode(events_pb2.GradedInteraction, msg.value())
+                g = decode_record(events_pb2.GradedInteraction, msg.value(), msg.headers())
             except UndecodableEvent as e:
                 self.dead.publish(msg, stage="trainer.graded.decode", reason=str(e), error_type="UndecodableEvent")
                 M.RECORDS.labels("graded", "undecodable").inc()
@@ -319,13 +320,13 @@ def serve(settings: TrainerSettings) -> int:
     """Rank 0 / single process: metrics endpoint, Weights channel, the loop until SIGTERM/SIGINT."""
     import signal
 
-    import grpc
-
+    from shared.grpc_util import service_host
     from shared.metrics import start_metrics_server
     from shared.proto.apprentice.v1 import weights_pb2_grpc
+    from shared.security.channels import open_channel
 
-    start_metrics_server(settings.metrics_port)
-    channel = grpc.insecure_channel(settings.weights_endpoint, options=CHANNEL_OPTIONS)
+    start_metrics_server(settings.metrics_port, service_host("", settings.common))
+    channel = open_channel(settings.weights_endpoint, settings.common, options=CHANNEL_OPTIONS)
     service = TrainerService(settings, weights_pb2_grpc.WeightsStub(channel))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

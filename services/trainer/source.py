@@ -22,14 +22,17 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from shared.kafka.security import SecuritySource, librdkafka_config
+
 log = logging.getLogger(__name__)
 
 
 class PartitionReader:
     def __init__(self, bootstrap: str, topic: str, group_id: str, start: dict[int, int] | None = None, *,
-                 from_end: bool = False, metadata_timeout: float = 10.0) -> None:
+                 from_end: bool = False, metadata_timeout: float = 10.0, security: SecuritySource = None) -> None:
         self.topic = topic
         self._consumer = Consumer({
+            **librdkafka_config(security),
             "bootstrap.servers": bootstrap, "group.id": group_id, "enable.auto.commit": False,
             "enable.auto.offset.store": False, "isolation.level": "read_committed",
         })

@@ -136,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     import grpc
 
     from shared.proto.apprentice.v1 import weights_pb2_grpc
+    from shared.security.channels import open_channel
 
     if ns.model is None:
         from shared.config import CommonSettings
 
         ns.model = CommonSettings().model
-    with grpc.insecure_channel(ns.endpoint) as channel:
+    with open_channel(ns.endpoint) as channel:
         try:
             return _run(ns, weights_pb2_grpc.WeightsStub(channel))
         except grpc.RpcError as e:

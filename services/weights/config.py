@@ -19,7 +19,7 @@ class WeightsSettings(BaseSettings):
     common: CommonSettings = Field(default_factory=CommonSettings)
 
     # --- serving -----------------------------------------------------------------------------------
-    host: str = "0.0.0.0"
+    host: str = ""
     """Interface the gRPC server binds."""
 
     port: int = 50052
@@ -40,7 +40,19 @@ class WeightsSettings(BaseSettings):
     """Largest chunk a client may ask for or send (the gRPC message limit is 64 MiB)."""
 
     max_upload_bytes: int = 64 << 30
-    """Refuse an upload whose declared files add up to more than this (protects the disk)."""
+    """Refuse an upload whose declared files add up to more than this (protects the disk):
+    RESOURCE_EXHAUSTED. 64 GiB holds a 30B-parameter model in bf16."""
+
+    max_uploads_per_identity: int = 2
+    """Uploads one credential (key id) may have in flight at once; more are refused with
+    RESOURCE_EXHAUSTED. A trainer uploads one checkpoint at a time; 2 lets a retry overlap a stalled call."""
+
+    max_upload_bytes_per_identity: int = 128 << 30
+    """Declared bytes one credential may have in flight at once (two uploads of the largest size)."""
+
+    max_upload_bytes_in_flight: int = 256 << 30
+    """Declared bytes in flight on this server, every caller together: the most the temp files of
+    unfinished uploads may claim on the store's disk."""
 
     grace_s: float = 10.0
     """Graceful stop: in-flight calls get this long to finish."""
@@ -107,6 +119,16 @@ class WeightsSettings(BaseSettings):
     canary_min_requests: int = 20
     """Healthy canary requests (summed over pods, from heartbeats) before the `canary` policy promotes."""
 
+    canary_rollback_min_requests: int = 5
+    """Canary requests (summed over the live pods that report the canary, service credentials only)
+    before their error rate may roll a canary back: one report of one failed request is not evidence.
+    At a 10% canary fraction, 5 canary requests are about 50 requests of traffic."""
+
+    canary_max_error_rate: float = 0.1
+    """Roll the canary back when more than this share of its requests failed (errors / requests, summed
+    over pods, once `canary_rollback_min_requests` were served). A broken model fails nearly every
+    request; 10% leaves room for a client hanging up now and then."""
+
     order_deadline_s: float = 60.0
     """A pod that does not serve what the last order asked within this long is flagged as lagging."""
 
@@ -114,7 +136,16 @@ class WeightsSettings(BaseSettings):
     """A pod silent for longer than this cannot count as converged."""
 
     pod_forget_s: float = 600.0
-    """Pods silent for longer than this disappear from Status."""
+    """Pods silent for longer than this disappear from Status (and stop counting against the pod caps)."""
+
+    max_pods_per_identity: int = 256
+    """Pods one credential may have registered (by heartbeat) at once; a new pod beyond it is refused
+    with RESOURCE_EXHAUSTED until one is forgotten. Raise it when every inference pod shares one service
+    key and there are more pods than this."""
+
+    max_pods: int = 1024
+    """Pods registered at once on this server, every credential and model together (memory, and the
+    size of Status)."""
 
     consumer_group: str = "weights"
     """Kafka consumer group for the checkpoints topic."""
@@ -131,6 +162,14 @@ class WeightsSettings(BaseSettings):
             raise ValueError("APPRENTICE_WEIGHTS_CANARY_FRACTION must be in (0, 1]")
         if self.canary_min_requests < 1:
             raise ValueError("APPRENTICE_WEIGHTS_CANARY_MIN_REQUESTS must be at least 1")
+        if self.canary_rollback_min_requests < 1:
+            raise ValueError("APPRENTICE_WEIGHTS_CANARY_ROLLBACK_MIN_REQUESTS must be at least 1")
+        if not 0 <= self.canary_max_error_rate < 1:
+            raise ValueError("APPRENTICE_WEIGHTS_CANARY_MAX_ERROR_RATE must be in [0, 1)")
+        for name in ("max_upload_bytes", "max_uploads_per_identity", "max_upload_bytes_per_identity",
+                     "max_upload_bytes_in_flight", "max_pods_per_identity", "max_pods"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"APPRENTICE_WEIGHTS_{name.upper()} must be at least 1")
         for name in ("heldout_max_drop", "ood_max_loglik_drop", "ood_max_rule_drop", "ood_max_repetition_rise",
                      "max_hacking_fraction"):
             if getattr(self, name) < 0:

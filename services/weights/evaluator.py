@@ -26,7 +26,14 @@ from typing import Any
 
 from services.weights.config import WeightsSettings
 from services.weights.evalset import LoadedHeldout, OodSet, load_heldout, load_ood
-from services.weights.gate import compare, hacking_fraction, hacking_result, integrity_result, verdict
+from services.weights.gate import (
+    compare,
+    hacking_fraction,
+    hacking_result,
+    integrity_of,
+    integrity_result,
+    verdict,
+)
 from services.weights.manifests import BASE
 from services.weights.store import WeightStore
 from shared.grading import grade_rule, parse_rule_spec
@@ -289,6 +296,28 @@ class Evaluator:
             out = self.store.update(m.model, m.version, record)
             log.log(logging.INFO if passed else logging.WARNING, "eval gate: %s %s %s", m.model, m.version, reason)
             return out
+
+    def check_integrity(self, m: weights_pb2.Manifest) -> weights_pb2.Manifest:
+        """Only the integrity part of the gate (seconds, no scoring): record its result in the manifest and
+        mark the version REJECTED when a tensor holds NaN/Inf. What a forced promote of a version the gate
+        never saw still runs; the manifest is returned unchanged when the check already ran."""
+        if integrity_of(m) is not None or m.version == BASE:
+            return m
+        work = self.workdir / uuid.uuid4().hex
+        try:
+            bad, total = nonfinite_tensors(self.store.materialise(m, work / f"{m.version}.check"))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        result = integrity_result(bad, total)
+
+        def record(x: weights_pb2.Manifest) -> None:
+            if integrity_of(x) is None:
+                x.eval_results.append(result)
+            if bad:
+                x.status = weights_pb2.VERSION_STATUS_REJECTED
+                x.status_reason = f"blocked: integrity/nonfinite_tensors {result.detail}"
+
+        return self.store.update(m.model, m.version, record)
 
     def _compare(self, m: weights_pb2.Manifest, baseline: str, work: Path) -> list[weights_pb2.EvalResult]:
         s = self.settings

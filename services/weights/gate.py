@@ -63,6 +63,14 @@ def integrity_result(bad: list[str], total: int) -> weights_pb2.EvalResult:
                                   baseline=0.0, threshold=0.0, passed=not bad, detail=detail)
 
 
+def integrity_of(m: weights_pb2.Manifest) -> weights_pb2.EvalResult | None:
+    """The manifest's integrity result, None when the check has not run on this version.
+
+    Unlike every other check, a failed integrity check cannot be overridden with `force`: a model with
+    NaN/Inf weights answers nothing useful to anyone, so no operator reason makes serving it right."""
+    return next((r for r in m.eval_results if r.suite == "integrity" and r.metric == "nonfinite_tensors"), None)
+
+
 def hacking_result(fraction: float | None, limit: float) -> weights_pb2.EvalResult:
     if fraction is None:
         return weights_pb2.EvalResult(suite="training_data", metric="hacking_flag_fraction", candidate=0.0,

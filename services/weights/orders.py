@@ -9,6 +9,10 @@ changes that tenant's slot only; `""` is the operator slot every other tenant fo
 Order semantics (shared with inference's routing table, services/inference/routing.py), for slot t:
 PROMOTE v: t serves v, and a canary of v in t ends (it graduated); CANARY v f: f of t's requests go to v;
 ROLLBACK v: t serves v and t's canary ends.
+
+Each order is recorded on the audit topic (audit_trail.py) before it is published; a refused promote
+or canary (gate, rolled back, integrity) is recorded as refused. `force` overrides the eval gate's
+verdict, except its integrity check: a version with NaN/Inf weights is never served (gate.integrity_of).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from services.weights import audit_trail
+from services.weights.audit_trail import Trail
+from services.weights.gate import integrity_of
 from services.weights.manifests import BASE, ModelState
 from services.weights.pods import PodRegistry
 from services.weights.store import WeightStore
@@ -30,6 +37,8 @@ Publisher = Callable[[events_pb2.ModelUpdate], None]
 """Send one order; return only once it is durable, raise otherwise (the state is then left unchanged)."""
 Gate = Callable[[weights_pb2.Manifest], weights_pb2.Manifest]
 """Evaluate a CANDIDATE; return its manifest with eval results and status APPROVED or REJECTED."""
+IntegrityCheck = Callable[[weights_pb2.Manifest], weights_pb2.Manifest]
+"""Run only the gate's integrity check on a version not yet checked; return the manifest with its result."""
 
 S = weights_pb2
 ACTION_NAMES: dict[int, str] = {events_pb2.UPDATE_ACTION_PROMOTE: "promote", events_pb2.UPDATE_ACTION_CANARY: "canary",
@@ -38,12 +47,15 @@ ACTION_NAMES: dict[int, str] = {events_pb2.UPDATE_ACTION_PROMOTE: "promote", eve
 
 class OrderDesk:
     def __init__(self, store: WeightStore, publish: Publisher, *, source: str = "weights",
-                 weights_endpoint: str = "", gate: Gate | None = None) -> None:
+                 weights_endpoint: str = "", gate: Gate | None = None, integrity: IntegrityCheck | None = None,
+                 audit: Trail | None = None) -> None:
         self.store = store
         self.publish = publish
         self.source = source
         self.weights_endpoint = weights_endpoint
         self.gate = gate
+        self.integrity = integrity
+        self.audit = audit or Trail()
 
     # --- the three orders ------------------------------------------------------------------------------
     def promote(self, model: str, version: str, *, force: bool = False, reason: str = "") -> weights_pb2.OrderAck:
@@ -54,6 +66,10 @@ class OrderDesk:
             state = self.store.state(model)
             slot = state.slot(m.tenant)
             previous = state.serving_for(m.tenant)
+            self._recheck_integrity(m, "promote")  # it may have been checked since _admit, outside the lock
+            self.audit.allowed(audit_trail.PROMOTE, model, version, tenant=m.tenant, reason=reason, details={
+                "force": str(force).lower(), "previous": previous, "slot": m.tenant or "*",
+                "status": S.VersionStatus.Name(m.status)})
             update = self._send(state, events_pb2.UPDATE_ACTION_PROMOTE, m, previous, reason)
             if previous != version and (not slot.history or slot.history[-1] != previous):
                 slot.history.append(previous)
@@ -76,6 +92,10 @@ class OrderDesk:
             current = state.serving_for(m.tenant)
             if current == version:
                 raise FailedPrecondition(f"{model} {version} is already promoted for tenant {m.tenant or '*'!r}")
+            self._recheck_integrity(m, "canary")
+            self.audit.allowed(audit_trail.CANARY, model, version, tenant=m.tenant, reason=reason, details={
+                "fraction": f"{fraction:g}", "serving": current, "slot": m.tenant or "*",
+                "replaces_canary": slot.canary if slot.canary != version else ""})
             update = self._send(state, events_pb2.UPDATE_ACTION_CANARY, m, current, reason, fraction)
             ended_canary = slot.canary if slot.canary != version else ""
             slot.canary, slot.canary_fraction, slot.canary_started_at = version, fraction, time.time()
@@ -85,6 +105,8 @@ class OrderDesk:
 
     def rollback(self, model: str, version: str = "", *, tenant: str | None = None,
                  reason: str = "") -> weights_pb2.OrderAck:
+        if version and version != BASE:  # outside the store lock: a first integrity check reads tensors
+            self._require_integrity(self.store.get(model, version), "rollback")
         with self.store.transaction():
             state = self.store.state(model)
             if tenant is None:
@@ -109,8 +131,12 @@ class OrderDesk:
                 raise FailedPrecondition(f"{model}: tenant {tenant or '*'!r} already serves {target!r} "
                                          "and has no canary; nothing to roll back")
             tm = self.store.get(model, target)
+            self._recheck_integrity(tm, "rollback")  # a history target may predate the check
             replaced = [v for v in (current, slot.canary) if v and v != target]
             previous = current if current != target else slot.canary
+            self.audit.allowed(audit_trail.ROLLBACK, model, target, tenant=tenant, reason=reason, details={
+                "previous": previous, "replaced": ",".join(replaced), "slot": tenant or "*",
+                "explicit_version": str(bool(version)).lower()})
             update = self._send(state, events_pb2.UPDATE_ACTION_ROLLBACK, tm, previous, reason, slot_key=tenant)
             if target in slot.history:
                 del slot.history[len(slot.history) - 1 - slot.history[::-1].index(target):]
@@ -122,22 +148,29 @@ class OrderDesk:
 
     # --- canary policy ---------------------------------------------------------------------------------
     def review_canaries(self, model: str, pods: PodRegistry, *, min_requests: int, auto_promote: bool,
-                        heartbeat_timeout_s: float) -> list[weights_pb2.OrderAck]:
-        """Abort a canary that failed requests; promote one with `min_requests` healthy requests (when
-        `auto_promote`). Healthy = answered by a pod that reports the canary with no errors."""
+                        heartbeat_timeout_s: float, rollback_min_requests: int = 5,
+                        max_error_rate: float = 0.1) -> list[weights_pb2.OrderAck]:
+        """Abort a canary whose error rate is above `max_error_rate` once `rollback_min_requests` requests
+        were served (summed over live pods reported by service credentials: one report of one error is
+        not evidence); promote one with `min_requests` healthy requests and an error rate within the limit
+        (when `auto_promote`). Healthy = answered by a pod that reports the canary with no errors.
+        The defaults are the settings' defaults (config.py)."""
         acks = []
         for tenant, slot in list(self.store.state(model).slots.items()):
             if not slot.canary:
                 continue
-            healthy, failed, error = pods.canary_health(model, slot.canary, heartbeat_timeout_s=heartbeat_timeout_s)
+            t = pods.canary_tally(model, slot.canary, heartbeat_timeout_s=heartbeat_timeout_s)
+            failing = t.requests >= rollback_min_requests and t.errors > max_error_rate * t.requests
             try:
-                if failed:
+                if failing:
+                    why = (f"{t.errors} of {t.requests} requests failed on {t.pods} pods ({t.error_rate:.0%}, limit "
+                           f"{max_error_rate:.0%}): {t.first_error}")
                     log.error("canary failed, rolling back", extra={"model": model, "version": slot.canary,
-                                                                    "error": error})
-                    acks.append(self.rollback(model, tenant=tenant, reason=f"canary {slot.canary} failed: {error}"))
-                elif auto_promote and healthy >= min_requests:
+                                                                    "error": why})
+                    acks.append(self.rollback(model, tenant=tenant, reason=f"canary {slot.canary} failed: {why}"))
+                elif auto_promote and t.healthy >= min_requests and t.error_rate <= max_error_rate:
                     acks.append(self.promote(model, slot.canary,
-                                             reason=f"canary healthy after {healthy} requests"))
+                                             reason=f"canary healthy after {t.healthy} requests"))
             except FailedPrecondition as e:  # raced with an operator order: theirs wins
                 log.warning("canary review skipped: %s", e)
         return acks
@@ -166,8 +199,10 @@ class OrderDesk:
 
     # --- helpers ---------------------------------------------------------------------------------------
     def _admit(self, m: weights_pb2.Manifest, force: bool, action: str) -> weights_pb2.Manifest:
-        """The eval gate in front of promote / canary; `force` overrides it (logged)."""
+        """The eval gate in front of promote / canary; `force` overrides it (logged), except its integrity
+        check. Refusals are audited."""
         if force:
+            m = self._require_integrity(m, action)
             if m.status in (S.VERSION_STATUS_REJECTED, S.VERSION_STATUS_CANDIDATE, S.VERSION_STATUS_ROLLED_BACK):
                 log.warning("forced past the eval gate", extra={"model": m.model, "version": m.version,
                                                                 "status": S.VersionStatus.Name(m.status)})
@@ -178,15 +213,43 @@ class OrderDesk:
                                          "here; use force to skip the gate")
             m = self.gate(m)
         if m.status == S.VERSION_STATUS_REJECTED:
-            raise FailedPrecondition(f"{m.model} {m.version} was rejected by the eval gate: {m.status_reason}; "
-                                     f"use force to {action} it anyway")
+            r = integrity_of(m)
+            if r is not None and not r.passed:
+                self._refuse_integrity(m, action)
+            self._refuse(m, action, f"{m.model} {m.version} was rejected by the eval gate: {m.status_reason}; "
+                                    f"use force to {action} it anyway")
         if m.status == S.VERSION_STATUS_ROLLED_BACK:
-            raise FailedPrecondition(f"{m.model} {m.version} was rolled back ({m.status_reason}); use force to "
-                                     f"{action} it again")
+            self._refuse(m, action, f"{m.model} {m.version} was rolled back ({m.status_reason}); use force to "
+                                    f"{action} it again")
         if m.kind == "lora" and m.base_version not in ("", BASE) and not self.store.manifests.exists(
                 m.model, m.base_version):
             raise FailedPrecondition(f"{m.model} {m.version} applies to {m.base_version}, which is not stored")
         return m
+
+    def _require_integrity(self, m: weights_pb2.Manifest, action: str) -> weights_pb2.Manifest:
+        """Run the integrity check on a version that never had it (when a checker is configured), and refuse
+        the action when the version holds NaN/Inf tensors, whatever `force` says."""
+        if integrity_of(m) is None and self.integrity is not None and m.version != BASE:
+            m = self.integrity(m)
+        self._recheck_integrity(m, action)
+        return m
+
+    def _recheck_integrity(self, m: weights_pb2.Manifest, action: str) -> None:
+        """Under the store lock: refuse when the recorded integrity result failed (no new check here)."""
+        r = integrity_of(m)
+        if r is not None and not r.passed:
+            self._refuse_integrity(m, action)
+
+    def _refuse_integrity(self, m: weights_pb2.Manifest, action: str) -> None:
+        r = integrity_of(m)
+        self._refuse(m, action, f"{m.model} {m.version} failed the integrity check ({r.detail if r else 'NaN/Inf'}): "
+                                "a model with non-finite weights is never served, and force does not override "
+                                "this check")
+
+    def _refuse(self, m: weights_pb2.Manifest, action: str, message: str) -> None:
+        self.audit.refused(f"weights.{action}", m.model, m.version, tenant=m.tenant, reason=message,
+                           details={"status": S.VersionStatus.Name(m.status)})
+        raise FailedPrecondition(message)
 
     def _pop_previous(self, model: str, state: ModelState, tenant: str, current: str) -> str:
         slot = state.slot(tenant)

@@ -8,7 +8,13 @@ it was first seen off target), or when it went silent: the failure the issue ask
 How a heartbeat is read (the contract with inference pods, see PodHeartbeat in weights.proto):
 - version served to tenant t = tenant_versions[t], else tenant_versions[""], else serving_version;
 - canary of tenant t = tenant_canaries[t] when the pod fills tenant_canaries, else canary_version;
-- canary health: canary_requests / canary_errors count requests on canary_version since it was installed.
+- canary health: canary_requests / canary_errors count requests on canary_version since it was installed
+  (errors are among the requests).
+
+Who may report: each pod entry belongs to the credential that registered it (another credential beating
+under the same pod id is refused), one credential may register `max_pods_per_identity` pods and the
+server `max_pods` in all (RESOURCE_EXHAUSTED beyond), and entries silent for `forget_s` expire. Only pods
+reported by service credentials (or anonymously, on a server without keys) count towards canary verdicts.
 """
 
 from __future__ import annotations
@@ -18,7 +24,12 @@ import time
 from dataclasses import dataclass
 
 from services.weights.manifests import BASE, ModelState
+from shared.grpc_util import PermissionDenied, ResourceExhausted
 from shared.proto.apprentice.v1 import weights_pb2
+from shared.security.identity import Identity, Role
+
+MAX_LAST_ERROR_CHARS = 1000
+"""A pod's last_error is kept (and shown in Status) up to this length."""
 
 
 @dataclass
@@ -72,34 +83,105 @@ class _Pod:
     heartbeat: weights_pb2.PodHeartbeat
     received_at: float
     off_target_since: float | None
+    owner: str = ""
+    """Key id of the credential that registered the pod ("" = an internal caller, no identity)."""
+    trusted: bool = True
+    """Reported by a service credential (or anonymously on a server without keys): counts for canaries."""
+
+
+@dataclass(frozen=True)
+class CanaryTally:
+    """Requests on one canary version, summed over the live trusted pods that report it."""
+
+    requests: int = 0
+    errors: int = 0
+    healthy: int = 0
+    """Requests of pods that report no canary error and no last_error."""
+    pods: int = 0
+    first_error: str = ""
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+
+def _trusted(identity: Identity | None) -> bool:
+    return identity is None or identity.role in (Role.SERVICE, Role.ANONYMOUS)
 
 
 class PodRegistry:
     """Latest heartbeat per (model, pod), in memory: pods beat every few seconds, so a restart of the
     weights service recovers the picture within one heartbeat interval."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_pods_per_identity: int = 256, max_pods: int = 1024, forget_s: float = 600.0) -> None:
         self._pods: dict[tuple[str, str], _Pod] = {}
         self._lock = threading.Lock()
+        self.max_pods_per_identity = max_pods_per_identity
+        self.max_pods = max_pods
+        self.forget_s = forget_s
 
-    def record(self, hb: weights_pb2.PodHeartbeat, state: ModelState, now: float | None = None) -> bool:
-        """Store a heartbeat; returns whether the pod matches `state`."""
+    def _expire(self, now: float, forget_s: float) -> None:
+        """Under the lock: drop pods silent for longer than `forget_s`."""
+        for key in [k for k, p in self._pods.items() if now - p.received_at > forget_s]:
+            del self._pods[key]
+
+    def record(self, hb: weights_pb2.PodHeartbeat, state: ModelState, now: float | None = None, *,
+               identity: Identity | None = None) -> bool:
+        """Store a heartbeat from `identity` (None = an internal caller); returns whether the pod matches
+        `state`. PermissionDenied when another credential registered this pod, ResourceExhausted when a
+        new pod would pass a cap."""
         now = time.time() if now is None else now
+        owner = identity.key_id if identity is not None else ""
+        if len(hb.last_error) > MAX_LAST_ERROR_CHARS:
+            short = weights_pb2.PodHeartbeat()
+            short.CopyFrom(hb)  # a copy: the caller's message stays as it was
+            short.last_error = hb.last_error[:MAX_LAST_ERROR_CHARS] + "..."
+            hb = short
         converged = not mismatches(hb, expected_of(state))
         with self._lock:
+            self._expire(now, self.forget_s)
             prev = self._pods.get((hb.model, hb.pod_id))
+            if prev is not None and prev.owner != owner:
+                raise PermissionDenied(f"pod {hb.pod_id!r} of {hb.model} is registered by another credential; "
+                                       f"a pod reports with its own credential (or pick another pod id)")
+            if prev is None:
+                mine = sum(p.owner == owner for p in self._pods.values())
+                if mine >= self.max_pods_per_identity:
+                    raise ResourceExhausted(f"credential {owner or 'internal'!r} already has {mine} pods registered, "
+                                            "the limit (APPRENTICE_WEIGHTS_MAX_PODS_PER_IDENTITY); silent pods expire "
+                                            f"after {self.forget_s:g}s")
+                if len(self._pods) >= self.max_pods:
+                    raise ResourceExhausted(f"{len(self._pods)} pods are registered, the server's limit "
+                                            "(APPRENTICE_WEIGHTS_MAX_PODS); silent pods expire after "
+                                            f"{self.forget_s:g}s")
             since = None if converged else (prev.off_target_since if prev and prev.off_target_since else now)
-            self._pods[(hb.model, hb.pod_id)] = _Pod(hb, now, since)
+            self._pods[(hb.model, hb.pod_id)] = _Pod(hb, now, since, owner, _trusted(identity))
         return converged
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pods)
 
     def pods(self, model: str, forget_s: float, now: float | None = None) -> list[tuple[weights_pb2.PodHeartbeat,
                                                                                           float, float | None]]:
         now = time.time() if now is None else now
         with self._lock:
-            for key in [k for k, p in self._pods.items() if now - p.received_at > forget_s]:
-                del self._pods[key]
+            self._expire(now, forget_s)
             return [(p.heartbeat, p.received_at, p.off_target_since)
                     for (m, _), p in sorted(self._pods.items()) if m == model]
+
+    def _live_trusted(self, model: str, version: str, heartbeat_timeout_s: float,
+                      now: float) -> list[weights_pb2.PodHeartbeat]:
+        """Heartbeats of trusted pods of `model` that beat within the timeout and report canary `version`."""
+        with self._lock:
+            pods = [p for (m, _), p in sorted(self._pods.items()) if m == model and p.trusted
+                    and now - p.received_at <= heartbeat_timeout_s]
+        out = []
+        for p in pods:
+            hb = p.heartbeat
+            if version in set(hb.tenant_canaries.values()) | ({hb.canary_version} if hb.canary_version else set()):
+                out.append(hb)
+        return out
 
     def status(self, state: ModelState, *, order_deadline_s: float, heartbeat_timeout_s: float, forget_s: float,
                now: float | None = None) -> weights_pb2.StatusResponse:
@@ -140,16 +222,21 @@ class PodRegistry:
                       now: float | None = None) -> tuple[int, int, str]:
         """(healthy requests, failed requests, first error) on canary `version` over live pods. Requests
         of a pod count as healthy only while it reports no canary errors and no last_error."""
+        t = self.canary_tally(model, version, heartbeat_timeout_s=heartbeat_timeout_s, now=now)
+        return t.healthy, t.errors, t.first_error
+
+    def canary_tally(self, model: str, version: str, *, heartbeat_timeout_s: float,
+                     now: float | None = None) -> CanaryTally:
+        """Requests and errors on canary `version`, summed over live pods reported by trusted credentials."""
         now = time.time() if now is None else now
-        healthy = failed = 0
+        requests = errors = healthy = 0
         error = ""
-        for hb, received_at, _ in self.pods(model, forget_s=float("inf"), now=now):
-            canaries = set(hb.tenant_canaries.values()) | ({hb.canary_version} if hb.canary_version else set())
-            if version not in canaries or now - received_at > heartbeat_timeout_s:
-                continue
+        pods = self._live_trusted(model, version, heartbeat_timeout_s, now)
+        for hb in pods:
+            requests += hb.canary_requests
             if hb.canary_errors > 0:
-                failed += hb.canary_errors
+                errors += hb.canary_errors
                 error = error or f"pod {hb.pod_id}: {hb.canary_errors} failed requests ({hb.last_error or 'no detail'})"
             elif not hb.last_error:
                 healthy += hb.canary_requests
-        return healthy, failed, error
+        return CanaryTally(requests=requests, errors=errors, healthy=healthy, pods=len(pods), first_error=error)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from services.weights import audit_trail
 from services.weights.config import WeightsSettings
 from services.weights.evaluator import Evaluator
 from services.weights.manifests import BASE, version_order_key
@@ -38,6 +39,8 @@ class PromotionPolicy:
                 and self.settings.evaluate_checkpoints:
             m = self.evaluator.evaluate(m, extra_metrics=dict(ev.metrics))
             outcome = "approved" if m.status == weights_pb2.VERSION_STATUS_APPROVED else "rejected"
+            self.desk.audit.outcome(audit_trail.GATE, m.model, m.version, allowed=outcome == "approved",
+                                    tenant=m.tenant, reason=m.status_reason, details={"event_id": event_id})
         if m.status == weights_pb2.VERSION_STATUS_APPROVED:
             outcome = self._apply_policy(m, event_id)
         with self.store.transaction():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,20 +18,26 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.weights import audit_trail
+from services.weights.audit_trail import Trail
 from services.weights.blobstore import make_blob_store
 from services.weights.config import WeightsSettings
 from services.weights.evaluator import Evaluator
-from services.weights.manifests import BASE
+from services.weights.manifests import BASE, VERSION_RE
+from services.weights.names import validate_model, validate_pod_id, validate_tenant, validate_version
 from services.weights.orders import OrderDesk
 from services.weights.pods import PodRegistry
 from services.weights.policy import PromotionPolicy
-from services.weights.store import WeightStore, validate_model
+from services.weights.quotas import UploadLimits, UploadQuotas
+from services.weights.store import WeightStore, validate_header
 from services.weights.wire import SERVICE_NAME, encode_chunk, register
-from shared.events import UndecodableEvent, decode
+from shared.audit import AuditLog
+from shared.events import UndecodableEvent
 from shared.grpc_util import (
     FailedPrecondition,
     InvalidRequest,
     NotFound,
+    PermissionDenied,
     Unavailable,
     create_server,
     graceful_stop,
@@ -40,8 +47,14 @@ from shared.grpc_util import (
 )
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
+from shared.security.identity import acting_as, current_identity
+from shared.validation import decode_record
 
 log = logging.getLogger(__name__)
+
+MAX_REASON_CHARS = 1000
+"""An operator's reason travels in orders, manifests and audit records: a sentence, not a document."""
+MAX_ENDPOINT_CHARS = 255
 
 
 UPLOADS = Counter("apprentice_weights_uploads_total", "Upload calls by outcome", ["outcome"])
@@ -65,7 +78,15 @@ class WeightsServicer(weights_pb2_grpc.WeightsServicer):
         require(first is not None and first.WhichOneof("part") == "header",
                 "the first message of an Upload must be the header")
         assert first is not None
-        session = self.svc.store.begin_upload(first.header, self.s.max_upload_bytes)
+        validate_header(first.header, sys.maxsize)  # names and shapes first; the size is the quota's question
+        identity = current_identity()
+        who = identity.key_id if identity is not None else "anonymous"
+        with self.svc.quotas.reserve(who, sum(f.size for f in first.header.files)):
+            return self._upload(first.header, request_iterator)
+
+    def _upload(self, header: weights_pb2.UploadHeader,
+                request_iterator: Iterator[weights_pb2.UploadRequest]) -> weights_pb2.Manifest:
+        session = self.svc.store.begin_upload(header, self.s.max_upload_bytes)
         outcome = "rejected"
         try:
             for req in request_iterator:
@@ -143,7 +164,12 @@ class WeightsServicer(weights_pb2_grpc.WeightsServicer):
 
     @grpc_errors
     def Pin(self, request: weights_pb2.PinRequest, context: Any) -> weights_pb2.Manifest:
+        validate_model(request.model)
+        validate_version(request.version)
         require(request.version != BASE, "the base model is always available; it needs no pin")
+        m = self.svc.store.get(request.model, request.version)  # NOT_FOUND before anything is recorded
+        self.svc.desk.audit.allowed(audit_trail.PIN if request.pinned else audit_trail.UNPIN, m.model, m.version,
+                                    tenant=m.tenant)
 
         def pin(m: weights_pb2.Manifest) -> None:
             m.pinned = request.pinned
@@ -155,18 +181,36 @@ class WeightsServicer(weights_pb2_grpc.WeightsServicer):
     def Promote(self, request: weights_pb2.PromoteRequest, context: Any) -> weights_pb2.OrderAck:
         validate_model(request.model)
         require(bool(request.version), "version is required")
+        validate_version(request.version)
+        require(len(request.reason) <= MAX_REASON_CHARS, f"reason longer than {MAX_REASON_CHARS} characters")
+        identity = current_identity()
+        if request.force and identity is not None and not (identity.is_operator or identity.is_anonymous):
+            # A service (the trainer, a pipeline) promotes only through the eval gate; skipping it is the
+            # operator's call, made with an operator key and recorded.
+            why = (f"force=true needs an operator key; {identity.role.value} key {identity.key_id!r} may promote "
+                   "only through the eval gate (retry without force)")
+            self.svc.desk.audit.refused(audit_trail.PROMOTE, request.model, request.version, reason=why,
+                                        details={"force": "true"})
+            raise PermissionDenied(why)
         return self.svc.desk.promote(request.model, request.version, force=request.force, reason=request.reason)
 
     @grpc_errors
     def Canary(self, request: weights_pb2.CanaryRequest, context: Any) -> weights_pb2.OrderAck:
         validate_model(request.model)
         require(bool(request.version), "version is required")
+        validate_version(request.version)
+        require(len(request.reason) <= MAX_REASON_CHARS, f"reason longer than {MAX_REASON_CHARS} characters")
         return self.svc.desk.canary(request.model, request.version, request.fraction, reason=request.reason)
 
     @grpc_errors
     def Rollback(self, request: weights_pb2.RollbackRequest, context: Any) -> weights_pb2.OrderAck:
         validate_model(request.model)
+        if request.version:
+            validate_version(request.version)
+        require(len(request.reason) <= MAX_REASON_CHARS, f"reason longer than {MAX_REASON_CHARS} characters")
         tenant = request.tenant if request.HasField("tenant") else None
+        if tenant is not None:
+            validate_tenant(tenant)
         return self.svc.desk.rollback(request.model, request.version, tenant=tenant, reason=request.reason)
 
     # --- pods ------------------------------------------------------------------------------------------
@@ -177,14 +221,24 @@ class WeightsServicer(weights_pb2_grpc.WeightsServicer):
 
     @grpc_errors
     def Heartbeat(self, request: weights_pb2.PodHeartbeat, context: Any) -> weights_pb2.HeartbeatAck:
-        require(bool(request.pod_id), "pod_id is required")
+        validate_pod_id(request.pod_id)
         validate_model(request.model)
         require(0 <= request.canary_fraction <= 1, "canary_fraction must be in [0, 1]")
         require(request.canary_requests >= 0 and request.canary_errors >= 0, "canary counts must be >= 0")
+        require(request.canary_errors <= request.canary_requests,
+                "canary_errors counts failed canary requests, so it cannot exceed canary_requests")
+        require(len(request.endpoint) <= MAX_ENDPOINT_CHARS, f"endpoint longer than {MAX_ENDPOINT_CHARS} characters")
+        for field_name, versions in (("tenant_versions", request.tenant_versions),
+                                     ("tenant_canaries", request.tenant_canaries)):
+            for tenant, version in versions.items():
+                validate_tenant(tenant, f"{field_name} key")
+                require(not version or VERSION_RE.fullmatch(version) is not None,
+                        f"{field_name}[{tenant!r}] = {version[:60]!r} is not a version name")
         state = self.svc.store.state(request.model)
-        self.svc.pods.record(request, state)
+        self.svc.pods.record(request, state, identity=current_identity())
         if state.slots and any(s.canary for s in state.slots.values()):
-            self.svc.review_canaries(request.model)
+            with acting_as(audit_trail.SELF):  # the verdict is the service's, from every pod's reports
+                self.svc.review_canaries(request.model)
             state = self.svc.store.state(request.model)
         return weights_pb2.HeartbeatAck(promoted_version=state.serving_for(""),
                                         desired=self.svc.desk.desired(request.model))
@@ -205,12 +259,18 @@ class WeightsService:
         s = self.settings
         self.topics = s.common.topics
         self.store = WeightStore(make_blob_store(s.store_backend, s.store_root), s.store_root)
-        self.pods = PodRegistry()
+        self.pods = PodRegistry(max_pods_per_identity=s.max_pods_per_identity, max_pods=s.max_pods,
+                                forget_s=s.pod_forget_s)
+        self.quotas = UploadQuotas(UploadLimits(
+            max_upload_bytes=s.max_upload_bytes, max_uploads_per_identity=s.max_uploads_per_identity,
+            max_bytes_per_identity=s.max_upload_bytes_per_identity, max_bytes_total=s.max_upload_bytes_in_flight))
         self._producer: EventProducer | None = None
         self._producer_lock = threading.Lock()
+        self._audit_log: AuditLog | None = None
         self.evaluator = Evaluator(self.store, s)
         self.desk = OrderDesk(self.store, self._publish, source="weights", weights_endpoint=s.advertised_endpoint,
-                              gate=self._gate)
+                              gate=self._gate, integrity=self.evaluator.check_integrity,
+                              audit=Trail(self._audit_record))
         self.policy = PromotionPolicy(self.store, self.desk, self.evaluator, s)
         self._stop = threading.Event()
         self._gc_wanted = threading.Event()
@@ -226,6 +286,15 @@ class WeightsService:
             if self._producer is None:
                 self._producer = EventProducer(self.settings.common.kafka_bootstrap, client_id="weights")
             return self._producer
+
+    def _audit_record(self, *args: Any, **kwargs: Any) -> events_pb2.AuditRecord:
+        """`AuditLog.record` on the service's producer (both created on first use)."""
+        if self._audit_log is None:
+            producer = self.producer  # takes the lock itself
+            with self._producer_lock:
+                if self._audit_log is None:
+                    self._audit_log = AuditLog(producer, self.topics, source="weights")
+        return self._audit_log.record(*args, **kwargs)
 
     def _publish(self, update: events_pb2.ModelUpdate) -> None:
         errors: list[str] = []
@@ -267,7 +336,9 @@ class WeightsService:
             with self._review_lock:
                 self.desk.review_canaries(model, self.pods, min_requests=s.canary_min_requests,
                                           auto_promote=s.policy == "canary",
-                                          heartbeat_timeout_s=s.heartbeat_timeout_s)
+                                          heartbeat_timeout_s=s.heartbeat_timeout_s,
+                                          rollback_min_requests=s.canary_rollback_min_requests,
+                                          max_error_rate=s.canary_max_error_rate)
         except Unavailable as e:
             log.error("canary review could not send its order: %s", e)
 
@@ -328,7 +399,8 @@ class WeightsService:
                 try:
                     msgs = consumer.poll_batch(max_records=10, timeout=0.5)
                     for msg in msgs:
-                        self._handle_record(msg, dead)
+                        with acting_as(audit_trail.SELF):  # the policy's orders are the service's own
+                            self._handle_record(msg, dead)
                         if self._stop.is_set():
                             return  # uncommitted: redelivered to the next owner
                     consumer.commit(msgs)
@@ -340,7 +412,7 @@ class WeightsService:
 
     def _handle_record(self, msg: Any, dead: DeadLetterPublisher) -> None:
         try:
-            ev = decode(events_pb2.CheckpointPublished, msg.value())
+            ev = decode_record(events_pb2.CheckpointPublished, msg.value(), msg.headers())
         except UndecodableEvent as e:
             dead.publish(msg, stage="weights.decode", reason=str(e), error_type="UndecodableEvent")
             return
@@ -383,7 +455,7 @@ def start(settings: WeightsSettings, *, consume: bool = True) -> RunningServer:
     svc = WeightsService(settings)
     servicer = WeightsServicer(svc)
     server, port, health = create_server(settings.port, lambda srv: register(servicer, srv), [SERVICE_NAME],
-                                         host=settings.host)
+                                         host=settings.host, common=settings.common)
     server.start()
     svc.start_background(consume=consume)
     set_serving(health, [SERVICE_NAME])
@@ -394,11 +466,12 @@ def start(settings: WeightsSettings, *, consume: bool = True) -> RunningServer:
 
 def run(settings: WeightsSettings) -> int:
     """Serve until SIGINT/SIGTERM, then drain in-flight calls."""
+    from shared.grpc_util import service_host
     from shared.kafka import ensure_topics
     from shared.metrics import start_metrics_server
 
     ensure_topics(settings.common.kafka_bootstrap, settings.common.topics)
-    start_metrics_server(settings.metrics_port)
+    start_metrics_server(settings.metrics_port, service_host(settings.host, settings.common))
     running = start(settings)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -16,13 +16,14 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import BinaryIO
 
 import grpc
 
 from services.weights.blobstore import SHA256_RE, BlobStore, BlobWriter
-from services.weights.manifests import BASE, VERSION_RE, ManifestStore, ModelState
+from services.weights.manifests import BASE, ManifestStore, ModelState
+from services.weights.names import validate_model, validate_path, validate_tenant, validate_version
 from services.weights.retention import unreferenced, versions_to_keep
 from shared.events import timestamp
 from shared.grpc_util import FailedPrecondition, InvalidRequest, NotFound, ServiceError, require
@@ -39,31 +40,16 @@ class AlreadyExists(ServiceError):
     code = grpc.StatusCode.ALREADY_EXISTS
 
 
-def validate_path(path: str) -> None:
-    """Relative POSIX path inside the version directory; no `..`, no absolute paths, no empty parts."""
-    require(bool(path), "file path must not be empty")
-    require(len(path) <= 255, f"file path longer than 255 characters: {path[:40]!r}...")
-    require("\\" not in path and "\x00" not in path, f"file path {path!r} contains a backslash or NUL")
-    parts = PurePosixPath(path).parts
-    require(not path.startswith("/") and all(p not in ("", ".", "..") for p in parts) and not path.endswith("/"),
-            f"file path {path!r} must be relative, without '.', '..' or empty parts")
-
-
-def validate_model(model: str) -> None:
-    require(bool(model.strip()), "model must not be empty")
-    require(len(model) <= 200, "model name longer than 200 characters")
-    require(all(c.isprintable() for c in model), "model name contains control characters")
-
-
 def validate_header(header: weights_pb2.UploadHeader, max_bytes: int) -> None:
     validate_model(header.model)
     if header.version:
-        require(VERSION_RE.match(header.version) is not None,
-                f"version {header.version!r} must match {VERSION_RE.pattern}")
+        validate_version(header.version)
         require(header.version != BASE, "'base' is the implicit base model; it cannot be uploaded")
     require(header.kind in KINDS, f"kind must be one of {', '.join(KINDS)} (got {header.kind!r})")
     for name, value in (("parent_version", header.parent_version), ("base_version", header.base_version)):
-        require(not value or VERSION_RE.match(value) is not None, f"{name} {value!r} is not a version name")
+        if value:
+            validate_version(value, name)
+    validate_tenant(header.tenant)
     require(len(header.files) > 0, "an upload declares at least one file")
     require(len(header.files) <= 1000, "an upload declares at most 1000 files")
     seen: set[str] = set()
@@ -224,7 +210,7 @@ class WeightStore:
         require(bool(version), "version must not be empty")
         if version == BASE:
             return self.base_manifest(model)
-        require(VERSION_RE.match(version) is not None, f"version {version!r} is not a version name")
+        validate_version(version)
         m = self.manifests.load(model, version)
         if m is None:
             raise NotFound(f"{model} has no version {version!r}")

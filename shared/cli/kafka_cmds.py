@@ -10,23 +10,28 @@ import uuid
 from shared.config import CommonSettings
 
 
-def _broker(settings: CommonSettings):  # noqa: ANN202 - keeps confluent_kafka imports lazy
+def _broker(settings: CommonSettings, *, sasl: bool = False, sasl_port: int = 9094):  # noqa: ANN202 - lazy imports
     from shared.kafka.local_broker import LocalBroker
 
-    host, _, port = settings.kafka_bootstrap.split(",")[0].rpartition(":")
-    return LocalBroker(settings.home, host=host or "127.0.0.1", port=int(port or 9092))
+    return LocalBroker.for_settings(settings, sasl=sasl, sasl_port=sasl_port)
 
 
 def kafka(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="apprentice kafka", description="The local single-node KRaft broker.")
     ap.add_argument("action", choices=["start", "stop", "status", "fetch"])
     ap.add_argument("--no-topics", action="store_true", help="do not create the Apprentice topics on start")
+    ap.add_argument("--sasl", action="store_true",
+                    help="also serve a SASL_PLAINTEXT (SCRAM-SHA-512) listener on --sasl-port, with a generated "
+                         "password kept under APPRENTICE_HOME (implied by APPRENTICE_KAFKA_SECURITY_PROTOCOL="
+                         "SASL_PLAINTEXT, whose bootstrap address is then the SASL listener)")
+    ap.add_argument("--sasl-port", type=int, default=9094, help="port of the SASL listener (default 9094)")
     ns = ap.parse_args(argv)
     settings = CommonSettings()
     from shared.kafka.local_broker import BrokerError
+    from shared.kafka.security import PLAINTEXT
 
-    broker = _broker(settings)
     try:
+        broker = _broker(settings, sasl=ns.sasl, sasl_port=ns.sasl_port)
         if ns.action == "fetch":
             libs = broker.fetch_jars()
             print(f"kafka jars ready in {libs}")
@@ -36,10 +41,14 @@ def kafka(argv: list[str]) -> int:
             how = "started" if st.owned else "reused (already running)"
             print(f"kafka broker {how} at {st.bootstrap} in {time.monotonic() - t0:.1f}s"
                   + (f" (pid {st.pid})" if st.pid else ""))
+            if st.sasl_bootstrap:
+                print(f"SASL/SCRAM listener at {st.sasl_bootstrap}, user {broker.sasl_user!r}; clients use it with:")
+                for name, value in broker.sasl_env().items():
+                    print(f"  export {name}={value}")
             if not ns.no_topics:
                 from shared.kafka.admin import ensure_topics
 
-                created = ensure_topics(st.bootstrap, settings.topics)
+                created = ensure_topics(st.bootstrap, settings.topics, security=PLAINTEXT)  # the plain listener
                 print(f"topics: {len(created)} created, {len(settings.topics.specs())} in all")
         elif ns.action == "stop":
             print("kafka broker stopped" if broker.stop() else "no broker started by apprentice is running")
@@ -47,7 +56,8 @@ def kafka(argv: list[str]) -> int:
             st = broker.status()
             state = "up" if st.running else "down"
             owner = f", started by apprentice (pid {st.pid})" if st.owned else (", external" if st.running else "")
-            print(f"kafka broker {state} at {st.bootstrap}{owner}; data {st.data_dir}")
+            sasl = f"; SASL/SCRAM at {st.sasl_bootstrap}" if st.sasl_bootstrap else ""
+            print(f"kafka broker {state} at {st.bootstrap}{owner}{sasl}; data {st.data_dir}")
             return 0 if st.running else 1
     except BrokerError as e:
         print(f"apprentice kafka {ns.action}: {e}", file=sys.stderr)
@@ -63,10 +73,10 @@ def topics(argv: list[str]) -> int:
     from shared.kafka.admin import ensure_topics, list_topics
 
     if not ns.no_create:
-        for name in ensure_topics(settings.kafka_bootstrap, settings.topics):
+        for name in ensure_topics(settings.kafka_bootstrap, settings.topics, security=settings):
             print(f"created {name}")
     ours = {s.name for s in settings.topics.specs()}
-    for name, parts in list_topics(settings.kafka_bootstrap).items():
+    for name, parts in list_topics(settings.kafka_bootstrap, security=settings).items():
         if name in ours:
             print(f"{name}\t{parts} partitions")
     return 0
@@ -85,6 +95,7 @@ def tail(argv: list[str]) -> int:
     from confluent_kafka import Consumer
 
     from shared.events import UndecodableEvent, decode, message_type, to_dict
+    from shared.kafka.security import librdkafka_config
 
     try:
         topic = settings.topics.resolve(ns.topic)
@@ -92,7 +103,8 @@ def tail(argv: list[str]) -> int:
         print(f"apprentice tail: {e.args[0]}", file=sys.stderr)
         return 2
     msg_type = message_type(settings.topics.base_of(topic))
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": f"apprentice-tail-{uuid.uuid4()}",
+    consumer = Consumer({**librdkafka_config(settings), "bootstrap.servers": settings.kafka_bootstrap,
+                         "group.id": f"apprentice-tail-{uuid.uuid4()}",
                          "enable.auto.commit": False,
                          "auto.offset.reset": "earliest" if ns.from_beginning else "latest"})
     consumer.subscribe([topic])

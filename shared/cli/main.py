@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     command, rest = argv[0], argv[1:]
+    if command not in ("serve", "demo"):
+        # CLI commands talk to the local stack as its operator (its dev CA and key), unless told otherwise.
+        from shared.config import default_home
+        from shared.security.devpki import apply_stack_client_env
+
+        apply_stack_client_env(default_home())
     if command in DELEGATED:
         module, func, _ = DELEGATED[command]
         return _delegate(module, func)(rest)

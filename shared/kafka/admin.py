@@ -1,4 +1,7 @@
-"""Create the topics with their partitions and compaction policy; check that a broker answers."""
+"""Create the topics with their partitions and compaction policy; check that a broker answers.
+
+Every function takes `security` (shared/kafka/security.py): None = the client security configured in
+the environment, as for every other Kafka client."""
 
 from __future__ import annotations
 
@@ -8,29 +11,30 @@ import time
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from shared.kafka.security import SecuritySource, librdkafka_config
 from shared.topics import Topics, TopicSpec
 
 
-def admin(bootstrap: str, *, quiet: bool = False) -> AdminClient:
-    config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap}
+def admin(bootstrap: str, *, quiet: bool = False, security: SecuritySource = None) -> AdminClient:
+    config: dict[str, str | int | float | bool] = {**librdkafka_config(security), "bootstrap.servers": bootstrap}
     if quiet:
         config["log_level"] = 0  # probing a broker that may be down: connection errors are expected
     return AdminClient(config)
 
 
-def broker_answers(bootstrap: str, timeout: float = 2.0) -> bool:
-    """True when a real metadata request succeeds."""
+def broker_answers(bootstrap: str, timeout: float = 2.0, *, security: SecuritySource = None) -> bool:
+    """True when a real metadata request succeeds (with SASL: only after authentication succeeded)."""
     try:
-        md = admin(bootstrap, quiet=True).list_topics(timeout=timeout)
+        md = admin(bootstrap, quiet=True, security=security).list_topics(timeout=timeout)
         return bool(md.brokers)
     except KafkaException:
         return False
 
 
-def wait_for_broker(bootstrap: str, timeout: float = 60.0) -> None:
+def wait_for_broker(bootstrap: str, timeout: float = 60.0, *, security: SecuritySource = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if broker_answers(bootstrap):
+        if broker_answers(bootstrap, security=security):
             return
         time.sleep(0.5)
     raise TimeoutError(f"no Kafka broker answered at {bootstrap} within {timeout:.0f}s")
@@ -46,10 +50,10 @@ def _new_topic(spec: TopicSpec, replication: int) -> NewTopic:
 
 
 def ensure_topics(bootstrap: str, topics: Topics | None = None, *, replication: int = 1,
-                  timeout: float = 30.0) -> list[str]:
+                  timeout: float = 30.0, security: SecuritySource = None) -> list[str]:
     """Create every missing topic; return the names that were created. Existing topics are left alone."""
     specs = (topics or Topics()).specs()
-    client = admin(bootstrap)
+    client = admin(bootstrap, security=security)
     existing = set(client.list_topics(timeout=timeout).topics)
     missing = [s for s in specs if s.name not in existing]
     if not missing:
@@ -72,15 +76,17 @@ def ensure_topics(bootstrap: str, topics: Topics | None = None, *, replication: 
     return created
 
 
-def delete_topics(bootstrap: str, names: list[str], timeout: float = 30.0) -> None:
+def delete_topics(bootstrap: str, names: list[str], timeout: float = 30.0, *,
+                  security: SecuritySource = None) -> None:
     if not names:
         return
-    client = admin(bootstrap)  # keep the handle alive: its futures fail with _DESTROY once it is collected
+    # keep the handle alive: its futures fail with _DESTROY once it is collected
+    client = admin(bootstrap, security=security)
     for fut in client.delete_topics(names, operation_timeout=timeout).values():
         with contextlib.suppress(KafkaException):  # already gone
             fut.result(timeout)
 
 
-def list_topics(bootstrap: str, timeout: float = 10.0) -> dict[str, int]:
-    md = admin(bootstrap).list_topics(timeout=timeout)
+def list_topics(bootstrap: str, timeout: float = 10.0, *, security: SecuritySource = None) -> dict[str, int]:
+    md = admin(bootstrap, security=security).list_topics(timeout=timeout)
     return {name: len(t.partitions) for name, t in sorted(md.topics.items()) if not name.startswith("__")}

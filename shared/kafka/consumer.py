@@ -12,13 +12,18 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from shared.kafka.security import SecuritySource, librdkafka_config
+
 log = logging.getLogger(__name__)
 
 
 class EventConsumer:
     def __init__(self, bootstrap: str, group_id: str, topics: Iterable[str], *,
-                 auto_offset_reset: str = "earliest", extra_config: dict[str, Any] | None = None) -> None:
+                 auto_offset_reset: str = "earliest", extra_config: dict[str, Any] | None = None,
+                 security: SecuritySource = None) -> None:
+        """`security`: TLS/SASL settings (shared/kafka/security.py); None = from the environment."""
         config: dict[str, Any] = {
+            **librdkafka_config(security),
             "bootstrap.servers": bootstrap,
             "group.id": group_id,
             "enable.auto.commit": False,

@@ -2,23 +2,41 @@
 
 Recipe in DESIGN.md section 5. `start` reuses any broker that already answers on the bootstrap address;
 `stop` only stops a broker whose pid file this module wrote.
+
+With `sasl_port` the broker also serves a SASL_PLAINTEXT listener there (SCRAM-SHA-512). Its one user
+(`sasl_user`) gets a random password, generated once and kept in `<home>/kafka/sasl/<user>.password`
+(mode 0600, outside the repository); the user is (re)created through the Admin API on every start, so a
+broker formatted without SCRAM users gains them when restarted with SASL. The plain listener stays
+(set-up, health probes, and clients that were configured for it); the controller listener is plaintext
+on loopback.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from shared.kafka.admin import broker_answers, wait_for_broker
+from shared.kafka.admin import admin, broker_answers, wait_for_broker
+from shared.kafka.security import PLAINTEXT, KafkaSecurity
+
+if TYPE_CHECKING:
+    from shared.config import CommonSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 POM = REPO_ROOT / "compose" / "kafka" / "pom.xml"
+DEFAULT_PORT, DEFAULT_SASL_PORT = 9092, 9094
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+SCRAM_ITERATIONS = 8192
+"""PBKDF2 rounds of the stored SCRAM credential (Kafka's minimum is 4096)."""
 
 
 class BrokerError(RuntimeError):
@@ -32,21 +50,133 @@ class BrokerStatus:
     pid: int | None
     bootstrap: str
     data_dir: Path
+    sasl_bootstrap: str | None = None
+    """The SASL_PLAINTEXT (SCRAM-SHA-512) listener, when this broker serves one."""
 
 
 class LocalBroker:
     def __init__(self, home: Path, *, host: str = "127.0.0.1", port: int = 9092, controller_port: int = 9093,
-                 heap: str = "512m") -> None:
+                 heap: str = "512m", sasl_port: int | None = None, sasl_user: str = "apprentice",
+                 sasl_password: str | None = None) -> None:
+        """`sasl_port`: also serve SASL_PLAINTEXT (SCRAM-SHA-512) there, for `sasl_user` with
+        `sasl_password` (None = the password generated once under `home`)."""
         self.home = home / "kafka"
         self.libs = self.home / "libs"
         self.data = self.home / "data"
         self.pid_file = self.home / "broker.pid"
         self.log_file = home / "logs" / "kafka.log"
         self.host, self.port, self.controller_port, self.heap = host, port, controller_port, heap
+        if sasl_port in (port, controller_port):
+            raise BrokerError(f"the SASL port {sasl_port} is already the broker's plain or controller port")
+        self.sasl_port, self.sasl_user, self._sasl_password = sasl_port, sasl_user, sasl_password
+
+    @classmethod
+    def for_settings(cls, settings: CommonSettings, *, sasl: bool = False,
+                     sasl_port: int = DEFAULT_SASL_PORT) -> LocalBroker:
+        """The local broker that `settings` point at. `APPRENTICE_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT`
+        means the bootstrap address is the SASL listener: the plain listener then stays on 9092 and the
+        SCRAM user is the configured one, with the configured password (so the clients' settings and the
+        broker agree). `sasl` adds the SASL listener on `sasl_port` to a PLAINTEXT configuration."""
+        host, _, port_s = settings.kafka_bootstrap.split(",")[0].rpartition(":")
+        host, port = host or "127.0.0.1", int(port_s or DEFAULT_PORT)
+        protocol = settings.kafka_security_protocol
+        if protocol == "SASL_PLAINTEXT":
+            if settings.kafka_sasl_mechanism != SCRAM_MECHANISM:
+                raise BrokerError(f"the local broker's SASL listener speaks {SCRAM_MECHANISM}: set "
+                                  f"APPRENTICE_KAFKA_SASL_MECHANISM={SCRAM_MECHANISM}")
+            pw = settings.kafka_sasl_password
+            return cls(settings.home, host=host, port=DEFAULT_PORT, sasl_port=port,
+                       sasl_user=settings.kafka_sasl_username or "apprentice",
+                       sasl_password=pw.get_secret_value() if pw is not None else None)
+        if protocol != "PLAINTEXT":
+            raise BrokerError(f"the local broker serves PLAINTEXT and SASL_PLAINTEXT, not {protocol}: point "
+                              "APPRENTICE_KAFKA_BOOTSTRAP at a cluster with TLS listeners instead")
+        return cls(settings.home, host=host, port=port, sasl_port=sasl_port if sasl else None)
 
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    # --- the SASL/SCRAM listener --------------------------------------------------------------------
+    @property
+    def sasl_bootstrap(self) -> str | None:
+        return f"{self.host}:{self.sasl_port}" if self.sasl_port else None
+
+    @property
+    def sasl_password_file(self) -> Path:
+        return self.home / "sasl" / f"{self.sasl_user}.password"
+
+    def sasl_password(self) -> str:
+        """The SCRAM user's password: the one given, else generated on first use (256 random bits) and
+        read back from `sasl_password_file` afterwards."""
+        if self._sasl_password is not None:
+            return self._sasl_password
+        f = self.sasl_password_file
+        if not f.exists():
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.parent.chmod(0o700)
+            try:  # O_EXCL: two concurrent starts must not end up with different passwords
+                fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "w") as out:
+                    out.write(secrets.token_urlsafe(32) + "\n")
+        return f.read_text().removesuffix("\n")
+
+    def sasl_security(self) -> KafkaSecurity:
+        """Client security for the SASL listener (what `APPRENTICE_KAFKA_*` would configure)."""
+        return KafkaSecurity(protocol="SASL_PLAINTEXT", mechanism=SCRAM_MECHANISM, username=self.sasl_user,
+                             password=self.sasl_password())
+
+    def sasl_env(self) -> dict[str, str]:
+        """The environment that points every Apprentice client at the SASL listener (the password as the
+        generated file's path; a password given to the constructor is the caller's to pass on)."""
+        assert self.sasl_bootstrap, "the broker has no SASL listener (sasl_port)"
+        env = {"APPRENTICE_KAFKA_BOOTSTRAP": self.sasl_bootstrap,
+               "APPRENTICE_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+               "APPRENTICE_KAFKA_SASL_MECHANISM": SCRAM_MECHANISM,
+               "APPRENTICE_KAFKA_SASL_USERNAME": self.sasl_user}
+        if self._sasl_password is None:
+            self.sasl_password()
+            env["APPRENTICE_KAFKA_SASL_PASSWORD_FILE"] = str(self.sasl_password_file.resolve())
+        return env
+
+    def ensure_sasl_user(self, timeout: float = 30.0) -> None:
+        """Create (or reset) the SCRAM user with the stored password, over the plain listener."""
+        from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+        client = admin(self.bootstrap, security=PLAINTEXT)  # keep the handle: its futures die with it
+        upsert = UserScramCredentialUpsertion(self.sasl_user, ScramCredentialInfo(
+            ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS), self.sasl_password().encode())
+        for fut in client.alter_user_scram_credentials([upsert], request_timeout=timeout).values():
+            fut.result(timeout)
+
+    def _sasl_answers(self, timeout: float = 2.0) -> bool:
+        return self.sasl_bootstrap is not None and broker_answers(self.sasl_bootstrap, timeout,
+                                                                  security=self.sasl_security())
+
+    def _sasl_port_open(self) -> bool:
+        with socket.socket() as s:
+            s.settimeout(1.0)
+            return s.connect_ex((self.host, self.sasl_port or 0)) == 0
+
+    def _ready_sasl(self, timeout: float) -> None:
+        """With a SASL listener: make sure its user exists and that it authenticates."""
+        if self.sasl_port is None or self._sasl_answers():
+            return
+        if not self._sasl_port_open():
+            raise BrokerError(f"the broker at {self.bootstrap} has no SASL listener on {self.sasl_bootstrap}: "
+                              "it was started without one; stop it (`apprentice kafka stop`) and start it "
+                              "again with `--sasl`")
+        self.ensure_sasl_user(timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # the credential reaches the listener through the metadata log
+            if self._sasl_answers(timeout=1.0):
+                return
+            time.sleep(0.2)
+        raise BrokerError(f"the SASL listener {self.sasl_bootstrap} did not accept user {self.sasl_user!r} "
+                          f"within {timeout:.0f}s; see {self.log_file}")
 
     # --- set-up -----------------------------------------------------------------------------------
     def fetch_jars(self) -> Path:
@@ -81,15 +211,29 @@ class LocalBroker:
 
     def _properties(self) -> Path:
         props = self.home / "server.properties"
+        listeners = f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}"
+        advertised = f"PLAINTEXT://{self.host}:{self.port}"
+        protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+        sasl: list[str] = []
+        if self.sasl_port:
+            listeners += f",SASL_PLAINTEXT://{self.host}:{self.sasl_port}"
+            advertised += f",SASL_PLAINTEXT://{self.host}:{self.sasl_port}"
+            protocols += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
+            sasl = [f"listener.name.sasl_plaintext.sasl.enabled.mechanisms={SCRAM_MECHANISM}",
+                    # The broker side of SCRAM needs a login module, without credentials of its own
+                    # (SCRAM users live in the cluster metadata).
+                    f"listener.name.sasl_plaintext.{SCRAM_MECHANISM.lower()}.sasl.jaas.config="
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"]
         props.write_text("\n".join([
             "process.roles=broker,controller",
             "node.id=1",
             f"controller.quorum.voters=1@{self.host}:{self.controller_port}",
-            f"listeners=PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://{self.host}:{self.port}",
+            f"listeners={listeners}",
+            f"advertised.listeners={advertised}",
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"listener.security.protocol.map={protocols}",
+            *sasl,
             f"log.dirs={self.data.resolve()}",
             "num.partitions=3",
             "offsets.topic.replication.factor=1",
@@ -144,12 +288,15 @@ class LocalBroker:
 
     def status(self) -> BrokerStatus:
         pid = self._owned_pid()
-        return BrokerStatus(running=broker_answers(self.bootstrap), owned=pid is not None, pid=pid,
-                            bootstrap=self.bootstrap, data_dir=self.data)
+        return BrokerStatus(running=broker_answers(self.bootstrap, security=PLAINTEXT), owned=pid is not None,
+                            pid=pid, bootstrap=self.bootstrap, data_dir=self.data,
+                            sasl_bootstrap=self.sasl_bootstrap if self._sasl_answers() else None)
 
     def start(self, timeout: float = 90.0) -> BrokerStatus:
-        """Start the broker unless one already answers; return once a metadata request succeeds."""
-        if broker_answers(self.bootstrap):
+        """Start the broker unless one already answers; return once a metadata request succeeds (and,
+        with `sasl_port`, once the SASL listener authenticates its user)."""
+        if broker_answers(self.bootstrap, security=PLAINTEXT):
+            self._ready_sasl(timeout)
             return self.status()
         pid = self._owned_pid()
         if pid is None:
@@ -169,7 +316,8 @@ class LocalBroker:
             pid = proc.pid
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if broker_answers(self.bootstrap, timeout=1.0):
+            if broker_answers(self.bootstrap, timeout=1.0, security=PLAINTEXT):
+                self._ready_sasl(max(10.0, deadline - time.monotonic()))
                 return self.status()
             if self._owned_pid() is None:
                 tail = self.log_file.read_text(errors="replace")[-3000:] if self.log_file.exists() else ""
@@ -196,4 +344,4 @@ class LocalBroker:
         return True
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        wait_for_broker(self.bootstrap, timeout)
+        wait_for_broker(self.bootstrap, timeout, security=PLAINTEXT)

@@ -14,6 +14,9 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 from google.protobuf.message import Message as ProtoMessage
 
+from shared.kafka.security import SecuritySource, librdkafka_config
+from shared.validation import type_headers
+
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
@@ -25,8 +28,10 @@ class DeliveryError(RuntimeError):
 
 class EventProducer:
     def __init__(self, bootstrap: str, *, client_id: str = "apprentice",
-                 extra_config: dict[str, Any] | None = None) -> None:
+                 extra_config: dict[str, Any] | None = None, security: SecuritySource = None) -> None:
+        """`security`: TLS/SASL settings (shared/kafka/security.py); None = from the environment."""
         config: dict[str, Any] = {
+            **librdkafka_config(security),
             "bootstrap.servers": bootstrap,
             "client.id": client_id,
             "enable.idempotence": True,
@@ -45,8 +50,14 @@ class EventProducer:
     def produce(self, topic: str, key: str | bytes | None, value: ProtoMessage | bytes, *,
                 on_delivery: DeliveryCallback | None = None,
                 headers: dict[str, str] | None = None) -> None:
-        payload = value if isinstance(value, bytes) else value.SerializeToString()
+        """Queue one record. A protobuf value carries its type in the `apprentice-type` header
+        (shared/validation.py), which consumers check; a bytes value carries only `headers`."""
+        if isinstance(value, bytes):
+            payload, typed = value, []
+        else:
+            payload, typed = value.SerializeToString(), type_headers(value)
         k = key.encode() if isinstance(key, str) else key
+        all_headers: list[tuple[str, str | bytes | None]] = [*typed, *(headers or {}).items()]
 
         def _report(err: KafkaError | None, msg: Message) -> None:
             with self._lock:
@@ -61,8 +72,7 @@ class EventProducer:
 
         while True:
             try:
-                self._producer.produce(topic, payload, k, on_delivery=_report,
-                                       headers=list((headers or {}).items()) or None)
+                self._producer.produce(topic, payload, k, on_delivery=_report, headers=all_headers or None)
                 break
             except BufferError:
                 # Local queue full: serve delivery reports to make room rather than dropping the record.

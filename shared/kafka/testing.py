@@ -7,13 +7,16 @@ import uuid
 
 from confluent_kafka import Consumer, Message
 
+from shared.kafka.security import SecuritySource, librdkafka_config
+
 
 def read_all(bootstrap: str, topic: str, *, expect: int | None = None, timeout: float = 20.0,
-             idle: float = 2.0) -> list[Message]:
+             idle: float = 2.0, security: SecuritySource = None) -> list[Message]:
     """Every record on `topic` from the beginning. Returns once `expect` records arrived, or after `idle`
     seconds without a new record (when `expect` is None), or at `timeout`."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-all-{uuid.uuid4()}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c = Consumer({**librdkafka_config(security), "bootstrap.servers": bootstrap,
+                  "group.id": f"read-all-{uuid.uuid4()}", "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
     c.subscribe([topic])
     out: list[Message] = []
     deadline = time.monotonic() + timeout

@@ -84,13 +84,21 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
         assert st["knowledge"] == {}                                  # no knowledge base yet
         assert st["spool_depth"] == 0.0
 
-        # one served request: its interaction becomes consumer lag or a commit of the grader's group
+        # one served request, as a product backend with the stack's development key and CA (TLS on):
+        # its interaction becomes consumer lag or a commit of the grader's group
         import grpc
 
+        from shared.config import CommonSettings
         from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-        with grpc.insecure_channel(f"127.0.0.1:{ports.inference}") as ch:
+        from shared.security.channels import open_channel
+        secrets = home / "secrets"
+        with grpc.insecure_channel(f"127.0.0.1:{ports.inference}") as plain:   # plaintext: refused by TLS
+            with pytest.raises(grpc.RpcError):
+                inference_pb2_grpc.InferenceStub(plain).Generate(inference_pb2.GenerateRequest(prompt="x"), timeout=5)
+        client = CommonSettings(tls_ca=secrets / "ca.pem", auth_token_file=secrets / "backend-default.token")
+        with open_channel(f"127.0.0.1:{ports.inference}", client) as ch:
             resp = inference_pb2_grpc.InferenceStub(ch).Generate(inference_pb2.GenerateRequest(
-                messages=[common_pb2.ChatMessage(role="user", content="hello")], tenant="acme", task="support",
+                messages=[common_pb2.ChatMessage(role="user", content="hello")], task="support",
                 sampling=common_pb2.SamplingParams(max_new_tokens=4)), timeout=60)
         assert resp.policy_version == "base" and resp.choices[0].interaction_id
 

@@ -29,6 +29,7 @@ class Rec:
     p: int = 0
     o: int = 0
     k: bytes | None = None
+    h: list[tuple[str, bytes]] | None = None
 
     def topic(self) -> str:
         return self.t
@@ -44,6 +45,9 @@ class Rec:
 
     def value(self) -> bytes | None:
         return self.v
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self.h
 
 
 def grader(owned: range = range(P)) -> BatchGrader:
@@ -63,7 +67,7 @@ def test_owned_items_are_joined_at_once_and_each_state_is_written_once() -> None
     it = interaction(occurred_at=at(T0))
     g.add(Rec("in", it.SerializeToString(), k=it.session_id.encode()), out, T0)
     assert not out.graded  # waits for the KPI
-    g.add(Rec("fb", feedback(it.interaction_id, value=1.0).SerializeToString()), out, T0 + 1)
+    g.add(Rec("fb", feedback(it.interaction_id, value=1.0, occurred_at=at(T0 + 1)).SerializeToString()), out, T0 + 1)
     [rec] = out.graded
     assert (rec.revision, rec.reward, rec.has_signal) == (1, 1.0, True)
     p = partition_for(it.interaction_id.encode(), P)
@@ -129,3 +133,20 @@ def test_restored_partitions_skip_confirmation_keys_and_unreadable_states() -> N
     good = PendingState("iid-1", partition=2, revision=1)
     table = {b"iid-1": good.encode(), b"__confirmed__/2": b'{"confirmed_seq": 5}', b"iid-2": b"GS1garbage"}
     assert list(_states(2, table)) == [("iid-1", good)]
+
+
+def test_feedback_refused_at_the_join_becomes_a_dead_letter_and_the_interaction_is_graded() -> None:
+    g, out = grader(), Outputs()
+    it = interaction(occurred_at=at(T0))
+    foreign = feedback(it.interaction_id, kind="correction", comment="x", tenant="other", occurred_at=at(T0))
+    g.add(Rec("fb", foreign.SerializeToString(), o=4), out, T0)  # waits for its interaction
+    g.add(Rec("in", it.SerializeToString()), out, T0)
+    g.add(Rec("fb", feedback(it.interaction_id, value=1.0, occurred_at=at(T0 + 1)).SerializeToString(), o=5), out,
+          T0 + 1)
+    [(key, letter)] = out.dead
+    assert (letter.stage, letter.original_value, key) == ("grader.tenant", foreign.SerializeToString(),
+                                                          it.interaction_id.encode())
+    [rec] = out.graded
+    assert rec.reward == 1.0 and [f.envelope.tenant for f in rec.feedback] == ["demo"]
+    assert len(out.states[it.interaction_id][1].feedback) == 1  # type: ignore[union-attr]
+    assert out.blobs[it.interaction_id] == out.states[it.interaction_id][1].encode()  # type: ignore[union-attr]

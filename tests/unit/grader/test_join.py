@@ -59,6 +59,9 @@ class Harness:
         return self.send(it.interaction_id, INTERACTION + it.SerializeToString(), now)
 
     def feedback(self, fb: events_pb2.FeedbackEvent, now: float) -> Step:
+        """`fb` as sent at `now`: its occurred_at is `now` (T0 lies in the future of the test's clock, and
+        feedback may not precede its interaction)."""
+        fb.envelope.occurred_at.FromMicroseconds(int(now * 1e6))
         return self.send(fb.interaction_id, FEEDBACK + fb.SerializeToString(), now)
 
 
@@ -264,3 +267,13 @@ def test_due_times_follow_the_state() -> None:
     assert h.joiner.due(st) == (T0 + 60 + 3600, False)  # retention after the window
     lone = PendingState("orphan", first_seen=T0)
     assert h.joiner.due(lone) == (T0 + 600, False)
+
+
+def test_bundles_are_split_to_stay_under_the_record_limit() -> None:
+    from services.grader.join import encode_bundles
+
+    items = [(f"k{i}".encode(), b"I" + b"x" * 3000) for i in range(100)]
+    bundles = encode_bundles(items, 20_000)
+    assert len(bundles) > 1 and all(len(b) <= 20_000 for b in bundles)
+    assert [item for b in bundles for item in decode_bundle(b)] == items
+    assert encode_bundles([(b"k", b"I" + b"y" * 50_000)], 20_000) == [encode_bundle([(b"k", b"I" + b"y" * 50_000)])]

@@ -59,3 +59,16 @@ def test_dead_letter_keeps_the_origin() -> None:
     assert (dl.stage, dl.error_type, dl.origin_topic, dl.origin_partition, dl.origin_offset) == \
         ("grader.decode", "UndecodableEvent", "t", 3, 42)
     assert (dl.original_key, dl.original_value, len(dl.reason), dl.envelope.tenant) == (b"k", b"v", 2000, "unknown")
+
+
+def test_records_of_the_wrong_type_or_with_bad_values_are_refused_as_invalid() -> None:
+    it = interaction(task="rules")
+    wrong = route(True, it.SerializeToString(), task_of, [("apprentice-type", b"apprentice.v1.FeedbackEvent")])
+    assert wrong.rejected is not None and wrong.rejected.stage == "grader.validate"
+    assert wrong.rejected.error_type == "InvalidEvent"
+    fb_as_interaction = route(True, feedback(it.interaction_id, kind="rating", value=4).SerializeToString(), task_of)
+    assert fb_as_interaction.rejected is not None and "wrong wire type" in fb_as_interaction.rejected.reason
+    nan = route(False, feedback(it.interaction_id, kind="rating", value=float("nan")).SerializeToString(), task_of)
+    assert nan.rejected is not None and nan.rejected.stage == "grader.validate" and "nan" in nan.rejected.reason
+    ok = route(True, it.SerializeToString(), task_of, [("apprentice-type", b"apprentice.v1.Interaction")])
+    assert ok.rejected is None and ok.join is not None

@@ -11,8 +11,10 @@ from services.inference.config import InferenceSettings
 from services.inference.requests import feedback_event, interaction_event, prepare, resolve_tenant
 from shared.events import deterministic_id, timestamp
 from shared.generation import Sample
-from shared.grpc_util import InvalidRequest, PermissionDenied, Unauthenticated
+from shared.grpc_util import InvalidRequest, PermissionDenied
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2
+from shared.security.identity import Identity, Role, acting_as
+from shared.security.keys import KeyRing
 
 
 class Metadata:
@@ -96,15 +98,25 @@ def test_tenant_from_field_metadata_or_default_without_keys() -> None:
         resolve_tenant("a/b", Metadata(), s)
 
 
-def test_api_keys_decide_the_tenant() -> None:
+def test_a_backend_key_decides_the_tenant() -> None:
+    s = InferenceSettings()
+    with acting_as(Identity("globex-backend", Role.BACKEND, tenant="globex")):
+        assert resolve_tenant("", Metadata(), s) == "globex"
+        assert resolve_tenant("globex", Metadata(x_apprentice_tenant="globex"), s) == "globex"
+        with pytest.raises(PermissionDenied, match="acts for tenant 'globex'"):
+            resolve_tenant("acme", Metadata(), s)
+        with pytest.raises(PermissionDenied, match="acts for tenant 'globex'"):
+            resolve_tenant("", Metadata(x_apprentice_tenant="acme"), s)
+    with acting_as(Identity("ops", Role.OPERATOR)):            # operators name the tenant they act for
+        assert resolve_tenant("acme", Metadata(), s) == "acme"
+
+
+def test_deprecated_api_keys_become_backend_entries() -> None:
     s = InferenceSettings(api_keys="k1:acme, k2:globex")
-    assert resolve_tenant("", Metadata(authorization="Bearer k2"), s) == "globex"
-    with pytest.raises(Unauthenticated, match="Bearer"):
-        resolve_tenant("", Metadata(), s)
-    with pytest.raises(Unauthenticated, match="unknown API key"):
-        resolve_tenant("", Metadata(authorization="Bearer nope"), s)
-    with pytest.raises(PermissionDenied, match="acts for tenant 'acme'"):
-        resolve_tenant("globex", Metadata(authorization="Bearer k1"), s)
+    ring = KeyRing(s.legacy_key_entries())
+    found = ring.lookup_token("k2")
+    assert found is not None and found.role is Role.BACKEND and found.tenant == "globex"
+    assert ring.lookup_token("nope") is None
     with pytest.raises(ValueError, match="key:tenant"):
         InferenceSettings(api_keys="justakey")
 

@@ -10,7 +10,7 @@ from shared.topics import BASE_NAMES, Topics
 def test_contract_topic_names_and_prefix() -> None:
     assert BASE_NAMES == ("apprentice.interactions.v1", "apprentice.feedback.v1", "apprentice.graded.v1",
                           "apprentice.knowledge.v1", "apprentice.checkpoints.v1", "apprentice.model-updates.v1",
-                          "apprentice.deadletter.v1")
+                          "apprentice.deadletter.v1", "apprentice.audit.v1")
     t = Topics("ns.")
     assert t.graded == "ns.apprentice.graded.v1"
     assert t.base_of("ns.apprentice.graded.v1") == "apprentice.graded.v1"

@@ -25,19 +25,21 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61pprentice/v1/common.proto\x12\rapprentice.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x7f\n\x08\x45nvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12/\n\x0boccurred_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08trace_id\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x82\x01\n\x0eSamplingParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\t\n\x01n\x18\x07 \x01(\x05\"i\n\x0cTopicOffsets\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\r\n\x05group\x18\x05 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61pprentice/v1/common.proto\x12\rapprentice.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n\x08\x45nvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12/\n\x0boccurred_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08trace_id\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\x12+\n\tprincipal\x18\x06 \x01(\x0b\x32\x18.apprentice.v1.Principal\"9\n\tPrincipal\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x82\x01\n\x0eSamplingParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\t\n\x01n\x18\x07 \x01(\x05\"i\n\x0cTopicOffsets\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\r\n\x05group\x18\x05 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'apprentice.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENVELOPE']._serialized_start=78
-  _globals['_ENVELOPE']._serialized_end=205
-  _globals['_CHATMESSAGE']._serialized_start=207
-  _globals['_CHATMESSAGE']._serialized_end=251
-  _globals['_SAMPLINGPARAMS']._serialized_start=254
-  _globals['_SAMPLINGPARAMS']._serialized_end=384
-  _globals['_TOPICOFFSETS']._serialized_start=386
-  _globals['_TOPICOFFSETS']._serialized_end=491
+  _globals['_ENVELOPE']._serialized_start=79
+  _globals['_ENVELOPE']._serialized_end=251
+  _globals['_PRINCIPAL']._serialized_start=253
+  _globals['_PRINCIPAL']._serialized_end=310
+  _globals['_CHATMESSAGE']._serialized_start=312
+  _globals['_CHATMESSAGE']._serialized_end=356
+  _globals['_SAMPLINGPARAMS']._serialized_start=359
+  _globals['_SAMPLINGPARAMS']._serialized_end=489
+  _globals['_TOPICOFFSETS']._serialized_start=491
+  _globals['_TOPICOFFSETS']._serialized_end=596
 # @@protoc_insertion_point(module_scope)

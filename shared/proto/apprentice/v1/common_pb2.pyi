@@ -10,18 +10,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Envelope(_message.Message):
-    __slots__ = ("event_id", "tenant", "occurred_at", "trace_id", "source")
+    __slots__ = ("event_id", "tenant", "occurred_at", "trace_id", "source", "principal")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     tenant: str
     occurred_at: _timestamp_pb2.Timestamp
     trace_id: str
     source: str
-    def __init__(self, event_id: _Optional[str] = ..., tenant: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_id: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+    principal: Principal
+    def __init__(self, event_id: _Optional[str] = ..., tenant: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_id: _Optional[str] = ..., source: _Optional[str] = ..., principal: _Optional[_Union[Principal, _Mapping]] = ...) -> None: ...
+
+class Principal(_message.Message):
+    __slots__ = ("key_id", "role", "tenant")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    role: str
+    tenant: str
+    def __init__(self, key_id: _Optional[str] = ..., role: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

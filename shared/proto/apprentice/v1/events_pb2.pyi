@@ -144,7 +144,7 @@ class GradedInteraction(_message.Message):
     def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., interaction: _Optional[_Union[Interaction, _Mapping]] = ..., revision: _Optional[int] = ..., reward: _Optional[float] = ..., has_signal: _Optional[bool] = ..., components: _Optional[_Iterable[_Union[RewardComponent, _Mapping]]] = ..., flags: _Optional[_Iterable[str]] = ..., quarantined: _Optional[bool] = ..., feedback: _Optional[_Iterable[_Union[FeedbackEvent, _Mapping]]] = ..., no_signal_reason: _Optional[str] = ..., success: _Optional[bool] = ..., grader_config_version: _Optional[str] = ...) -> None: ...
 
 class KnowledgeItem(_message.Message):
-    __slots__ = ("item_id", "text", "status", "source_interaction_ids", "created_at", "updated_at", "helpful", "harmful", "token_count", "created_by", "edited_by")
+    __slots__ = ("item_id", "text", "status", "source_interaction_ids", "created_at", "updated_at", "helpful", "harmful", "token_count", "created_by", "edited_by", "provenance", "screen_flags")
     ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,8 @@ class KnowledgeItem(_message.Message):
     TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     CREATED_BY_FIELD_NUMBER: _ClassVar[int]
     EDITED_BY_FIELD_NUMBER: _ClassVar[int]
+    PROVENANCE_FIELD_NUMBER: _ClassVar[int]
+    SCREEN_FLAGS_FIELD_NUMBER: _ClassVar[int]
     item_id: str
     text: str
     status: ItemStatus
@@ -167,7 +169,27 @@ class KnowledgeItem(_message.Message):
     token_count: int
     created_by: str
     edited_by: str
-    def __init__(self, item_id: _Optional[str] = ..., text: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., source_interaction_ids: _Optional[_Iterable[str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., helpful: _Optional[int] = ..., harmful: _Optional[int] = ..., token_count: _Optional[int] = ..., created_by: _Optional[str] = ..., edited_by: _Optional[str] = ...) -> None: ...
+    provenance: _containers.RepeatedCompositeFieldContainer[Provenance]
+    screen_flags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, item_id: _Optional[str] = ..., text: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., source_interaction_ids: _Optional[_Iterable[str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., helpful: _Optional[int] = ..., harmful: _Optional[int] = ..., token_count: _Optional[int] = ..., created_by: _Optional[str] = ..., edited_by: _Optional[str] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., screen_flags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Provenance(_message.Message):
+    __slots__ = ("action", "principal", "tenant", "interaction_ids", "at", "source", "detail")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    INTERACTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    principal: _common_pb2.Principal
+    tenant: str
+    interaction_ids: _containers.RepeatedScalarFieldContainer[str]
+    at: _timestamp_pb2.Timestamp
+    source: str
+    detail: str
+    def __init__(self, action: _Optional[str] = ..., principal: _Optional[_Union[_common_pb2.Principal, _Mapping]] = ..., tenant: _Optional[str] = ..., interaction_ids: _Optional[_Iterable[str]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class KnowledgeSnapshot(_message.Message):
     __slots__ = ("envelope", "key", "domain", "version", "items", "extractor_model", "extractor_policy_version", "require_approval", "change", "processed")
@@ -281,3 +303,26 @@ class DeadLetter(_message.Message):
     original_key: bytes
     original_value: bytes
     def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., stage: _Optional[str] = ..., reason: _Optional[str] = ..., error_type: _Optional[str] = ..., origin_topic: _Optional[str] = ..., origin_partition: _Optional[int] = ..., origin_offset: _Optional[int] = ..., original_key: _Optional[bytes] = ..., original_value: _Optional[bytes] = ...) -> None: ...
+
+class AuditRecord(_message.Message):
+    __slots__ = ("envelope", "action", "target", "allowed", "reason", "details")
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    envelope: _common_pb2.Envelope
+    action: str
+    target: str
+    allowed: bool
+    reason: str
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., action: _Optional[str] = ..., target: _Optional[str] = ..., allowed: _Optional[bool] = ..., reason: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from shared.proto.apprentice.v1 import events_pb2 as apprentice_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61pprentice/v1/knowledge.proto\x12\rapprentice.v1\x1a\x1a\x61pprentice/v1/events.proto\"&\n\x14ListKnowledgeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"\xd4\x01\n\x10KnowledgeSummary\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x12\n\nitem_count\x18\x03 \x01(\x05\x12\x16\n\x0e\x61pproved_count\x18\x04 \x01(\x05\x12\x16\n\x0eproposed_count\x18\x05 \x01(\x05\x12\x14\n\x0cpinned_count\x18\x06 \x01(\x05\x12\x16\n\x0erejected_count\x18\x07 \x01(\x05\x12\x18\n\x10require_approval\x18\x08 \x01(\x08\x12\x16\n\x0etraining_count\x18\t \x01(\x05\"G\n\x15ListKnowledgeResponse\x12.\n\x05\x62\x61ses\x18\x01 \x03(\x0b\x32\x1f.apprentice.v1.KnowledgeSummary\"J\n\x13GetKnowledgeRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rtraining_view\x18\x03 \x01(\x08\"C\n\x11ItemActionRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07item_id\x18\x02 \x01(\t\x12\x10\n\x08operator\x18\x03 \x01(\t\"O\n\x0f\x45\x64itItemRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07item_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x10\n\x08operator\x18\x04 \x01(\t2\xdd\x03\n\tKnowledge\x12Q\n\x04List\x12#.apprentice.v1.ListKnowledgeRequest\x1a$.apprentice.v1.ListKnowledgeResponse\x12K\n\x03Get\x12\".apprentice.v1.GetKnowledgeRequest\x1a .apprentice.v1.KnowledgeSnapshot\x12M\n\x07\x41pprove\x12 .apprentice.v1.ItemActionRequest\x1a .apprentice.v1.KnowledgeSnapshot\x12L\n\x06Reject\x12 .apprentice.v1.ItemActionRequest\x1a .apprentice.v1.KnowledgeSnapshot\x12I\n\x03Pin\x12 .apprentice.v1.ItemActionRequest\x1a .apprentice.v1.KnowledgeSnapshot\x12H\n\x04\x45\x64it\x12\x1e.apprentice.v1.EditItemRequest\x1a .apprentice.v1.KnowledgeSnapshotb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61pprentice/v1/knowledge.proto\x12\rapprentice.v1\x1a\x1a\x61pprentice/v1/events.proto\"&\n\x14ListKnowledgeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"\xd4\x01\n\x10KnowledgeSummary\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x12\n\nitem_count\x18\x03 \x01(\x05\x12\x16\n\x0e\x61pproved_count\x18\x04 \x01(\x05\x12\x16\n\x0eproposed_count\x18\x05 \x01(\x05\x12\x14\n\x0cpinned_count\x18\x06 \x01(\x05\x12\x16\n\x0erejected_count\x18\x07 \x01(\x05\x12\x18\n\x10require_approval\x18\x08 \x01(\x08\x12\x16\n\x0etraining_count\x18\t \x01(\x05\"G\n\x15ListKnowledgeResponse\x12.\n\x05\x62\x61ses\x18\x01 \x03(\x0b\x32\x1f.apprentice.v1.KnowledgeSummary\"J\n\x13GetKnowledgeRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rtraining_view\x18\x03 \x01(\x08\"\\\n\x11ItemActionRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07item_id\x18\x02 \x01(\t\x12\x10\n\x08operator\x18\x03 \x01(\t\x12\x17\n\x0foverride_screen\x18\x04 \x01(\x08\"O\n\x0f\x45\x64itItemRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07item_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x10\n\x08operator\x18\x04 \x01(\t2\xdd\x03\n\tKnowledge\x12Q\n\x04List\x12#.apprentice.v1.ListKnowledgeRequest\x1a$.apprentice.v1.ListKnowledgeResponse\x12K\n\x03Get\x12\".apprentice.v1.GetKnowledgeRequest\x1a .apprentice.v1.KnowledgeSnapshot\x12M\n\x07\x41pprove\x12 .apprentice.v1.ItemActionRequest\x1a .apprentice.v1.KnowledgeSnapshot\x12L\n\x06Reject\x12 .apprentice.v1.ItemActionRequest\x1a .apprentice.v1.KnowledgeSnapshot\x12I\n\x03Pin\x12 .apprentice.v1.ItemActionRequest\x1a .apprentice.v1.KnowledgeSnapshot\x12H\n\x04\x45\x64it\x12\x1e.apprentice.v1.EditItemRequest\x1a .apprentice.v1.KnowledgeSnapshotb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,9 +41,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETKNOWLEDGEREQUEST']._serialized_start=404
   _globals['_GETKNOWLEDGEREQUEST']._serialized_end=478
   _globals['_ITEMACTIONREQUEST']._serialized_start=480
-  _globals['_ITEMACTIONREQUEST']._serialized_end=547
-  _globals['_EDITITEMREQUEST']._serialized_start=549
-  _globals['_EDITITEMREQUEST']._serialized_end=628
-  _globals['_KNOWLEDGE']._serialized_start=631
-  _globals['_KNOWLEDGE']._serialized_end=1108
+  _globals['_ITEMACTIONREQUEST']._serialized_end=572
+  _globals['_EDITITEMREQUEST']._serialized_start=574
+  _globals['_EDITITEMREQUEST']._serialized_end=653
+  _globals['_KNOWLEDGE']._serialized_start=656
+  _globals['_KNOWLEDGE']._serialized_end=1133
 # @@protoc_insertion_point(module_scope)

@@ -52,14 +52,16 @@ class GetKnowledgeRequest(_message.Message):
     def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., training_view: _Optional[bool] = ...) -> None: ...
 
 class ItemActionRequest(_message.Message):
-    __slots__ = ("key", "item_id", "operator")
+    __slots__ = ("key", "item_id", "operator", "override_screen")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDE_SCREEN_FIELD_NUMBER: _ClassVar[int]
     key: str
     item_id: str
     operator: str
-    def __init__(self, key: _Optional[str] = ..., item_id: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
+    override_screen: bool
+    def __init__(self, key: _Optional[str] = ..., item_id: _Optional[str] = ..., operator: _Optional[str] = ..., override_screen: _Optional[bool] = ...) -> None: ...
 
 class EditItemRequest(_message.Message):
     __slots__ = ("key", "item_id", "text", "operator")

