@@ -64,7 +64,7 @@ def spawn_server(model: str, bootstrap: str, prefix: str, tmp: Path) -> tuple[su
     env = dict(os.environ, APPRENTICE_MODEL=model, APPRENTICE_KAFKA_BOOTSTRAP=bootstrap,
                APPRENTICE_TOPIC_PREFIX=prefix, APPRENTICE_HOME=str(tmp), APPRENTICE_INFERENCE_PORT=str(port),
                APPRENTICE_INFERENCE_HOST="127.0.0.1", APPRENTICE_INFERENCE_METRICS_PORT="0",
-               APPRENTICE_INFERENCE_FOLLOW_UPDATES="false", APPRENTICE_INFERENCE_HEARTBEAT_INTERVAL_S="0",
+               APPRENTICE_INFERENCE_HTTP_PORT="0", APPRENTICE_INFERENCE_FOLLOW_UPDATES="false", APPRENTICE_INFERENCE_HEARTBEAT_INTERVAL_S="0",
                APPRENTICE_INFERENCE_POD_ID=f"bench-{uuid.uuid4().hex[:6]}", APPRENTICE_LOG_LEVEL="WARNING")
     proc = subprocess.Popen([sys.executable, "-m", "services.inference"], env=env,
                             cwd=Path(__file__).resolve().parents[1])

@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, port in enumerate(ports):
             ienv = dict(env, APPRENTICE_INFERENCE_POD_ID=f"bench-{i}", APPRENTICE_INFERENCE_HOST="127.0.0.1",
                         APPRENTICE_INFERENCE_WEIGHTS_ENDPOINT=f"127.0.0.1:{wport}",
-                        APPRENTICE_INFERENCE_METRICS_PORT="0", APPRENTICE_INFERENCE_HEARTBEAT_INTERVAL_S="0.5")
+                        APPRENTICE_INFERENCE_METRICS_PORT="0", APPRENTICE_INFERENCE_HTTP_PORT="0",
+                        APPRENTICE_INFERENCE_HEARTBEAT_INTERVAL_S="0.5")
             procs.append(subprocess.Popen([sys.executable, "-m", "services.inference", "--port", str(port)],
                                           env=ienv, cwd=REPO,
                                           stdout=open(tmp / f"inference-{i}.log", "wb"),  # noqa: SIM115

@@ -67,6 +67,12 @@ def encode_text(tok: Any, text: str) -> list[int]:
     ids = list(tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
     control = control_token_ids(tok)
     if any(i in control for i in ids):
+        # A byte-level vocabulary that lacks some bytes (SmolLM2's has no token for 0xF1, the first byte of
+        # U+40000..U+7FFFF) encodes them as its unknown token, which is also its end-of-text control
+        # token: such a character cannot be represented, and must not become a control token. Drop it.
+        unk = getattr(tok, "unk_token_id", None)
+        ids = [i for i in ids if i != unk]
+    if any(i in control for i in ids):
         raise RuntimeError(f"{type(tok).__name__} ignores split_special_tokens: content would produce control "
                            "tokens; use a tokenizer that supports it (Hugging Face tokenizers >= 0.15)")
     return ids

@@ -48,7 +48,9 @@ def render_chat(tok: Any, messages: Sequence[Mapping[str, str]] | Sequence[Any])
 
 
 def encode_prompt(tok: Any, prompt: str) -> list[int]:
-    """Prompt text --> ids; the chat template already holds any special tokens."""
+    """Prompt text --> ids, parsing every special token in it as a control token. Only for text that is
+    trusted to be a template; chats go through `shared.chat_template.encode_chat` (special tokens inside
+    content stay text) and plain content through `encode_text`."""
     return list(tok(prompt, add_special_tokens=False)["input_ids"])
 
 

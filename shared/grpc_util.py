@@ -142,6 +142,17 @@ def require(cond: bool, message: str) -> None:
         raise InvalidRequest(message)
 
 
+NO_DEADLINE_S = 10 * 365 * 24 * 3600.0
+"""Longer than this is gRPC's "no deadline" (grpcurl, Node, Go and Java stubs send none by default)."""
+
+
+def remaining_s(context: Any) -> float | None:
+    """Seconds left before the call's deadline, or None when the caller set no deadline. gRPC reports
+    "no deadline" as an enormous number, which `Event.wait` and friends reject with OverflowError."""
+    left = context.time_remaining()
+    return None if left is None or left > NO_DEADLINE_S else max(0.0, float(left))
+
+
 def metadata_value(context: Any, key: str) -> str:
     for k, v in context.invocation_metadata() or ():
         if k == key:

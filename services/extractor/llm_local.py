@@ -28,10 +28,12 @@ class LocalLLM(ExtractorLLM):
         return self._model, self._tok
 
     def complete(self, requests: Sequence[LLMRequest]) -> list[LLMResponse]:
-        from shared.generation import SamplingConfig, generate, render_chat
+        from shared.chat_template import encode_chat
+        from shared.generation import SamplingConfig, generate
 
         model, tok = self._load()
-        prompts = [render_chat(tok, r.messages) for r in requests]
+        # trajectory text and previous items are content: special tokens in them stay text
+        prompts = [encode_chat(tok, r.messages).ids for r in requests]
         params = [SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                                  top_p=r.top_p or 1.0, top_k=r.top_k, stop=r.stop, seed=r.seed or None)
                   for r in requests]

@@ -233,7 +233,9 @@ class Trajectory:
 
     @property
     def user_texts(self) -> list[str]:
-        return [u for t in self.turns for u in t.user_texts]
+        """What users wrote: their messages and their corrections (a name given only in a correction is
+        still a name to keep out of knowledge)."""
+        return [u for t in self.turns for u in (*t.user_texts, *t.corrections)]
 
     @property
     def interaction_ids(self) -> list[str]:

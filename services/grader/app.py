@@ -72,6 +72,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 
 from services.grader import metrics as M
+from services.grader.changelog import ensure_internal_topics
 from services.grader.commit_offsets import committable
 from services.grader.config import GraderSettings
 from services.grader.detectors import DetectorStats
@@ -84,6 +85,7 @@ from services.grader.join import (
     decode_bundle,
     encode_bundles,
     graded_event_id,
+    letter_value,
     partition_for,
 )
 from services.grader.judge_client import JudgeBackend, judge_group, make_judge_backend
@@ -275,7 +277,7 @@ class GraderApp:
         P = settings.partitions
         self.app = faust.App(
             settings.app_id, broker=_brokers(settings.common.kafka_bootstrap), store=settings.store,
-            broker_credentials=faust_credentials(settings.common),  # TLS / SASL, as every Kafka client
+            broker_credentials=None,  # MUTATION
             datadir=str(settings.datadir / settings.app_id), web_enabled=False, autodiscover=False,
             topic_partitions=P, topic_replication_factor=settings.replication,
             key_serializer="raw", value_serializer="raw", consumer_auto_offset_reset="earliest",
@@ -444,7 +446,7 @@ class GraderApp:
                     step = Rejected(too_big.stage, too_big.reason, "Refused")
             if isinstance(step, Rejected):
                 dead.append(await self._dead_letter(ev, step.stage, step.reason, step.error_type,
-                                                    step.tenant, key=key, value=value))
+                                                    step.tenant, key=key, value=letter_value(step, value)))
                 continue
             for body, why in step.refused:
                 dead.append(await self._dead_letter(ev, why.stage, why.reason, why.error_type, why.tenant,
@@ -760,6 +762,10 @@ class FaustRuntime(GraderRuntime):
         self.grader = GraderApp(settings, config)
 
     def run(self) -> int:
+        # The internal topics exist before faust subscribes: created by faust itself while it starts, the
+        # join topic was sometimes missing from the first assignment ("Ignoring missing topic"), and
+        # this worker then graded nothing until some later rebalance.
+        ensure_internal_topics(self.settings)
         worker = faust.Worker(self.grader.app, loglevel=self.settings.log_level, quiet=True,
                               redirect_stdouts=False, override_logging=False)
         try:

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.grader import metrics as M
-from services.grader.join import TICK, BadJoinRecord, Joiner, Rejected, decode_bundle, partition_for
+from services.grader.join import (
+    TICK,
+    BadJoinRecord,
+    Joiner,
+    Rejected,
+    decode_bundle,
+    letter_value,
+    partition_for,
+)
 from services.grader.limits import oversize
 from services.grader.routing import dead_letter, route
 from services.grader.state import SEQ_KEY_PREFIX, PendingState
@@ -124,7 +132,7 @@ class BatchGrader:
             if too_big is not None:
                 step = Rejected(too_big.stage, too_big.reason, "Refused")
         if isinstance(step, Rejected):
-            self._reject(step, rec, out, key, value)
+            self._reject(step, rec, out, key, letter_value(step, value))
             if current is not None and value[:1] == TICK:
                 self.store.put(p, k, current, not_before=now + TICK_RETRY_S)
             return

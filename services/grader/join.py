@@ -169,6 +169,12 @@ class Step:
     topic: feedback that waited for its interaction and turned out not to belong to it."""
 
 
+def letter_value(rejected: Rejected, value: bytes) -> bytes:
+    """What the dead letter of a join item keeps: for a refusal (limits.py), the event as it was on its
+    topic (without the item's kind byte), so that it reads as the topic's type; else the item itself."""
+    return value[1:] if rejected.error_type == "Refused" and value[:1] in (INTERACTION, FEEDBACK) else value
+
+
 class Refused(Exception):  # noqa: N818 - a refusal, not an error
     """The item must not join this state (limits.py). Recoverable: the item is dead-lettered, the state
     stays as it was."""

@@ -124,7 +124,8 @@ class TxnStage(abc.ABC):
             failure = Failure(f"transaction aborted: {exc}", record_caused=False)  # the cluster, not a record
         else:
             failure = classify(exc, delivery)
-        log.warning("batch failed; reprocessing from the committed offsets", exc_info=not isinstance(exc, KafkaException),
+        log.warning("batch failed; reprocessing from the committed offsets",
+                    exc_info=not isinstance(exc, KafkaException | TransactionAborted),
                     extra={"stage": self.name, "records": len(msgs), "failure": failure.signature[:300]})
         self.producer.abort()
         self.check()

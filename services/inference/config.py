@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.config import CommonSettings
+from shared.pii.policy import PiiPolicy, parse_tenant_policies
 from shared.security.identity import Identity, Role
 from shared.security.keys import KeyEntry
 
@@ -41,6 +42,15 @@ class InferenceSettings(BaseSettings):
 
     metrics_port: int = 9101
     """Prometheus endpoint; 0 disables it."""
+
+    http_port: int = 8000
+    """OpenAI-compatible HTTP API (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+    `/v1/feedback`; services/inference/openai_api/), on the same host, keys and TLS certificate as gRPC;
+    8000 is vLLM's and most OpenAI-compatible servers' default. 0 disables it."""
+
+    http_workers: int = 64
+    """Threads that run HTTP requests' blocking steps (tokenising, waiting for the engine); like
+    `grpc_workers`, this bounds the HTTP requests in flight per pod."""
 
     grpc_workers: int = 64
     """Handler threads. Each waiting request holds one while the engine generates, so this bounds the
@@ -140,6 +150,16 @@ class InferenceSettings(BaseSettings):
     capture_disabled_tenants: str = ""
     """Comma-separated tenants whose traffic is never recorded (contractual opt-out)."""
 
+    pii_policy: PiiPolicy = PiiPolicy.REDACT
+    """What capture does with personal data (e-mails, phones, cards, IBANs, IPs, names, SSNs) in prompts,
+    answers and feedback comments, before the spool and the topics: `redact` replaces each with a typed
+    placeholder such as `<EMAIL_ADDRESS>`, `reject` refuses a request or comment that contains some
+    (INVALID_ARGUMENT naming the types), `keep` captures text as it is. The model always answers from
+    the unredacted prompt; only what is kept changes (README "PII redaction")."""
+
+    pii_tenant_policies: str = ""
+    """Per-tenant overrides of `pii_policy`: `tenantA:keep,tenantB:reject`."""
+
     spool_dir: Path | None = None
     """Capture spool (write-ahead log of events not yet acknowledged by Kafka); None =
     `<APPRENTICE_HOME>/inference/<pod_id>/spool`."""
@@ -206,6 +226,15 @@ class InferenceSettings(BaseSettings):
                              "directory)")
         return v
 
+    @field_validator("pii_tenant_policies")
+    @classmethod
+    def _pii_policies_parse(cls, v: str) -> str:
+        try:
+            parse_tenant_policies(v)
+        except ValueError as e:
+            raise ValueError(f"APPRENTICE_INFERENCE_PII_TENANT_POLICIES: {e}") from None
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> InferenceSettings:
         if not 1 <= self.max_n <= 16:
@@ -217,6 +246,9 @@ class InferenceSettings(BaseSettings):
             raise ValueError("APPRENTICE_INFERENCE_DEFAULT_MAX_NEW_TOKENS must be within 1..MAX_NEW_TOKENS_LIMIT")
         if self.batch_wait_ms < 0 or self.batch_refill_ms < 0 or self.grace_s < 0:
             raise ValueError("APPRENTICE_INFERENCE_BATCH_WAIT_MS, BATCH_REFILL_MS and GRACE_S must be >= 0")
+        if not 0 <= self.http_port <= 65535 or self.http_workers < 1:
+            raise ValueError("APPRENTICE_INFERENCE_HTTP_PORT must be within 0..65535 (0 = off) and "
+                             "APPRENTICE_INFERENCE_HTTP_WORKERS >= 1")
         if min(self.feedback_max_per_interaction, self.feedback_max_bytes_per_interaction,
                self.feedback_max_comment_chars) < 1 or self.feedback_clock_skew_s < 0:
             raise ValueError("APPRENTICE_INFERENCE_FEEDBACK_* limits must be >= 1 (clock skew >= 0)")
@@ -238,6 +270,10 @@ class InferenceSettings(BaseSettings):
         return [KeyEntry(Identity(key_id=f"inference-api-key-{n}", role=Role.BACKEND, tenant=tenant),
                          digest=hashlib.sha256(key.encode()).digest())
                 for n, (key, tenant) in enumerate(self.keys.items(), start=1)]
+
+    def pii_policy_for(self, tenant: str) -> PiiPolicy:
+        """The tenant's override, else `pii_policy`."""
+        return parse_tenant_policies(self.pii_tenant_policies).get(tenant, self.pii_policy)
 
     @property
     def no_capture_tenants(self) -> frozenset[str]:

@@ -45,3 +45,12 @@ SPOOL_BYTES = Gauge("apprentice_inference_spool_bytes", "Bytes of spool files on
 SPOOL_FULL = Gauge("apprentice_inference_spool_full", "1 while the spool refuses new events")
 CAPTURE_BROKER_UP = Gauge("apprentice_inference_capture_broker_up",
                           "0 while deliveries are failing or stalled")
+PII_FOUND = Counter("apprentice_inference_pii_entities_total",
+                    "Personal-data spans found in captured text, by type and where (prompt|response|feedback)",
+                    ["entity", "where"])
+PII_REDACTED = Counter("apprentice_inference_pii_redacted_total", "Captured events whose text was redacted",
+                       ["kind"])
+PII_REJECTED = Counter("apprentice_inference_pii_rejected_total",
+                       "Requests or comments refused for personal data (tenant policy `reject`)", ["kind"])
+PII_SCAN_SECONDS = Histogram("apprentice_inference_pii_scan_seconds", "One PII scan of one text (cache hits "
+                             "included)", buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))

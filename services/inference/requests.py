@@ -14,8 +14,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from services.inference.config import InferenceSettings
+from shared.chat_template import encode_chat, encode_text
 from shared.events import deterministic_id, make_envelope
-from shared.generation import SamplingConfig, encode_prompt, render_chat
+from shared.generation import SamplingConfig
 from shared.grpc_util import (
     TENANT_METADATA,
     InvalidRequest,
@@ -121,16 +122,20 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
                 f"messages hold {chars} characters; the limit is {settings.max_prompt_chars}")
         messages = list(req.messages)
         try:
-            prompt_text = render_chat(tokenizer, messages)
+            # special tokens written inside a message's content stay text: only the template's own role
+            # markers are control tokens, so the role whitelist above cannot be bypassed
+            encoded = encode_chat(tokenizer, messages)
         except Exception as e:  # noqa: BLE001 - a template error is the request's shape, not a server fault
             raise InvalidRequest(f"messages cannot be rendered with this model's chat template: {e}; "
                                  "send a raw `prompt` instead") from e
+        prompt_text, prompt_ids = encoded.text, encoded.ids
     else:
         require(len(req.prompt) <= settings.max_prompt_chars,
                 f"prompt is {len(req.prompt)} characters; the limit is {settings.max_prompt_chars}")
         messages = [common_pb2.ChatMessage(role="user", content=req.prompt)]
         prompt_text = req.prompt
-    prompt_ids = encode_prompt(tokenizer, prompt_text)
+        # a raw prompt is text too: writing `<|im_start|>system` into it makes no role token
+        prompt_ids = encode_text(tokenizer, prompt_text)
     require(len(prompt_ids) > 0, "the prompt encodes to zero tokens")
     require(len(prompt_ids) < context_window,
             f"the prompt is {len(prompt_ids)} tokens; the context window is {context_window} "

@@ -7,15 +7,16 @@ an enqueue after the answer is built; Kafka never sits on this path.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from datetime import UTC
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import grpc
 
@@ -41,6 +42,7 @@ from services.inference.hotswap import (
     prune_versions_dir,
     versions_root,
 )
+from services.inference.privacy import CapturePrivacy
 from services.inference.requests import (
     PreparedRequest,
     feedback_event,
@@ -56,6 +58,7 @@ from shared.grpc_util import (
     graceful_stop,
     grpc_errors,
     metadata_value,
+    remaining_s,
     service_host,
     set_serving,
 )
@@ -66,6 +69,16 @@ from shared.security import interaction_ids
 from shared.security.identity import current_identity
 
 log = logging.getLogger(__name__)
+
+
+class Completion(NamedTuple):
+    """A served unary call: samples with their interaction ids, and the version that produced them."""
+
+    samples: list[Any]
+    ids: list[str]
+    version: str
+    canary: bool
+
 
 SERVICE_NAMES = ("apprentice.v1.Inference", "apprentice.v1.Feedback")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -128,6 +141,8 @@ class InferenceApp:
         self.server: grpc.Server | None = None
         self.health: Any = None
         self.port = 0
+        self.http: Any = None            # the OpenAI-compatible HTTP listener (openai_api/), when http_port
+        self.http_port = 0
         self.ready = threading.Event()
         self._stopped = threading.Event()
         self.feedback_guard = FeedbackGuard(FeedbackLimits(
@@ -135,6 +150,7 @@ class InferenceApp:
             max_bytes_per_interaction=settings.feedback_max_bytes_per_interaction,
             max_comment_chars=settings.feedback_max_comment_chars,
             clock_skew_s=settings.feedback_clock_skew_s), settings.common.interaction_id_key())
+        self.privacy = CapturePrivacy(settings, lambda: self.engine.tokenizer)
 
     # --- life cycle -------------------------------------------------------------------------------
     def start(self) -> int:
@@ -157,11 +173,17 @@ class InferenceApp:
         set_serving(self.health, SERVICE_NAMES, serving=False)
         self.server.start()
         log.info("inference listening", extra={"port": self.port, "engine": s.engine, "model": self.model})
+        if s.http_port:
+            from services.inference.openai_api import start_http
+
+            self.http = start_http(self)
+            self.http_port = self.http.port
 
         self.capture = CaptureSink(s.common.kafka_bootstrap, Spool(
             s.spool_path, max_bytes=s.spool_max_bytes, segment_bytes=s.spool_segment_bytes),
             client_id=f"inference-{s.pod_id}", max_inflight=s.capture_max_inflight,
             delivery_timeout_ms=s.capture_delivery_timeout_ms).start()
+        self.privacy.start_warming()
         self.engine.start()
         metrics.MODEL_LOADED.set(1)
         prune_versions_dir(versions_root(s), keep=set())
@@ -175,6 +197,7 @@ class InferenceApp:
                             s.startup_catchup_s)
         if s.heartbeat_interval_s > 0:
             self.heartbeater = Heartbeater(s, self.manager).start()
+        self.privacy.wait_warm()
         set_serving(self.health, SERVICE_NAMES, serving=True)
         self.ready.set()
         threading.Thread(target=self._watch_engine, name="engine-health", daemon=True).start()
@@ -188,8 +211,12 @@ class InferenceApp:
         self._stopped.set()
         grace = self.settings.grace_s if grace is None else grace
         t0 = time.monotonic()
+        if self.http is not None:
+            self.http.begin_stop(grace)  # refuses new connections now; drains alongside gRPC
         if self.server is not None:
             graceful_stop(self.server, self.health, grace)
+        if self.http is not None:
+            self.http.join(max(0.5, grace - (time.monotonic() - t0)))
         self.engine.shutdown(timeout=max(0.5, grace - (time.monotonic() - t0)))
         for part in (self.follower, self.heartbeater):
             if part is not None:
@@ -233,6 +260,7 @@ class InferenceApp:
         tenant = resolve_tenant(request.tenant, context, self.settings)
         p = prepare(request, tenant, self.settings, self.engine.tokenizer, self.engine.context_window,
                     new_session_id=str(uuid.uuid4()))
+        self.privacy.screen_request(p)
         identity = current_identity()
         p.principal = identity.to_principal() if identity is not None else None
         return p
@@ -241,13 +269,15 @@ class InferenceApp:
         """Ids bound to the request's tenant by a MAC, so feedback on them can be checked at the edge."""
         return [interaction_ids.issue(p.tenant, self.feedback_guard.id_key) for _ in range(n)]
 
-    def submit(self, p: PreparedRequest, context: Any, stream: bool) -> tuple[RequestHandle, str, bool]:
-        """Route and queue; a version swapped out between routing and queueing is re-routed once."""
+    def submit(self, p: PreparedRequest, context: Any, stream: bool,
+               pin: tuple[str, bool] | None = None) -> tuple[RequestHandle, str, bool]:
+        """Route and queue; a version swapped out between routing and queueing is re-routed once.
+        `pin` = (version, canary): serve that version instead of routing (an HTTP request naming one)."""
         assert self.manager is not None
-        remaining = context.time_remaining()
+        remaining = remaining_s(context)
         deadline = time.monotonic() + remaining if remaining is not None else None
         for attempt in range(3):
-            version, canary = self.manager.route(p.tenant)
+            version, canary = pin if pin is not None else self.manager.route(p.tenant)
             req = GenerationRequest(request_id=str(uuid.uuid4()), prompt_ids=p.prompt_ids, sampling=p.sampling,
                                     version=version, stream=stream, deadline=deadline)
             try:
@@ -277,13 +307,94 @@ class InferenceApp:
             ev = interaction_event(p, sample, interaction_id=iid, group_id=group_id, index=i, model=self.model,
                                    version=version, canary=canary, pod=self.settings.pod_id,
                                    latency_ms=latency_ms, trace_id=trace)
-            self.capture.submit(self.topics.interactions, p.session_id, ev)
+            self.capture.submit(self.topics.interactions, p.session_id, self.privacy.interaction(ev))
 
     def account(self, samples: list[Any], version: str, canary: bool, ok: bool) -> None:
         assert self.manager is not None
         if ok:
             metrics.SERVED.labels(version=version, canary=str(canary).lower()).inc(len(samples))
         self.manager.note_result(version, canary, ok)
+
+    # --- whole calls, shared by the gRPC servicers and the HTTP API --------------------------------
+    def complete(self, p: PreparedRequest, context: Any, t0: float,
+                 pin: tuple[str, bool] | None = None) -> Completion:
+        """A unary call after `prepare`: generate, issue the interaction ids, capture."""
+        samples, version, canary = self._generate(p, context, pin)
+        ids = self.new_interaction_ids(p, len(samples))
+        self.record(p, samples, ids, group_id=str(uuid.uuid4()), version=version, canary=canary,
+                    latency_ms=(time.perf_counter() - t0) * 1000)
+        return Completion(samples, ids, version, canary)
+
+    def _generate(self, p: PreparedRequest, context: Any,
+                  pin: tuple[str, bool] | None) -> tuple[list[Any], str, bool]:
+        for attempt in range(2):
+            handle, version, canary = self.submit(p, context, stream=False, pin=pin)
+            try:
+                samples = _wait_result(handle, context)
+            except UnknownVersion:
+                if attempt == 0:
+                    continue          # swapped out before it started: route again
+                raise Unavailable(f"version {version} is being swapped; retry") from None
+            except ServiceError:
+                self.account([], version, canary, ok=False)
+                raise
+            self.account(samples, version, canary, ok=True)
+            if handle.first_token_at is not None:
+                metrics.TIME_TO_FIRST_TOKEN.observe(handle.first_token_at - handle.submitted_at)
+            return samples, version, canary
+        raise AssertionError("unreachable")
+
+    def stream(self, p: PreparedRequest, context: Any, t0: float,
+               pin: tuple[str, bool] | None = None) -> tuple[str, list[str], Generator[Delta | ChoiceDone, None, None]]:
+        """A streaming call after `prepare`: (version, interaction ids, engine events). Exhausting the
+        events accounts and captures the call; closing them early (the client went away) cancels it."""
+        handle, version, canary = self.submit(p, context, stream=True, pin=pin)
+        ids = self.new_interaction_ids(p, p.sampling.n)
+        return version, ids, self._stream_events(p, context, handle, version, canary, ids, t0)
+
+    def _stream_events(self, p: PreparedRequest, context: Any, handle: RequestHandle, version: str, canary: bool,
+                       ids: list[str], t0: float) -> Generator[Delta | ChoiceDone, None, None]:
+        n = p.sampling.n
+        samples: dict[int, Any] = {}
+        remaining = remaining_s(context)
+        try:
+            for ev in handle.events(timeout=None if remaining is None else remaining + 5.0):
+                if isinstance(ev, ChoiceDone):
+                    samples[ev.index] = ev.sample
+                yield ev
+        except TimeoutError:
+            handle.cancel()
+            raise Unavailable("generation did not finish before the deadline") from None
+        except UnknownVersion:
+            raise Unavailable(f"version {version} was swapped out before the request started; retry") from None
+        except EngineError as e:
+            self.account([], version, canary, ok=False)
+            raise ServiceError(str(e)) from e
+        finally:
+            if len(samples) < n:
+                handle.cancel()       # the client went away mid-stream
+        ordered = [samples[i] for i in range(n)]
+        self.account(ordered, version, canary, ok=True)
+        if handle.first_token_at is not None:
+            metrics.TIME_TO_FIRST_TOKEN.observe(handle.first_token_at - handle.submitted_at)
+        self.record(p, ordered, ids, group_id=str(uuid.uuid4()), version=version, canary=canary,
+                    latency_ms=(time.perf_counter() - t0) * 1000)
+
+    def submit_feedback(self, request: inference_pb2.FeedbackRequest, context: Any) -> inference_pb2.FeedbackAck:
+        """FeedbackRequest --> checked (owner, time, caps) --> the feedback topic."""
+        if self.capture is None:
+            raise Unavailable("the server is starting; retry shortly")
+        tenant = resolve_tenant(request.tenant, context, self.settings)
+        guard = self.feedback_guard
+        guard.check_owner(request.interaction_id, tenant)
+        event = self.privacy.feedback(feedback_event(request, tenant, self.settings.pod_id))
+        guard.check_time(request.interaction_id, event.envelope.occurred_at.ToDatetime(tzinfo=UTC))
+        guard.admit(request.interaction_id, request.comment)
+        if tenant in self.settings.no_capture_tenants:
+            metrics.CAPTURE_SKIPPED.labels(reason="tenant").inc()
+            return inference_pb2.FeedbackAck(event_id=event.envelope.event_id, accepted=False)
+        self.capture.submit(self.topics.feedback, request.interaction_id, event)
+        return inference_pb2.FeedbackAck(event_id=event.envelope.event_id, accepted=True)
 
 
 def _usage(p: PreparedRequest, samples: list[Any]) -> inference_pb2.Usage:
@@ -294,7 +405,7 @@ def _usage(p: PreparedRequest, samples: list[Any]) -> inference_pb2.Usage:
 
 def _wait_result(handle: RequestHandle, context: Any) -> list[Any]:
     """The samples; an engine failure or an engine that outlives the call's deadline is an error."""
-    remaining = context.time_remaining()
+    remaining = remaining_s(context)
     try:
         return handle.result(timeout=None if remaining is None else remaining + 5.0)
     except TimeoutError:
@@ -313,78 +424,35 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def Generate(self, request: inference_pb2.GenerateRequest, context: Any) -> inference_pb2.GenerateResponse:
         t0 = time.perf_counter()
         p = self.app.prepare(request, context)
-        samples, version, canary = self._generate(p, context)
-        ids = self.app.new_interaction_ids(p, len(samples))
-        latency_ms = (time.perf_counter() - t0) * 1000
-        self.app.record(p, samples, ids, group_id=str(uuid.uuid4()), version=version, canary=canary,
-                        latency_ms=latency_ms)
+        c = self.app.complete(p, context, t0)
         return inference_pb2.GenerateResponse(
             choices=[inference_pb2.Choice(interaction_id=iid, text=s.text, finish_reason=s.finish_reason,
                                           token_count=len(s.token_ids), index=i)
-                     for i, (s, iid) in enumerate(zip(samples, ids, strict=True))],
-            policy_version=version, usage=_usage(p, samples), session_id=p.session_id)
-
-    def _generate(self, p: PreparedRequest, context: Any) -> tuple[list[Any], str, bool]:
-        for attempt in range(2):
-            handle, version, canary = self.app.submit(p, context, stream=False)
-            try:
-                samples = _wait_result(handle, context)
-            except UnknownVersion:
-                if attempt == 0:
-                    continue          # swapped out before it started: route again
-                raise Unavailable(f"version {version} is being swapped; retry") from None
-            except ServiceError:
-                self.app.account([], version, canary, ok=False)
-                raise
-            self.app.account(samples, version, canary, ok=True)
-            if handle.first_token_at is not None:
-                metrics.TIME_TO_FIRST_TOKEN.observe(handle.first_token_at - handle.submitted_at)
-            return samples, version, canary
-        raise AssertionError("unreachable")
+                     for i, (s, iid) in enumerate(zip(c.samples, c.ids, strict=True))],
+            policy_version=c.version, usage=_usage(p, c.samples), session_id=p.session_id)
 
     @grpc_errors
     @observed("GenerateStream")
     def GenerateStream(self, request: inference_pb2.GenerateRequest, context: Any) -> Iterator[inference_pb2.GenerateChunk]:
         t0 = time.perf_counter()
         p = self.app.prepare(request, context)
-        handle, version, canary = self.app.submit(p, context, stream=True)
+        version, ids, events = self.app.stream(p, context, t0)
         n = p.sampling.n
-        ids = self.app.new_interaction_ids(p, n)
         samples: dict[int, Any] = {}
-        remaining = context.time_remaining()
-        try:
-            for ev in handle.events(timeout=None if remaining is None else remaining + 5.0):
+        with contextlib.closing(events):      # closed early (client gone): the generation is cancelled
+            for ev in events:
                 if isinstance(ev, Delta):
                     yield inference_pb2.GenerateChunk(index=ev.index, interaction_id=ids[ev.index], text=ev.text,
                                                       token_ids=ev.token_ids, policy_version=version,
                                                       session_id=p.session_id)
                 elif isinstance(ev, ChoiceDone):
                     samples[ev.index] = ev.sample
-                    last = len(samples) == n
                     chunk = inference_pb2.GenerateChunk(index=ev.index, interaction_id=ids[ev.index],
                                                         finish_reason=ev.sample.finish_reason,
                                                         policy_version=version, session_id=p.session_id)
-                    if last:
-                        ordered = [samples[i] for i in range(n)]
-                        chunk.usage.CopyFrom(_usage(p, ordered))
+                    if len(samples) == n:
+                        chunk.usage.CopyFrom(_usage(p, [samples[i] for i in range(n)]))
                     yield chunk
-        except TimeoutError:
-            handle.cancel()
-            raise Unavailable("generation did not finish before the deadline") from None
-        except UnknownVersion:
-            raise Unavailable(f"version {version} was swapped out before the request started; retry") from None
-        except EngineError as e:
-            self.app.account([], version, canary, ok=False)
-            raise ServiceError(str(e)) from e
-        finally:
-            if len(samples) < n:
-                handle.cancel()       # the client went away mid-stream
-        ordered = [samples[i] for i in range(n)]
-        self.app.account(ordered, version, canary, ok=True)
-        if handle.first_token_at is not None:
-            metrics.TIME_TO_FIRST_TOKEN.observe(handle.first_token_at - handle.submitted_at)
-        self.app.record(p, ordered, ids, group_id=str(uuid.uuid4()), version=version, canary=canary,
-                        latency_ms=(time.perf_counter() - t0) * 1000)
 
 
 class FeedbackServicer(inference_pb2_grpc.FeedbackServicer):
@@ -394,20 +462,7 @@ class FeedbackServicer(inference_pb2_grpc.FeedbackServicer):
     @grpc_errors
     @observed("Feedback.Submit")
     def Submit(self, request: inference_pb2.FeedbackRequest, context: Any) -> inference_pb2.FeedbackAck:
-        app = self.app
-        if app.capture is None:
-            raise Unavailable("the server is starting; retry shortly")
-        tenant = resolve_tenant(request.tenant, context, app.settings)
-        guard = app.feedback_guard
-        guard.check_owner(request.interaction_id, tenant)
-        event = feedback_event(request, tenant, app.settings.pod_id)
-        guard.check_time(request.interaction_id, event.envelope.occurred_at.ToDatetime(tzinfo=UTC))
-        guard.admit(request.interaction_id, request.comment)
-        if tenant in app.settings.no_capture_tenants:
-            metrics.CAPTURE_SKIPPED.labels(reason="tenant").inc()
-            return inference_pb2.FeedbackAck(event_id=event.envelope.event_id, accepted=False)
-        app.capture.submit(app.topics.feedback, request.interaction_id, event)
-        return inference_pb2.FeedbackAck(event_id=event.envelope.event_id, accepted=True)
+        return self.app.submit_feedback(request, context)
 
 
 def serve(settings: InferenceSettings) -> InferenceApp:

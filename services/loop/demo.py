@@ -17,13 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from services.loop.evaluation import Evaluator
 from services.loop.report import plot, write_report
 from services.loop.simulated_users import SimulatedUsers
 from services.loop.stack import LocalStack
 from services.loop.task import Task, load_task
 from services.loop.watch import TopicWatcher
-from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
+from shared.proto.apprentice.v1 import (
+    events_pb2,
+    knowledge_pb2,
+    knowledge_pb2_grpc,
+    weights_pb2,
+    weights_pb2_grpc,
+)
 
 
 @dataclass
@@ -109,7 +117,9 @@ class Demo:
             "APPRENTICE_TRAINER_SEED": str(self.seed),
             **self.budget.trainer_env,
         }
-        extractor = {"APPRENTICE_EXTRACTOR_SESSION_GAP_S": "2", "APPRENTICE_EXTRACTOR_AUTO_APPROVE_TENANTS": t.tenant,
+        # no auto-approval: the corrections arrive with the tenant's backend key (the end users' channel), so
+        # they wait as proposals until the reviewer step (`_review_knowledge`) approves them as the operator
+        extractor = {"APPRENTICE_EXTRACTOR_SESSION_GAP_S": "2",
                      **self.budget.extractor_env}
         services = {"trainer": trainer, "extractor": extractor, "grader": {}, "weights": {}, "inference": {}}
         # One intra-op thread per service: inference, trainer and the gate run at the same time on a
@@ -179,6 +189,33 @@ class Demo:
             return list(weights_pb2_grpc.WeightsStub(ch).List(weights_pb2.ListVersionsRequest(model=self.model),
                                                               timeout=10).versions)
 
+    def _review_knowledge(self) -> int:
+        """The operator's knowledge review, simulated. The corrections come from the product backend (end
+        users' channel), so the extractor proposes them and never approves them itself; a person checks each
+        proposal. Here the check is the task's ground truth: a proposal is approved, through the operator's
+        Knowledge.Approve (audited, recorded on the item), when it restates one of the task's known
+        corrections and the injection screen did not flag it; anything else stays proposed."""
+        key = f"{self.task.tenant}/{self.task.task}"
+        kb = self.watcher.snapshot().knowledge.get(key)
+        known = [" ".join(f.correction.split()).lower() for f in self.task.facts]
+        todo = [it.item_id for it in (kb.items if kb else []) if it.status == events_pb2.ITEM_STATUS_PROPOSED
+                and not it.screen_flags and any(c in " ".join(it.text.split()).lower() for c in known)]
+        if not todo:
+            return 0
+        approved = 0
+        with self.stack.channel(self.stack.knowledge_target) as ch:
+            stub = knowledge_pb2_grpc.KnowledgeStub(ch)
+            for item_id in todo:
+                try:
+                    stub.Approve(knowledge_pb2.ItemActionRequest(key=key, item_id=item_id, operator="demo-reviewer"),
+                                 timeout=30)
+                    approved += 1
+                except grpc.RpcError as e:
+                    if e.code() != grpc.StatusCode.NOT_FOUND:   # evicted by the cap meanwhile: nothing to do
+                        raise
+        self.progress(f"reviewer approved {approved} proposed knowledge item(s) of {key}", done=True)
+        return approved
+
     def _wait_for_new_version(self, k: int) -> None:
         """Until a version newer than the served one is promoted and served (or rejected by the gate)."""
         p = self.progress
@@ -188,6 +225,7 @@ class Demo:
             new = [m for m in self._versions() if m.version not in before]
             settled = [m for m in new if m.status in (weights_pb2.VERSION_STATUS_PROMOTED,
                                                       weights_pb2.VERSION_STATUS_REJECTED)]
+            self._review_knowledge()
             kb = self.watcher.snapshot().knowledge.get(f"{self.task.tenant}/{self.task.task}")
             served = self._served_version()
             p(f"round {k}: knowledge v{kb.version if kb else 0} ({len(kb.items) if kb else 0} items), "

@@ -42,6 +42,8 @@ class Ports:
     weights: int = field(default_factory=free_port)
     extractor: int = field(default_factory=free_port)
     metrics: dict[str, int] = field(default_factory=lambda: {n: free_port() for n in METRICS_SERVICES})
+    http: int = field(default_factory=free_port)
+    """The inference service's OpenAI-compatible HTTP API (0 = off)."""
 
     @classmethod
     def configured(cls) -> Ports:
@@ -57,7 +59,7 @@ class Ports:
         return cls(inference=inf.port, weights=wts.port, extractor=ext.grpc_port,
                    metrics={"inference": inf.metrics_port, "grader": GraderSettings().metrics_port,
                             "extractor": ext.metrics_port, "trainer": TrainerSettings().metrics_port,
-                            "weights": wts.metrics_port})
+                            "weights": wts.metrics_port}, http=inf.http_port)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,7 +67,7 @@ class Ports:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Ports:
         return cls(inference=int(d["inference"]), weights=int(d["weights"]), extractor=int(d["extractor"]),
-                   metrics={k: int(v) for k, v in d["metrics"].items()})
+                   metrics={k: int(v) for k, v in d["metrics"].items()}, http=int(d.get("http", 0)))
 
 
 def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str, dict[str, str]]:
@@ -75,6 +77,7 @@ def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str
     inference, weights, knowledge = (f"127.0.0.1:{p}" for p in (ports.inference, ports.weights, ports.extractor))
     env = {
         "inference": {"APPRENTICE_INFERENCE_PORT": str(ports.inference),
+                      "APPRENTICE_INFERENCE_HTTP_PORT": str(ports.http),
                       "APPRENTICE_INFERENCE_WEIGHTS_ENDPOINT": weights},
         "weights": {"APPRENTICE_WEIGHTS_PORT": str(ports.weights)},
         "grader": {"APPRENTICE_GRADER_INFERENCE_ENDPOINT": inference},

@@ -30,7 +30,8 @@ from services.trainer.distributed import broadcast, rank, shard
 from services.trainer.knowledge import KnowledgeBase, tfidf_rank, with_knowledge
 from services.trainer.logprobs import score, supports_fused_head, teacher_view
 from services.trainer.policy import Policy
-from shared.generation import SamplingConfig, encode_prompt, generate, render_chat
+from shared.chat_template import encode_chat, encode_text
+from shared.generation import SamplingConfig, generate
 
 METHODS = ("rkl_topk", "gkd", "sft_filtered")
 
@@ -129,9 +130,9 @@ def gold_nll(policy: Policy, examples: Sequence[DistillExample], limit: int = 32
     if not ex:
         return None
     tok = policy.tokenizer
-    prompts = [encode_prompt(tok, render_chat(tok, e.messages)) for e in ex]
+    prompts = [encode_chat(tok, e.messages).ids for e in ex]
     eos = tok.convert_tokens_to_ids(tok.eos_token) if tok.eos_token else None
-    answers = [encode_prompt(tok, e.reference or "") + ([eos] if eos is not None else []) for e in ex]
+    answers = [encode_text(tok, e.reference or "") + ([eos] if eos is not None else []) for e in ex]
     b = make_batch(prompts, answers, policy.pad_id).to(policy.device)
     was = policy.model.training
     policy.model.eval()
@@ -201,8 +202,9 @@ def consolidation_round(policy: Policy, teacher: nn.Module, examples: Sequence[D
             break
         chosen = rng.sample(pool, min(cfg.batch, len(pool)))
         ctx = [context_fn(e, rng) for e in chosen]
-        s_ids = [encode_prompt(tok, render_chat(tok, e.messages)) for e in chosen]
-        t_ids = [encode_prompt(tok, render_chat(tok, with_knowledge(e.messages, c))) for e, c in zip(chosen, ctx, strict=True)]
+        # special tokens inside messages or knowledge stay text (shared/chat_template.py)
+        s_ids = [encode_chat(tok, e.messages).ids for e in chosen]
+        t_ids = [encode_chat(tok, with_knowledge(e.messages, c)).ids for e, c in zip(chosen, ctx, strict=True)]
         seed = (cfg.seed * 100_003 + policy.steps * 1_009) % (1 << 31)
         # 1) sequences: from the student (on-policy), the teacher (GKD share / SFT), or both
         n_teacher = {"rkl_topk": 0, "gkd": round(cfg.gkd_lambda * len(chosen)), "sft_filtered": len(chosen)}[cfg.method]

@@ -112,13 +112,14 @@ def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, ma
     """One model on both sets: greedy answers graded by rules, reference answers scored by likelihood."""
     import torch
 
-    from shared.generation import encode_prompt, generate, render_chat, sequence_logprobs
+    from shared.chat_template import encode_chat
+    from shared.generation import generate, sequence_logprobs
 
     def greedy(chats: list[list[dict[str, str]]]) -> list[Any]:
         """Greedy answers, batched: one batch of all prompts runs each decode step (which reads every
         weight once) once instead of once per batch; when they do not fit in one batch, prompts of
         similar length share one (less left padding). Answers do not depend on the batching."""
-        prompts = [encode_prompt(tok, render_chat(tok, c)) for c in chats]
+        prompts = [encode_chat(tok, c).ids for c in chats]    # the ids inference would serve
         order = sorted(range(len(prompts)), key=lambda j: len(prompts[j]))
         fast = _LastLogitsOnly.wrap(model)
         out: list[Any] = [None] * len(prompts)
@@ -157,7 +158,7 @@ def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, ma
         for it in ood.items:
             if it.answer is None:
                 continue
-            prompt_ids = encode_prompt(tok, render_chat(tok, it.chat(ood.system)))
+            prompt_ids = encode_chat(tok, it.chat(ood.system)).ids
             answer_ids = list(tok(it.answer, add_special_tokens=False)["input_ids"])
             lp = sequence_logprobs(model, prompt_ids, answer_ids)
             logp_sum += float(lp.sum())

@@ -242,9 +242,9 @@ class OrderDesk:
 
     def _refuse_integrity(self, m: weights_pb2.Manifest, action: str) -> None:
         r = integrity_of(m)
-        self._refuse(m, action, f"{m.model} {m.version} failed the integrity check ({r.detail if r else 'NaN/Inf'}): "
-                                "a model with non-finite weights is never served, and force does not override "
-                                "this check")
+        self._refuse(m, action, f"{m.model} {m.version} was rejected by the eval gate: it failed the integrity "
+                                f"check ({r.detail if r else 'NaN/Inf'}); a model with non-finite weights is never "
+                                "served, and force does not override this check")
 
     def _refuse(self, m: weights_pb2.Manifest, action: str, message: str) -> None:
         self.audit.refused(f"weights.{action}", m.model, m.version, tenant=m.tenant, reason=message,

@@ -22,6 +22,7 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "up": ("services.loop.stack_cli", "up", "start the broker and the five services as supervised processes"),
     "down": ("services.loop.stack_cli", "down", "stop the local stack"),
     "status": ("services.loop.stack_cli", "status", "health, versions, lag, spool depth of the local stack"),
+    "secrets": ("shared.security.devpki", "main", "create a stack's development CA, keys and tokens"),
 }
 
 

@@ -32,9 +32,10 @@ def digits(text: str) -> str:
 
 
 def luhn_ok(number: str) -> bool:
-    """The Luhn (mod 10) checksum every payment card number satisfies; separators are ignored."""
+    """The Luhn (mod 10) checksum every payment card number satisfies; separators are ignored (the
+    length of a card number is `card_ok`'s business)."""
     ds = [int(c) for c in digits(number)]
-    if len(ds) < 12:
+    if len(ds) < 2:
         return False
     total = 0
     for i, d in enumerate(reversed(ds)):

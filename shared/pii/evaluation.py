@@ -56,7 +56,7 @@ def load_labelled(path: Path | str) -> list[Labelled]:
 
 
 def _covered(text: str, gold: Span, found: Iterable[Span]) -> bool:
-    covered = set()
+    covered: set[int] = set()
     for s in found:
         if s.entity == gold.entity:
             covered.update(range(s.start, s.end))

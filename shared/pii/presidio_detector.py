@@ -51,7 +51,8 @@ class PresidioDetector(PiiDetector):
         nlp = spacy.load(SPACY_MODEL, exclude=["parser"])
         engine = SpacyNlpEngine(models=[{"lang_code": "en", "model_name": SPACY_MODEL}],
                                 ner_model_configuration=NerModelConfiguration(labels_to_ignore=[]))
-        engine.nlp = {"en": nlp}           # loaded here: SpacyNlpEngine.load() would try to download
+        # loaded here: SpacyNlpEngine.load() downloads a model it does not find installed
+        engine.nlp = {"en": nlp}  # type: ignore[assignment]
         registry = RecognizerRegistry(supported_languages=["en"])
         for rec in (r.OfflineEmailRecognizer(), r.CardRecognizer(), r.IbanRecognizer(),
                     r.VersionAwareIpRecognizer(), r.WindowedPhoneRecognizer(PHONE_REGIONS),

@@ -1,11 +1,11 @@
 """Apprentice's Presidio recognizers: where Presidio's own miss, or would reach the network.
 
 - `CardRecognizer`: card numbers grouped by spaces, dots or dashes (Presidio's pattern knows no dots),
-  Amex 4-6-5, 13-19 plain digits; kept only when `card_ok` (issuer prefix + Luhn) holds.
+  Amex 4-6-5, 13-19 plain digits, digit by digit; kept only when `card_ok` (issuer prefix + Luhn) holds.
 - `IbanRecognizer`: IBANs written in groups or as one word, any case; the span is exactly the country's
   IBAN length (so trailing words are not swallowed) and must pass ISO 13616 mod-97.
 - `OfflineEmailRecognizer`: Presidio's e-mail pattern; the domain is checked against tldextract's
-  bundled public-suffix snapshot, never a download.
+  bundled public-suffix snapshot (never a download) or reserved/private top-level names.
 - `VersionAwareIpRecognizer`: Presidio's IPv4/IPv6 patterns, minus dotted quads that follow
   "version"/"v"/"build" (a four-part version string is a valid IPv4 address).
 - `IntroducedNameRecognizer`: names people give for themselves ("my name is Dana Whitfield", "I'm Ana",
@@ -23,18 +23,26 @@ from typing import Any
 
 import phonenumbers
 import tldextract
-from presidio_analyzer import AnalysisExplanation, LocalRecognizer, Pattern, PatternRecognizer, RecognizerResult
+from presidio_analyzer import (
+    AnalysisExplanation,
+    LocalRecognizer,
+    Pattern,
+    PatternRecognizer,
+    RecognizerResult,
+)
 from presidio_analyzer.predefined_recognizers import EmailRecognizer, IpRecognizer, PhoneRecognizer
 
 from shared.pii.checksums import IBAN_LENGTHS, card_ok, iban_ok
 from shared.pii.detector import CARD, IBAN, PERSON, PHONE
 
+
 def _result(rec: LocalRecognizer, entity: str, start: int, end: int, score: float) -> RecognizerResult:
     """A result carrying what Presidio's analyzer expects of one (its context enhancer writes into the
     explanation)."""
+    name = str(getattr(rec, "name", type(rec).__name__))
     return RecognizerResult(entity, start, end, score,
-                            analysis_explanation=AnalysisExplanation(recognizer=rec.name, original_score=score),
-                            recognition_metadata={RecognizerResult.RECOGNIZER_NAME_KEY: rec.name,
+                            analysis_explanation=AnalysisExplanation(recognizer=name, original_score=score),
+                            recognition_metadata={RecognizerResult.RECOGNIZER_NAME_KEY: name,
                                                   RecognizerResult.RECOGNIZER_IDENTIFIER_KEY: rec.id})
 
 
@@ -43,6 +51,8 @@ _SEP = r"[ .\-]"
 _CARD_PATTERNS = [
     # 4-4-4-x (Visa, Mastercard, Discover, JCB, UnionPay: 13-19 digits) with one separator kind throughout
     Pattern("card 4-4-4-x", rf"(?<![\d.\-])\d{{4}}({_SEP}?)\d{{4}}\1\d{{4}}\1\d{{1,7}}(?![\d]|[.\-]\d)", 0.3),
+    # read out digit by digit (voice transcripts, "4 1 1 1 ..."): 13-19 digits, one separator kind
+    Pattern("card digit by digit", r"(?<![\d.\-])\d([ .\-])\d(?:\1\d){11,17}(?![\d]|[.\-]\d)", 0.3),
     # 4-6-5 (Amex) and 4-6-4 (Diners)
     Pattern("card 4-6-5", rf"(?<![\d.\-])\d{{4}}({_SEP})\d{{6}}\1\d{{4,5}}(?![\d]|[.\-]\d)", 0.3),
 ]
@@ -103,17 +113,21 @@ class IbanRecognizer(LocalRecognizer):
 # --- e-mail ------------------------------------------------------------------------------------------
 # The public-suffix list bundled with tldextract; suffix_list_urls=() means it never fetches one.
 _TLD = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+# Reserved (RFC 2606/6761) and common private top-level names: mailboxes there are still someone's.
+_PRIVATE_TLDS = frozenset({"example", "test", "invalid", "localhost", "local", "internal", "corp", "lan",
+                           "home", "intranet", "private"})
 
 
 class OfflineEmailRecognizer(EmailRecognizer):
-    """Presidio's e-mail pattern with an offline domain check (a known public suffix)."""
+    """Presidio's e-mail pattern; the domain must end in a known public suffix (bundled list, so
+    `icon@2x.png` is not an address) or a reserved/private top-level name (`alice@corp.internal` is)."""
 
     def __init__(self) -> None:
         super().__init__(name="ApprenticeEmailRecognizer")
 
     def validate_result(self, pattern_text: str) -> bool:
-        domain = pattern_text.rsplit("@", 1)[-1]
-        return bool(_TLD(domain).suffix)
+        domain = pattern_text.rsplit("@", 1)[-1].lower()
+        return domain.rsplit(".", 1)[-1] in _PRIVATE_TLDS or bool(_TLD(domain).suffix)
 
 
 # --- IP addresses ------------------------------------------------------------------------------------
@@ -158,7 +172,7 @@ class WindowedPhoneRecognizer(PhoneRecognizer):
             if _ID_BEFORE.search(text[max(0, m.start() - 30):m.start()]):
                 continue
             lo, hi = max(0, m.start() - 3), min(len(text), m.end() + 3)
-            found = super().analyze(text[lo:hi], entities, None)
+            found = super().analyze(text[lo:hi], entities, None)  # type: ignore[arg-type]
             for r in found:
                 r.start += lo
                 r.end += lo
@@ -191,7 +205,7 @@ NOT_NAMES = frozenset({
     "user", "support", "team", "admin", "manager", "english", "correct", "wrong", "right", "great", "hi",
     "hello", "hey", "dear", "thanks", "thank", "regards", "cheers", "best", "sincerely", "mr", "mrs", "ms",
     "dr", "sir", "madam", "assistant", "bot", "agent", "please", "yes", "no", "glad", "afraid", "also",
-    "now", "currently", "available", "able", "calling", "travelling", "traveling", "moving", "there",
+    "now", "currently", "available", "able", "travelling", "traveling", "moving", "there",
 })
 _WORD = r"[^\W\d_](?:[^\W\d_]|['\u2019\-]){1,30}"
 _NAME = rf"({_WORD}(?:\s+{_WORD}){{0,2}})"

@@ -26,6 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALID_DAYS = 730
+SERVER_HOSTS = ("localhost", "127.0.0.1", "::1", "inference", "weights", "extractor")
+"""Names the development server certificate is valid for: loopback, and the compose file's service names."""
 OPERATOR_ID = "local-operator"
 SERVICE_ID = "local-services"
 
@@ -64,7 +66,7 @@ def make_ca(directory: Path, name: str = "Apprentice development CA") -> tuple[P
 
 
 def issue_cert(ca_pem: Path, ca_key: Path, out_prefix: Path, common_name: str, *, server: bool,
-               hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")) -> tuple[Path, Path]:
+               hosts: tuple[str, ...] = SERVER_HOSTS) -> tuple[Path, Path]:
     """Sign a server (with `hosts` as SANs) or client certificate; write `<prefix>.pem` and `<prefix>.key`."""
     ca_cert = x509.load_pem_x509_certificate(ca_pem.read_bytes())
     ca_priv = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
@@ -193,3 +195,20 @@ def ensure_dev_credentials(home: Path, tenants: tuple[str, ...] = ("demo", "defa
     if changed or not creds.keys_file.exists():
         _write(creds.keys_file, ("\n".join(lines) + "\n").encode())
     return creds
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`apprentice secrets init [--home DIR] [--tenants a,b]`: create (or extend) a stack's development
+    credentials; prints where they are. Used by the compose file's init container and by hand."""
+    import argparse
+
+    from shared.config import default_home
+
+    ap = argparse.ArgumentParser(prog="apprentice secrets", description=main.__doc__)
+    ap.add_argument("action", choices=["init"])
+    ap.add_argument("--home", type=Path, default=None, help="stack home (default: APPRENTICE_HOME or ./.apprentice)")
+    ap.add_argument("--tenants", default="demo,default", help="comma-separated tenants to give backend keys")
+    ns = ap.parse_args(argv)
+    creds = ensure_dev_credentials(ns.home or default_home(), tuple(t for t in ns.tenants.split(",") if t))
+    print(f"development credentials in {creds.directory}: CA ca.pem, keys keys.txt, tokens *.token")
+    return 0

@@ -221,7 +221,7 @@ def test_health_is_not_serving_until_the_model_is_loaded(kafka_bootstrap: str, n
     from services.inference.server import InferenceApp
 
     app = InferenceApp(InferenceSettings(
-        port=0, metrics_port=0, host="127.0.0.1", spool_dir=tmp_path / "spool", heartbeat_interval_s=0,
+        port=0, metrics_port=0, http_port=0, host="127.0.0.1", spool_dir=tmp_path / "spool", heartbeat_interval_s=0,
         common={"model": tiny_model_name, "kafka_bootstrap": kafka_bootstrap, "topic_prefix": ns.prefix}))
     starter = threading.Thread(target=app.start)
     starter.start()

@@ -64,14 +64,14 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     plain, controller, sasl = _free_ports(3)
     first = LocalBroker(home, port=plain, controller_port=controller)
     first.start()                               # formatted without any SCRAM user, no SASL listener
-    first.stop()
+    first.stop(timeout=10)                      # (a clean stop can take 30 s; a kill is as good here)
     b = LocalBroker(home, port=plain, controller_port=controller, sasl_port=sasl)
     try:
         st = b.start()
         assert st.owned and st.sasl_bootstrap == b.sasl_bootstrap
         yield b
     finally:
-        b.stop()
+        b.stop(timeout=10)
 
 
 @pytest.fixture
@@ -192,7 +192,7 @@ def test_inference_and_grader_run_through_the_sasl_listener(
     grader = GraderProcess(grader_env(ns.prefix, bootstrap, cfg, tmp_path, runtime=runtime),
                            tmp_path / "grader.log").start()
     app = start_inference(tmp_path / "inference", model=tiny_model_name, bootstrap=bootstrap,
-                          topic_prefix=ns.prefix, follow_updates=False, heartbeat_interval_s=0)
+                          topic_prefix=ns.prefix, follow_updates=False, heartbeat_interval_s=0, http_port=0)
     reader = TopicReader(bootstrap, ns.graded)
     try:
         with InferenceClient(f"127.0.0.1:{app.port}", tenant="acme") as client:

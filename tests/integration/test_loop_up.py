@@ -56,6 +56,7 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
            "APPRENTICE_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "APPRENTICE_INFERENCE_PORT": str(ports.inference), "APPRENTICE_WEIGHTS_PORT": str(ports.weights),
            "APPRENTICE_EXTRACTOR_GRPC_PORT": str(ports.extractor), "APPRENTICE_INFERENCE_POD_ID": "pod-up",
+           "APPRENTICE_INFERENCE_HTTP_PORT": str(ports.http),
            **{f"APPRENTICE_{n.upper()}_METRICS_PORT": str(p) for n, p in ports.metrics.items()}}
 
     def apprentice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

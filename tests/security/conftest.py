@@ -14,7 +14,8 @@ Module scope (servers shared by a file's tests; the environment is restored afte
 - `secure_stack`: `SecureStack(creds, topics, bootstrap, dial)`: the credentials, a fresh topic
   namespace on the real broker, the environment set for both;
 - `weights_server`, `knowledge_server`, `inference_server`: the real services on loopback under it
-  (`.port`); the inference server serves the tiny model with small feedback caps (`FEEDBACK_CAP`).
+  (`.port`); the inference server serves the tiny model with small feedback caps (`FEEDBACK_CAP`) and
+  at most 16 new tokens per request.
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ def inference_server(secure_stack: SecureStack, tiny_model_name: str) -> Iterato
 
     app = start_inference(secure_stack.home / "inference", model=tiny_model_name, bootstrap=secure_stack.bootstrap,
                           topic_prefix=secure_stack.topics.prefix, follow_updates=False, heartbeat_interval_s=0,
-                          feedback_max_per_interaction=FEEDBACK_CAP, grace_s=2.0)
+                          feedback_max_per_interaction=FEEDBACK_CAP, grace_s=2.0,
+                          default_max_new_tokens=4, max_new_tokens_limit=16,   # fuzzed requests stay cheap
+                          http_port=0)
     yield app
     app.stop(2)

@@ -22,7 +22,12 @@ from shared.config import CommonSettings
 from shared.grpc_util import PortInUse, create_server, service_host
 from shared.kafka.testing import read_all
 from shared.metrics import start_metrics_server
-from shared.proto.apprentice.v1 import inference_pb2, inference_pb2_grpc, knowledge_pb2, weights_pb2, weights_pb2_grpc
+from shared.proto.apprentice.v1 import (
+    inference_pb2,
+    inference_pb2_grpc,
+    weights_pb2,
+    weights_pb2_grpc,
+)
 from shared.security import interaction_ids
 from shared.security.binding import InsecureBind
 from shared.security.devpki import DevCredentials

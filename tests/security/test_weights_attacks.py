@@ -16,6 +16,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +182,7 @@ def test_forged_heartbeats_neither_roll_back_a_canary_nor_flood_the_registry(
     assert rpc_error(lambda: who.anonymous.Heartbeat(beat("p", requests=1, errors=1))).code() == \
         grpc.StatusCode.UNAUTHENTICATED
     for stub in (who.operator, who.backend):
-        assert rpc_error(lambda: stub.Heartbeat(beat("p", requests=1, errors=1))).code() == \
+        assert rpc_error(partial(stub.Heartbeat, beat("p", requests=1, errors=1))).code() == \
             grpc.StatusCode.PERMISSION_DENIED
     # the forged report, now even with a service key: one failed request is not evidence
     who.service.Heartbeat(beat("pod-0", requests=1, errors=1, last_error="boom"))
@@ -331,7 +332,7 @@ def test_operator_actions_are_audited_before_they_act(server: RunningServer, who
     assert records[3].details["force"] == "true" and records[3].envelope.principal.role == "operator"
 
     # no record, no action: with the audit topic unreachable, nothing changes and the caller may retry
-    dead = EventProducer("127.0.0.1:1", client_id="audit-unreachable")
+    dead = EventProducer("127.0.0.1:1", client_id="audit-unreachable", extra_config={"log_level": 0})
     server.service._audit_log = AuditLog(dead, topics, source="weights", timeout_s=2)
     try:
         before = len(orders(kafka_bootstrap, topics, expect=4))
@@ -345,5 +346,6 @@ def test_operator_actions_are_audited_before_they_act(server: RunningServer, who
         assert not op.Get(W.GetVersionRequest(model=MODEL, version="v2")).pinned
         assert len(orders(kafka_bootstrap, topics, timeout=3)) == before
     finally:
+        server.service._audit_log = None
         dead.close(timeout=0.1)
 

@@ -45,3 +45,17 @@ def test_stack_has_broker_topic_init_and_five_services_with_design_ports() -> No
         assert svc["build"]["dockerfile"] == "compose/Dockerfile"
         assert svc["environment"]["APPRENTICE_KAFKA_BOOTSTRAP"] == "kafka:9092"
     assert (REPO / "compose" / "Dockerfile").exists()
+
+
+def test_services_run_with_authentication_and_tls_from_mounted_secrets() -> None:
+    spec = yaml.safe_load(COMPOSE.read_text())
+    services = spec["services"]
+    assert services["secrets-init"]["command"][:2] == ["secrets", "init"]
+    for name in PORTS:
+        svc = services[name]
+        env = svc["environment"]
+        assert env["APPRENTICE_AUTH_KEYS_FILE"].startswith("/secrets/") and env["APPRENTICE_TLS_CERT"].startswith("/secrets/")
+        assert "secrets:/secrets:ro" in svc["volumes"], name
+        assert "secrets-init" in svc["depends_on"], name
+        assert "insecure_channel" not in str(svc["healthcheck"]["test"]), name
+        assert not any("API_KEYS" in k and v for k, v in env.items()), "no secret values in the compose file"

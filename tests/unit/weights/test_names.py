@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from services.weights.names import (
@@ -74,8 +76,8 @@ def test_tenants_and_pods() -> None:
     ({"files": [entry("./x", b"1")]}, "file path './x' must be relative"),
     ({"files": [entry("a//b", b"1")]}, "file path 'a//b' must be relative"),
 ])
-def test_upload_headers_use_the_rules(store: WeightStore, fields: dict, message: str) -> None:
-    base = {"model": "m", "kind": "full", "files": [entry("a", b"1")]}
+def test_upload_headers_use_the_rules(store: WeightStore, fields: dict[str, Any], message: str) -> None:
+    base: dict[str, Any] = {"model": "m", "kind": "full", "files": [entry("a", b"1")]}
     base.update(fields)
     with pytest.raises(InvalidRequest, match=message):
         store.begin_upload(weights_pb2.UploadHeader(**base))

@@ -45,21 +45,21 @@ def desk(store: WeightStore) -> tuple[OrderDesk, Recorder, Sink]:
     return OrderDesk(store, rec, source="test", audit=Trail(sink)), rec, sink
 
 
-def integrity(store: WeightStore, bad: bool) -> object:
-    """An integrity checker as the evaluator's, deciding by fiat; counts its calls."""
-    calls = []
+class Integrity:
+    """An integrity checker recording its result as the evaluator's does, with the verdict given; counts calls."""
 
-    def check(m: weights_pb2.Manifest) -> weights_pb2.Manifest:
-        calls.append(m.version)
+    def __init__(self, store: WeightStore, bad: bool) -> None:
+        self.store, self.bad = store, bad
+        self.calls: list[str] = []
+
+    def __call__(self, m: weights_pb2.Manifest) -> weights_pb2.Manifest:
+        self.calls.append(m.version)
 
         def record(x: weights_pb2.Manifest) -> None:
-            x.eval_results.append(integrity_result(["model.safetensors:w"] if bad else [], 1))
-            if bad:
+            x.eval_results.append(integrity_result(["model.safetensors:w"] if self.bad else [], 1))
+            if self.bad:
                 x.status = S.VERSION_STATUS_REJECTED
-        return store.update(m.model, m.version, record)
-
-    check.calls = calls  # type: ignore[attr-defined]
-    return check
+        return self.store.update(m.model, m.version, record)
 
 
 def test_each_order_is_audited_before_it_is_sent(store: WeightStore, upload: UploadFn,
@@ -105,14 +105,14 @@ def test_integrity_cannot_be_forced(store: WeightStore, upload: UploadFn,
                                     desk: tuple[OrderDesk, Recorder, Sink]) -> None:
     d, rec, sink = desk
     upload({"w": b"nan"})  # v1: never evaluated
-    d.integrity = integrity(store, bad=True)  # type: ignore[assignment]
+    check = d.integrity = Integrity(store, bad=True)
     with pytest.raises(FailedPrecondition, match="failed the integrity check .*force does not override"):
         d.promote("m", "v1", force=True)
-    assert d.integrity.calls == ["v1"]  # type: ignore[attr-defined]
+    assert check.calls == ["v1"]
     assert status(store, "v1") == "REJECTED" and rec.sent == []
     with pytest.raises(FailedPrecondition, match="failed the integrity check"):
         d.promote("m", "v1", force=True)  # recorded now: not checked again
-    assert d.integrity.calls == ["v1"]  # type: ignore[attr-defined]
+    assert check.calls == ["v1"]
     with pytest.raises(FailedPrecondition, match="failed the integrity check"):
         d.rollback("m", "v1")  # nor by naming it as a rollback target
     assert rec.sent == [] and store.state("m").serving_for("") == "base"
@@ -125,7 +125,7 @@ def test_force_still_overrides_the_scores(store: WeightStore, upload: UploadFn,
     """A version the gate rejected for its scores, with finite weights: an operator may still force it."""
     d, rec, sink = desk
     upload({"w": b"ok"})
-    d.integrity = integrity(store, bad=False)  # type: ignore[assignment]
+    d.integrity = Integrity(store, bad=False)
 
     def reject(m: weights_pb2.Manifest) -> weights_pb2.Manifest:
         def r(x: weights_pb2.Manifest) -> None:

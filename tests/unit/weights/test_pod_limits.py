@@ -54,7 +54,7 @@ def test_only_trusted_reports_count_for_canaries() -> None:
     reg.record(hb("op", canary_requests=100, canary_errors=100), STATE, now=0, identity=OPERATOR)
     t = reg.canary_tally("m", "v2", heartbeat_timeout_s=30, now=1)
     assert (t.requests, t.errors, t.healthy, t.pods) == (12, 1, 4, 2)
-    assert t.error_rate == pytest.approx(1 / 12) and "pod svc: 1 failed requests (x)" == t.first_error
+    assert t.error_rate == pytest.approx(1 / 12) and t.first_error == "pod svc: 1 failed requests (x)"
 
 
 def test_long_errors_are_cut() -> None:

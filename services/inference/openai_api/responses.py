@@ -1,0 +1,183 @@
+"""Served samples --> OpenAI response bodies (chat and text completions, whole or as stream chunks).
+
+Every body carries the Apprentice extension `apprentice: {interaction_ids, policy_version, session_id}`
+(the first stream chunk does), and `id` is the first choice's interaction id, so a backend can send
+feedback on any choice. `system_fingerprint` is the policy version that answered.
+
+Log-probs: one entry per generated token (the end-of-sequence token included when the model produced it,
+as in the captured `Interaction` and in `usage.completion_tokens`). `logprob` is the behaviour log-prob
+the engine recorded: log p of the token under the distribution it was drawn from (temperature, top-k and
+top-p applied; 0.0 for greedy decoding, a point mass). The engine does not compute the alternatives a
+sampler did not pick, so `top_logprobs` lists the sampled token only (when `top_logprobs` >= 1), and the
+legacy completions `top_logprobs` maps that one token. Streams send a choice's log-probs with its last
+chunk (the engine has them once the choice is complete).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared.generation import Sample
+
+LOGPROB_FLOOR = -9999.0
+"""JSON has no -inf; a log-prob below this (a token the filter had excluded) is sent as this value."""
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2 byte-level BPE's printable stand-ins --> the bytes they encode (the inverse of its
+    `bytes_to_unicode` table: printable Latin-1 bytes map to themselves, the rest to U+0100 onwards)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class TokenText:
+    """Token id --> (text, UTF-8 bytes) as OpenAI reports a token: the exact bytes for byte-level BPE
+    tokenizers (a token may hold part of a character; its text then shows U+FFFD), the decoded text's
+    bytes for others."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        probe = tokenizer.convert_ids_to_tokens(tokenizer(" a", add_special_tokens=False)["input_ids"])
+        self._bytes_of = _byte_decoder() if any("Ġ" in str(p) for p in probe) else None
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 - one instance per server, vocabularies are bounded
+    def piece(self, token_id: int) -> tuple[str, list[int]]:
+        if self._bytes_of is not None:
+            raw = str(self.tok.convert_ids_to_tokens(token_id))
+            if all(ch in self._bytes_of for ch in raw):
+                data = bytes(self._bytes_of[ch] for ch in raw)
+                return data.decode("utf-8", errors="replace"), list(data)
+        text = self.tok.decode([token_id])
+        return text, list(text.encode())
+
+
+@dataclass(frozen=True)
+class Served:
+    """What every response of one call shares."""
+
+    ids: list[str]
+    version: str
+    session_id: str
+    model: str
+    prompt_tokens: int
+    created: int
+
+    @classmethod
+    def now(cls, ids: list[str], version: str, session_id: str, model: str, prompt_tokens: int) -> Served:
+        return cls(ids, version, session_id, model, prompt_tokens, int(time.time()))
+
+    @property
+    def extension(self) -> dict[str, Any]:
+        return {"interaction_ids": self.ids, "policy_version": self.version, "session_id": self.session_id}
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-apprentice-interaction-ids": ",".join(self.ids), "x-apprentice-policy-version": self.version}
+
+    def usage(self, samples: Sequence[Sample]) -> dict[str, int]:
+        completion = sum(len(s.token_ids) for s in samples)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion}
+
+    def envelope(self, obj: str) -> dict[str, Any]:
+        return {"id": self.ids[0], "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.version}
+
+
+def _lp(x: float) -> float:
+    return x if x >= LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def chat_logprobs(sample: Sample, text: TokenText, top: int) -> dict[str, Any]:
+    """`choices[].logprobs` of a chat completion: `{"content": [{token, logprob, bytes, top_logprobs}]}`."""
+    content = []
+    for tid, lp in zip(sample.token_ids, sample.logprobs, strict=True):
+        tok, data = text.piece(tid)
+        entry: dict[str, Any] = {"token": tok, "logprob": _lp(lp), "bytes": data}
+        entry["top_logprobs"] = [dict(entry)] if top > 0 else []
+        content.append(entry)
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(sample: Sample, text: TokenText, top: int) -> dict[str, Any]:
+    """Legacy `/v1/completions` log-probs: tokens, token_logprobs, top_logprobs, text_offset (offsets
+    into the completion text)."""
+    tokens, offsets, pos = [], [], 0
+    for tid in sample.token_ids:
+        tok, _ = text.piece(tid)
+        tokens.append(tok)
+        offsets.append(pos)
+        pos += len(tok)
+    lps = [_lp(x) for x in sample.logprobs]
+    return {"tokens": tokens, "token_logprobs": lps, "text_offset": offsets,
+            "top_logprobs": [{t: lp} for t, lp in zip(tokens, lps, strict=True)] if top > 0 else None}
+
+
+def finish_reason(sample: Sample) -> str:
+    """The engine's stop | length | cancelled; `cancelled` (the call ended first) is reported as is."""
+    return sample.finish_reason
+
+
+def chat_completion(served: Served, samples: Sequence[Sample], text: TokenText,
+                    logprobs: int | None) -> dict[str, Any]:
+    """`logprobs`: None = off, else the number of top log-probs asked for (0..20)."""
+    return {**served.envelope("chat.completion"),
+            "choices": [{"index": i, "message": {"role": "assistant", "content": s.text},
+                         "logprobs": None if logprobs is None else chat_logprobs(s, text, logprobs),
+                         "finish_reason": finish_reason(s)} for i, s in enumerate(samples)],
+            "usage": served.usage(samples), "apprentice": served.extension}
+
+
+def text_completion(served: Served, samples: Sequence[Sample], text: TokenText,
+                    logprobs: int | None) -> dict[str, Any]:
+    return {**served.envelope("text_completion"),
+            "choices": [{"index": i, "text": s.text,
+                         "logprobs": None if logprobs is None else completion_logprobs(s, text, logprobs),
+                         "finish_reason": finish_reason(s)} for i, s in enumerate(samples)],
+            "usage": served.usage(samples), "apprentice": served.extension}
+
+
+# --- stream chunks ---------------------------------------------------------------------------------
+def chat_chunk(served: Served, choices: list[dict[str, Any]], *, usage: dict[str, int] | None = None,
+               first: bool = False) -> dict[str, Any]:
+    body = {**served.envelope("chat.completion.chunk"), "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    if first:
+        body["apprentice"] = served.extension
+    return body
+
+
+def chat_delta(index: int, *, role: bool = False, content: str | None = None, finish: str | None = None,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    delta: dict[str, Any] = {"role": "assistant"} if role else {}
+    if content is not None:
+        delta["content"] = content
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+
+def text_chunk(served: Served, choices: list[dict[str, Any]], *, usage: dict[str, int] | None = None,
+               first: bool = False) -> dict[str, Any]:
+    body = {**served.envelope("text_completion"), "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    if first:
+        body["apprentice"] = served.extension
+    return body
+
+
+def text_delta(index: int, text: str, *, finish: str | None = None,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}

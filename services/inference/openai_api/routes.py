@@ -1,0 +1,256 @@
+"""HTTP requests --> the inference service's own request steps --> OpenAI-shaped answers.
+
+Each route authenticates (auth.py), parses its body (schemas.py) into the same proto a gRPC caller
+sends, and runs the steps the gRPC servicers run, on a worker thread, as the caller
+(`acting_as(identity)`): `InferenceApp.prepare` (tenant, validation), `complete` / `stream` (routing,
+engine, capture of every choice with its behaviour log-probs) and `submit_feedback` (ownership, caps).
+Nothing here validates, generates or captures on its own, so both doors serve and record alike.
+
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /v1/feedback (Apprentice
+extension, the JSON form of `FeedbackRequest`), GET /health (no auth: 200 once the model is loaded).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Generator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from services.inference import metrics
+from services.inference.engines.base import ChoiceDone, Delta
+from services.inference.openai_api import models as M
+from services.inference.openai_api import responses as R
+from services.inference.openai_api.auth import FEEDBACK, GENERATE, HttpCallContext, authenticate
+from services.inference.openai_api.errors import BadRequest, PayloadTooLarge, error_response, grpc_code_name
+from services.inference.openai_api.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_chat,
+    parse_completion,
+    parse_feedback,
+)
+from services.inference.openai_api.streaming import SSEResponse, chat_stream, text_stream, watch_disconnect
+from shared.grpc_util import Unavailable
+from shared.security.identity import Identity, acting_as
+from shared.security.server_security import ServerSecurity
+
+if TYPE_CHECKING:
+    from services.inference.requests import PreparedRequest
+    from services.inference.server import Completion, InferenceApp
+
+OpenAIRequest = ChatCompletionRequest | CompletionRequest
+
+
+class Call:
+    """One HTTP call's caller, contextvars and call context: `run` executes a blocking step on a worker
+    thread as that caller, in the same context each time (the trace id set by `prepare` stays set)."""
+
+    def __init__(self, identity: Identity, ctx: HttpCallContext, limiter: anyio.CapacityLimiter) -> None:
+        self.identity = identity
+        self.ctx = ctx
+        self.limiter = limiter
+        self._vars = contextvars.copy_context()
+
+    def _as_caller(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with acting_as(self.identity):
+            return fn(*args)
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(self._vars.run, self._as_caller, fn, *args, limiter=self.limiter)
+
+
+def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _error(e: BaseException) -> JSONResponse:
+    status, body, headers = error_response(e)
+    return _json(body, status, headers)
+
+
+class HttpApi:
+    """The routes of one inference server; `asgi` is the application uvicorn serves."""
+
+    def __init__(self, app: InferenceApp) -> None:
+        self.app = app
+        s = app.settings
+        self.keyring = ServerSecurity.from_settings(s.common, extra=s.legacy_key_entries()).keyring
+        self.max_body_bytes = 6 * s.max_prompt_chars + (1 << 20)
+        """Any valid request fits: every prompt character JSON-escaped (6 bytes), plus 1 MiB of fields."""
+        self.created = int(time.time())
+        """`created` of the model cards: when this server started serving them."""
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._text: R.TokenText | None = None
+        self.asgi = Starlette(routes=[
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/feedback", self.feedback, methods=["POST"]),
+            Route("/health", self.health, methods=["GET"]),
+        ], exception_handlers={HTTPException: self._http_exception})
+
+    # --- plumbing ---------------------------------------------------------------------------------
+    @property
+    def limiter(self) -> anyio.CapacityLimiter:
+        if self._limiter is None:           # created on the server's event loop, on first use
+            self._limiter = anyio.CapacityLimiter(self.app.settings.http_workers)
+        return self._limiter
+
+    @property
+    def token_text(self) -> R.TokenText:
+        if self._text is None:
+            self._text = R.TokenText(self.app.engine.tokenizer)
+        return self._text
+
+    async def _http_exception(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return _json({"error": {"message": f"{request.method} {request.url.path}: {exc.detail}",
+                                "type": "invalid_request_error", "param": None, "code": code}}, exc.status_code)
+
+    async def _body(self, request: Request) -> Any:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise PayloadTooLarge(f"the body is {declared} bytes; at most {self.max_body_bytes} are accepted")
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > self.max_body_bytes:
+                raise PayloadTooLarge(f"the body exceeds {self.max_body_bytes} bytes")
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            raise BadRequest(f"the body is not valid JSON: {e}") from None
+
+    def _call(self, request: Request, method: str) -> Call:
+        identity = authenticate(self.keyring, request.headers.get("authorization", ""), method)
+        return Call(identity, HttpCallContext(request.headers), self.limiter)
+
+    @staticmethod
+    def _count(method: str, code: str, t0: float) -> None:
+        metrics.REQUESTS.labels(method=method, code=code).inc()
+        metrics.LATENCY.labels(method=method).observe(time.perf_counter() - t0)
+
+    # --- generation -------------------------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, "http.chat.completions", parse_chat)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "http.completions", parse_completion)
+
+    async def _generate(self, request: Request, method: str, parse: Callable[[Any], Any]) -> Response:
+        t0 = time.perf_counter()
+        try:
+            call = self._call(request, GENERATE)
+            req = parse(await self._body(request))
+            if req.stream:
+                return await self._stream(call, req, t0, method)
+            try:
+                p, done = await watch_disconnect(request.receive, call.ctx.end,
+                                                 lambda: call.run(self._complete, call, req, t0))
+            finally:
+                call.ctx.end()
+            served = R.Served.now(done.ids, done.version, p.session_id, req.model or self.app.model,
+                                  len(p.prompt_ids))
+            build = R.chat_completion if isinstance(req, ChatCompletionRequest) else R.text_completion
+            body = build(served, done.samples, self.token_text, _logprobs(req))
+        except Exception as e:  # noqa: BLE001 - every failure becomes an OpenAI error body
+            self._count(method, grpc_code_name(e), t0)
+            return _error(e)
+        self._count(method, "OK", t0)
+        return _json(body, headers=served.headers)
+
+    def _prepare(self, call: Call, req: OpenAIRequest) -> tuple[PreparedRequest, tuple[str, bool] | None]:
+        """The shared preparation, then the request's `model` --> None (route) or a pinned version."""
+        p = self.app.prepare(req.to_proto(), call.ctx)
+        assert self.app.manager is not None, "prepare refuses calls until the version manager exists"
+        return p, M.resolve(self.app.manager.table, self.app.model, req.model, p.tenant)
+
+    def _complete(self, call: Call, req: OpenAIRequest, t0: float) -> tuple[PreparedRequest, Completion]:
+        p, pin = self._prepare(call, req)
+        return p, self.app.complete(p, call.ctx, t0, pin)
+
+    def _open_stream(self, call: Call, req: OpenAIRequest,
+                     t0: float) -> tuple[PreparedRequest, str, list[str], Generator[Delta | ChoiceDone, None, None]]:
+        p, pin = self._prepare(call, req)
+        version, ids, events = self.app.stream(p, call.ctx, t0, pin)
+        return p, version, ids, events
+
+    async def _stream(self, call: Call, req: OpenAIRequest, t0: float, method: str) -> Response:
+        """Validation, routing and queueing happen before the status line, so a bad request is a plain
+        400; what fails later is reported inside the stream. From here on the stream ends the call."""
+        try:
+            p, version, ids, events = await call.run(self._open_stream, call, req, t0)
+        except BaseException:
+            call.ctx.end()
+            raise
+        served = R.Served.now(ids, version, p.session_id, req.model or self.app.model, len(p.prompt_ids))
+        make = chat_stream if isinstance(req, ChatCompletionRequest) else text_stream
+        body = make(call, events, served, p.sampling.n, self.token_text, _logprobs(req), req.include_usage)
+
+        async def counted() -> AsyncIterator[bytes]:
+            code = "OK"
+            try:
+                async for chunk in body:
+                    if chunk.startswith(b'data: {"error"'):
+                        code = "STREAM_ERROR"
+                    yield chunk
+            except BaseException:
+                code = "CANCELLED"
+                raise
+            finally:
+                call.ctx.end()
+                self._count(method, code, t0)
+
+        return SSEResponse(counted(), served.headers, on_disconnect=call.ctx.end)
+
+    # --- models, feedback, health -----------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        try:
+            call = self._call(request, GENERATE)
+            manager = self.app.manager
+            if manager is None:
+                raise Unavailable("the model is still loading; retry shortly")
+            cards = [m.card(self.app.model, self.created) for m in M.listing(manager.table, self.app.model,
+                                                                              call.identity)]
+        except Exception as e:  # noqa: BLE001
+            self._count("http.models", grpc_code_name(e), t0)
+            return _error(e)
+        self._count("http.models", "OK", t0)
+        return _json({"object": "list", "data": cards})
+
+    async def feedback(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        try:
+            call = self._call(request, FEEDBACK)
+            fb = parse_feedback(await self._body(request))
+            ack = await call.run(self.app.submit_feedback, fb, call.ctx)
+        except Exception as e:  # noqa: BLE001
+            self._count("http.feedback", grpc_code_name(e), t0)
+            return _error(e)
+        self._count("http.feedback", "OK", t0)
+        return _json({"event_id": ack.event_id, "accepted": ack.accepted})
+
+    async def health(self, request: Request) -> Response:
+        try:
+            self.app._ensure_ready()
+        except Unavailable as e:
+            return _json({"status": "unavailable", "reason": str(e)}, 503)
+        return _json({"status": "ok"})
+
+
+def _logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """None = no log-probs; else how many top log-probs per token were asked for."""
+    if isinstance(req, ChatCompletionRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs

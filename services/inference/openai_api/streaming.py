@@ -1,0 +1,139 @@
+"""Engine events (`Delta`, `ChoiceDone`) --> OpenAI stream chunks --> server-sent events.
+
+Chunks follow OpenAI's order: per choice a first chunk with the assistant role (chat), content deltas,
+a last chunk with `finish_reason` (and the choice's log-probs when asked); then, with
+`stream_options.include_usage`, one chunk with empty `choices` and the usage; then `data: [DONE]`.
+An error after the stream started (the engine failed, the server is stopping) is sent as
+`data: {"error": {...}}`, which the OpenAI SDKs raise as an APIError, and the stream ends.
+
+The engine's events are read on a worker thread, one at a time (`Call.run`); a client that goes away
+ends the call, which cancels its generation (`SSEResponse`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from typing import Any, Protocol
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from services.inference.engines.base import ChoiceDone, Delta
+from services.inference.openai_api import responses as R
+from services.inference.openai_api.errors import error_response
+
+DONE = b"data: [DONE]\n\n"
+_END = object()
+
+
+class Runner(Protocol):
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on a worker thread as the call's caller."""
+
+
+def sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _events(call: Runner, events: Generator[Delta | ChoiceDone, None, None]) -> AsyncIterator[Delta | ChoiceDone]:
+    try:
+        while (ev := await call.run(next, events, _END)) is not _END:
+            yield ev
+    finally:
+        events.close()     # not exhausted (client gone, error): the generation is cancelled
+
+
+async def chat_stream(call: Runner, events: Generator[Delta | ChoiceDone, None, None], served: R.Served, n: int,
+                      text: R.TokenText, logprobs: int | None, include_usage: bool) -> AsyncIterator[bytes]:
+    done: dict[int, Any] = {}
+    try:
+        yield sse(R.chat_chunk(served, [R.chat_delta(i, role=True, content="") for i in range(n)], first=True))
+        async for ev in _events(call, events):
+            if isinstance(ev, Delta):
+                if ev.text:
+                    yield sse(R.chat_chunk(served, [R.chat_delta(ev.index, content=ev.text)]))
+            else:
+                done[ev.index] = ev.sample
+                lp = None if logprobs is None else R.chat_logprobs(ev.sample, text, logprobs)
+                yield sse(R.chat_chunk(served, [R.chat_delta(ev.index, finish=ev.sample.finish_reason,
+                                                             logprobs=lp)]))
+    except Exception as e:  # noqa: BLE001 - the status line is sent; the error goes in the stream
+        yield sse(error_response(e)[1])
+        return
+    if include_usage:
+        yield sse(R.chat_chunk(served, [], usage=served.usage([done[i] for i in sorted(done)])))
+    yield DONE
+
+
+async def text_stream(call: Runner, events: Generator[Delta | ChoiceDone, None, None], served: R.Served, n: int,
+                      text: R.TokenText, logprobs: int | None, include_usage: bool) -> AsyncIterator[bytes]:
+    done: dict[int, Any] = {}
+    first = True
+    try:
+        async for ev in _events(call, events):
+            if isinstance(ev, Delta):
+                if ev.text:
+                    yield sse(R.text_chunk(served, [R.text_delta(ev.index, ev.text)], first=first))
+                    first = False
+            else:
+                done[ev.index] = ev.sample
+                lp = None if logprobs is None else R.completion_logprobs(ev.sample, text, logprobs)
+                yield sse(R.text_chunk(served, [R.text_delta(ev.index, "", finish=ev.sample.finish_reason,
+                                                             logprobs=lp)], first=first))
+                first = False
+    except Exception as e:  # noqa: BLE001
+        yield sse(error_response(e)[1])
+        return
+    if include_usage:
+        yield sse(R.text_chunk(served, [], usage=served.usage([done[i] for i in sorted(done)])))
+    yield DONE
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream response that runs `on_disconnect` as soon as the client goes away (the
+    generation stops then, not when the next chunk fails to send)."""
+
+    def __init__(self, content: AsyncIterator[bytes], headers: dict[str, str],
+                 on_disconnect: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"})
+        self.on_disconnect = on_disconnect
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as tg:
+            async def watch() -> None:
+                await self.listen_for_disconnect(receive)
+                self.on_disconnect()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            try:
+                await self.stream_response(send)
+            except OSError:
+                self.on_disconnect()
+            tg.cancel_scope.cancel()
+
+
+async def watch_disconnect(receive: Receive, on_disconnect: Callable[[], None],
+                           work: Callable[[], Awaitable[Any]]) -> Any:
+    """`await work()` while watching the connection: a client that goes away runs `on_disconnect`
+    (which cancels the generation the work waits for)."""
+    result: Any = None
+    error: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            on_disconnect()
+
+        tg.start_soon(watch)
+        try:
+            result = await work()
+        except Exception as e:  # noqa: BLE001 - re-raised as itself, not wrapped in an ExceptionGroup
+            error = e
+        tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return result

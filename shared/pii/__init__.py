@@ -1,0 +1,13 @@
+"""Personal data in free text: one detector (Presidio + spaCy + checksums) and the capture policies.
+
+    from shared.pii import Redactor, PiiPolicy
+    scan = Redactor().scan("mail me at dana@example.com")   # scan.types == ["EMAIL_ADDRESS"]
+    scan.redacted                                          # "mail me at <EMAIL_ADDRESS>"
+"""
+
+from shared.pii.checksums import card_ok, iban_ok, luhn_ok
+from shared.pii.detector import ENTITIES, PiiDetector, Span, create_detector, get_detector
+from shared.pii.policy import PiiPolicy, Redactor, Scan, entity_types, parse_tenant_policies, redact
+
+__all__ = ["ENTITIES", "PiiDetector", "PiiPolicy", "Redactor", "Scan", "Span", "card_ok", "create_detector",
+           "entity_types", "get_detector", "iban_ok", "luhn_ok", "parse_tenant_policies", "redact"]

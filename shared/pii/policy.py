@@ -1,0 +1,104 @@
+"""Text + a tenant's policy --> what may be kept: the text with personal data replaced by typed
+placeholders (`redact`), a refusal naming the types found (`reject`), or the text as it is (`keep`).
+
+`Redactor` puts a detector behind a small cache: a conversation re-sends its earlier messages with each
+turn, and `n` samples of one request share a prompt, so most scans of captured text are repeats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from shared.pii.detector import PiiDetector, Span, get_detector
+
+
+class PiiPolicy(StrEnum):
+    REDACT = "redact"     # replace each span with <ENTITY_TYPE> in what is kept
+    REJECT = "reject"     # refuse input that contains personal data (INVALID_ARGUMENT, types named)
+    KEEP = "keep"         # keep text as it is (a tenant with its own agreement for this data)
+
+
+def parse_tenant_policies(spec: str) -> dict[str, PiiPolicy]:
+    """`tenantA:keep,tenantB:reject` --> {tenant: policy}; raises ValueError naming the bad entry."""
+    out: dict[str, PiiPolicy] = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        tenant, sep, name = (x.strip() for x in item.rpartition(":"))
+        if not sep or not tenant:
+            raise ValueError(f"entry {item!r} must be `tenant:policy`")
+        if tenant in out:
+            raise ValueError(f"tenant {tenant!r} is listed twice")
+        try:
+            out[tenant] = PiiPolicy(name.lower())
+        except ValueError:
+            raise ValueError(f"entry {item!r}: policy must be one of "
+                             f"{', '.join(p.value for p in PiiPolicy)}; got {name!r}") from None
+    return out
+
+
+def placeholder(entity: str) -> str:
+    return f"<{entity}>"
+
+
+def redact(text: str, spans: Iterable[Span]) -> str:
+    """`text` with each (non-overlapping) span replaced by its placeholder, e.g. `<EMAIL_ADDRESS>`."""
+    out, pos = [], 0
+    for s in sorted(spans, key=lambda s: s.start):
+        out.append(text[pos:s.start])
+        out.append(placeholder(s.entity))
+        pos = s.end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def entity_types(spans: Iterable[Span]) -> list[str]:
+    """Distinct types, sorted (what a refusal names: never the values)."""
+    return sorted({s.entity for s in spans})
+
+
+@dataclass(frozen=True)
+class Scan:
+    text: str
+    spans: tuple[Span, ...]
+
+    @property
+    def redacted(self) -> str:
+        return redact(self.text, self.spans) if self.spans else self.text
+
+    @property
+    def types(self) -> list[str]:
+        return entity_types(self.spans)
+
+
+class Redactor:
+    """A detector with an LRU cache of results keyed by a hash of the text (thread-safe)."""
+
+    def __init__(self, detector: Callable[[], PiiDetector] = get_detector, cache_size: int = 4096) -> None:
+        self._detector = detector
+        self._cache: OrderedDict[bytes, tuple[Span, ...]] = OrderedDict()
+        self._size = cache_size
+        self._lock = threading.Lock()
+
+    def warm(self) -> None:
+        """Build the detector now (seconds) rather than on the first captured request."""
+        self._detector().find("warm-up: Dana Whitfield, dana@example.com")
+
+    def scan(self, text: str) -> Scan:
+        if not text:
+            return Scan(text, ())
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return Scan(text, hit)
+        spans = tuple(self._detector().find(text))
+        with self._lock:
+            self._cache[key] = spans
+            if len(self._cache) > self._size:
+                self._cache.popitem(last=False)
+        return Scan(text, spans)
