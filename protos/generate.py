@@ -3,6 +3,15 @@
 Run with `make protos` (or `python protos/generate.py`). `--out DIR` writes elsewhere, which tests use to
 prove that the committed stubs are current.
 
+The light Python client (`clients/python`, no torch) carries its own copy of the product-facing stubs:
+
+    python protos/generate.py --out clients/python/apprentice_client/_proto \
+        --package apprentice_client._proto --only apprentice/v1/inference.proto
+
+(`--only` adds the files it imports; the wire lock is checked by the full generation only). Both copies
+are generated from the same .proto files, so their serialized descriptors are identical and a process
+that imports both (the services re-export the client) shares one set of message classes.
+
 Wire compatibility: `protos/wire_lock.json` records every released field (number, type, label). Generation
 merges new fields into it and refuses to run when a locked field was renumbered, retyped or removed.
 
@@ -72,11 +81,27 @@ def check_compatible(locked: dict, current: dict) -> list[str]:
     return problems
 
 
-def generate(out: Path, *, update_lock: bool = True) -> list[Path]:
+def with_imports(files: list[str]) -> list[str]:
+    """`files` (paths relative to protos/) and every apprentice .proto they import, transitively."""
+    todo, seen = list(files), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        text = (PROTO_ROOT / name).read_text()
+        todo += [m for m in re.findall(r'^import\s+"([^"]+)";', text, flags=re.M) if (PROTO_ROOT / m).exists()]
+    return sorted(seen)
+
+
+def generate(out: Path, *, update_lock: bool = True, package_prefix: str = PACKAGE_PREFIX,
+             only: list[str] | None = None) -> list[Path]:
+    """Stubs of every .proto (or of `only` and their imports) under `out`, imported as `package_prefix`."""
     import grpc_tools
     from grpc_tools import protoc  # dev dependency: only needed when protos change
 
-    files = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
+    files = (with_imports(only) if only else
+             sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto")))
     include = str(Path(grpc_tools.__file__).parent / "_proto")
     out.mkdir(parents=True, exist_ok=True)
     fds_path = out / "descriptor_set.tmp"
@@ -86,11 +111,11 @@ def generate(out: Path, *, update_lock: bool = True) -> list[Path]:
         raise SystemExit("protoc failed")
     current = describe(fds_path.read_bytes())
     fds_path.unlink()
-    locked = json.loads(LOCK.read_text()) if LOCK.exists() else {}
+    locked = json.loads(LOCK.read_text()) if LOCK.exists() and not only else {}
     problems = check_compatible(locked, current)
     if problems:
         raise WireBreak("wire-incompatible proto change:\n  " + "\n  ".join(problems))
-    if update_lock:
+    if update_lock and not only:
         merged = {m: {**current[m], **locked.get(m, {})} for m in current}
         lines = [f"  {json.dumps(m)}: {json.dumps(dict(sorted(merged[m].items(), key=lambda kv: kv[1][0])))}"
                  for m in sorted(merged)]
@@ -100,7 +125,7 @@ def generate(out: Path, *, update_lock: bool = True) -> list[Path]:
         if path.suffix not in (".py", ".pyi"):
             continue
         text = path.read_text()
-        new = re.sub(r"^from apprentice\.", f"from {PACKAGE_PREFIX}apprentice.", text, flags=re.M)
+        new = re.sub(r"^from apprentice\.", f"from {package_prefix}apprentice.", text, flags=re.M)
         path.write_text(new)
         written.append(path)
     for pkg in (out, out / "apprentice", out / "apprentice" / "v1"):
@@ -114,9 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--no-lock", action="store_true", help="do not update protos/wire_lock.json")
+    ap.add_argument("--package", default=PACKAGE_PREFIX.rstrip("."),
+                    help="Python package the output folder is imported as (default: shared.proto)")
+    ap.add_argument("--only", action="append", default=None, metavar="FILE",
+                    help="generate this .proto (relative to protos/) and its imports; repeatable")
     ns = ap.parse_args(argv)
     try:
-        written = generate(ns.out, update_lock=not ns.no_lock)
+        written = generate(ns.out, update_lock=not ns.no_lock, package_prefix=ns.package + ".", only=ns.only)
     except WireBreak as e:
         print(e, file=sys.stderr)
         return 1

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 from google.protobuf import unknown_fields
@@ -111,6 +111,7 @@ def decode_record(msg_type: type[M], value: bytes | None, headers: HeadersLike =
 
 def check_event(msg: Message) -> None:
     """Check 3 of the module docstring (and the wire types) on a parsed message; raise InvalidEvent."""
+    _check_wire_types(msg, msg.DESCRIPTOR, msg.DESCRIPTOR.name)
     _walk(msg, msg.DESCRIPTOR.name)
 
 
@@ -120,31 +121,44 @@ _FLOAT, _FLOATS, _MSG, _MSGS, _MAP_FLOAT, _MAP_MSG = range(6)
 _FLOAT_TYPES = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
 
 
+Plan = tuple[tuple[tuple[str, int, float | None], ...], Callable[[Any, str], None] | None]
+_planning: set[str] = set()
+
+
 @cache
-def _plan(desc: Descriptor) -> tuple[tuple[str, int], ...]:
-    """(field name, what to check) for the fields of `desc` that can hold a float or a message: the walk
-    reads only these (listing every set field costs more than the checks themselves)."""
-    plan: list[tuple[str, int]] = []
+def _plan(desc: Descriptor) -> Plan:
+    """What the walk reads of a `desc` message: (field name, what to check, upper bound) for its float
+    fields and for its message fields whose type has something to check, and the type's rule. Listing
+    every set field, or walking into messages with nothing to check (chat messages), costs more than the
+    checks themselves."""
+    _planning.add(desc.full_name)
+    entries: list[tuple[str, int, float | None]] = []
     for fd in desc.fields:
         if fd.type in _FLOAT_TYPES:
-            plan.append((fd.name, _FLOATS if fd.is_repeated else _FLOAT))
+            entries.append((fd.name, _FLOATS if fd.is_repeated else _FLOAT, _UPPER.get((desc.full_name, fd.name))))
         elif fd.type == FieldDescriptor.TYPE_MESSAGE:
             if fd.message_type.GetOptions().map_entry:
                 vfd = fd.message_type.fields_by_name["value"]
                 if vfd.type in _FLOAT_TYPES:
-                    plan.append((fd.name, _MAP_FLOAT))
-                elif vfd.type == FieldDescriptor.TYPE_MESSAGE:
-                    plan.append((fd.name, _MAP_MSG))
-            else:
-                plan.append((fd.name, _MSGS if fd.is_repeated else _MSG))
-    return tuple(plan)
+                    entries.append((fd.name, _MAP_FLOAT, None))
+                elif vfd.type == FieldDescriptor.TYPE_MESSAGE and _needs(vfd.message_type):
+                    entries.append((fd.name, _MAP_MSG, None))
+            elif _needs(fd.message_type):
+                entries.append((fd.name, _MSGS if fd.is_repeated else _MSG, None))
+    _planning.discard(desc.full_name)
+    return tuple(entries), _RULES.get(desc.full_name)
+
+
+def _needs(desc: Descriptor) -> bool:
+    if desc.full_name in _planning:  # a recursive type: walk it (its plan is being made)
+        return True
+    entries, rule = _plan(desc)
+    return bool(entries) or rule is not None
 
 
 def _walk(msg: Message, path: str) -> None:
-    desc = msg.DESCRIPTOR
-    _check_wire_types(msg, desc, path)
-    full_name = desc.full_name
-    for name, kind in _plan(desc):
+    entries, rule = _plan(msg.DESCRIPTOR)
+    for name, kind, upper in entries:
         if kind == _FLOAT:
             value = getattr(msg, name)
             if not math.isfinite(value):
@@ -155,7 +169,7 @@ def _walk(msg: Message, path: str) -> None:
         elif kind == _FLOATS:
             values = getattr(msg, name)
             if len(values):
-                _check_floats(values, f"{path}.{name}", _UPPER.get((full_name, name)))
+                _check_floats(values, path, name, upper)
         elif kind == _MSGS:
             for i, item in enumerate(getattr(msg, name)):
                 _walk(item, f"{path}.{name}[{i}]")
@@ -166,37 +180,37 @@ def _walk(msg: Message, path: str) -> None:
         else:
             for k, v in getattr(msg, name).items():
                 _walk(v, f"{path}.{name}[{k!r}]")
-    rule = _RULES.get(full_name)
     if rule is not None:
         rule(msg, path)
 
 
-def _check_floats(values: Sequence[float], where: str, upper: float | None) -> None:
+def _check_floats(values: Sequence[float], path: str, name: str, upper: float | None) -> None:
     """Every value finite (and at most `upper`, when the field has a bound). A sum is finite iff every
     term is, unless it overflows (float32 terms cannot overflow a float64 sum; doubles near 1e308
     could, and then the element check says which one is at fault, or passes them all)."""
-    if len(values) < 128:
+    if len(values) < 48:
         total, top = sum(values), (max(values) if upper is not None else None)
         if not math.isfinite(total):
             for i, v in enumerate(values):
                 if not math.isfinite(v):
-                    raise InvalidEvent(f"{where}[{i}] is {v} (must be a finite number)")
+                    raise InvalidEvent(f"{path}.{name}[{i}] is {v} (must be a finite number)")
     else:
         # Reading a protobuf repeated field element by element costs ~60 ns each; numpy takes it at once.
         a = np.asarray(values, dtype=np.float64)
         if not math.isfinite(a.sum()):
             bad = np.flatnonzero(~np.isfinite(a))
             if bad.size:
-                raise InvalidEvent(f"{where}[{int(bad[0])}] is {a[bad[0]]} (must be a finite number)")
+                raise InvalidEvent(f"{path}.{name}[{int(bad[0])}] is {a[bad[0]]} (must be a finite number)")
         top = float(a.max()) if upper is not None else None
     if top is not None and upper is not None and top > upper:
-        raise InvalidEvent(f"{where} holds {top:g}; must be at most {upper:g}")
+        raise InvalidEvent(f"{path}.{name} holds {top:g}; must be at most {upper:g}")
 
 
 def _check_wire_types(msg: Message, desc: Descriptor, path: str) -> None:
     """A field number the type knows, but with another wire type, means the bytes are another message
     (a FeedbackEvent's `value`, a double, lands on an Interaction's `task`, a string). Unknown field
-    *numbers* are fine: a newer producer may have added fields (protos/ only ever adds)."""
+    *numbers* are fine: a newer producer may have added fields (protos/ only ever adds). Checked on the
+    top-level message, whose type is the question; a nested mismatch only drops a field."""
     unknown = unknown_fields.UnknownFieldSet(msg)
     if not len(unknown):
         return
@@ -208,77 +222,101 @@ def _check_wire_types(msg: Message, desc: Descriptor, path: str) -> None:
 
 
 # --- per-type rules (what protos/ promises about each message) ---------------------------------------
-def _require(ok: bool, path: str, what: str) -> None:
-    if not ok:
-        raise InvalidEvent(f"{path}: {what}")
+# Each rule tests, then builds its message only on failure: they run on every record.
+def _fail(path: str, what: str) -> NoReturn:
+    raise InvalidEvent(f"{path}: {what}")
 
 
 def _timestamp(ts: Any, path: str) -> None:
-    _require(0 <= ts.seconds <= MAX_TIMESTAMP_S and 0 <= ts.nanos < 1_000_000_000, path,
-             f"timestamp out of range (seconds={ts.seconds}, nanos={ts.nanos})")
+    if not (0 <= ts.seconds <= MAX_TIMESTAMP_S and 0 <= ts.nanos < 1_000_000_000):
+        _fail(path, f"timestamp out of range (seconds={ts.seconds}, nanos={ts.nanos})")
 
 
 def _envelope(env: Any, path: str) -> None:
-    _require(len(env.event_id) <= MAX_ID_CHARS and len(env.tenant) <= MAX_ID_CHARS, path,
-             f"event_id and tenant must be at most {MAX_ID_CHARS} characters")
+    if len(env.event_id) > MAX_ID_CHARS or len(env.tenant) > MAX_ID_CHARS:
+        _fail(path, f"event_id and tenant must be at most {MAX_ID_CHARS} characters")
 
 
 def _sampling(s: Any, path: str) -> None:
-    _require(s.temperature >= 0, path, f"temperature must be >= 0; got {s.temperature:g}")
-    _require(0 <= s.top_p <= 1, path, f"top_p must lie in [0, 1]; got {s.top_p:g}")
-    _require(s.top_k >= 0 and s.max_new_tokens >= 0, path, "top_k and max_new_tokens must be >= 0")
-    _require(0 <= s.n <= MAX_SAMPLES, path, f"n must lie in [0, {MAX_SAMPLES}]; got {s.n}")
+    if s.temperature < 0:
+        _fail(path, f"temperature must be >= 0; got {s.temperature:g}")
+    if not 0 <= s.top_p <= 1:
+        _fail(path, f"top_p must lie in [0, 1]; got {s.top_p:g}")
+    if s.top_k < 0 or s.max_new_tokens < 0:
+        _fail(path, "top_k and max_new_tokens must be >= 0")
+    if not 0 <= s.n <= MAX_SAMPLES:
+        _fail(path, f"n must lie in [0, {MAX_SAMPLES}]; got {s.n}")
 
 
 def _interaction(it: Any, path: str) -> None:
-    _require(len(it.interaction_id) <= MAX_ID_CHARS, path, f"interaction_id longer than {MAX_ID_CHARS} characters")
-    _require(it.latency_ms >= 0, path, f"latency_ms must be >= 0; got {it.latency_ms:g}")
+    if len(it.interaction_id) > MAX_ID_CHARS:
+        _fail(path, f"interaction_id longer than {MAX_ID_CHARS} characters")
+    if it.latency_ms < 0:
+        _fail(path, f"latency_ms must be >= 0; got {it.latency_ms:g}")
     n = len(it.response_token_ids)
     for name in ("response_logprobs", "response_logprobs_t1"):  # their bound: _UPPER
         k = len(getattr(it, name))
-        _require(k in (0, n), path, f"{name} has {k} entries for {n} response tokens")
-    _require(it.group_size >= 0 and it.sample_index >= 0, path, "group_size and sample_index must be >= 0")
-    _require(it.group_size == 0 or it.sample_index < it.group_size, path,
-             f"sample_index {it.sample_index} is not below group_size {it.group_size}")
+        if k and k != n:
+            _fail(path, f"{name} has {k} entries for {n} response tokens")
+    if it.group_size < 0 or it.sample_index < 0:
+        _fail(path, "group_size and sample_index must be >= 0")
+    if it.group_size and it.sample_index >= it.group_size:
+        _fail(path, f"sample_index {it.sample_index} is not below group_size {it.group_size}")
     # An interaction is a prompt and its answer: bytes with neither are most likely another message
     # (a FeedbackEvent parses as an Interaction when its value is 0 and so absent from the wire).
-    _require(bool(it.messages or it.prompt_text or it.response_text or it.response_token_ids), path,
-             "an Interaction needs a prompt or a response")
+    if not (n or it.response_text or it.messages or it.prompt_text):
+        _fail(path, "an Interaction needs a prompt or a response")
 
 
 def _feedback(fb: Any, path: str) -> None:
-    _require(len(fb.interaction_id) <= MAX_ID_CHARS, path, f"interaction_id longer than {MAX_ID_CHARS} characters")
-    _require(fb.kind in FEEDBACK_KINDS, path, f"kind must be one of {', '.join(FEEDBACK_KINDS)}; got {fb.kind!r}")
-    if fb.kind == "thumbs":
-        _require(fb.value in (1.0, -1.0), path, f"thumbs feedback needs value +1 or -1; got {fb.value:g}")
-    elif fb.kind == "rating":
-        _require(1.0 <= fb.value <= 5.0, path, f"rating feedback needs value within [1, 5]; got {fb.value:g}")
-    elif fb.kind == "kpi":
-        _require(bool(fb.kpi_name), path, "kpi feedback needs kpi_name")
+    if len(fb.interaction_id) > MAX_ID_CHARS:
+        _fail(path, f"interaction_id longer than {MAX_ID_CHARS} characters")
+    kind, value = fb.kind, fb.value
+    if kind == "thumbs":
+        if value != 1.0 and value != -1.0:
+            _fail(path, f"thumbs feedback needs value +1 or -1; got {value:g}")
+    elif kind == "rating":
+        if not 1.0 <= value <= 5.0:
+            _fail(path, f"rating feedback needs value within [1, 5]; got {value:g}")
+    elif kind == "kpi":
+        if not fb.kpi_name:
+            _fail(path, "kpi feedback needs kpi_name")
+    elif kind != "correction":
+        _fail(path, f"kind must be one of {', '.join(FEEDBACK_KINDS)}; got {kind!r}")
 
 
 def _component(c: Any, path: str) -> None:
-    _require(c.weight >= 0, path, f"weight must be >= 0; got {c.weight:g}")
+    if c.weight < 0:
+        _fail(path, f"weight must be >= 0; got {c.weight:g}")
 
 
 def _graded(g: Any, path: str) -> None:
-    _require(g.revision >= 1, path, f"revision must be >= 1; got {g.revision}")
+    if g.revision < 1:
+        _fail(path, f"revision must be >= 1; got {g.revision}")
+
+
+_ACTIONS = frozenset({events_pb2.UPDATE_ACTION_PROMOTE, events_pb2.UPDATE_ACTION_CANARY,
+                      events_pb2.UPDATE_ACTION_ROLLBACK})
+_ITEM_STATUSES = frozenset(events_pb2.ItemStatus.values())
 
 
 def _model_update(u: Any, path: str) -> None:
-    _require(u.action in (events_pb2.UPDATE_ACTION_PROMOTE, events_pb2.UPDATE_ACTION_CANARY,
-                          events_pb2.UPDATE_ACTION_ROLLBACK), path, f"unknown action {u.action}")
-    _require(0.0 <= u.canary_fraction <= 1.0, path, f"canary_fraction must lie in [0, 1]; got {u.canary_fraction:g}")
+    if u.action not in _ACTIONS:
+        _fail(path, f"unknown action {u.action}")
+    if not 0.0 <= u.canary_fraction <= 1.0:
+        _fail(path, f"canary_fraction must lie in [0, 1]; got {u.canary_fraction:g}")
 
 
 def _knowledge_item(item: Any, path: str) -> None:
-    _require(item.status in events_pb2.ItemStatus.values(), path, f"unknown item status {item.status}")
-    _require(item.helpful >= 0 and item.harmful >= 0 and item.token_count >= 0, path,
-             "helpful, harmful and token_count must be >= 0")
+    if item.status not in _ITEM_STATUSES:
+        _fail(path, f"unknown item status {item.status}")
+    if item.helpful < 0 or item.harmful < 0 or item.token_count < 0:
+        _fail(path, "helpful, harmful and token_count must be >= 0")
 
 
 def _snapshot(s: Any, path: str) -> None:
-    _require(s.version >= 0, path, f"version must be >= 0; got {s.version}")
+    if s.version < 0:
+        _fail(path, f"version must be >= 0; got {s.version}")
 
 
 _UPPER: dict[tuple[str, str], float] = {

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import signal
 
+from shared.startup import exit_on_startup_error
 
+
+@exit_on_startup_error("extractor")
 def main(argv: list[str] | None = None) -> int:
     from services.extractor.config import ExtractorSettings
 

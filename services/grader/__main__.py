@@ -7,8 +7,10 @@ import sys
 from services.grader.config import GraderSettings
 from shared.grading import GraderConfigError, load_grader_config
 from shared.logs import configure_logging
+from shared.startup import exit_on_startup_error
 
 
+@exit_on_startup_error("grader")
 def main(argv: list[str] | None = None) -> int:
     settings = GraderSettings()
     configure_logging("grader", settings.log_level or settings.common.log_level, settings.common.log_json)

@@ -277,7 +277,7 @@ class GraderApp:
         P = settings.partitions
         self.app = faust.App(
             settings.app_id, broker=_brokers(settings.common.kafka_bootstrap), store=settings.store,
-            broker_credentials=None,  # MUTATION
+            broker_credentials=faust_credentials(settings.common),  # TLS / SASL, as every Kafka client
             datadir=str(settings.datadir / settings.app_id), web_enabled=False, autodiscover=False,
             topic_partitions=P, topic_replication_factor=settings.replication,
             key_serializer="raw", value_serializer="raw", consumer_auto_offset_reset="earliest",

@@ -6,7 +6,10 @@ import argparse
 import signal
 import sys
 
+from shared.startup import exit_on_startup_error
 
+
+@exit_on_startup_error("inference")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="apprentice serve inference", description=__doc__)
     ap.add_argument("--port", type=int, help="gRPC port (default: APPRENTICE_INFERENCE_PORT or 50051)")

@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.config import CommonSettings
@@ -20,6 +20,14 @@ from shared.security.identity import Identity, Role
 from shared.security.keys import KeyEntry
 
 EngineName = Literal["transformers", "vllm"]
+
+
+class TenantQuota(BaseModel):
+    """One tenant's quota override (`APPRENTICE_INFERENCE_TENANT_QUOTAS`); None keeps the pod default."""
+
+    max_concurrent: int | None = Field(default=None, ge=0)
+    tokens_per_s: float | None = Field(default=None, ge=0)
+    burst_tokens: int | None = Field(default=None, ge=0)
 
 
 def _default_pod_id() -> str:
@@ -109,6 +117,42 @@ class InferenceSettings(BaseSettings):
     under steady concurrency the clients of one batch resubmit a few milliseconds apart, and without
     this the next batch would start with the first of them and leave the rest for a batch of their own.
     Costs a lone request at most this once, when concurrency drops."""
+
+    # --- scheduling and tenant quotas (services/inference/scheduler.py, quotas.py) -------------------
+    scheduler: Literal["continuous", "static"] = "continuous"
+    """Transformers engine: `continuous` (requests join the running batch at the next step and finished
+    rows leave at once, within `max_batch_rows` / `max_batch_tokens`, tenants taking turns) or `static`
+    (the batch formed at its start decodes to its end, as before; kept for comparison)."""
+
+    max_batch_tokens: int = 32_768
+    """Continuous scheduler: cap on the tokens the rows in flight may reserve, each row reserving its
+    prompt + max new tokens (at most the context window). New rows wait rather than grow past it, so a
+    request of n=16 x 2,000 tokens holds about one batch's worth, not the engine. The padded KV cache can
+    reach rows x longest row; 32k tokens is ~1.5 GB of fp32 KV for SmolLM2-135M."""
+
+    tenant_batch_share: float = 0.75
+    """Continuous scheduler: fraction of `max_batch_rows` and `max_batch_tokens` one tenant's rows may
+    hold. A CPU batch has no preemption: without free room, another tenant's short request would wait for
+    a long batch to end. 1.0 lets a single tenant fill the engine."""
+
+    max_overtake_s: float = 5.0
+    """Continuous scheduler: how long smaller requests from other tenants may overtake a request that
+    waits for room; after that, admission holds other rows until it fits (no starvation)."""
+
+    tenant_max_concurrent: int = 0
+    """Requests one tenant may have in flight (queued + generating) on this pod; one more is
+    RESOURCE_EXHAUSTED (HTTP 429). 0 = unlimited."""
+
+    tenant_tokens_per_s: float = 0.0
+    """Token rate (prompt + generated tokens per second) one tenant may use on this pod, as a token bucket;
+    over it, requests are RESOURCE_EXHAUSTED with the time to retry. 0 = unlimited."""
+
+    tenant_burst_tokens: int = 0
+    """Token bucket size (what a tenant may use at once after idling); 0 = 10 s of `tenant_tokens_per_s`."""
+
+    tenant_quotas: dict[str, TenantQuota] = Field(default_factory=dict)
+    """Per-tenant overrides of the three quotas above, as JSON: `{"acme": {"max_concurrent": 8,
+    "tokens_per_s": 2000}}`; a field left out keeps the default."""
 
     default_max_new_tokens: int = 128
     """Used when a request leaves `max_new_tokens` at 0."""
@@ -246,6 +290,12 @@ class InferenceSettings(BaseSettings):
             raise ValueError("APPRENTICE_INFERENCE_DEFAULT_MAX_NEW_TOKENS must be within 1..MAX_NEW_TOKENS_LIMIT")
         if self.batch_wait_ms < 0 or self.batch_refill_ms < 0 or self.grace_s < 0:
             raise ValueError("APPRENTICE_INFERENCE_BATCH_WAIT_MS, BATCH_REFILL_MS and GRACE_S must be >= 0")
+        if self.max_batch_tokens < 1 or not 0 < self.tenant_batch_share <= 1 or self.max_overtake_s < 0:
+            raise ValueError("APPRENTICE_INFERENCE_MAX_BATCH_TOKENS must be >= 1, TENANT_BATCH_SHARE within "
+                             "(0, 1] and MAX_OVERTAKE_S >= 0")
+        if self.tenant_max_concurrent < 0 or self.tenant_tokens_per_s < 0 or self.tenant_burst_tokens < 0:
+            raise ValueError("APPRENTICE_INFERENCE_TENANT_MAX_CONCURRENT, TENANT_TOKENS_PER_S and "
+                             "TENANT_BURST_TOKENS must be >= 0 (0 = unlimited / default)")
         if not 0 <= self.http_port <= 65535 or self.http_workers < 1:
             raise ValueError("APPRENTICE_INFERENCE_HTTP_PORT must be within 0..65535 (0 = off) and "
                              "APPRENTICE_INFERENCE_HTTP_WORKERS >= 1")

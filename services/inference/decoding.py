@@ -1,9 +1,19 @@
-"""A batch of (prompt ids, sampling parameters) rows --> completions with per-token log-probs.
+"""Rows of (prompt ids, sampling parameters) --> completions with per-token log-probs (CPU engine).
 
-The transformers engine's decode loop: one forward pass per step over every unfinished row, with a KV
-cache and left padding; each row has its own temperature / top-k / top-p / seed / stop strings / token
-budget, and leaves the batch as soon as it stops (its cache rows are dropped, so a long answer does not
-make short ones pay). No threads, no network: the engine's scheduler calls `decode_batch`.
+The transformers engine's decode loop, as a `DecodeBatch` that rows join and leave between steps
+(continuous batching): `add` prefills a group of new rows in one forward pass and merges them into the
+running batch; `step` runs one forward pass over every live row; a row leaves as soon as it stops (its
+cache rows are dropped, so a long answer does not make short ones pay). Each row has its own
+temperature / top-k / top-p / seed / stop strings / token budget. `decode_batch` is the static form:
+one group, decoded to completion. No threads, no network: the engine's scheduler drives it.
+
+KV-cache layout: one left-padded `DynamicCache` per batch, (B, kv_heads, W, head_dim) per layer, a 0/1
+attention mask (B, W + 1) whose last column is each row's pending token, and explicit position ids (a
+row's count of real tokens), so rows of different lengths share a forward pass. A joining group is
+prefilled on its own (rows of one prompt, e.g. a request's n samples, share one prefill), then both
+caches are left-padded to the wider one and concatenated along the batch; columns that are padding in
+every row (the longest row left) are trimmed. Masked columns add exactly zero attention weight, so a
+row's numbers do not depend on what shares its batch, up to float rounding.
 
 Log-prob semantics are exactly those of `shared.generation` (the trainer's importance ratios depend on
 them; `Interaction` fields 14 and 15 in events.proto), and this module reuses its filter and seeding:
@@ -14,8 +24,8 @@ Both lists have one entry per generated token, EOS included when it was produced
 and ends before the first stop string (the tokens that completed the stop string are kept).
 
 Seeded rows draw from their own generator (`seed * 1000003 + sample_index`, as `shared.generation`), so
-a seeded request gives the same tokens whatever else shares its batch (up to float rounding of padded
-batches); unseeded rows share one `torch.multinomial` call per step.
+a seeded request gives the same tokens whatever else shares its batch, and whenever it joins (up to
+float rounding of padded batches); unseeded rows share one draw per step.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from shared.generation import _eos_ids as eos_ids_of
 from shared.generation import _filter_logits as filter_top_k_top_p
 from shared.generation import _generator as seeded_generator
 
-__all__ = ["DecodeRow", "decode_batch", "eos_ids_of", "first_stop", "stream_safe_length"]
+__all__ = ["DecodeBatch", "DecodeRow", "decode_batch", "eos_ids_of", "first_stop", "stream_safe_length"]
 
 
 def first_stop(text: str, stops: Sequence[str]) -> int:
@@ -120,73 +130,200 @@ def _accepts_logits_to_keep(model: Any) -> bool:
 @dataclass
 class BatchStats:
     rows: int = 0
-    steps: int = 0
+    steps: int = 0                         # forward passes (prefills included)
     tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
 
-@torch.inference_mode()
-def decode_batch(model: Any, tok: Any, rows: list[DecodeRow], *, eos_ids: set[int] | None = None,
-                 context_window: int | None = None, forward: Callable[..., Any] | None = None) -> BatchStats:
-    """Decode every row to completion (stop, length, or cancelled); results go to each row's callbacks.
+@dataclass
+class _Group:
+    """Decode state of a set of rows, aligned on the batch dimension (the running batch, or a group that
+    has just been prefilled and is about to join it)."""
 
-    `model` answers eos/device questions; `forward` (default: `model`) runs the network, which lets the
-    engine pass a LoRA-activated wrapper. `context_window` caps prompt + completion tokens per row.
+    rows: list[DecodeRow]
+    past: Any                              # DynamicCache, (B, kv_heads, W, head_dim) per layer
+    attn: torch.Tensor                     # (B, W + 1) 0/1: cache columns + the pending token
+    pending: torch.Tensor                  # (B,) the token each row feeds to the next step
+    pos: torch.Tensor                      # (B,) its position id (= real tokens before it)
+    temp: torch.Tensor                     # (B,)
+    top_k: torch.Tensor                    # (B,)
+    top_p: torch.Tensor                    # (B,)
+    gens: list[torch.Generator | None]
+
+    def select(self, keep: list[int]) -> None:
+        """Keep rows `keep` (indices into the group), in that order."""
+        if len(keep) == len(self.rows):
+            return
+        sel = torch.tensor(keep, device=self.attn.device)
+        self.past.batch_select_indices(sel)
+        self.attn, self.pending, self.pos = self.attn[sel], self.pending[sel], self.pos[sel]
+        self.temp, self.top_k, self.top_p = self.temp[sel], self.top_k[sel], self.top_p[sel]
+        self.gens = [self.gens[i] for i in keep]
+        self.rows = [self.rows[i] for i in keep]
+
+    def trim(self) -> None:
+        """Drop leading columns that are padding in every row (left by rows that have left)."""
+        k = int((self.attn != 0).to(torch.int8).argmax(dim=1).min())      # first real column, earliest row
+        if k > 0:
+            self.attn = self.attn[:, k:]
+            for layer in self.past.layers:
+                layer.keys, layer.values = layer.keys[:, :, k:], layer.values[:, :, k:]
+
+
+def _left_pad_cat(a: torch.Tensor, b: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """Stack `a` and `b` along dim 0, each right-aligned (left-padded with zeros) to `width` along `dim`."""
+    shape = list(a.shape)
+    shape[0], shape[dim] = a.shape[0] + b.shape[0], width
+    out = a.new_zeros(shape)
+    out.narrow(0, 0, a.shape[0]).narrow(dim, width - a.shape[dim], a.shape[dim]).copy_(a)
+    out.narrow(0, a.shape[0], b.shape[0]).narrow(dim, width - b.shape[dim], b.shape[dim]).copy_(b)
+    return out
+
+
+def _mergeable(past: Any) -> bool:
+    """Only plain dynamic layers can be padded and concatenated (sliding-window, static, quantized or
+    linear-attention caches keep state this module does not know how to align)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(past, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer and layer.keys.dim() == 4 for layer in layers)
+
+
+class DecodeBatch:
+    """Rows decoding together on one model. Rows join with `add` and leave when they finish; `step`
+    decodes one token for every live row. Results go to each row's callbacks.
+
+    `model` answers eos/device/signature questions; the `forward` passed to `add` / `step` (default:
+    `model`) runs the network, which lets the engine pass a LoRA-activated wrapper. `context_window` caps
+    prompt + completion tokens per row. Not thread-safe: one scheduler thread drives a batch.
     """
-    stats = BatchStats(rows=len(rows))
-    forward = forward or model
-    eos = eos_ids if eos_ids is not None else eos_ids_of(model, tok)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos))
-    device = next(model.parameters()).device
-    limit = context_window or int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
-    # Rows that need no decoding at all (cancelled while queued, zero budget) finish at once.
-    live = []
-    for r in rows:
-        if r.cancelled():
-            r.finish("cancelled", eos, tok)
-        elif r.params.max_new_tokens <= 0 or len(r.prompt_ids) >= limit:
-            r.finish("length", eos, tok)
-        else:
-            live.append(r)
-    if not live:
-        return stats
+    def __init__(self, model: Any, tok: Any, *, eos_ids: set[int] | None = None,
+                 context_window: int | None = None) -> None:
+        self.model, self.tok = model, tok
+        self.eos = eos_ids if eos_ids is not None else eos_ids_of(model, tok)
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(self.eos))
+        self.device = next(model.parameters()).device
+        self.limit = context_window or int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        # Only the last position's logits are needed: at prefill, the full (B, W, V) projection would cost
+        # more than the transformer itself on a small model.
+        self._extra = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+        self.stats = BatchStats()
+        self._run: _Group | None = None
+        self._joinable = True
 
-    # 1) left-pad the prompts into one (B, W) block
-    width = max(len(r.prompt_ids) for r in live)
-    B = len(live)
-    input_ids = torch.full((B, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, width), dtype=torch.long)
-    for i, r in enumerate(live):
-        n = len(r.prompt_ids)
-        input_ids[i, width - n:] = torch.tensor(r.prompt_ids, dtype=torch.long)
-        attn[i, width - n:] = 1
-    input_ids, attn = input_ids.to(device), attn.to(device)
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)                                   # (B, W)
-    next_pos = attn.sum(-1)                                                             # (B,) real tokens so far
+    @property
+    def live(self) -> list[DecodeRow]:
+        return self._run.rows if self._run is not None else []
 
-    temp = torch.tensor([r.params.temperature for r in live], device=device)
-    top_k = torch.tensor([r.params.top_k for r in live], device=device)
-    top_p = torch.tensor([r.params.top_p if 0 < r.params.top_p < 1 else 1.0 for r in live], device=device)
-    gens: list[torch.Generator | None] = [seeded_generator(r.params.seed, r.sample_index) for r in live]
+    def __len__(self) -> int:
+        return len(self.live)
 
-    past = None
-    step_ids, step_pos = input_ids, position_ids
-    # Only the last position's logits are needed: at prefill, the full (B, W, V) projection would cost
-    # more than the transformer itself on a small model.
-    extra = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
-    t0 = time.perf_counter()
-    while live:
-        out = forward(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, past_key_values=past,
-                      use_cache=True, **extra)
+    @property
+    def width(self) -> int:
+        """Cache columns per row (padding included): what one more step attends over."""
+        return 0 if self._run is None else int(self._run.attn.shape[1])
+
+    @property
+    def can_join(self) -> bool:
+        """Whether `add` may be called now: always on an empty batch; on a running one only when its cache
+        layout can be merged (plain dynamic layers)."""
+        return self._run is None or self._joinable
+
+    # --- public steps ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def add(self, rows: Sequence[DecodeRow], forward: Callable[..., Any] | None = None) -> None:
+        """Prefill `rows` (one forward pass; rows with identical prompts share it), draw their first tokens,
+        and merge the rows that go on into the running batch."""
+        assert self.can_join, "this batch's cache layout cannot take new rows; wait until it is empty"
+        live = self._screen(rows)
+        if not live:
+            return
+        self.stats.rows += len(live)
+        forward = forward or self.model
+        device = self.device
+
+        # 1) left-pad the distinct prompts into one (U, Wn) block
+        index: dict[tuple[int, ...], int] = {}
+        of_row = [index.setdefault(tuple(r.prompt_ids), len(index)) for r in live]
+        prompts = [list(p) for p in index]
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for u, p in enumerate(prompts):
+            ids[u, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[u, width - len(p):] = 1
+        ids, attn = ids.to(device), attn.to(device)
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)                                    # (U, Wn)
+
+        t0 = time.perf_counter()
+        out = forward(input_ids=ids, attention_mask=attn, position_ids=position_ids, past_key_values=None,
+                      use_cache=True, **self._extra)
+        self.stats.prefill_s += time.perf_counter() - t0
+        self.stats.steps += 1
         past = out.past_key_values
-        logits = out.logits[:, -1, :].float()                                           # (B, V)
-        if stats.steps == 0:
-            stats.prefill_s = time.perf_counter() - t0
-        stats.steps += 1
+        logits = out.logits[:, -1, :].float()                                                # (U, V)
+        if len(prompts) < len(live):                         # one row per sample: share the prompt's cache
+            sel = torch.tensor(of_row, device=device)
+            past.batch_select_indices(sel)
+            logits, attn = logits[sel], attn[sel]
 
-        # 2) the two log-prob views and the draw
+        # 2) the first token of every row, then the rows that go on join
+        group = _Group(
+            rows=live, past=past, attn=attn, pending=torch.zeros(len(live), dtype=torch.long, device=device),
+            pos=attn.sum(-1),
+            temp=torch.tensor([r.params.temperature for r in live], device=device),
+            top_k=torch.tensor([r.params.top_k for r in live], device=device),
+            top_p=torch.tensor([r.params.top_p if 0 < r.params.top_p < 1 else 1.0 for r in live], device=device),
+            gens=[seeded_generator(r.params.seed, r.sample_index) for r in live])
+        self._advance(group, logits, first=True)
+        if group.rows:
+            self._merge(group)
+
+    @torch.inference_mode()
+    def step(self, forward: Callable[..., Any] | None = None) -> int:
+        """One forward pass over every live row and one token each; returns how many rows finished."""
+        g = self._run
+        if g is None:
+            return 0
+        before = len(g.rows)
+        forward = forward or self.model
+        t0 = time.perf_counter()
+        out = forward(input_ids=g.pending[:, None], attention_mask=g.attn, position_ids=g.pos[:, None],
+                      past_key_values=g.past, use_cache=True, **self._extra)
+        g.past = out.past_key_values
+        logits = out.logits[:, -1, :].float()                                                # (B, V)
+        self._advance(g, logits, first=False)
+        self.stats.decode_s += time.perf_counter() - t0
+        self.stats.steps += 1
+        if not g.rows:
+            self._run = None
+        return before - len(g.rows)
+
+    def cancel_all(self, reason: str = "cancelled") -> None:
+        """Finish every live row now (engine shutdown)."""
+        for r in self.live:
+            r.finish(reason, self.eos, self.tok)
+        self._run = None
+
+    # --- internals ----------------------------------------------------------------------------------
+    def _screen(self, rows: Sequence[DecodeRow]) -> list[DecodeRow]:
+        """Rows that need decoding; the others (cancelled while queued, zero budget) finish at once."""
+        live = []
+        for r in rows:
+            if r.cancelled():
+                r.finish("cancelled", self.eos, self.tok)
+            elif r.params.max_new_tokens <= 0 or len(r.prompt_ids) >= self.limit:
+                r.finish("length", self.eos, self.tok)
+            else:
+                live.append(r)
+        return live
+
+    def _draw(self, g: _Group, logits: torch.Tensor) -> tuple[torch.Tensor, list[float], list[float]]:
+        """Each row's next token and its two log-probs (T=1 unfiltered; behaviour). logits: (B, V)."""
+        temp, top_k, top_p, gens, device = g.temp, g.top_k, g.top_p, g.gens, self.device
+        B = logits.shape[0]
         logp_t1 = F.log_softmax(logits, dim=-1)                                         # (B, V)
         greedy = temp <= 0                                                              # (B,)
         next_tok = torch.argmax(logits, dim=-1)                                         # (B,)
@@ -209,14 +346,18 @@ def decode_batch(model: Any, tok: Any, rows: list[DecodeRow], *, eos_ids: set[in
             for i in range(B):
                 if not is_greedy[i] and gens[i] is not None:   # seeded generators live on the CPU
                     next_tok[i] = torch.multinomial(probs[i].cpu(), 1, generator=gens[i]).squeeze().to(device)
-        toks = next_tok.tolist()
         lp_t1 = logp_t1.gather(1, next_tok[:, None]).squeeze(1).tolist()
         lp_b = ([0.0] * B if logp_b is None else
                 torch.where(greedy, torch.zeros_like(temp), logp_b.gather(1, next_tok[:, None]).squeeze(1)).tolist())
+        return next_tok, lp_t1, lp_b
 
-        # 3) per-row bookkeeping: append, stop, stream
+    def _advance(self, g: _Group, logits: torch.Tensor, *, first: bool) -> None:
+        """Draw, then per row: append, stop, stream; rows that stop leave `g` (and their cache rows)."""
+        next_tok, lp_t1, lp_b = self._draw(g, logits)
+        toks = next_tok.tolist()
+        eos, tok, limit = self.eos, self.tok, self.limit
         keep: list[int] = []
-        for i, r in enumerate(live):
+        for i, r in enumerate(g.rows):
             if r.cancelled():
                 r.finish("cancelled", eos, tok)
                 continue
@@ -225,7 +366,7 @@ def decode_batch(model: Any, tok: Any, rows: list[DecodeRow], *, eos_ids: set[in
             s.token_ids.append(t)
             s.logprobs_t1.append(lp_t1[i])
             s.logprobs.append(lp_b[i])
-            stats.tokens += 1
+            self.stats.tokens += 1
             if r.stream:
                 r.pending_ids.append(t)
             if t in eos:
@@ -248,20 +389,48 @@ def decode_batch(model: Any, tok: Any, rows: list[DecodeRow], *, eos_ids: set[in
                     r.streamed, r.pending_ids = safe, []
             keep.append(i)
 
-        # 4) drop finished rows from the batch (and their KV cache)
-        if len(keep) < B:
-            if not keep:
-                break
-            sel = torch.tensor(keep, device=device)
-            past.batch_select_indices(sel)
-            attn, next_tok, next_pos = attn[sel], next_tok[sel], next_pos[sel]
-            temp, top_k, top_p = temp[sel], top_k[sel], top_p[sel]
-            gens = [gens[i] for i in keep]
-            live = [live[i] for i in keep]
-            B = len(live)
-        step_ids = next_tok[:, None]
-        step_pos = next_pos[:, None]
-        next_pos = next_pos + 1
-        attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], dim=1)
-    stats.decode_s = time.perf_counter() - t0 - stats.prefill_s
-    return stats
+        # rows that stopped leave the batch (and their cache rows); the others feed their new token
+        g.pending = next_tok
+        if not first:
+            g.pos = g.pos + 1
+        if not keep:
+            g.rows = []
+            return
+        g.select(keep)
+        g.attn = torch.cat([g.attn, torch.ones((len(keep), 1), dtype=g.attn.dtype, device=self.device)], dim=1)
+        if not first and len(keep) < len(toks):
+            g.trim()
+
+    def _merge(self, new: _Group) -> None:
+        """Join a freshly prefilled group to the running rows: left-pad both caches to the wider one and
+        concatenate along the batch (one copy of each layer)."""
+        if self._run is None:
+            self._run = new
+            self._joinable = _mergeable(new.past)
+            return
+        run = self._run
+        width = max(run.attn.shape[1], new.attn.shape[1])                # cache columns + 1
+        for la, lb in zip(run.past.layers, new.past.layers, strict=True):
+            la.keys = _left_pad_cat(la.keys, lb.keys, width - 1, dim=2)
+            la.values = _left_pad_cat(la.values, lb.values, width - 1, dim=2)
+        run.attn = _left_pad_cat(run.attn, new.attn, width, dim=1)
+        run.pending = torch.cat([run.pending, new.pending])
+        run.pos = torch.cat([run.pos, new.pos])
+        run.temp = torch.cat([run.temp, new.temp])
+        run.top_k = torch.cat([run.top_k, new.top_k])
+        run.top_p = torch.cat([run.top_p, new.top_p])
+        run.gens = run.gens + new.gens
+        run.rows = run.rows + new.rows
+
+
+def decode_batch(model: Any, tok: Any, rows: list[DecodeRow], *, eos_ids: set[int] | None = None,
+                 context_window: int | None = None, forward: Callable[..., Any] | None = None) -> BatchStats:
+    """Decode every row to completion (stop, length, or cancelled); results go to each row's callbacks.
+
+    The static form of `DecodeBatch`: one prefill of all rows, then steps until every row has stopped.
+    """
+    batch = DecodeBatch(model, tok, eos_ids=eos_ids, context_window=context_window)
+    batch.add(rows, forward)
+    while batch.live:
+        batch.step(forward)
+    return batch.stats

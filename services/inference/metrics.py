@@ -54,3 +54,10 @@ PII_REJECTED = Counter("apprentice_inference_pii_rejected_total",
                        "Requests or comments refused for personal data (tenant policy `reject`)", ["kind"])
 PII_SCAN_SECONDS = Histogram("apprentice_inference_pii_scan_seconds", "One PII scan of one text (cache hits "
                              "included)", buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
+
+QUOTA_REFUSED = Counter("apprentice_inference_quota_refused_total",
+                        "Requests refused by a tenant quota (RESOURCE_EXHAUSTED / HTTP 429)", ["reason"])
+ROWS_IN_FLIGHT = Gauge("apprentice_inference_rows_in_flight",
+                       "Continuous scheduler: sequences admitted into running batches")
+TOKENS_RESERVED = Gauge("apprentice_inference_batch_tokens_reserved",
+                        "Continuous scheduler: tokens reserved by the rows in flight (cap: max_batch_tokens)")

@@ -9,8 +9,9 @@ affected: it answers from the unredacted prompt; only the captured record change
   prompt is the text the grader and extractor see. The recorded behaviour log-probs stay: they were
   computed under the original prompt, and the trainer's truncated importance weight
   min(pi_old(y | redacted prompt) / pi_rollout(y | original prompt), C) accounts for that change.
-- answer: when the model's answer contains personal data, `response_text` is redacted and the answer's
-  token ids and log-probs are dropped: the redacted text is not what the model generated, and RL must not
+- answer: when the model's answer contains personal data (any structured type, or a name the prompt
+  gave: answers are not read with NER, see `Redactor.scan_answer`), `response_text` is redacted and the
+  answer's token ids and log-probs are dropped: the redacted text is not what the model generated, and RL must not
   reinforce placeholder tokens the policy never sampled. The trainer skips such a rollout (counted as
   "malformed": no response tokens); the grader and extractor still use its redacted text.
 - feedback comment: redacted in place (the event id still hashes the comment as sent, so a retried
@@ -85,9 +86,10 @@ class CapturePrivacy:
         s = self.settings
         return s.capture and not no_capture and tenant not in s.no_capture_tenants
 
-    def _scan(self, text: str, where: str) -> Scan:
+    def _scan(self, text: str, where: str, answer_names: set[str] | None = None) -> Scan:
+        """A scan of `text`; with `answer_names`, read as a model answer (`Redactor.scan_answer`)."""
         t0 = time.perf_counter()
-        scan = self.redactor.scan(text)
+        scan = self.redactor.scan(text) if answer_names is None else self.redactor.scan_answer(text, answer_names)
         metrics.PII_SCAN_SECONDS.observe(time.perf_counter() - t0)
         for span in scan.spans:
             metrics.PII_FOUND.labels(entity=span.entity, where=where).inc()
@@ -127,8 +129,10 @@ class CapturePrivacy:
 
     def _redact_interaction(self, ev: events_pb2.Interaction) -> events_pb2.Interaction:
         changed_prompt = False
+        names: set[str] = set()
         for m in ev.messages:
             scan = self._scan(m.content, "prompt")
+            names |= scan.names()
             if scan.spans:
                 m.content = scan.redacted
                 changed_prompt = True
@@ -140,7 +144,7 @@ class CapturePrivacy:
             else:
                 chat = encode_chat(tok, list(ev.messages))
                 ev.prompt_text, ev.prompt_token_ids[:] = chat.text, chat.ids
-        answer = self._scan(ev.response_text, "response")
+        answer = self._scan(ev.response_text, "response", names)
         if answer.spans:
             ev.response_text = answer.redacted
             del ev.response_token_ids[:]

@@ -202,7 +202,11 @@ def feedback_event(req: inference_pb2.FeedbackRequest, tenant: str, pod: str,
     elif req.kind == "kpi":
         require(bool(req.kpi_name), "kpi feedback needs `kpi_name`")
     if req.HasField("occurred_at"):
-        when = req.occurred_at.ToDatetime(tzinfo=UTC)
+        ts = req.occurred_at
+        # ToDatetime raises ValueError (an INTERNAL error) on nanos outside [0, 1e9) or a year outside 1..9999
+        require(0 <= ts.nanos < 1_000_000_000 and -62135596800 <= ts.seconds <= 253402300799,
+                f"occurred_at is not a valid timestamp (seconds={ts.seconds}, nanos={ts.nanos})")
+        when = ts.ToDatetime(tzinfo=UTC)
         require(when <= now + timedelta(minutes=5), f"occurred_at {when.isoformat()} is in the future")
     else:
         when = now

@@ -43,6 +43,7 @@ from services.inference.hotswap import (
     versions_root,
 )
 from services.inference.privacy import CapturePrivacy
+from services.inference.quotas import Lease, QuotaExceeded, TenantQuotas
 from services.inference.requests import (
     PreparedRequest,
     feedback_event,
@@ -151,6 +152,7 @@ class InferenceApp:
             max_comment_chars=settings.feedback_max_comment_chars,
             clock_skew_s=settings.feedback_clock_skew_s), settings.common.interaction_id_key())
         self.privacy = CapturePrivacy(settings, lambda: self.engine.tokenizer)
+        self.quotas = TenantQuotas.from_settings(settings)
 
     # --- life cycle -------------------------------------------------------------------------------
     def start(self) -> int:
@@ -276,21 +278,34 @@ class InferenceApp:
         assert self.manager is not None
         remaining = remaining_s(context)
         deadline = time.monotonic() + remaining if remaining is not None else None
+        lease = self._admit(p)                    # tenant quotas: RESOURCE_EXHAUSTED with retry_after_s
         for attempt in range(3):
             version, canary = pin if pin is not None else self.manager.route(p.tenant)
             req = GenerationRequest(request_id=str(uuid.uuid4()), prompt_ids=p.prompt_ids, sampling=p.sampling,
-                                    version=version, stream=stream, deadline=deadline)
+                                    version=version, stream=stream, deadline=deadline, tenant=p.tenant)
             try:
                 handle = self.engine.submit(req)
             except UnknownVersion:
                 if attempt == 2:
+                    lease.release()
                     raise Unavailable(f"version {version} is being swapped; retry") from None
                 continue
-            except EngineStopped as e:
-                raise Unavailable(str(e)) from e
+            except BaseException as e:
+                lease.release()
+                if isinstance(e, EngineStopped):
+                    raise Unavailable(str(e)) from e
+                raise
+            handle.add_done_callback(lambda h: lease.release(h.generated_tokens))
             context.add_callback(handle.cancel)   # client cancelled or deadline passed: stop generating
             return handle, version, canary
         raise AssertionError("unreachable")
+
+    def _admit(self, p: PreparedRequest) -> Lease:
+        try:
+            return self.quotas.admit(p.tenant, prompt_tokens=len(p.prompt_ids))
+        except QuotaExceeded as e:
+            metrics.QUOTA_REFUSED.labels(reason=e.reason).inc()
+            raise
 
     def record(self, p: PreparedRequest, samples: list[Any], ids: list[str], group_id: str, version: str,
                canary: bool, latency_ms: float) -> None:

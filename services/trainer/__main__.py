@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from shared.startup import exit_on_startup_error
 
+
+@exit_on_startup_error("trainer")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="apprentice serve trainer", description="GRPO + OEL trainer (one tenant)")
     parser.add_argument("--tenant", help="overrides APPRENTICE_TRAINER_TENANT")

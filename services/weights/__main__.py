@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from shared.startup import exit_on_startup_error
 
+
+@exit_on_startup_error("weights")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="apprentice serve weights", description=__doc__)
     ap.add_argument("--port", type=int, help="gRPC port (default: APPRENTICE_WEIGHTS_PORT or 50052)")

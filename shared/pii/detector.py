@@ -57,8 +57,9 @@ class PiiDetector(ABC):
     name: str = ""
 
     @abstractmethod
-    def find(self, text: str) -> list[Span]:
-        """The personal-data spans of `text`: non-overlapping, sorted by start."""
+    def find(self, text: str, *, names: bool = True) -> list[Span]:
+        """The personal-data spans of `text`: non-overlapping, sorted by start. `names=False`: the
+        structured types only (no PERSON, and none of the cost of reading names)."""
 
     def find_many(self, texts: list[str]) -> list[list[Span]]:
         """`find` for each text (implementations may batch)."""

@@ -8,13 +8,14 @@ turn, and `n` samples of one request share a prompt, so most scans of captured t
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from shared.pii.detector import PiiDetector, Span, get_detector
+from shared.pii.detector import PERSON, PiiDetector, Span, get_detector, resolve_overlaps
 
 
 class PiiPolicy(StrEnum):
@@ -73,6 +74,11 @@ class Scan:
     def types(self) -> list[str]:
         return entity_types(self.spans)
 
+    def names(self) -> set[str]:
+        """The words of the PERSON spans ("Dana Whitfield" -> {"Dana", "Whitfield"})."""
+        return {w.strip(".,'\u2019-") for s in self.spans if s.entity == PERSON
+                for w in self.text[s.start:s.end].split() if len(w.strip(".,'\u2019-")) >= 2}
+
 
 class Redactor:
     """A detector with an LRU cache of results keyed by a hash of the text (thread-safe)."""
@@ -87,18 +93,31 @@ class Redactor:
         """Build the detector now (seconds) rather than on the first captured request."""
         self._detector().find("warm-up: Dana Whitfield, dana@example.com")
 
-    def scan(self, text: str) -> Scan:
+    def scan(self, text: str, *, names: bool = True) -> Scan:
+        """The detector's spans of `text` (cached); `names=False`: structured types only."""
         if not text:
             return Scan(text, ())
-        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16,
+                              person=b"names" if names else b"structured").digest()
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return Scan(text, hit)
-        spans = tuple(self._detector().find(text))
+        spans = tuple(self._detector().find(text, names=names))
         with self._lock:
             self._cache[key] = spans
-            if len(self._cache) > self._size:
+            while len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         return Scan(text, spans)
+
+    def scan_answer(self, text: str, names: Iterable[str]) -> Scan:
+        """A model's answer: every structured type (e-mail, phone, card, IBAN, IP, SSN), and as names only
+        the `names` the conversation gave (matched as whole, case-sensitive words: "Thanks, Dana!").
+        Answers are not read with NER: an answer about a public figure is not personal data, and
+        NER reads names into the random text of small or early models."""
+        spans = list(self.scan(text, names=False).spans)
+        for name in names:
+            spans += [Span(m.start(), m.end(), PERSON, 0.85)
+                      for m in re.finditer(rf"(?<!\w){re.escape(name)}(?!\w)", text)]
+        return Scan(text, tuple(resolve_overlaps(spans)))

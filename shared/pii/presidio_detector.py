@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from shared.pii.detector import ENTITIES, PERSON, PiiDetector, Span, resolve_overlaps
 
@@ -49,28 +50,42 @@ class PresidioDetector(PiiDetector):
         from shared.pii import recognizers as r
 
         nlp = spacy.load(SPACY_MODEL, exclude=["parser"])
-        engine = SpacyNlpEngine(models=[{"lang_code": "en", "model_name": SPACY_MODEL}],
-                                ner_model_configuration=NerModelConfiguration(labels_to_ignore=[]))
+        # NER gives names only (dates, amounts, places and companies are not personal data here)
+        ner_labels: tuple[str, ...] = nlp.get_pipe("ner").labels  # type: ignore[attr-defined]
+        ner = NerModelConfiguration(model_to_presidio_entity_mapping={"PERSON": PERSON},
+                                    labels_to_ignore=[x for x in ner_labels if x != "PERSON"])
+        engine = SpacyNlpEngine(models=[{"lang_code": "en", "model_name": SPACY_MODEL}], ner_model_configuration=ner)
         # loaded here: SpacyNlpEngine.load() downloads a model it does not find installed
         engine.nlp = {"en": nlp}  # type: ignore[assignment]
-        registry = RecognizerRegistry(supported_languages=["en"])
-        for rec in (r.OfflineEmailRecognizer(), r.CardRecognizer(), r.IbanRecognizer(),
-                    r.VersionAwareIpRecognizer(), r.WindowedPhoneRecognizer(PHONE_REGIONS),
-                    UsSsnRecognizer(), SpacyRecognizer(supported_entities=[PERSON]),
-                    r.IntroducedNameRecognizer()):
-            registry.add_recognizer(rec)
-        self._analyzer = AnalyzerEngine(registry=registry, nlp_engine=engine, supported_languages=["en"])
+        structured = [r.OfflineEmailRecognizer(), r.CardRecognizer(), r.IbanRecognizer(), r.VersionAwareIpRecognizer(),
+                      r.WindowedPhoneRecognizer(PHONE_REGIONS), UsSsnRecognizer()]
+        names = [SpacyRecognizer(supported_entities=[PERSON]), r.IntroducedNameRecognizer()]
+        self._analyzer = AnalyzerEngine(registry=_registry(RecognizerRegistry, [*structured, *names]),
+                                        nlp_engine=engine, supported_languages=["en"])
+        # structured types only: spaCy's tokenizer alone (Presidio needs tokens for context words), no NER
+        blank = SpacyNlpEngine(models=[{"lang_code": "en", "model_name": "blank"}], ner_model_configuration=ner)
+        blank.nlp = {"en": spacy.blank("en")}  # type: ignore[assignment]
+        self._structured = AnalyzerEngine(registry=_registry(RecognizerRegistry, structured), nlp_engine=blank,
+                                          supported_languages=["en"])
         self._plausible_name = r.plausible_name
         self._lock = threading.Lock()
         log.info("PII detector ready", extra={"detector": self.name, "model": SPACY_MODEL,
                                               "load_s": round(time.perf_counter() - t0, 2)})
 
-    def find(self, text: str) -> list[Span]:
+    def find(self, text: str, *, names: bool = True) -> list[Span]:
         if not text or not text.strip():
             return []
+        analyzer = self._analyzer if names else self._structured
         with self._lock:
-            results = self._analyzer.analyze(text=text, language="en", entities=list(ENTITIES),
-                                             score_threshold=SCORE_THRESHOLD)
+            results = analyzer.analyze(text=text, language="en", entities=[e for e in ENTITIES if names or e != PERSON],
+                                       score_threshold=SCORE_THRESHOLD)
         spans = [Span(x.start, x.end, x.entity_type, float(x.score)) for x in results]
         spans = [s for s in spans if s.entity != PERSON or self._plausible_name(text[s.start:s.end])]
         return resolve_overlaps(spans)
+
+
+def _registry(cls: Any, recognizers: list[Any]) -> Any:
+    registry = cls(supported_languages=["en"])
+    for rec in recognizers:
+        registry.add_recognizer(rec)
+    return registry

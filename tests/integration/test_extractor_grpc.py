@@ -26,6 +26,8 @@ from tests.unit.extractor.factories import graded
 pytestmark = pytest.mark.integration
 KEY = "acme/support"
 S = events_pb2.ItemStatus
+ACME = (("x-apprentice-tenant", "acme"),)
+"""Reads name their tenant: this server runs without keys, and anonymous reads without a tenant see nothing."""
 
 
 @pytest.fixture
@@ -61,10 +63,10 @@ def latest_on_topic(bootstrap: str, topics: Topics) -> events_pb2.KnowledgeSnaps
 
 def test_approve_reject_pin_edit_change_the_training_view(running: tuple, topics: Topics, kafka_bootstrap: str) -> None:
     app, stub = running
-    base = stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY))
+    base = stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY), metadata=ACME)
     items = [it for it in base.items if it.created_by == "correction"]
     assert base.require_approval and all(it.status == S.ITEM_STATUS_PROPOSED for it in base.items)
-    assert len(stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, training_view=True)).items) == 0
+    assert len(stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, training_view=True), metadata=ACME).items) == 0
     assert len(training_view(latest_on_topic(kafka_bootstrap, topics)).items) == 0   # what a trainer sees
 
     a, b, c = (it.item_id for it in items)
@@ -72,28 +74,34 @@ def test_approve_reject_pin_edit_change_the_training_view(running: tuple, topics
     s2 = stub.Reject(knowledge_pb2.ItemActionRequest(key=KEY, item_id=b, operator="olga"))
     s3 = stub.Pin(knowledge_pb2.ItemActionRequest(key=KEY, item_id=c, operator="olga"))
     assert (s1.version, s2.version, s3.version) == (base.version + 1, base.version + 2, base.version + 3)
-    view = stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, training_view=True))
+    view = stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, training_view=True), metadata=ACME)
     assert sorted(it.item_id for it in view.items) == sorted([a, c])
     on_topic = latest_on_topic(kafka_bootstrap, topics)
     assert on_topic.version == s3.version and sorted(it.item_id for it in training_view(on_topic).items) == sorted([a, c])
     assert {it.item_id: it.edited_by for it in on_topic.items}[b] == "olga"
+    # provenance through the API: created from the interaction, then reviewed by the caller (anonymous here)
+    trail = {it.item_id: [(p.action, p.principal.role) for p in it.provenance] for it in view.items}
+    assert trail[a][0][0] == "created" and trail[a][-1] == ("approved", "anonymous") and trail[c][-1][0] == "pinned"
 
     s4 = stub.Edit(knowledge_pb2.EditItemRequest(key=KEY, item_id=a, text="Warranty: 24 months for every device.",
                                                  operator="olga"))
     assert [it.text for it in s4.items if it.item_id == a] == ["Warranty: 24 months for every device."]
     # an older version stays readable by number
-    assert stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, version=base.version)) == base
-    [summary] = stub.List(knowledge_pb2.ListKnowledgeRequest()).bases
+    assert stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, version=base.version), metadata=ACME) == base
+    assert list(stub.List(knowledge_pb2.ListKnowledgeRequest()).bases) == []      # no tenant named: nothing
+    [summary] = stub.List(knowledge_pb2.ListKnowledgeRequest(tenant="acme")).bases
     assert (summary.key, summary.version, summary.training_count, summary.rejected_count) == (KEY, s4.version, 2, 1)
 
     # the CLI prints it readably, and can approve
     out = cli_run(["--target", f"127.0.0.1:{app.port}", "show", KEY])
     assert f"{KEY}  version {s4.version}" in out and "[PINNED  ]" in out and "Warranty: 24 months for every device." in out
     assert "approval: required" in out and "by correction" in out
+    assert "pinned by anonymous:anonymous" in out and "created by unknown:?" in out      # provenance shown
     cli_out = cli_run(["--target", f"127.0.0.1:{app.port}", "approve", KEY, b, "--operator", "cli-user"])
     assert f"approved {b}" in cli_out
-    assert len(stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, training_view=True)).items) == 3
-    listing = cli_run(["--target", f"127.0.0.1:{app.port}", "list"])
+    assert len(stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, training_view=True), metadata=ACME).items) == 3
+    assert "no knowledge bases visible" in cli_run(["--target", f"127.0.0.1:{app.port}", "list"])
+    listing = cli_run(["--target", f"127.0.0.1:{app.port}", "list", "--tenant", "acme"])
     assert KEY in listing and "required" in listing
     offline = cli_run(["show", KEY, "--from-topic"])
     assert f"version {s4.version + 1}" in offline
@@ -102,10 +110,10 @@ def test_approve_reject_pin_edit_change_the_training_view(running: tuple, topics
 def test_errors_and_tenancy(running: tuple) -> None:
     _app, stub = running
     with pytest.raises(grpc.RpcError) as e:
-        stub.Get(knowledge_pb2.GetKnowledgeRequest(key="no-slash"))
+        stub.Get(knowledge_pb2.GetKnowledgeRequest(key="no-slash"), metadata=ACME)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.RpcError) as e:
-        stub.Get(knowledge_pb2.GetKnowledgeRequest(key="acme/unknown"))
+        stub.Get(knowledge_pb2.GetKnowledgeRequest(key="acme/unknown"), metadata=ACME)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
     with pytest.raises(grpc.RpcError) as e:
         stub.Approve(knowledge_pb2.ItemActionRequest(key=KEY, item_id="missing"))
@@ -114,6 +122,9 @@ def test_errors_and_tenancy(running: tuple) -> None:
         stub.Edit(knowledge_pb2.EditItemRequest(key=KEY, item_id="x", text=""))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     other = (("x-apprentice-tenant", "beta"),)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY))             # an anonymous read names no tenant
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED and "x-apprentice-tenant: acme" in e.value.details()
     with pytest.raises(grpc.RpcError) as e:
         stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY), metadata=other)
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED

@@ -170,6 +170,23 @@ def test_reusing_a_broker_without_the_sasl_listener_says_how_to_fix_it(broker: L
         other.start(timeout=10)
 
 
+def test_cli_start_with_sasl_reuses_the_broker_and_prints_the_client_settings(
+        broker: LocalBroker, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from shared.cli.kafka_cmds import kafka
+
+    monkeypatch.setenv("APPRENTICE_HOME", str(broker.home.parent))
+    monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", broker.bootstrap)
+    assert kafka(["start", "--sasl", "--sasl-port", str(broker.sasl_port), "--no-topics"]) == 0
+    out = capsys.readouterr().out
+    assert f"at {broker.bootstrap} in " in out and f"(pid {broker.status().pid})" in out   # the same broker
+    assert f"SASL/SCRAM listener at {broker.sasl_bootstrap}" in out
+    for name, value in broker.sasl_env().items():
+        assert f"export {name}={value}" in out
+    assert broker.sasl_password() not in out                        # the path to the secret, not the secret
+    assert kafka(["status", "--sasl", "--sasl-port", str(broker.sasl_port)]) == 0
+    assert f"SASL/SCRAM at {broker.sasl_bootstrap}" in capsys.readouterr().out
+
+
 CONFIG = """
 version: sasl-1
 tasks:
@@ -201,7 +218,9 @@ def test_inference_and_grader_run_through_the_sasl_listener(
             iid = r.choices[0].interaction_id
             client.feedback(iid, "kpi", 1.0, kpi_name="resolved")
         recs = reader.wait_for(lambda rs: by_interaction(rs, iid), timeout=120, parse=graded)
-        [rec] = by_interaction(recs, iid)
+        mine = by_interaction(recs, iid)
+        assert len(mine) == 1, f"{len(mine)} graded records for {iid}; grader log:\n{grader.log_tail()}"
+        rec = mine[0]
         assert (rec.reward, rec.has_signal, rec.success) == (1.0, True, True), grader.log_tail()
         assert [f.kind for f in rec.feedback] == ["kpi"]                # feedback captured and joined
         assert rec.interaction.response_text == r.choices[0].text

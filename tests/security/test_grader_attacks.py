@@ -316,3 +316,24 @@ def test_sigterm_stops_the_grader_promptly_while_kafka_writes_fail(kafka_bootstr
     finally:
         state.close()
         g.close()
+
+
+def test_every_record_names_its_type_in_a_header(grader: Grader) -> None:
+    """What producers write (the shared EventProducer, and the grader's own graded records and dead letters
+    in both runtimes) carries `apprentice-type`, so a consumer can refuse a record of another type."""
+    it = interaction(tenant=TENANT_A, task="rules", text="1 answer")
+    grader.interaction(it)
+    grader.feedback(feedback(it.interaction_id, kind="rating", value=float("inf"), tenant=TENANT_A))
+    grader.graded_for(it.interaction_id)
+    grader.letters(letter_for(it.interaction_id, "grader.validate"))
+    source = TopicReader(grader.bootstrap, grader.topics.interactions)
+    try:
+        [sent] = [m for m in source.wait_for(lambda ms: any(m.key() == it.session_id.encode() for m in ms), 30)
+                  if m.key() == it.session_id.encode()]
+    finally:
+        source.close()
+    out = next(m for m in grader.graded.records if graded(m.value()).interaction.interaction_id == it.interaction_id)
+    dead = next(m for m in grader.dead.records if m.key() == it.interaction_id.encode())
+    assert (TYPE_HEADER, b"apprentice.v1.Interaction") in (sent.headers() or [])
+    assert (TYPE_HEADER, b"apprentice.v1.GradedInteraction") in (out.headers() or [])
+    assert (TYPE_HEADER, b"apprentice.v1.DeadLetter") in (dead.headers() or [])

@@ -10,7 +10,7 @@ import queue
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ class GenerationRequest:
     version: str = BASE_VERSION
     stream: bool = False
     deadline: float | None = None       # time.monotonic() after which generation is cancelled
+    tenant: str = ""                    # who asked: the continuous scheduler takes turns between tenants
 
 
 @dataclass
@@ -90,6 +91,8 @@ class RequestHandle:
         self._samples: dict[int, Sample] = {}
         self._error: BaseException | None = None
         self._done = threading.Event()
+        self._lock = threading.Lock()                  # guards _callbacks against a concurrent finish
+        self._callbacks: list[Callable[[RequestHandle], None]] = []
 
     # --- engine side ------------------------------------------------------------------------------
     def cancelled(self) -> bool:
@@ -97,11 +100,15 @@ class RequestHandle:
         return self._cancel.is_set() or (d is not None and time.monotonic() >= d)
 
     def push_delta(self, index: int, token_ids: list[int], text: str) -> None:
+        if self._done.is_set():
+            return                     # failed (or finished) already: late events of its rows are dropped
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
         self._events.put(Delta(index, list(token_ids), text))
 
     def push_choice(self, index: int, sample: Sample) -> None:
+        if self._done.is_set():
+            return
         if self.first_token_at is None and sample.token_ids:
             self.first_token_at = time.monotonic()
         self._samples[index] = sample
@@ -117,8 +124,25 @@ class RequestHandle:
 
     def _finish(self) -> None:
         self.finished_at = time.monotonic()
-        self._done.set()
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
         self._events.put(self._END)
+        for fn in callbacks:
+            fn(self)
+
+    def add_done_callback(self, fn: Callable[[RequestHandle], None]) -> None:
+        """Call `fn(handle)` once the request is done (every choice, or a failure); at once if it is."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens generated so far by the finished choices (for token quotas and usage)."""
+        return sum(len(s.token_ids) for s in list(self._samples.values()))
 
     # --- caller side ------------------------------------------------------------------------------
     def cancel(self) -> None:

@@ -1,14 +1,17 @@
-"""Queued requests --> batches on one scheduler thread --> `decode_batch` (CPU default engine).
+"""Queued requests --> batches on one scheduler thread --> `DecodeBatch` steps (CPU default engine).
 
-Dynamic batching: the scheduler takes the oldest queued request, waits `batch_wait_ms` for others
-routed to the same version, and decodes them together (left padding, KV cache, per-row stopping). A
-batch runs on exactly one version, so a hot swap happens *between* batches by construction:
+Two schedulers (`APPRENTICE_INFERENCE_SCHEDULER`):
+- `continuous` (default, engines/continuous.py): requests join a running batch at the next decode step
+  and finished rows leave at once, within a rows x tokens budget, tenants taking turns;
+- `static`: the scheduler takes the oldest queued request, waits `batch_wait_ms` for others routed to
+  the same version, and decodes them together to the end (kept for comparison).
+A forward pass runs exactly one version, so a hot swap happens *between* steps by construction:
 - full versions are loaded by the caller's thread (off the serving path) into a new model object and
   published atomically; a request keeps the version object it was submitted to, so requests queued
   before a swap finish on, and are attributed to, the old version;
 - LoRA adapters attach to the already-loaded base (peft, one named adapter per version, no reload of
-  the base); attaching changes the base's modules, so it runs on the scheduler thread between batches,
-  and every batch activates its own adapter (or disables adapters for the base version).
+  the base); attaching changes the base's modules, so it runs on the scheduler thread between steps,
+  and every step activates its batch's adapter (or disables adapters for the base version).
 """
 
 from __future__ import annotations
@@ -101,9 +104,10 @@ class TransformersEngine(Engine):
         self._queue: deque[_Queued] = deque()
         self._tasks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._stopping = False
-        self._running: list[_Queued] = []
+        self._running: list[_Queued] = []            # taken from the queue, not finished (both schedulers)
         self._peaks: deque[tuple[float, int]] = deque()   # (time, requests queued + running) at submits
         self._thread: threading.Thread | None = None
+        self._scheduler: Any = None                   # the ContinuousScheduler, when that one runs
 
     # --- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -214,11 +218,17 @@ class TransformersEngine(Engine):
 
     def _loop(self) -> None:
         try:
-            self._schedule()
+            if self.settings.scheduler == "continuous":
+                from services.inference.engines.continuous import ContinuousScheduler
+
+                self._scheduler = ContinuousScheduler(self)
+                self._scheduler.run()
+            else:
+                self._schedule()
         except BaseException:
             log.critical("engine scheduler died; the pod reports NOT_SERVING", exc_info=True)
             with self._cv:
-                left = list(self._queue)
+                left = list(self._queue) + list(self._running)
                 self._queue.clear()
             for q in left:
                 q.handle.fail(EngineError("the engine stopped"))
@@ -363,7 +373,7 @@ class TransformersEngine(Engine):
 
         def still_queued() -> bool:
             with self._cv:
-                return any(q.policy is policy for q in self._queue)
+                return any(q.policy is policy for q in list(self._queue) + list(self._running))
 
         def detach() -> None:
             bb = policy.backbone

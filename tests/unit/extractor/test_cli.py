@@ -49,3 +49,19 @@ def test_usage_errors_and_dispatch(capsys: pytest.CaptureFixture[str]) -> None:
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "apprentice knowledge" in out and "approve" in out and "show" in out
+
+
+def test_show_prints_provenance_and_screen_flags() -> None:
+    snap = snapshot()
+    it = snap.items[0]
+    it.screen_flags.extend(["override_instructions", "special_token:<|im_start|>"])
+    p = it.provenance.add(action="created", tenant="acme", source="correction", detail="feedback fb-1",
+                          interaction_ids=["interaction-1"])
+    p.principal.key_id, p.principal.role, p.principal.tenant = "acme-web", "backend", "acme"
+    p.at.seconds = 1_767_225_600                                   # 2026-01-01 00:00 UTC
+    r = it.provenance.add(action="rejected", source="operator", detail="operator olga")
+    r.principal.key_id, r.principal.role = "olga-key", "operator"
+    out = format_snapshot(snap)
+    assert "SCREEN FLAGS: override_instructions, special_token:<|im_start|>" in out and "--override-screen" in out
+    assert "- 2026-01-01 00:00 created by backend:acme-web@acme from interact · correction · feedback fb-1" in out
+    assert "- - rejected by operator:olga-key · operator · operator olga" in out

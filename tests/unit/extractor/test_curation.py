@@ -50,9 +50,18 @@ def test_cap_keeps_the_newest_and_exempts_pinned_and_rejected() -> None:
              item("oldest active rule", age=1), item("rejected rule", S.ITEM_STATUS_REJECTED, age=2, tokens=50),
              item("middle active rule", S.ITEM_STATUS_PROPOSED, age=3), item("newest active rule", age=4)]
     assert c.over_cap(items, max_tokens=30) == []
-    assert c.over_cap(items, max_tokens=20) == [item_id("oldest active rule")]
-    assert c.over_cap(items, max_tokens=5) == [item_id("oldest active rule"), item_id("middle active rule"),
+    # the unreviewed proposal goes before older reviewed knowledge, then the oldest approved
+    assert c.over_cap(items, max_tokens=20) == [item_id("middle active rule")]
+    assert c.over_cap(items, max_tokens=5) == [item_id("middle active rule"), item_id("oldest active rule"),
                                                item_id("newest active rule")]
+
+
+def test_a_flood_of_proposals_cannot_push_reviewed_knowledge_out() -> None:
+    c = Curator(count_tokens=approx_tokens)
+    reviewed = [item("approved fact one", age=0), item("approved fact two", age=1)]
+    flood = [item(f"proposal number {i}", S.ITEM_STATUS_PROPOSED, age=10 + i) for i in range(50)]
+    evicted = c.over_cap([*reviewed, *flood], max_tokens=40)
+    assert len(evicted) == 48 and not {item_id("approved fact one"), item_id("approved fact two")} & set(evicted)
 
 
 def test_cap_evicts_harmful_items_first() -> None:

@@ -12,7 +12,7 @@ from services.extractor.knowledge import (
     parse_knowledge_version,
     training_view,
 )
-from services.extractor.trajectories import SessionBuffer, Trajectory
+from services.extractor.trajectories import SessionBuffer, Source, Trajectory
 from shared.grpc_util import InvalidRequest, NotFound
 from shared.proto.apprentice.v1 import events_pb2
 from tests.unit.extractor.factories import graded
@@ -47,15 +47,21 @@ def traj(*records: events_pb2.GradedInteraction) -> Trajectory:
     return t
 
 
+AGENT = Source(key_id="agent-7", role="service", event_id="fb-1")
+
+
 def test_versions_provenance_and_auto_approve() -> None:
     topic = Topic()
     st = store(topic)
     t1 = traj(graded(iid="i1", correction="24 months"))
-    snap, verdicts = st.apply("acme/support", [Extracted(t1, [Candidate("Quote the warranty as 24 months.", "llm:m@v1", ["i1"])],
-                                                         "m", "v1")])
+    snap, verdicts = st.apply("acme/support", [Extracted(t1, [Candidate("Quote the warranty as 24 months.", "llm:m@v1", ["i1"],
+                                                                        AGENT)], "m", "v1")])
     assert snap is not None and snap.version == 1 and [v.outcome for v in verdicts] == ["added"]
     [it] = snap.items
     assert it.status == S.ITEM_STATUS_APPROVED and list(it.source_interaction_ids) == ["i1"]
+    assert [(p.action, p.principal.role, p.principal.key_id, p.tenant, list(p.interaction_ids)) for p in it.provenance] \
+        == [("created", "service", "agent-7", "acme", ["i1"]), ("auto_approved", "service", "agent-7", "acme", [])]
+    assert it.provenance[0].at == it.created_at and not it.screen_flags
     assert it.created_by == "llm:m@v1" and it.token_count > 0 and snap.extractor_policy_version == "v1"
     assert [(p.interaction_id, p.revision) for p in snap.processed] == [("i1", 1)]
     assert snap.envelope.tenant == "acme" and snap.key == "acme/support" and snap.domain == "support"
@@ -64,6 +70,8 @@ def test_versions_provenance_and_auto_approve() -> None:
     snap2, v2 = st.apply("acme/support", [Extracted(t2, [Candidate("quote the warranty as 24 months!", "llm:m@v1", ["i2"])])])
     assert snap2.version == 2 and v2[0].outcome == "merged" and len(snap2.items) == 1
     assert list(snap2.items[0].source_interaction_ids) == ["i1", "i2"]
+    assert [(p.action, p.principal.role, list(p.interaction_ids)) for p in snap2.items[0].provenance][-1] == \
+        ("merged", "", ["i2"])                                  # that source recorded no caller
     assert [s.version for s in topic.records] == [1, 2]
 
 
@@ -130,7 +138,9 @@ def test_redelivered_revisions_change_nothing_but_a_new_revision_is_applied() ->
 
 def test_helpful_harmful_counters_follow_the_knowledge_version_in_context() -> None:
     st = store(Topic())
-    v1, _ = st.apply("acme/support", [Extracted(traj(graded()), [Candidate("Quote the warranty as 24 months.", "x", ["i1"])])])
+    v1, _ = st.apply("acme/support", [Extracted(traj(graded()), [Candidate("Quote the warranty as 24 months.", "x", ["i1"],
+                                                                           AGENT)])])
+    assert v1.items[0].status == S.ITEM_STATUS_APPROVED      # counted only while it may reach training
     wins = traj(graded(iid="w", session="a", success=True, reward=1.0, knowledge_version="acme/support@1"))
     loss = traj(graded(iid="l", session="b", success=False, reward=-1.0, knowledge_version="v1"))
     other = traj(graded(iid="o", session="c", success=True, reward=1.0, knowledge_version="beta/x@1"))

@@ -1,4 +1,5 @@
-"""PII rejection: emails, phones, card numbers (Luhn), names users gave; no false alarms on plain rules."""
+"""PII rejection: emails, phones, card numbers (Luhn), names users gave (messages and corrections), the
+shared detector; no false alarms on plain rules."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import pytest
 
 from services.extractor.curation import Curator
 from services.extractor.pii import find_pii, luhn_ok, names_from_user_texts
+from services.extractor.trajectories import SessionBuffer
+from tests.unit.extractor.factories import graded
 
 
 @pytest.mark.parametrize(("text", "kind"), [
@@ -15,6 +18,8 @@ from services.extractor.pii import find_pii, luhn_ok, names_from_user_texts
     ("The customer's number is 0049 30 1234567 so call it.", "phone"),
     ("Refund to card 4111 1111 1111 1111 was processed.", "card"),
     ("Card 5500-0000-0000-0004 belongs to the customer.", "card"),
+    ("Refund to card 4111.1111.1111.1111 was processed.", "card"),
+    ("Dana Whitfield always wants refunds by bank transfer.", "name"),
     ("Their SSN 536-22-1843 was on file for this case.", "ssn"),
     ("Wire the refund to DE44 5001 0517 5407 3249 31 today.", "iban"),
 ])
@@ -57,3 +62,15 @@ def test_curator_rejects_pii_and_bad_lengths() -> None:
     assert c.rejection("A rule " + "that goes on " * 10).startswith("too long")
     assert c.rejection("@@@@ #### $$$$ %%%% ^^^^") == "not readable text"
     assert c.rejection("Confirm the order number before refunds.") == ""
+
+
+def test_a_name_given_only_in_a_correction_keeps_items_with_it_out() -> None:
+    """The attack: the name reached the base because names were looked up in user messages only."""
+    buf = SessionBuffer(gap_s=0, max_turns=8)
+    buf.add(graded(correction="The account holder is Dana Whitfield, card 4111.1111.1111.1111."))
+    [(traj, _)] = buf.ready()
+    names = sorted(names_from_user_texts(traj.user_texts))
+    assert {"Dana", "Whitfield"} <= set(names)
+    c = Curator()
+    assert c.rejection("Whitfield prefers refunds by bank transfer.", names).startswith("personal data: name")
+    assert "card" in c.rejection("When a refund is due, charge back the card 4111.1111.1111.1111 used for it.", names)

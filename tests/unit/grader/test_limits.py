@@ -144,7 +144,7 @@ def test_the_attack_of_70_long_corrections_leaves_a_small_state_and_a_graded_int
     it = interaction(occurred_at=at(T0))
     h.interaction(it)
     refused = 0
-    for i in range(70):
+    for _ in range(70):
         fb = feedback(it.interaction_id, kind="correction", comment="z" * 20_000, occurred_at=at(T0 + 1))
         raw = fb.SerializeToString()
         assert route(False, raw, lambda *_: None, now=T0 + 1).rejected is None

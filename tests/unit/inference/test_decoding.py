@@ -119,3 +119,64 @@ def test_stream_safe_length_by_hand() -> None:
     assert stream_safe_length("a\n", ["\n\n"]) == 1
     assert first_stop("a END b STOP", ["STOP", "END"]) == 2
     assert math.isclose(first_stop("abc", ["x"]), -1)
+
+
+def _collect(rows: list[DecodeRow]) -> dict[int, Sample]:
+    out: dict[int, Sample] = {}
+    for i, r in enumerate(rows):
+        r.on_finish = lambda s, i=i: out.__setitem__(i, s)
+    return out
+
+
+def test_a_row_that_joins_a_running_batch_decodes_as_if_alone(tiny: Any) -> None:
+    """Continuous batching: rows joining mid-way (shorter and longer prompts, greedy and seeded) give the
+    tokens and log-probs they give alone; rows leaving shrink and trim the cache without changing them."""
+    from services.inference.decoding import DecodeBatch
+
+    model, tok = tiny
+    ids = _prompts(tok, 4)
+    cfgs = [SamplingConfig(max_new_tokens=14), SamplingConfig(max_new_tokens=4, temperature=0.9, seed=11),
+            SamplingConfig(max_new_tokens=12, temperature=0.7, top_k=5, seed=3),
+            SamplingConfig(max_new_tokens=9, temperature=1.0, top_p=0.8, seed=8)]
+    alone = [_run(model, tok, [DecodeRow(p, c)])[0] for p, c in zip(ids, cfgs, strict=True)]
+
+    rows = [DecodeRow(p, c) for p, c in zip(ids, cfgs, strict=True)]
+    got = _collect(rows)
+    batch = DecodeBatch(model, tok)
+    batch.add([rows[3]])                      # the longest prompt first
+    batch.step()
+    batch.step()
+    batch.add([rows[0], rows[1]])             # two shorter ones join at a step boundary
+    exact = []                                # a lone row's cache holds no padding once the others left
+    for _ in range(3):
+        batch.step()
+    batch.add([rows[2]])
+    while batch.live:
+        batch.step()
+        if len(batch.live) == 1:
+            r = batch.live[0]
+            exact.append(batch.width == len(r.prompt_ids) + len(r.sample.token_ids))
+    assert len(got) == 4
+    for i in range(4):
+        assert got[i].token_ids == alone[i].token_ids, i
+        assert got[i].logprobs == pytest.approx(alone[i].logprobs, abs=1e-4)
+        assert got[i].logprobs_t1 == pytest.approx(alone[i].logprobs_t1, abs=1e-4)
+    assert exact and all(exact)
+
+
+def test_samples_of_one_prompt_share_a_prefill_and_keep_their_own_seeds(tiny: Any) -> None:
+    from services.inference.decoding import DecodeBatch
+
+    model, tok = tiny
+    p = _prompts(tok, 1)[0]
+    cfg = SamplingConfig(max_new_tokens=8, temperature=1.0, seed=42)
+    rows = [DecodeRow(p, cfg, sample_index=i) for i in range(3)]
+    got = _collect(rows)
+    batch = DecodeBatch(model, tok)
+    batch.add(rows)
+    assert batch.stats.steps == 1 and len(batch) == 3      # one prefill forward for three rows
+    while batch.live:
+        batch.step()
+    ref = generate(model, tok, [p], SamplingConfig(max_new_tokens=8, temperature=1.0, seed=42, n=3))[0]
+    assert [got[i].token_ids for i in range(3)] == [r.token_ids for r in ref]
+    assert len({tuple(got[i].token_ids) for i in range(3)}) > 1                 # distinct samples

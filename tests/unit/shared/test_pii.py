@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from shared.pii import PiiPolicy, Redactor, Span, card_ok, get_detector, iban_ok, luhn_ok, parse_tenant_policies
+from shared.pii import (
+    PiiPolicy,
+    Redactor,
+    Span,
+    card_ok,
+    get_detector,
+    iban_ok,
+    luhn_ok,
+    parse_tenant_policies,
+)
 from shared.pii.detector import CARD, EMAIL, IBAN, PERSON, PHONE, resolve_overlaps
 from shared.pii.evaluation import load_labelled, overall, score
 from shared.pii.policy import redact
@@ -103,7 +112,7 @@ def test_redactor_caches_by_text() -> None:
     calls: list[str] = []
 
     class Counting:
-        def find(self, text: str) -> list[Span]:
+        def find(self, text: str, *, names: bool = True) -> list[Span]:
             calls.append(text)
             return [Span(0, 4, PERSON)] if text.startswith("Dana") else []
 

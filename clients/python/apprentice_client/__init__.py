@@ -1,0 +1,21 @@
+"""Apprentice's light Python client: the product-facing gRPC surface with grpcio and protobuf only.
+
+`InferenceClient` calls Generate, GenerateStream and Feedback (TLS, bearer key, tenant). The generated
+messages and stubs are here too, for code that prefers raw stubs:
+
+    from apprentice_client import common_pb2, inference_pb2, inference_pb2_grpc
+"""
+
+from apprentice_client._proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from apprentice_client.client import (
+    TENANT_METADATA,
+    InferenceClient,
+    MessagesLike,
+    channel_credentials,
+    to_messages,
+)
+
+__version__ = "0.1.0"
+
+__all__ = ["TENANT_METADATA", "InferenceClient", "MessagesLike", "channel_credentials", "common_pb2",
+           "inference_pb2", "inference_pb2_grpc", "to_messages"]

@@ -1,0 +1,197 @@
+"""OpenAI-compatible HTTP vs gRPC: latency of the same requests on the same engine (issue 15, point 1).
+
+One inference server (a subprocess, so it shares no interpreter lock with the clients) serves both doors;
+the same chat request (greedy, so both doors generate the same tokens) goes through gRPC `Generate`
+(the Python stub) and through `POST /v1/chat/completions` (httpx, and the official openai SDK for
+reference), at each concurrency, in alternating blocks so machine noise hits every door alike. Capture
+is on for both (a fresh topic namespace on the broker).
+
+    .venv/bin/python load/openai_vs_grpc_bench.py                      # tiny model, concurrency 1 and 8
+    .venv/bin/python load/openai_vs_grpc_bench.py --requests 400 --max-tokens 32 --json out.json
+
+Prints p50/p99 per door and the ratio HTTP/gRPC; target: HTTP p50 <= 1.10x gRPC at every concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+
+from services.inference.client import InferenceClient  # noqa: E402
+from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
+from shared.topics import Topics  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+MESSAGES = [{"role": "user", "content": "My order #1042 has not arrived. What should I do?"}]
+TARGET = 1.10
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def spawn(model: str, bootstrap: str, prefix: str, tmp: Path, torch_threads: int) -> tuple[subprocess.Popen[bytes],
+                                                                                              int, int]:
+    grpc_port, http_port = free_port(), free_port()
+    env = dict(os.environ, APPRENTICE_MODEL=model, APPRENTICE_KAFKA_BOOTSTRAP=bootstrap,
+               APPRENTICE_TOPIC_PREFIX=prefix, APPRENTICE_HOME=str(tmp), APPRENTICE_INFERENCE_PORT=str(grpc_port),
+               APPRENTICE_INFERENCE_HTTP_PORT=str(http_port), APPRENTICE_INFERENCE_HOST="127.0.0.1",
+               APPRENTICE_INFERENCE_METRICS_PORT="0", APPRENTICE_INFERENCE_FOLLOW_UPDATES="false",
+               APPRENTICE_INFERENCE_HEARTBEAT_INTERVAL_S="0", APPRENTICE_INFERENCE_POD_ID=f"bench-{uuid.uuid4().hex[:6]}",
+               APPRENTICE_LOG_LEVEL="WARNING", APPRENTICE_TORCH_THREADS=str(torch_threads))
+    for name in ("APPRENTICE_AUTH_KEYS", "APPRENTICE_AUTH_KEYS_FILE", "APPRENTICE_TLS_CERT", "APPRENTICE_TLS_KEY"):
+        env.pop(name, None)           # plaintext, no keys: both doors on loopback alike
+    proc = subprocess.Popen([sys.executable, "-m", "services.inference"], env=env, cwd=REPO)
+    return proc, grpc_port, http_port
+
+
+class Doors:
+    """One call per door, each returning the number of completion tokens (checked equal across doors)."""
+
+    def __init__(self, model: str, grpc_port: int, http_port: int, max_tokens: int, concurrency: int) -> None:
+        self.max_tokens = max_tokens
+        self.grpc = InferenceClient(f"127.0.0.1:{grpc_port}")
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{http_port}/v1", limits=limits, timeout=120)
+        self.sdk = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="bench", max_retries=0,
+                                 http_client=httpx.Client(limits=limits, timeout=120))
+        self.body = {"model": model, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0}
+
+    def call_grpc(self) -> int:
+        return int(self.grpc.generate(MESSAGES, max_new_tokens=self.max_tokens).usage.completion_tokens)
+
+    def call_http(self) -> int:
+        r = self.http.post("/chat/completions", json=self.body)
+        r.raise_for_status()
+        return int(r.json()["usage"]["completion_tokens"])
+
+    def call_sdk(self) -> int:
+        r = self.sdk.chat.completions.create(**self.body)
+        assert r.usage is not None
+        return int(r.usage.completion_tokens)
+
+    def close(self) -> None:
+        self.grpc.close()
+        self.http.close()
+        self.sdk.close()
+
+
+def block(call: Callable[[], int], concurrency: int, per_client: int, out: list[float], tokens: set[int]) -> None:
+    """`concurrency` clients, each making `per_client` calls back to back; latencies appended to `out`."""
+    lock = threading.Lock()
+
+    def client() -> None:
+        for _ in range(per_client):
+            t0 = time.perf_counter()
+            n = call()
+            dt = time.perf_counter() - t0
+            with lock:
+                out.append(dt)
+                tokens.add(n)
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def measure(doors: Doors, concurrency: int, requests: int, per_block: int, with_sdk: bool) -> dict[str, Any]:
+    calls: dict[str, Callable[[], int]] = {"grpc": doors.call_grpc, "http": doors.call_http}
+    if with_sdk:
+        calls["http (openai SDK)"] = doors.call_sdk
+    lat: dict[str, list[float]] = {k: [] for k in calls}
+    tokens: dict[str, set[int]] = {k: set() for k in calls}
+    for call in calls.values():                       # warm-up: connections, first batches
+        block(call, concurrency, 2, [], set())
+    per_client = max(1, per_block // concurrency)
+    blocks = max(1, requests // (per_client * concurrency))
+    order = list(calls)
+    for b in range(blocks):
+        for name in order if b % 2 == 0 else order[::-1]:
+            block(calls[name], concurrency, per_client, lat[name], tokens[name])
+    assert len(set().union(*tokens.values())) == 1, f"the doors generated different lengths: {tokens}"
+    return {name: {"n": len(xs), "p50_ms": 1000 * pct(xs, 0.5), "p99_ms": 1000 * pct(xs, 0.99),
+                   "mean_ms": 1000 * sum(xs) / len(xs)} for name, xs in lat.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny-random")
+    ap.add_argument("--bootstrap", default=os.environ.get("APPRENTICE_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
+    ap.add_argument("--concurrency", default="1,8", help="comma-separated client counts")
+    ap.add_argument("--requests", type=int, default=200, help="requests per door and concurrency")
+    ap.add_argument("--per-block", type=int, default=16, help="requests per door before switching doors")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--no-sdk", action="store_true", help="skip the openai SDK column")
+    ap.add_argument("--torch-threads", type=int, default=1, help="the server's intra-op threads")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    ns = ap.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="openai-bench-"))
+    topics = Topics(prefix=f"bench-oai-{uuid.uuid4().hex[:6]}.")
+    ensure_topics(ns.bootstrap, topics)
+    proc, grpc_port, http_port = spawn(ns.model, ns.bootstrap, topics.prefix, tmp, ns.torch_threads)
+    results: dict[str, Any] = {"model": ns.model, "max_tokens": ns.max_tokens, "date": time.strftime("%Y-%m-%d"),
+                               "machine": f"{os.cpu_count()} CPUs, {os.uname().machine}", "runs": {}}
+    ok = True
+    try:
+        with InferenceClient(f"127.0.0.1:{grpc_port}") as c:
+            c.wait_ready(300)
+        print(f"model {ns.model}, max_tokens {ns.max_tokens}, greedy, capture on; {results['machine']}\n")
+        print(f"| {'concurrency':>11} | {'door':<18} | {'n':>4} | {'p50 ms':>8} | {'p99 ms':>8} | "
+              f"{'p50 ratio':>9} | {'p99 ratio':>9} |")
+        print(f"|{'-' * 13}|{'-' * 20}|{'-' * 6}|{'-' * 10}|{'-' * 10}|{'-' * 11}|{'-' * 11}|")
+        for conc in (int(x) for x in ns.concurrency.split(",")):
+            doors = Doors(ns.model, grpc_port, http_port, ns.max_tokens, conc)
+            try:
+                run = measure(doors, conc, ns.requests, ns.per_block, not ns.no_sdk)
+            finally:
+                doors.close()
+            base = run["grpc"]
+            for name, r in run.items():
+                r["p50_ratio"], r["p99_ratio"] = r["p50_ms"] / base["p50_ms"], r["p99_ms"] / base["p99_ms"]
+                print(f"| {conc:>11} | {name:<18} | {r['n']:>4} | {r['p50_ms']:>8.1f} | {r['p99_ms']:>8.1f} | "
+                      f"{r['p50_ratio']:>8.2f}x | {r['p99_ratio']:>8.2f}x |")
+            ok &= run["http"]["p50_ratio"] <= TARGET
+            results["runs"][str(conc)] = run
+        print(f"\nHTTP p50 <= {TARGET:.2f}x gRPC at every concurrency: {'ok' if ok else 'MISS'}")
+        if ns.json:
+            ns.json.write_text(json.dumps(results, indent=2))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        delete_topics(ns.bootstrap, [s.name for s in topics.specs()])
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

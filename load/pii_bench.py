@@ -1,0 +1,158 @@
+"""PII detector quality and cost: recall/precision per type on the labelled set, and the latency capture
+redaction adds to a request, against the same requests captured as-is (`keep`), in the same run.
+
+    .venv/bin/python load/pii_bench.py [--requests 60] [--max-new-tokens 16] [--skip-server]
+
+1. Quality: the shared detector over tests/data/pii_labelled.jsonl (>= 200 strings written for this:
+   e-mails, phones in many formats, cards with spaces/dots/dashes, IBANs, IPs, names in context, SSNs,
+   and negatives such as order numbers, prices, dates, versions, invalid-checksum card-like numbers).
+   Recall: the detections of a type cover every letter/digit of a labelled entity; precision: a
+   detection overlaps a labelled entity of its type (shared/pii/evaluation.py).
+2. Capture step: for each labelled string as a chat prompt (each distinct, so the scan cache never
+   hits), the Interaction the server would capture is built and passed through `CapturePrivacy`
+   with policy redact vs keep; the difference is the detector's cost per captured request.
+3. End to end: a real inference server (tiny-random model, real gRPC on loopback, capture to its spool;
+   Kafka is not needed: the sink spools while no broker answers) with two tenants, `redact` and `keep`;
+   requests alternate between them (so load drift hits both alike); each prompt is distinct.
+Prints tables and the ratio redact/keep of the mean request latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from shared.pii import get_detector  # noqa: E402
+from shared.pii.detector import ENTITIES  # noqa: E402
+from shared.pii.evaluation import load_labelled, overall, score  # noqa: E402
+
+LABELLED = Path(__file__).resolve().parents[1] / "tests" / "data" / "pii_labelled.jsonl"
+
+
+def quality() -> list[str]:
+    examples = load_labelled(LABELLED)
+    det = get_detector()
+    t0 = time.perf_counter()
+    scores = score(det, examples)
+    per_string_ms = (time.perf_counter() - t0) / len(examples) * 1000
+    print(f"\n1) detector quality on {len(examples)} labelled strings "
+          f"({sum(1 for e in examples if not e.entities)} without personal data)")
+    print(f"{'type':<15}{'labelled':>9}{'found':>7}{'recall':>8}{'detected':>10}{'correct':>9}{'precision':>11}")
+    for t in ENTITIES:
+        s = scores[t]
+        print(f"{t:<15}{s.labelled:>9}{s.true_pos:>7}{s.recall:>8.3f}{s.detected:>10}{s.correct:>9}{s.precision:>11.3f}")
+    o = overall(scores)
+    print(f"{'all (micro)':<15}{o.labelled:>9}{o.true_pos:>7}{o.recall:>8.3f}{o.detected:>10}{o.correct:>9}"
+          f"{o.precision:>11.3f}")
+    print(f"detector time per string: {per_string_ms:.1f} ms (uncached)")
+    for t in ENTITIES:
+        for m in scores[t].misses:
+            print(f"  missed {t}: {m}")
+        for m in scores[t].false_alarms:
+            print(f"  false alarm {t}: {m}")
+    return [e.text for e in examples]
+
+
+def capture_step(texts: list[str], tok: Any) -> None:
+    from services.inference.config import InferenceSettings
+    from services.inference.privacy import CapturePrivacy
+    from services.inference.requests import interaction_event, prepare
+    from shared.generation import Sample
+    from shared.pii.policy import Redactor
+    from shared.proto.apprentice.v1 import common_pb2, inference_pb2
+
+    s = InferenceSettings(pod_id="bench", pii_tenant_policies="kept:keep")
+    cp = CapturePrivacy(s, lambda: tok, Redactor(cache_size=0))    # no cache: every scan is paid
+    answer = "Thanks for the details. The refund is on its way and should arrive in 3-5 working days."
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    sample = Sample(token_ids=ids, text=answer, logprobs=[-0.5] * len(ids), logprobs_t1=[-0.5] * len(ids),
+                    finish_reason="stop")
+
+    def one(tenant: str, text: str) -> float:
+        t0 = time.perf_counter()
+        req = inference_pb2.GenerateRequest(messages=[common_pb2.ChatMessage(role="user", content=text)])
+        p = prepare(req, tenant, s, tok, 2048, new_session_id="s")
+        cp.screen_request(p)
+        ev = interaction_event(p, sample, interaction_id="i", group_id="g", index=0, model="m", version="base",
+                               canary=False, pod="bench", latency_ms=0.0, trace_id="t")
+        cp.interaction(ev).SerializeToString()
+        return (time.perf_counter() - t0) * 1000
+
+    keep, redact = [], []
+    for text in texts:                      # alternate, so drift in machine load hits both alike
+        keep.append(one("kept", text))
+        redact.append(one("acme", text))
+    _table("2) capture step per request (prepare + screen + event + redaction), in-process", keep, redact)
+
+
+def end_to_end(texts: list[str], n: int, max_new: int, model: str) -> None:
+    from services.inference.client import InferenceClient
+    from services.inference.testing import start_inference
+
+    with tempfile.TemporaryDirectory(prefix="pii-bench-") as tmp:
+        app = start_inference(Path(tmp), model=model, bootstrap="127.0.0.1:1", follow_updates=False,
+                              heartbeat_interval_s=0, pii_tenant_policies="kept:keep")
+        try:
+            with InferenceClient(f"127.0.0.1:{app.port}") as c:
+                for _ in range(3):
+                    c.generate("warm up", max_new_tokens=max_new, tenant="kept")
+                keep, redact = [], []
+                for i in range(n):
+                    text = texts[i % len(texts)] + f" (request {i})"
+                    for tenant, out in (("kept", keep), ("acme", redact)) if i % 2 else (("acme", redact), ("kept", keep)):
+                        t0 = time.perf_counter()
+                        c.generate([{"role": "user", "content": f"[{tenant}] {text}"}], max_new_tokens=max_new,
+                                   temperature=0.0, tenant=tenant)
+                        out.append((time.perf_counter() - t0) * 1000)
+        finally:
+            app.stop(2)
+    _table(f"3) end to end: Generate over gRPC, {model}, {max_new} new tokens, capture to spool, {n} requests "
+           "per policy", keep, redact)
+
+
+def _table(title: str, keep: list[float], redact: list[float]) -> None:
+    def row(name: str, xs: list[float]) -> str:
+        q = statistics.quantiles(xs, n=20)
+        return f"{name:<22}{statistics.mean(xs):>10.2f}{statistics.median(xs):>10.2f}{q[18]:>10.2f}"
+
+    print(f"\n{title}")
+    print(f"{'policy':<22}{'mean ms':>10}{'p50 ms':>10}{'p95 ms':>10}")
+    print(row("keep (baseline)", keep))
+    print(row("redact", redact))
+    added = statistics.mean(redact) - statistics.mean(keep)
+    print(f"added by redaction: {added:+.2f} ms per request (p50 {statistics.median(redact) - statistics.median(keep):+.2f} ms); "
+          f"ratio redact/keep = {statistics.mean(redact) / statistics.mean(keep):.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=60, help="end-to-end requests per policy")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--model", default="tiny-random")
+    ap.add_argument("--skip-server", action="store_true", help="only the detector and the capture step")
+    args = ap.parse_args()
+    print(f"pii_bench {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} ({platform.machine()}, "
+          f"{__import__('os').cpu_count()} CPUs, Python {platform.python_version()})")
+    t0 = time.perf_counter()
+    get_detector()
+    print(f"detector build (Presidio + spaCy en_core_web_sm): {time.perf_counter() - t0:.1f} s, once per process")
+    texts = quality()
+    from shared.models import load_tokenizer
+
+    tok = load_tokenizer(args.model)
+    capture_step(texts, tok)
+    if not args.skip_server:
+        end_to_end(texts, args.requests, args.max_new_tokens, args.model)
+
+
+if __name__ == "__main__":
+    main()

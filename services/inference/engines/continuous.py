@@ -1,0 +1,224 @@
+"""Queued requests --> rows that join and leave running batches between decode steps (continuous batching).
+
+The transformers engine's default scheduler, on its one scheduler thread. Each loop:
+1. run between-step tasks (LoRA attach/detach) and take newly submitted requests into `Admission`
+   (per-tenant queues; rows x tokens budget; see services/inference/scheduler.py);
+2. drop waiting requests that were cancelled or passed their deadline (their rows end `cancelled` at once);
+3. admit rows: each admitted group is prefilled and merged into its version's running `DecodeBatch`;
+4. one decode step for every running batch (one batch per version: a forward pass runs one set of
+   weights with one adapter, so versions take turns step by step); finished rows leave at once and
+   return their reservation to the budget.
+A request's n rows may join over several steps; each row keeps its own sampling parameters, seed,
+stop strings and budget, so its tokens and log-probs do not depend on when it joined.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from services.inference import metrics
+from services.inference.decoding import DecodeBatch, DecodeRow
+from services.inference.engines.base import EngineError, RequestHandle
+from services.inference.scheduler import Admission, Budget
+from shared.generation import Sample
+
+if TYPE_CHECKING:
+    from services.inference.engines.transformers_engine import Policy, TransformersEngine, _Queued
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Request:
+    """A request taken from the engine's queue: its rows, how many were admitted, how many finished."""
+
+    q: _Queued
+    rows: list[DecodeRow]
+    tenant: str
+    admitted: int = 0
+    finished: int = 0
+    row_tokens: int = 0                     # tokens each admitted row reserves (set at admission)
+    held: set[int] = field(default_factory=set)   # rows admitted and not finished (their reservation)
+
+    @property
+    def handle(self) -> RequestHandle:
+        return self.q.handle
+
+    @property
+    def policy(self) -> Policy:
+        return self.q.policy
+
+
+class ContinuousScheduler:
+    """Drives a `TransformersEngine`'s queue with continuous batching; `run()` is the scheduler thread."""
+
+    def __init__(self, engine: TransformersEngine) -> None:
+        s = engine.settings
+        self.engine = engine
+        self.admission: Admission[_Request] = Admission(Budget(
+            max_rows=s.max_batch_rows, max_tokens=s.max_batch_tokens, tenant_share=s.tenant_batch_share,
+            max_overtake_s=s.max_overtake_s))
+        self.requests: list[_Request] = []          # taken from the engine queue, not done
+        self.batches: dict[int, tuple[Policy, DecodeBatch]] = {}   # id(policy) -> its running batch
+        self._tokens_at, self._tokens = time.monotonic(), 0
+
+    # --- the loop -------------------------------------------------------------------------------------
+    def run(self) -> None:
+        eng = self.engine
+        while True:
+            eng._run_tasks()
+            if not self._intake():
+                break
+            self._sweep()
+            self._admit()
+            metrics.ROWS_IN_FLIGHT.set(self.admission.rows_in_flight)
+            metrics.TOKENS_RESERVED.set(self.admission.tokens_in_flight)
+            for key in list(self.batches):
+                self._step(key)
+        eng._run_tasks()
+
+    def _intake(self) -> bool:
+        """Move submitted requests into admission; on an idle engine wait for work (and `batch_wait_ms` for
+        company). False once stopping with nothing left."""
+        eng = self.engine
+        with eng._cv:
+            if not self.batches and not self.requests:
+                while not eng._queue and not eng._tasks and not eng._stopping:
+                    eng._cv.wait(0.5)
+                if eng._queue and not eng._stopping:       # idle: let a burst arrive together
+                    until = time.monotonic() + eng.settings.batch_wait_ms / 1000.0
+                    while (left := until - time.monotonic()) > 0 and not eng._stopping:
+                        eng._cv.wait(left)
+            while eng._queue:
+                self._take(eng._queue.popleft())
+            metrics.QUEUE_DEPTH.set(self.admission.waiting_rows)
+            eng._running = [r.q for r in self.requests]
+            return not (eng._stopping and not self.requests and not eng._queue and not eng._tasks)
+
+    def _take(self, q: _Queued) -> None:
+        eng = self.engine
+        h, req = q.handle, q.handle.request
+        n = max(1, req.sampling.n)
+        r = _Request(q, [], req.tenant or "")
+        for i in range(n):
+            r.rows.append(DecodeRow(
+                prompt_ids=req.prompt_ids, params=req.sampling, sample_index=i, stream=req.stream,
+                on_delta=functools.partial(h.push_delta, i),
+                on_finish=functools.partial(self._row_finished, r, i), cancelled=h.cancelled))
+        tokens = max(1, min(len(req.prompt_ids) + max(0, req.sampling.max_new_tokens), eng.context_window))
+        self.requests.append(r)
+        self.admission.push(r, r.tenant, n, tokens)
+
+    def _sweep(self) -> None:
+        """Waiting requests that were cancelled (client gone, deadline) end now, without waiting for room."""
+        for r in self.admission.waiting():
+            if r.handle.cancelled():
+                self.admission.drop(r)
+                for row in r.rows[r.admitted:]:
+                    row.finish("cancelled", self.engine._eos, self.engine._tok)
+
+    def _admit(self) -> None:
+        def eligible(r: _Request) -> bool:
+            got = self.batches.get(id(r.policy))
+            return got is None or got[1].can_join
+
+        groups: dict[int, list[DecodeRow]] = {}
+        now = time.monotonic()
+        requests = 0
+        for r, n, tokens in self.admission.admit(eligible):
+            r.row_tokens = tokens                   # as charged (a row larger than a share is clamped)
+            if r.admitted == 0:
+                r.handle.started_at = now
+                metrics.QUEUE_SECONDS.observe(now - r.handle.submitted_at)
+                requests += 1
+            new = r.rows[r.admitted:r.admitted + n]
+            r.held.update(range(r.admitted, r.admitted + n))
+            r.admitted += n
+            groups.setdefault(id(r.policy), []).extend(new)
+        if requests:
+            metrics.BATCH_REQUESTS.observe(requests)
+        by_policy = {id(r.policy): r.policy for r in self.requests}
+        for key, rows in groups.items():
+            policy = by_policy[key]
+            if key not in self.batches:
+                self.batches[key] = (policy, DecodeBatch(policy.backbone.model, self.engine._tok,
+                                                         eos_ids=self.engine._eos,
+                                                         context_window=self.engine._ctx))
+            batch = self.batches[key][1]
+            before = batch.stats.tokens
+            try:
+                with policy.activate() as forward:
+                    batch.add(rows, forward)
+            except Exception as e:  # noqa: BLE001 - one broken prefill must not stop the engine
+                log.exception("prefill failed", extra={"version": policy.version, "rows": len(rows)})
+                self._fail(list(rows), e)
+            self._count(policy, batch.stats.tokens - before)
+            if not batch.live:
+                self.batches.pop(key, None)
+
+    def _step(self, key: int) -> None:
+        policy, batch = self.batches[key]
+        before = batch.stats.tokens
+        metrics.BATCH_ROWS.observe(len(batch))
+        try:
+            with policy.activate() as forward:
+                batch.step(forward)
+        except Exception as e:  # noqa: BLE001 - one broken batch must not stop the engine
+            log.exception("decode step failed", extra={"version": policy.version, "rows": len(batch)})
+            self.batches.pop(key, None)
+            self._fail(batch.live, e)
+            return
+        self._count(policy, batch.stats.tokens - before)
+        if not batch.live:
+            self.batches.pop(key, None)
+
+    # --- bookkeeping ----------------------------------------------------------------------------------
+    def _row_finished(self, r: _Request, index: int, sample: Sample) -> None:
+        if index in r.held:
+            r.held.discard(index)
+            self.admission.release(r.tenant, r.row_tokens)
+        r.finished += 1
+        r.handle.push_choice(index, sample)
+        if r.finished == len(r.rows):
+            self._forget(r)
+
+    def _forget(self, r: _Request) -> None:
+        if r in self.requests:
+            self.requests.remove(r)
+            eng = self.engine
+            with eng._cv:
+                eng._running = [x.q for x in self.requests]
+
+    def _fail(self, rows: list[DecodeRow], error: BaseException) -> None:
+        """A forward pass over `rows` failed: those rows are gone (their reservations return), and the
+        requests owning them fail; their other rows end `cancelled` at their next step or sweep."""
+        failed = EngineError(f"generation failed: {type(error).__name__}: {error}")
+        lost = {id(row) for row in rows if not row.done}
+        for r in list(self.requests):
+            mine = [i for i, row in enumerate(r.rows) if id(row) in lost]
+            if not mine:
+                continue
+            for i in mine:
+                r.rows[i].done = True
+                if i in r.held:
+                    r.held.discard(i)
+                    self.admission.release(r.tenant, r.row_tokens)
+                r.finished += 1
+            r.handle.fail(failed)
+            r.handle.cancel()
+            if r.finished == len(r.rows):
+                self._forget(r)
+
+    def _count(self, policy: Policy, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        metrics.GENERATED_TOKENS.labels(version=policy.version).inc(tokens)
+        self._tokens += tokens
+        now = time.monotonic()
+        if now - self._tokens_at >= 1.0:
+            metrics.TOKENS_PER_SECOND.set(self._tokens / (now - self._tokens_at))
+            self._tokens_at, self._tokens = now, 0

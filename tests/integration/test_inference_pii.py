@@ -1,0 +1,121 @@
+"""PII never leaves the inference edge unredacted: real gRPC on loopback, the real broker, the tiny model.
+
+The attack this closes: an e-mail address, a card number written with dots and a name given only in a
+correction reached `interactions`, `feedback` (hence `graded`) and the on-disk spool as sent. Here they go
+in through a chat prompt, a raw prompt, a streamed prompt and a correction comment; the topics and the
+spool files must hold only placeholders. A `keep` tenant's raw values do reach the spool: the scan would
+see a leak. A `reject` tenant gets INVALID_ARGUMENT naming the types, never the values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from services.inference.client import InferenceClient
+from services.inference.testing import collect, start_inference
+from shared.kafka.admin import delete_topics, ensure_topics
+from shared.proto.apprentice.v1 import events_pb2
+from shared.topics import Topics
+
+pytestmark = pytest.mark.integration
+
+EMAIL, CARD, NAME, CORRECTION_NAME = "dana.w@example.com", "4111.1111.1111.1111", "Dana Whitfield", "Priya Raman"
+SECRETS = (EMAIL, CARD, NAME, "Whitfield", CORRECTION_NAME, "Raman")
+PROMPT = f"Hi, my name is {NAME}. Please refund my card {CARD} and confirm to {EMAIL}."
+CORRECTION = f"The account holder is {CORRECTION_NAME}; refund card {CARD} and mail {EMAIL}."
+
+
+@pytest.fixture(scope="module")
+def ns(kafka_bootstrap: str) -> Iterator[Topics]:
+    t = Topics(prefix=f"test-pii-{uuid.uuid4().hex[:8]}.")
+    ensure_topics(kafka_bootstrap, t)
+    yield t
+    with contextlib.suppress(Exception):
+        delete_topics(kafka_bootstrap, [s.name for s in t.specs()])
+
+
+@pytest.fixture(scope="module")
+def app(ns: Topics, kafka_bootstrap: str, tiny_model_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    a = start_inference(tmp_path_factory.mktemp("inference-pii"), model=tiny_model_name, bootstrap=kafka_bootstrap,
+                        topic_prefix=ns.prefix, follow_updates=False, heartbeat_interval_s=0,
+                        pii_tenant_policies="open:keep,strict:reject")      # everyone else: redact (default)
+    yield a
+    a.stop(2)
+
+
+@pytest.fixture(scope="module")
+def client(app: Any) -> Iterator[InferenceClient]:
+    with InferenceClient(f"127.0.0.1:{app.port}", tenant="acme") as c:
+        yield c
+
+
+def spool_bytes(app: Any) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(Path(app.settings.spool_path).glob("*.seg")))
+
+
+def leaked(data: bytes | str) -> list[str]:
+    raw = data if isinstance(data, bytes) else data.encode()
+    return [s for s in SECRETS if s.encode() in raw]
+
+
+def test_prompts_and_corrections_reach_topics_and_spool_redacted(app: Any, client: InferenceClient,
+                                                                 kafka_bootstrap: str, ns: Topics) -> None:
+    chat = client.generate([{"role": "user", "content": PROMPT}], max_new_tokens=6, temperature=1.0, n=2, seed=5)
+    raw = client.generate(prompt=PROMPT, max_new_tokens=6)
+    chunks = list(client.generate_stream([{"role": "user", "content": PROMPT}], max_new_tokens=6))
+    ids = [c.interaction_id for c in chat.choices] + [raw.choices[0].interaction_id, chunks[0].interaction_id]
+    ack = client.feedback(ids[0], "correction", comment=CORRECTION)
+    thumbs = client.feedback(ids[1], "thumbs", -1, comment=f"wrong, I am {NAME}")
+    assert ack.accepted and thumbs.accepted
+
+    got = collect(kafka_bootstrap, ns.interactions, events_pb2.Interaction, want=ids)
+    events = {e.interaction_id: e for e in got if e.interaction_id in ids}
+    assert set(events) == set(ids)
+    tok = app.engine.tokenizer
+    for e in events.values():
+        assert not leaked(e.SerializeToString()), e
+        assert not leaked(tok.decode(list(e.prompt_token_ids)))      # the trainer's prompt is redacted too
+        user = [m.content for m in e.messages if m.role == "user"][0]
+        assert "<EMAIL_ADDRESS>" in user and "<CREDIT_CARD>" in user and "<PERSON>" in user
+        assert "<EMAIL_ADDRESS>" in e.prompt_text
+    fb = collect(kafka_bootstrap, ns.feedback, events_pb2.FeedbackEvent, want=[ack.event_id, thumbs.event_id],
+                 key=lambda m: m.envelope.event_id)
+    by_id = {f.envelope.event_id: f for f in fb}
+    assert by_id[ack.event_id].comment == "The account holder is <PERSON>; refund card <CREDIT_CARD> and mail " \
+                                          "<EMAIL_ADDRESS>."
+    assert by_id[thumbs.event_id].comment == "wrong, I am <PERSON>"
+    assert not leaked(b"".join(f.SerializeToString() for f in fb))
+
+    disk = spool_bytes(app)
+    assert b"<CREDIT_CARD>" in disk, "the spool files hold the captured records (delivered ones stay in the segment)"
+    assert not leaked(disk)
+
+
+def test_keep_tenant_is_captured_as_sent(app: Any, client: InferenceClient, kafka_bootstrap: str, ns: Topics) -> None:
+    # other values than SECRETS, so the redacted tenants' checks hold in any test order
+    prompt = "I'm Olga Ivanova, card 5555.5555.5555.4444, mail olga.i@example.org."
+    iid = client.generate(prompt=prompt, max_new_tokens=4, tenant="open").choices[0].interaction_id
+    [e] = [x for x in collect(kafka_bootstrap, ns.interactions, events_pb2.Interaction, want=[iid])
+           if x.interaction_id == iid]
+    assert e.prompt_text == prompt
+    assert b"5555.5555.5555.4444" in spool_bytes(app), "a keep tenant's text reaches the spool as sent (the " \
+                                                       "spool scan sees what is there)"
+
+
+def test_reject_tenant_gets_invalid_argument_naming_types(client: InferenceClient) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        client.generate(prompt=PROMPT, max_new_tokens=4, tenant="strict")
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "CREDIT_CARD, EMAIL_ADDRESS, PERSON" in e.value.details() and not leaked(e.value.details())
+    iid = client.generate(prompt="How long is the warranty?", max_new_tokens=4, tenant="strict").choices[0].interaction_id
+    with pytest.raises(grpc.RpcError) as e:
+        client.feedback(iid, "correction", comment=CORRECTION, tenant="strict")
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "PERSON" in e.value.details()
+    assert not leaked(e.value.details())

@@ -1,0 +1,101 @@
+"""The transformers engine's continuous scheduler on the tiny model: a short request joins and finishes
+while a long one from another tenant runs, with the tokens it gets alone; the rows x tokens cap holds
+rows back instead of growing past it; a request cancelled while it waits ends at once; the static
+scheduler stays selectable."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from services.inference.config import InferenceSettings
+from services.inference.engines import create_engine
+from services.inference.engines.base import ChoiceDone, Delta, GenerationRequest
+from shared.generation import SamplingConfig, encode_prompt, render_chat
+
+
+def _engine(tiny_model_name: str, **settings: Any) -> Any:
+    eng = create_engine("transformers", InferenceSettings(common={"model": tiny_model_name}, **settings))
+    eng.start()
+    return eng
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_name: str) -> Iterator[Any]:
+    eng = _engine(tiny_model_name, batch_wait_ms=0, max_batch_rows=32, tenant_batch_share=0.5)
+    yield eng
+    eng.shutdown(timeout=5)
+
+
+def _request(eng: Any, text: str, tenant: str = "t", deadline: float | None = None, stream: bool = False,
+             **sampling: Any) -> GenerationRequest:
+    ids = encode_prompt(eng.tokenizer, render_chat(eng.tokenizer, [{"role": "user", "content": text}]))
+    sampling.setdefault("max_new_tokens", 8)
+    return GenerationRequest(request_id=text, prompt_ids=ids, sampling=SamplingConfig(**sampling), tenant=tenant,
+                             deadline=deadline, stream=stream)
+
+
+def _wait(cond: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def test_a_short_request_joins_and_finishes_while_a_long_one_runs(engine: Any) -> None:
+    solo = engine.submit(_request(engine, "short one", tenant="B", max_new_tokens=4)).result(timeout=60)[0]
+    long = engine.submit(_request(engine, "long one", tenant="A", n=16, max_new_tokens=400, temperature=1.0))
+    _wait(lambda: long.started_at is not None)                # the long batch was admitted
+    short = engine.submit(_request(engine, "short one", tenant="B", max_new_tokens=4))
+    got = short.result(timeout=60)[0]
+    assert not long.done                                      # it finished while the long one ran
+    assert short.started_at is not None and long.finished_at is None
+    assert got.token_ids == solo.token_ids                    # joining does not change its answer
+    assert got.logprobs_t1 == pytest.approx(solo.logprobs_t1, abs=1e-4)
+    samples = long.result(timeout=120)
+    assert len(samples) == 16 and all(len(s.token_ids) == len(s.logprobs) == len(s.logprobs_t1) for s in samples)
+    assert engine._scheduler.admission.rows_in_flight == 0    # every reservation came back
+
+
+def test_the_token_cap_holds_rows_back_instead_of_growing_past_it(tiny_model_name: str) -> None:
+    eng = _engine(tiny_model_name, batch_wait_ms=0, max_batch_tokens=1)    # one row at a time
+    try:
+        h = eng.submit(_request(eng, "capped", n=3, max_new_tokens=6, stream=True))
+        events = list(h.events(timeout=60))
+    finally:
+        eng.shutdown(timeout=5)
+    done_at = {ev.index: k for k, ev in enumerate(events) if isinstance(ev, ChoiceDone)}
+    assert sorted(done_at) == [0, 1, 2]
+    for k, ev in enumerate(events):                           # row i starts only after row i-1 ended
+        if isinstance(ev, Delta) and ev.index > 0:
+            assert k > done_at[ev.index - 1]
+    assert [len(ev.sample.token_ids) for ev in events if isinstance(ev, ChoiceDone)] == [6, 6, 6] or \
+        any(ev.sample.finish_reason == "stop" for ev in events if isinstance(ev, ChoiceDone))
+
+
+def test_a_request_cancelled_while_waiting_for_room_ends_at_once(engine: Any) -> None:
+    hog = engine.submit(_request(engine, "hog", tenant="A", n=16, max_new_tokens=300, temperature=1.0))
+    _wait(lambda: hog.started_at is not None)
+    # tenant A holds its whole share (16 rows of 32 at share 0.5): a second request of A waits
+    waiting = engine.submit(_request(engine, "waits", tenant="A", max_new_tokens=4,
+                                     deadline=time.monotonic() + 0.3))
+    got = waiting.result(timeout=30)[0]
+    assert got.finish_reason == "cancelled" and got.token_ids == []
+    assert not hog.done
+    hog.cancel()
+    assert all(s.finish_reason == "cancelled" for s in hog.result(timeout=30))
+
+
+def test_static_scheduler_is_still_selectable(tiny_model_name: str) -> None:
+    eng = _engine(tiny_model_name, scheduler="static", batch_wait_ms=30)
+    try:
+        assert eng._scheduler is None
+        handles = [eng.submit(_request(eng, f"q{i}")) for i in range(3)]
+        results = [h.result(timeout=60) for h in handles]
+        assert len({h.started_at for h in handles}) == 1        # one batch, decoded together
+        assert all(len(r[0].token_ids) > 0 for r in results)
+    finally:
+        eng.shutdown(timeout=5)

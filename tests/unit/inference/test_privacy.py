@@ -1,0 +1,156 @@
+"""The capture edge's PII policies (redact / reject / keep) on real events, the real detector and the tiny
+model's tokenizer: what reaches the spool, what the trainer gets, and what a refusal says."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from services.inference.config import InferenceSettings
+from services.inference.privacy import FAILED, CapturePrivacy
+from services.inference.requests import feedback_event, interaction_event, prepare
+from shared.chat_template import encode_chat
+from shared.generation import Sample, encode_prompt
+from shared.grpc_util import InvalidRequest
+from shared.pii.policy import Redactor
+from shared.proto.apprentice.v1 import common_pb2, inference_pb2
+
+EMAIL, CARD, NAME = "dana.w@example.com", "4111.1111.1111.1111", "Dana Whitfield"
+PROMPT = f"Hi, my name is {NAME}. Refund card {CARD} and write to {EMAIL}."
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_name: str) -> Any:
+    from shared.models import load_tokenizer
+
+    return load_tokenizer(tiny_model_name)
+
+
+def settings(**kw: Any) -> InferenceSettings:
+    return InferenceSettings(pod_id="pod-1", **kw)
+
+
+def privacy(tok: Any, **kw: Any) -> CapturePrivacy:
+    return CapturePrivacy(settings(**kw), lambda: tok)
+
+
+def event(tok: Any, s: InferenceSettings, answer: str = "Done.", *, raw: bool = False, tenant: str = "acme") -> Any:
+    req = (inference_pb2.GenerateRequest(prompt=PROMPT) if raw else inference_pb2.GenerateRequest(messages=[
+        common_pb2.ChatMessage(role="system", content="You are the support assistant of Acme."),
+        common_pb2.ChatMessage(role="user", content=PROMPT)]))
+    p = prepare(req, tenant, s, tok, 2048, new_session_id="s1")
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    sample = Sample(token_ids=ids, text=answer, logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
+                    finish_reason="stop")
+    return p, interaction_event(p, sample, interaction_id="i1", group_id="g", index=0, model="m", version="base",
+                                canary=False, pod="pod-1", latency_ms=1.0, trace_id="t")
+
+
+def leaks(text: str) -> list[str]:
+    return [v for v in (EMAIL, CARD, NAME, "Whitfield") if v in text]
+
+
+def test_redact_chat_prompt_is_redacted_and_retokenised(tok: Any) -> None:
+    cp = privacy(tok)
+    _, ev = event(tok, cp.settings)
+    original_ids = list(ev.prompt_token_ids)
+    cp.interaction(ev)
+    user = ev.messages[1].content
+    assert user == "Hi, my name is <PERSON>. Refund card <CREDIT_CARD> and write to <EMAIL_ADDRESS>."
+    assert ev.messages[0].content == "You are the support assistant of Acme."
+    assert not leaks(ev.prompt_text) and not leaks(str(ev))
+    chat = encode_chat(tok, list(ev.messages))
+    assert ev.prompt_text == chat.text and list(ev.prompt_token_ids) == chat.ids != original_ids
+    # the answer had no personal data: tokens and behaviour log-probs are the trainer's as generated
+    assert ev.response_text == "Done." and len(ev.response_token_ids) == len(ev.response_logprobs_t1) > 0
+
+
+def test_redact_raw_prompt_and_an_answer_that_repeats_the_email(tok: Any) -> None:
+    cp = privacy(tok)
+    _, ev = event(tok, cp.settings, answer=f"I wrote to {EMAIL}.", raw=True)
+    cp.interaction(ev)
+    assert ev.prompt_text == ev.messages[0].content and not leaks(ev.prompt_text)
+    assert list(ev.prompt_token_ids) == encode_prompt(tok, ev.prompt_text)
+    assert ev.response_text == "I wrote to <EMAIL_ADDRESS>."
+    # not what the model generated: no tokens, no log-probs (the trainer skips it; text stays for grading)
+    assert not ev.response_token_ids and not ev.response_logprobs and not ev.response_logprobs_t1
+
+
+def test_answers_lose_the_prompt_names_but_keep_public_figures(tok: Any) -> None:
+    cp = privacy(tok)
+    _, ev = event(tok, cp.settings, answer="Thanks, Dana! Albert Einstein would approve.")
+    cp.interaction(ev)
+    assert ev.response_text == "Thanks, <PERSON>! Albert Einstein would approve." and not ev.response_token_ids
+    _, ev = event(tok, cp.settings, answer="Albert Einstein was born in Ulm.")
+    cp.interaction(ev)
+    assert ev.response_text == "Albert Einstein was born in Ulm." and ev.response_token_ids
+
+
+def test_keep_captures_as_is(tok: Any) -> None:
+    cp = privacy(tok, pii_policy="redact", pii_tenant_policies="acme:keep")
+    _, ev = event(tok, cp.settings)
+    before = ev.SerializeToString()
+    assert cp.interaction(ev).SerializeToString() == before
+    fb = feedback_event(inference_pb2.FeedbackRequest(interaction_id="i1", kind="correction", comment=PROMPT), "acme",
+                        "pod-1")
+    assert cp.feedback(fb).comment == PROMPT
+
+
+def test_reject_refuses_naming_the_types_not_the_values(tok: Any) -> None:
+    cp = privacy(tok, pii_policy="keep", pii_tenant_policies="acme:reject")
+    p, _ = event(tok, cp.settings)
+    with pytest.raises(InvalidRequest) as e:
+        cp.screen_request(p)
+    msg = str(e.value)
+    assert "CREDIT_CARD, EMAIL_ADDRESS, PERSON" in msg and not leaks(msg)
+    fb = feedback_event(inference_pb2.FeedbackRequest(interaction_id="i1", kind="correction",
+                                                      comment=f"It is {CARD}"), "acme", "pod-1")
+    with pytest.raises(InvalidRequest, match="CREDIT_CARD") as e:
+        cp.feedback(fb)
+    assert CARD not in str(e.value)
+    # clean input passes; requests that are not captured are not screened; other tenants keep
+    clean = prepare(inference_pb2.GenerateRequest(prompt="How long is the warranty?"), "acme", cp.settings, tok,
+                    2048, new_session_id="s")
+    cp.screen_request(clean)
+    p.no_capture = True
+    cp.screen_request(p)
+    p2, _ = event(tok, cp.settings, tenant="other")
+    cp.screen_request(p2)
+
+
+def test_redact_feedback_comment(tok: Any) -> None:
+    cp = privacy(tok)
+    req = inference_pb2.FeedbackRequest(interaction_id="i1", kind="correction",
+                                        comment=f"The account holder is {NAME}; card {CARD}.")
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    fb = cp.feedback(feedback_event(req, "acme", "pod-1", now=now))
+    assert fb.comment == "The account holder is <PERSON>; card <CREDIT_CARD>."
+    assert fb.envelope.event_id == feedback_event(req, "acme", "pod-1", now=now).envelope.event_id  # retries dedupe
+
+
+def test_a_failing_detector_fails_closed(tok: Any) -> None:
+    class Broken:
+        def find(self, text: str, *, names: bool = True) -> list:
+            raise RuntimeError("model file corrupt")
+
+    cp = CapturePrivacy(settings(), lambda: tok, Redactor(lambda: Broken()))   # type: ignore[arg-type, return-value]
+    _, ev = event(tok, cp.settings)
+    cp.interaction(ev)
+    assert ev.prompt_text == ev.response_text == ev.messages[1].content == FAILED and not ev.prompt_token_ids
+    assert ev.interaction_id == "i1"
+    fb = feedback_event(inference_pb2.FeedbackRequest(interaction_id="i1", kind="correction", comment=PROMPT),
+                        "acme", "pod-1")
+    assert cp.feedback(fb).comment == FAILED
+
+
+def test_settings_validate_tenant_policies() -> None:
+    s = settings(pii_tenant_policies="a:keep,b:reject")
+    assert [s.pii_policy_for(t).value for t in ("a", "b", "c")] == ["keep", "reject", "redact"]
+    with pytest.raises(ValueError, match="APPRENTICE_INFERENCE_PII_TENANT_POLICIES"):
+        settings(pii_tenant_policies="a:forget")
+    with pytest.raises(ValueError):
+        settings(pii_policy="erase")
+    assert not CapturePrivacy(settings(pii_policy="keep"), lambda: None).active
+    assert CapturePrivacy(settings(pii_policy="keep", pii_tenant_policies="a:redact"), lambda: None).active
