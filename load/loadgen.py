@@ -39,12 +39,14 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
+
+from pydantic import SecretStr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -52,6 +54,7 @@ from load.loadgen_transports import (  # noqa: E402
     DEFAULT_TARGETS,
     PROTOCOLS,
     CallError,
+    Transport,
     make_transport,
 )
 from services.loop.task import check_answer, load_task  # noqa: E402
@@ -116,6 +119,21 @@ def percentile(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
 
 
+def arrival_gaps(qps: float, arrivals: str, rng: random.Random) -> Iterator[float]:
+    """Seconds between consecutive arrivals: exponential with mean 1/qps (a Poisson process: arrivals
+    independent of each other and of the answers), or exactly 1/qps (`uniform`)."""
+    if qps <= 0:
+        raise ValueError("an open loop needs qps > 0")
+    if arrivals == "poisson":
+        while True:
+            yield rng.expovariate(qps)
+    elif arrivals == "uniform":
+        while True:
+            yield 1.0 / qps
+    else:
+        raise ValueError(f"unknown arrival process {arrivals!r}; choose poisson or uniform")
+
+
 def warn_stderr(message: str) -> None:
     print(f"loadgen: warning: {message}", file=sys.stderr, flush=True)
 
@@ -124,14 +142,15 @@ class LoadGenerator:
     def __init__(self, target: str, task_name: str, tenants: list[str], *, max_new_tokens: int, feedback_rate: float,
                  feedback_delay_s: float, seed: int = 0, timeout_s: float = 120.0, retry_s: float = 0.0,
                  thumbs_rate: float = 0.0, common: CommonSettings | None = None, protocol: str = "grpc",
-                 max_connections: int = DEFAULT_MAX_IN_FLIGHT,
-                 warn: Callable[[str], None] = warn_stderr) -> None:
+                 max_connections: int = DEFAULT_MAX_IN_FLIGHT, warn: Callable[[str], None] = warn_stderr,
+                 transport: Transport | None = None) -> None:
         """`retry_s`: how long a failed call keeps being retried (0 = never); `thumbs_rate`: share of the
         answers that get KPI feedback which also get a thumbs up/down `feedback_delay_s` later (a second
         feedback event, so graders emit a second revision). `common`: client settings (TLS CA, key).
         `protocol`: grpc (target host:port) or openai (target host:port or base URL of the HTTP API).
-        `warn`: where warnings go (stderr)."""
-        self.transport = make_transport(protocol, target, common, max_connections=max_connections)
+        `warn`: where warnings go (stderr). `transport`: a ready transport instead of one made from
+        `protocol`, `target` and `common`."""
+        self.transport = transport or make_transport(protocol, target, common, max_connections=max_connections)
         self.protocol = protocol
         self.task = load_task(task_name)
         self.questions = self.task.train_questions()
@@ -233,7 +252,7 @@ class LoadGenerator:
         `concurrency` unused); 0: closed loop with `concurrency` workers."""
         start = time.monotonic()
         if qps > 0:
-            self._open_loop(start, duration_s, qps, max_requests, max_in_flight, arrivals)
+            self._open_loop(duration_s, qps, max_requests, max_in_flight, arrivals)
         else:
             self._closed_loop(start, duration_s, concurrency, max_requests)
         for t in list(self._timers):
@@ -261,15 +280,15 @@ class LoadGenerator:
         for t in threads:
             t.join(duration_s + self.timeout_s + self.retry_s)
 
-    def _open_loop(self, start: float, duration_s: float, qps: float, max_requests: int, max_in_flight: int,
+    def _open_loop(self, duration_s: float, qps: float, max_requests: int, max_in_flight: int,
                    arrivals: str) -> None:
         """Arrival k is due at the sum of k gaps (exponential with mean 1/qps for a Poisson process); the
         dispatcher never waits for an answer, only for the next due time."""
-        if arrivals not in ("poisson", "uniform"):
-            raise ValueError(f"unknown arrival process {arrivals!r}; choose poisson or uniform")
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
-        gaps = random.Random(self.seed + 1)
+        if arrivals not in ("poisson", "uniform"):
+            raise ValueError(f"unknown arrival process {arrivals!r}; choose poisson or uniform")
+        gaps = arrival_gaps(qps, arrivals, random.Random(self.seed + 1))
         slots = threading.BoundedSemaphore(max_in_flight)
         s = self.stats
         s.target_qps = qps
@@ -281,12 +300,17 @@ class LoadGenerator:
         def arrival(scheduled: float) -> None:
             try:
                 self.one(scheduled)
+            except Exception as e:  # noqa: BLE001 - a bug or an unreadable answer: counted and shown
+                with s.lock:
+                    s.errors[f"CLIENT_{type(e).__name__}"] += 1
+                    s.failed["generate"] += 1
+                self.warn(f"a call failed in this client: {type(e).__name__}: {e}")
             finally:
                 slots.release()
 
         with ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="loadgen") as pool:
             while not self._stop.is_set() and s.issued < max_requests:
-                due += gaps.expovariate(qps) if arrivals == "poisson" else 1.0 / qps
+                due += next(gaps)
                 if due >= deadline:
                     break
                 if self._stop.wait(max(0.0, due - time.perf_counter())):
@@ -385,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.ca is not None:
         updates["tls_ca"] = ns.ca
     if ns.api_key_file is not None:
-        updates.update(auth_token_file=ns.api_key_file, auth_token="")
+        updates.update(auth_token_file=ns.api_key_file, auth_token=SecretStr(""))
     common = CommonSettings().model_copy(update=updates)
     gen = LoadGenerator(ns.target or DEFAULT_TARGETS[ns.protocol], ns.task, ns.tenants.split(","),
                         max_new_tokens=ns.max_new_tokens, feedback_rate=ns.feedback_rate,

@@ -9,6 +9,7 @@ DEADLINE_EXCEEDED.
 
 from __future__ import annotations
 
+import ssl
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
@@ -116,11 +117,13 @@ class OpenAITransport(Transport):
         common = common or CommonSettings()
         self.base_url = base_url(target, tls=common.tls_ca is not None)
         self._token = TokenSource.from_settings(common)
-        verify: Any = str(common.tls_ca) if common.tls_ca is not None else True
-        cert = ((str(common.tls_client_cert), str(common.tls_client_key))
-                if common.tls_client_cert is not None and common.tls_client_key is not None else None)
+        verify: Any = True
+        if common.tls_ca is not None or common.tls_client_cert is not None:
+            verify = ssl.create_default_context(cafile=str(common.tls_ca) if common.tls_ca else None)
+            if common.tls_client_cert is not None and common.tls_client_key is not None:   # mutual TLS
+                verify.load_cert_chain(str(common.tls_client_cert), str(common.tls_client_key))
         self._httpx = httpx
-        self.http = httpx.Client(base_url=self.base_url, verify=verify, cert=cert,
+        self.http = httpx.Client(base_url=self.base_url, verify=verify,
                                  limits=httpx.Limits(max_connections=max_connections,
                                                      max_keepalive_connections=max_connections))
 

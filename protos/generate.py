@@ -3,7 +3,8 @@
 Run with `make protos` (or `python protos/generate.py`). `--out DIR` writes elsewhere, which tests use to
 prove that the committed stubs are current.
 
-The light Python client (`clients/python`, no torch) carries its own copy of the product-facing stubs:
+The light Python client (`clients/python`, no torch) carries its own copy of the product-facing stubs;
+the default run (no `--out`) regenerates it too, as this does on its own:
 
     python protos/generate.py --out clients/python/apprentice_client/_proto \
         --package apprentice_client._proto --only apprentice/v1/inference.proto
@@ -33,6 +34,9 @@ PROTO_ROOT = ROOT / "protos"
 DEFAULT_OUT = ROOT / "shared" / "proto"
 PACKAGE_PREFIX = "shared.proto."
 LOCK = PROTO_ROOT / "wire_lock.json"
+CLIENT_OUT = ROOT / "clients" / "python" / "apprentice_client" / "_proto"
+CLIENT_PACKAGE = "apprentice_client._proto."
+CLIENT_PROTOS = ["apprentice/v1/inference.proto"]
 
 
 class WireBreak(Exception):
@@ -137,19 +141,24 @@ def generate(out: Path, *, update_lock: bool = True, package_prefix: str = PACKA
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output folder (default: shared/proto, and the light client's copy)")
     ap.add_argument("--no-lock", action="store_true", help="do not update protos/wire_lock.json")
     ap.add_argument("--package", default=PACKAGE_PREFIX.rstrip("."),
                     help="Python package the output folder is imported as (default: shared.proto)")
     ap.add_argument("--only", action="append", default=None, metavar="FILE",
                     help="generate this .proto (relative to protos/) and its imports; repeatable")
     ns = ap.parse_args(argv)
-    try:
-        written = generate(ns.out, update_lock=not ns.no_lock, package_prefix=ns.package + ".", only=ns.only)
-    except WireBreak as e:
-        print(e, file=sys.stderr)
-        return 1
-    print(f"wrote {len(written)} files under {ns.out}")
+    jobs = [(ns.out or DEFAULT_OUT, ns.package + ".", ns.only)]
+    if ns.out is None and ns.only is None and ns.package + "." == PACKAGE_PREFIX:
+        jobs.append((CLIENT_OUT, CLIENT_PACKAGE, CLIENT_PROTOS))
+    for out, package, only in jobs:
+        try:
+            written = generate(out, update_lock=not ns.no_lock, package_prefix=package, only=only)
+        except WireBreak as e:
+            print(e, file=sys.stderr)
+            return 1
+        print(f"wrote {len(written)} files under {out}")
     return 0
 
 

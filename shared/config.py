@@ -66,9 +66,10 @@ class CommonSettings(BaseSettings):
         return v.strip().upper() if isinstance(v, str) else v
 
     @field_validator("kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file", "kafka_ssl_ca",
-                     "kafka_ssl_cert", "kafka_ssl_key", mode="before")
+                     "kafka_ssl_cert", "kafka_ssl_key", "auth_keys_file", "auth_token_file", "tls_cert", "tls_key",
+                     "tls_ca", "tls_client_cert", "tls_client_key", "interaction_id_secret_file", mode="before")
     @classmethod
-    def _kafka_empty_is_unset(cls, v: object) -> object:
+    def _empty_is_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v  # compose's `${VAR:-}` yields ""
 
     @model_validator(mode="after")

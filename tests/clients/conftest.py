@@ -127,10 +127,14 @@ class ClientVenv:
 
 @pytest.fixture(scope="session")
 def client_venv(tmp_path_factory: pytest.TempPathFactory) -> ClientVenv:
-    """`pip wheel clients/python`, then a fresh venv with grpcio, protobuf and that wheel only (PyPI)."""
+    """`pip wheel clients/python`, then a fresh venv with grpcio, protobuf and that wheel only (PyPI). The
+    wheel is built from a copy: an in-tree build would leave a `build/` folder whose stale files a later
+    wheel could pick up."""
     tmp = tmp_path_factory.mktemp("client-venv")
-    run([sys.executable, "-m", "pip", "wheel", str(REPO / "clients" / "python"), "--no-deps", "-q",
-         "-w", str(tmp / "dist")])
+    source = tmp / "src"
+    shutil.copytree(REPO / "clients" / "python", source,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(tmp / "dist")])
     wheels = list((tmp / "dist").glob("apprentice_client-*.whl"))
     assert len(wheels) == 1, wheels
     run([sys.executable, "-m", "venv", str(tmp / "venv")])

@@ -7,7 +7,8 @@
   uses them against grpc-stub, grpc-protobuf and protobuf-java of the protoc's version, then runs it.
 
 Downloads are cached (Go module cache, ~/.m2). A missing toolchain skips its test with the reason.
-Warm, the module takes about a minute on a 2-core machine; cold, a few minutes more (downloads).
+Warm, the module takes under two minutes on a busy 2-core machine (Maven's JVM starts dominate), so it is
+not marked slow; cold, the downloads add a few minutes.
 """
 
 from __future__ import annotations

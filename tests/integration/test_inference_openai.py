@@ -45,7 +45,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_DIR = REPO / "tests" / "node"
-FEEDBACK_CAP = 3
+FEEDBACK_CAP = 4
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello?"}]
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -245,8 +245,12 @@ def test_models_list_and_naming_a_version(door: Door) -> None:
 
 # --- feedback --------------------------------------------------------------------------------------
 def test_feedback_reaches_the_topic_with_ownership_and_caps(door: Door, kafka_bootstrap: str, ns: Topics) -> None:
-    iid = door.sdk().chat.completions.create(model=door.model, messages=MESSAGES, max_tokens=3).id
+    client = door.sdk()
+    iid = client.chat.completions.create(model=door.model, messages=MESSAGES, max_tokens=3).id
     when = datetime.now(UTC).isoformat()
+    # the SDK's own request helper reaches the extension (the README's example)
+    via_sdk = client.post("/feedback", cast_to=object, body={"interaction_id": iid, "kind": "rating", "value": 4})
+    assert isinstance(via_sdk, dict) and via_sdk["accepted"] and via_sdk["event_id"]
     with door.http(door.key("acme")) as h, door.http(door.key("globex")) as other:
         a1 = h.post("/feedback", json={"interaction_id": iid, "kind": "kpi", "value": 12.5,
                                        "kpi_name": "resolved_minutes", "occurred_at": when})

@@ -10,6 +10,7 @@ interaction. Each test fails on a server without the security layer (it answered
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +183,7 @@ def test_tenant_b_cannot_send_feedback_on_tenant_a_interactions(secure_stack: Se
     assert interaction_ids.verify(iid, TENANT_A, secret) and not interaction_ids.verify(iid, TENANT_B, secret)
     b = dial.backend(target, TENANT_B)
     for forged in (iid, iid.partition(".")[0], iid.partition(".")[0] + ".aaaaaaaaaaaaaaaaaaaaaaaaaa"):
-        err = rpc_error(lambda forged=forged: _feedback(b, forged))
+        err = rpc_error(partial(_feedback, b, forged))
         assert err.code() == C.PERMISSION_DENIED, forged
     # naming tenant A does not help: a backend key acts for its own tenant only
     assert rpc_error(lambda: _feedback(b, iid, tenant=TENANT_A)).code() == C.PERMISSION_DENIED
@@ -244,7 +245,7 @@ def test_plaintext_and_foreign_ca_clients_cannot_connect(secure_stack: SecureSta
     target = f"127.0.0.1:{weights_server.port}"
     req = weights_pb2.ListVersionsRequest(model=MODEL)
     for channel in (secure_stack.dial.plaintext(target), secure_stack.dial.wrong_ca(target, tmp_path / "other")):
-        assert code_of(lambda ch=channel: weights_pb2_grpc.WeightsStub(ch).List(req, timeout=5)) == C.UNAVAILABLE
+        assert code_of(partial(weights_pb2_grpc.WeightsStub(channel).List, req, timeout=5)) == C.UNAVAILABLE
     assert code_of(lambda: weights_pb2_grpc.WeightsStub(secure_stack.dial.operator(target)).List(req, timeout=5)) \
         == C.OK
 

@@ -224,3 +224,27 @@ def test_characters_the_tokenizer_lacks_are_not_an_internal_error(text: str, dep
     assert stub.Generate(req, timeout=60).choices[0].finish_reason
     assert list(stub.GenerateStream(inference_pb2.GenerateRequest(prompt=text, sampling={"max_new_tokens": 2}),
                                     timeout=60))[-1].finish_reason
+
+
+def _upload(deployment: Deployment, files: dict[str, bytes], tmp: Path) -> str:
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    stub = weights_pb2_grpc.WeightsStub(deployment.channels[("apprentice.v1.Weights", Role.SERVICE)])
+    return upload_version(stub, weights_pb2.UploadHeader(model=MODEL, kind="full", tenant=TENANT_A), tmp).version
+
+
+def test_a_version_that_is_not_a_model_is_refused_not_an_internal_error(deployment: Deployment,
+                                                                        tmp_path: Path) -> None:
+    """Found by this file: the eval gate raised (INTERNAL) on an uploaded version whose config.json names no
+    model type, and on a `.safetensors` file that is not safetensors; both are now a gate verdict."""
+    op = weights_pb2_grpc.WeightsStub(deployment.channels[("apprentice.v1.Weights", Role.OPERATOR)])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    unloadable = _upload(deployment, {"config.json": b"{}", "weights.bin": b"\x01" * 64}, tmp_path / "a")
+    with pytest.raises(grpc.RpcError) as e:
+        op.Promote(weights_pb2.PromoteRequest(model=MODEL, version=unloadable), timeout=120)
+    assert e.value.code() == C.FAILED_PRECONDITION and "cannot be loaded" in e.value.details()
+    garbage = _upload(deployment, {"config.json": b"{}", "model.safetensors": b"\xff" * 64}, tmp_path / "b")
+    with pytest.raises(grpc.RpcError) as e:
+        op.Promote(weights_pb2.PromoteRequest(model=MODEL, version=garbage, force=True), timeout=120)
+    assert e.value.code() == C.FAILED_PRECONDITION and "unreadable" in e.value.details()

@@ -118,7 +118,7 @@ def _poisoned(msg: Message, slot: int, value: float) -> Message:
     return msg
 
 
-Headers = list[tuple[str, bytes]] | None
+Headers = list[tuple[str, str | bytes | None]] | None
 
 
 def _header(t: type[Message]) -> Headers:

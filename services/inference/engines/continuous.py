@@ -95,7 +95,7 @@ class ContinuousScheduler:
                         eng._cv.wait(left)
             while eng._queue:
                 self._take(eng._queue.popleft())
-            metrics.QUEUE_DEPTH.set(self.admission.waiting_rows)
+            metrics.QUEUE_DEPTH.set(len(self.admission.waiting()))
             eng._running = [r.q for r in self.requests]
             return not (eng._stopping and not self.requests and not eng._queue and not eng._tasks)
 
