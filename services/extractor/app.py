@@ -28,6 +28,7 @@ from services.extractor.llm import ExtractorLLM, LLMUnavailable, make_llm
 from services.extractor.server import SERVICE, create_knowledge_server
 from services.extractor.snapshots import read_snapshots
 from services.extractor.trajectories import SessionBuffer, Trajectory
+from shared.audit import AuditLog
 from shared.grpc_util import graceful_stop, set_serving
 from shared.injection_screen import InjectionScreen
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer, ensure_topics
@@ -142,7 +143,8 @@ class ExtractorApp:
         ensure_topics(self.settings.common.kafka_bootstrap, self.topics)
         self.rebuild()
         self.server, self.port, self.health = create_knowledge_server(
-            self.store, self.settings.grpc_port, self.settings.grpc_host, common=self.settings.common)
+            self.store, self.settings.grpc_port, self.settings.grpc_host, common=self.settings.common,
+            audit=AuditLog(self.producer, self.topics, source="extractor"))
         self.server.start()
         set_serving(self.health, [SERVICE])
         if consume:

@@ -21,6 +21,7 @@ import grpc
 from services.extractor.curation import TRAINING
 from services.extractor.knowledge import KnowledgeStore, training_view
 from services.extractor.trajectories import split_key
+from shared.audit import AuditLog
 from shared.config import CommonSettings
 from shared.grpc_util import (
     TENANT_METADATA,
@@ -56,8 +57,11 @@ def _check_key(key: str) -> None:
 
 
 class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServicer):
-    def __init__(self, store: KnowledgeStore) -> None:
+    def __init__(self, store: KnowledgeStore, audit: AuditLog | None = None) -> None:
+        """`audit`: where every review action is recorded before it takes effect (None only in tests
+        that exercise the store without a broker)."""
         self.store = store
+        self.audit = audit
 
     def _visible(self, key: str, context: Any) -> None:
         tenant = metadata_value(context, TENANT_METADATA)
@@ -115,10 +119,22 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServicer):
         _check_key(request.key)
         require(bool(request.item_id), "item_id is required")
         require(len(request.operator) <= 200, "operator must be at most 200 characters")
-        self._visible(request.key, context)
+        target = f"{request.key}#{request.item_id}"
+        try:
+            self._visible(request.key, context)
+        except PermissionDenied as e:
+            if self.audit is not None:
+                self.audit.record(f"knowledge.{action}", target, tenant=split_key(request.key)[0], allowed=False,
+                                  reason=str(e))
+            raise
+        override = bool(getattr(request, "override_screen", False))
+        if self.audit is not None:
+            self.audit.record(f"knowledge.{action}", target, tenant=split_key(request.key)[0],
+                              details={"override_screen": str(override).lower(), "operator": request.operator,
+                                       **({"text": text[:500]} if text else {})})
         return self.store.act(request.key, request.item_id, action, request.operator, text,
                               by=self._caller().to_principal(),
-                              override_screen=bool(getattr(request, "override_screen", False)))
+                              override_screen=override)
 
     @grpc_errors
     def Approve(self, request: knowledge_pb2.ItemActionRequest, context: Any) -> events_pb2.KnowledgeSnapshot:
@@ -140,9 +156,10 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServicer):
 
 
 def create_knowledge_server(store: KnowledgeStore, port: int, host: str = "",
-                            common: CommonSettings | None = None) -> tuple[grpc.Server, int, Any]:
+                            common: CommonSettings | None = None,
+                            audit: AuditLog | None = None) -> tuple[grpc.Server, int, Any]:
     """(server, bound port, health servicer); not started. Port 0 picks a free port."""
-    servicer = KnowledgeServicer(store)
+    servicer = KnowledgeServicer(store, audit)
 
     def register(server: grpc.Server) -> None:
         knowledge_pb2_grpc.add_KnowledgeServicer_to_server(servicer, server)

@@ -37,6 +37,7 @@ from services.weights.gate import (
 from services.weights.manifests import BASE
 from services.weights.store import WeightStore
 from shared.grading import grade_rule, parse_rule_spec
+from shared.grpc_util import FailedPrecondition
 from shared.proto.apprentice.v1 import weights_pb2
 
 log = logging.getLogger(__name__)
@@ -331,7 +332,12 @@ class Evaluator:
         key = self._key(bm)
         base_scores = self._cached_scores(key)
         if base_scores is None:
-            base_scores = self._scores(bm, work)
+            try:
+                base_scores = self._scores(bm, work)
+            except (ValueError, OSError, KeyError) as e:
+                raise FailedPrecondition(
+                    f"{bm.model} {bm.version}, the baseline to compare against, cannot be loaded ({type(e).__name__}: "
+                    f"{str(e)[:300]}); roll back to a loadable version first") from e
             self._remember(key, base_scores)
         try:
             loaded = self._load(m, work)

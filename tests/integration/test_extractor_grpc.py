@@ -78,6 +78,14 @@ def test_approve_reject_pin_edit_change_the_training_view(running: tuple, topics
     assert sorted(it.item_id for it in view.items) == sorted([a, c])
     on_topic = latest_on_topic(kafka_bootstrap, topics)
     assert on_topic.version == s3.version and sorted(it.item_id for it in training_view(on_topic).items) == sorted([a, c])
+    # every review action is on the audit topic, with the caller (anonymous: this server has no keys)
+    audits = [decode(events_pb2.AuditRecord, m.value()) for m in read_all(kafka_bootstrap, topics.audit, expect=3,
+                                                                          idle=1.0, timeout=20)]
+    assert [(r.action, r.target) for r in audits] == [("knowledge.approve", f"{KEY}#{a}"),
+                                                        ("knowledge.reject", f"{KEY}#{b}"),
+                                                        ("knowledge.pin", f"{KEY}#{c}")]
+    assert all(r.allowed and r.envelope.tenant == "acme" and r.envelope.principal.role == "anonymous"
+               and r.details["operator"] == "olga" for r in audits)
     assert {it.item_id: it.edited_by for it in on_topic.items}[b] == "olga"
     # provenance through the API: created from the interaction, then reviewed by the caller (anonymous here)
     trail = {it.item_id: [(p.action, p.principal.role) for p in it.provenance] for it in view.items}

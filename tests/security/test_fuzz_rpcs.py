@@ -236,12 +236,13 @@ def _upload(deployment: Deployment, files: dict[str, bytes], tmp: Path) -> str:
 def test_a_version_that_is_not_a_model_is_refused_not_an_internal_error(deployment: Deployment,
                                                                         tmp_path: Path) -> None:
     """Found by this file: the eval gate raised (INTERNAL) on an uploaded version whose config.json names no
-    model type, and on a `.safetensors` file that is not safetensors; both are now a gate verdict."""
+    model type (as candidate or as the serving baseline), and on a `.safetensors` file that is not
+    safetensors; these are now a gate verdict or FAILED_PRECONDITION."""
     op = weights_pb2_grpc.WeightsStub(deployment.channels[("apprentice.v1.Weights", Role.OPERATOR)])
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     unloadable = _upload(deployment, {"config.json": b"{}", "weights.bin": b"\x01" * 64}, tmp_path / "a")
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(grpc.RpcError) as e:   # the candidate, or the baseline (after fuzzing forced v1 in)
         op.Promote(weights_pb2.PromoteRequest(model=MODEL, version=unloadable), timeout=120)
     assert e.value.code() == C.FAILED_PRECONDITION and "cannot be loaded" in e.value.details()
     garbage = _upload(deployment, {"config.json": b"{}", "model.safetensors": b"\xff" * 64}, tmp_path / "b")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextvars
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -26,7 +26,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from services.inference import metrics
-from services.inference.engines.base import ChoiceDone, Delta
 from services.inference.openai_api import models as M
 from services.inference.openai_api import responses as R
 from services.inference.openai_api.auth import FEEDBACK, GENERATE, HttpCallContext, authenticate
@@ -38,7 +37,13 @@ from services.inference.openai_api.schemas import (
     parse_completion,
     parse_feedback,
 )
-from services.inference.openai_api.streaming import SSEResponse, chat_stream, text_stream, watch_disconnect
+from services.inference.openai_api.streaming import (
+    Events,
+    SSEResponse,
+    chat_stream,
+    text_stream,
+    watch_disconnect,
+)
 from shared.grpc_util import Unavailable
 from shared.security.identity import Identity, acting_as
 from shared.security.server_security import ServerSecurity
@@ -147,7 +152,7 @@ class HttpApi:
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, "http.completions", parse_completion)
 
-    async def _generate(self, request: Request, method: str, parse: Callable[[Any], Any]) -> Response:
+    async def _generate(self, request: Request, method: str, parse: Callable[[Any], OpenAIRequest]) -> Response:
         t0 = time.perf_counter()
         try:
             call = self._call(request, GENERATE)
@@ -179,8 +184,7 @@ class HttpApi:
         p, pin = self._prepare(call, req)
         return p, self.app.complete(p, call.ctx, t0, pin)
 
-    def _open_stream(self, call: Call, req: OpenAIRequest,
-                     t0: float) -> tuple[PreparedRequest, str, list[str], Generator[Delta | ChoiceDone, None, None]]:
+    def _open_stream(self, call: Call, req: OpenAIRequest, t0: float) -> tuple[PreparedRequest, str, list[str], Events]:
         p, pin = self._prepare(call, req)
         version, ids, events = self.app.stream(p, call.ctx, t0, pin)
         return p, version, ids, events

@@ -25,6 +25,9 @@ from services.inference.engines.base import ChoiceDone, Delta
 from services.inference.openai_api import responses as R
 from services.inference.openai_api.errors import error_response
 
+Events = Generator[Delta | ChoiceDone, None, None]
+"""What `InferenceApp.stream` returns: closing it early cancels the generation."""
+
 DONE = b"data: [DONE]\n\n"
 _END = object()
 
@@ -38,7 +41,7 @@ def sse(body: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _events(call: Runner, events: Generator[Delta | ChoiceDone, None, None]) -> AsyncIterator[Delta | ChoiceDone]:
+async def _events(call: Runner, events: Events) -> AsyncIterator[Delta | ChoiceDone]:
     try:
         while (ev := await call.run(next, events, _END)) is not _END:
             yield ev
@@ -46,7 +49,7 @@ async def _events(call: Runner, events: Generator[Delta | ChoiceDone, None, None
         events.close()     # not exhausted (client gone, error): the generation is cancelled
 
 
-async def chat_stream(call: Runner, events: Generator[Delta | ChoiceDone, None, None], served: R.Served, n: int,
+async def chat_stream(call: Runner, events: Events, served: R.Served, n: int,
                       text: R.TokenText, logprobs: int | None, include_usage: bool) -> AsyncIterator[bytes]:
     done: dict[int, Any] = {}
     try:
@@ -68,7 +71,7 @@ async def chat_stream(call: Runner, events: Generator[Delta | ChoiceDone, None, 
     yield DONE
 
 
-async def text_stream(call: Runner, events: Generator[Delta | ChoiceDone, None, None], served: R.Served, n: int,
+async def text_stream(call: Runner, events: Events, served: R.Served, n: int,
                       text: R.TokenText, logprobs: int | None, include_usage: bool) -> AsyncIterator[bytes]:
     done: dict[int, Any] = {}
     first = True

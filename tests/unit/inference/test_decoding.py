@@ -112,6 +112,19 @@ def test_sample_rows_by_hand() -> None:
     assert abs(frac - 0.5) < 0.1                                        # 4.9 standard deviations
 
 
+def test_sample_rows_follows_the_distribution_across_blocks() -> None:
+    """The two-level draw (block, then token) on a vocabulary that is not a multiple of the block size."""
+    g = torch.Generator().manual_seed(0)
+    probs = torch.rand(1, 1000, generator=g) ** 4                      # uneven, unnormalised
+    probs[0, 300:700] = 0.0                                             # whole blocks and partial ones at 0
+    torch.manual_seed(1)
+    draws = torch.cat([sample_rows(probs.expand(500, -1)) for _ in range(80)])   # 40,000 draws
+    assert not ((draws >= 300) & (draws < 700)).any()
+    freq = torch.bincount(draws, minlength=1000).float() / draws.numel()
+    tv = 0.5 * (freq - probs[0] / probs[0].sum()).abs().sum().item()
+    assert tv < 0.06                                                    # sampling noise at 40k draws: ~0.03
+
+
 def test_stream_safe_length_by_hand() -> None:
     assert stream_safe_length("hello wor", ["world"]) == 6               # "wor" may become "world"
     assert stream_safe_length("hello", ["xyz"]) == 5
