@@ -197,8 +197,10 @@ def _mergeable(past: Any) -> bool:
     linear-attention caches keep state this module does not know how to align)."""
     from transformers.cache_utils import DynamicLayer
 
-    layers = getattr(past, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer and layer.keys.dim() == 4 for layer in layers)
+    layers: list[Any] = list(getattr(past, "layers", None) or [])
+    keys: list[Any] = [getattr(layer, "keys", None) for layer in layers]
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers) and \
+        all(isinstance(k, torch.Tensor) and k.dim() == 4 for k in keys)
 
 
 class DecodeBatch:

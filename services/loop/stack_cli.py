@@ -85,9 +85,17 @@ def up(argv: list[str]) -> int:
         print(f"\nCall it:  grpcurl -cacert {secrets / 'ca.pem'} -H \"authorization: Bearer $(cat "
               f"{secrets / 'backend-default.token'})\" -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}' "
               f"localhost:{ports.inference} apprentice.v1.Inference/Generate")
+        if ports.http:
+            print(f"      or:  curl --cacert {secrets / 'ca.pem'} -H \"authorization: Bearer $(cat "
+                  f"{secrets / 'backend-default.token'})\" https://localhost:{ports.http}/v1/chat/completions "
+                  "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'   (any OpenAI SDK: "
+                  f"base_url https://localhost:{ports.http}/v1)")
     else:
         print("\nCall it:  grpcurl -plaintext -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}' "
               f"localhost:{ports.inference} apprentice.v1.Inference/Generate")
+        if ports.http:
+            print(f"      or:  curl http://localhost:{ports.http}/v1/chat/completions "
+                  "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'")
     return 0 if all(service_health(ports).values()) else 1
 
 

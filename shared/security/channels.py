@@ -28,7 +28,8 @@ class TokenSource:
 
     def __init__(self, value: str = "", file: Path | None = None) -> None:
         self._value, self._file = value.strip(), file
-        self._cached, self._sig, self._checked = "", None, 0.0
+        self._cached, self._checked = "", 0.0
+        self._sig: tuple[int, int] | None = None
         self._lock = threading.Lock()
 
     @classmethod

@@ -54,6 +54,8 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
 E = events_pb2
+MAX_VALUE = 990_000
+"""Largest record value written (librdkafka and the broker refuse records over 1,000,000 bytes, overhead included)."""
 EVENT_TYPES = (E.Interaction, E.FeedbackEvent, E.GradedInteraction, E.KnowledgeSnapshot, E.CheckpointPublished,
                E.ModelUpdate, E.DeadLetter, E.AuditRecord)
 GRADER_CONFIG = """
@@ -259,6 +261,7 @@ def weights(ns: Namespace, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 def _fuzz(ns: Namespace, target: Target, data: st.DataObject, what: str, log: Callable[[], str] = str) -> None:
     batch = data.draw(st.lists(records(target.msg_type), min_size=1, max_size=6), label="records")
+    batch = [r for r in batch if len(r[0]) <= MAX_VALUE]   # the broker itself refuses larger ones
     must_dead_letter: set[bytes] = set()
     for value, headers in batch:
         key = f"fuzz-{uuid.uuid4().hex}"
@@ -349,3 +352,27 @@ def _produce_examples(ns: Namespace, topic: str, strategy: st.SearchStrategy[tup
     produce()
     ns.producer.flush(30)
     return len(sent)
+
+
+def test_refused_records_as_large_as_the_broker_allows_are_dead_lettered(ns: Namespace, extractor: Any,
+                                                                         weights: Any) -> None:
+    """Found by this file: the shared dead-letter publisher wrapped the whole refused value in the letter,
+    so a refused record near the broker's size limit made a letter the broker refused in turn, and the
+    consumer retried that record forever. Letters now keep at most `VALUE_MAX` bytes of it."""
+    from shared.kafka.deadletter import VALUE_MAX
+
+    BIG = 999_700   # fits in a record; with a letter's envelope, stage and reason around it, it did not
+    keys = set()
+    for topic in (ns.topics.graded, ns.topics.checkpoints):
+        key = f"big-{uuid.uuid4().hex}"
+        ns.produce(topic, key, b"\x0a" + b"\xff" * (BIG - 1), _header(E.Interaction))   # wrong type
+        keys.add(key.encode())
+    ns.producer.flush(30)
+    letters = ns.letters(keys, timeout=60)
+    assert set(letters) == keys
+    for letter in letters.values():
+        assert len(letter.original_value) == VALUE_MAX and f"cut from {BIG}" in letter.reason
+    for key in ("after-1", "after-2"):   # and the consumers went on past it
+        ns.produce(ns.topics.graded, key, b"\xff", None)
+    ns.producer.flush(30)
+    assert set(ns.letters({b"after-1", b"after-2"}, timeout=60)) == {b"after-1", b"after-2"}

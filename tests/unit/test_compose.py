@@ -11,7 +11,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "compose" / "docker-compose.yml"
-PORTS = {"inference": {"50051", "9101"}, "grader": {"9102"}, "extractor": {"50053", "9103"},
+PORTS = {"inference": {"50051", "8000", "9101"}, "grader": {"9102"}, "extractor": {"50053", "9103"},
          "trainer": {"9104"}, "weights": {"50052", "9105"}}
 
 

@@ -10,7 +10,8 @@ the engine recorded: log p of the token under the distribution it was drawn from
 top-p applied; 0.0 for greedy decoding, a point mass). The engine does not compute the alternatives a
 sampler did not pick, so `top_logprobs` lists the sampled token only (when `top_logprobs` >= 1), and the
 legacy completions `top_logprobs` maps that one token. Streams send a choice's log-probs with its last
-chunk (the engine has them once the choice is complete).
+chunk (the engine has them once the choice is complete). `finish_reason` is the engine's: stop, length,
+or cancelled (the call ended first: the client went away, the server stopped).
 """
 
 from __future__ import annotations
@@ -125,18 +126,13 @@ def completion_logprobs(sample: Sample, text: TokenText, top: int) -> dict[str, 
             "top_logprobs": [{t: lp} for t, lp in zip(tokens, lps, strict=True)] if top > 0 else None}
 
 
-def finish_reason(sample: Sample) -> str:
-    """The engine's stop | length | cancelled; `cancelled` (the call ended first) is reported as is."""
-    return sample.finish_reason
-
-
 def chat_completion(served: Served, samples: Sequence[Sample], text: TokenText,
                     logprobs: int | None) -> dict[str, Any]:
     """`logprobs`: None = off, else the number of top log-probs asked for (0..20)."""
     return {**served.envelope("chat.completion"),
             "choices": [{"index": i, "message": {"role": "assistant", "content": s.text},
                          "logprobs": None if logprobs is None else chat_logprobs(s, text, logprobs),
-                         "finish_reason": finish_reason(s)} for i, s in enumerate(samples)],
+                         "finish_reason": s.finish_reason} for i, s in enumerate(samples)],
             "usage": served.usage(samples), "apprentice": served.extension}
 
 
@@ -145,7 +141,7 @@ def text_completion(served: Served, samples: Sequence[Sample], text: TokenText,
     return {**served.envelope("text_completion"),
             "choices": [{"index": i, "text": s.text,
                          "logprobs": None if logprobs is None else completion_logprobs(s, text, logprobs),
-                         "finish_reason": finish_reason(s)} for i, s in enumerate(samples)],
+                         "finish_reason": s.finish_reason} for i, s in enumerate(samples)],
             "usage": served.usage(samples), "apprentice": served.extension}
 
 

@@ -184,7 +184,8 @@ class HttpApi:
         p, pin = self._prepare(call, req)
         return p, self.app.complete(p, call.ctx, t0, pin)
 
-    def _open_stream(self, call: Call, req: OpenAIRequest, t0: float) -> tuple[PreparedRequest, str, list[str], Events]:
+    def _open_stream(self, call: Call, req: OpenAIRequest,
+                     t0: float) -> tuple[PreparedRequest, str, list[str], Events]:
         p, pin = self._prepare(call, req)
         version, ids, events = self.app.stream(p, call.ctx, t0, pin)
         return p, version, ids, events
@@ -247,7 +248,7 @@ class HttpApi:
 
     async def health(self, request: Request) -> Response:
         try:
-            self.app._ensure_ready()
+            self.app._ensure_ready()          # the readiness rule every call of either door passes
         except Unavailable as e:
             return _json({"status": "unavailable", "reason": str(e)}, 503)
         return _json({"status": "ok"})
