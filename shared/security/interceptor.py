@@ -136,8 +136,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
             inner_uu = handler.unary_unary
 
             def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
+                identity = self._admit(method, context)      # an unknown caller learns nothing else
                 check(request, context)
-                with acting_as(self._admit(method, context)):
+                with acting_as(identity):
                     return inner_uu(request, context)
             return grpc.unary_unary_rpc_method_handler(unary_unary, request_deserializer=deser,
                                                        response_serializer=ser)
@@ -145,8 +146,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
             inner_us = handler.unary_stream
 
             def unary_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                check(request, context)
                 identity = self._admit(method, context)
+                check(request, context)
                 with acting_as(identity):
                     yield from inner_us(request, context)
             return grpc.unary_stream_rpc_method_handler(unary_stream, request_deserializer=deser,

@@ -72,8 +72,7 @@ def test_the_token_cap_holds_rows_back_instead_of_growing_past_it(tiny_model_nam
     for k, ev in enumerate(events):                           # row i starts only after row i-1 ended
         if isinstance(ev, Delta) and ev.index > 0:
             assert k > done_at[ev.index - 1]
-    assert [len(ev.sample.token_ids) for ev in events if isinstance(ev, ChoiceDone)] == [6, 6, 6] or \
-        any(ev.sample.finish_reason == "stop" for ev in events if isinstance(ev, ChoiceDone))
+    assert all(len(ev.sample.token_ids) == len(ev.sample.logprobs) > 0 for ev in events if isinstance(ev, ChoiceDone))
 
 
 def test_a_request_cancelled_while_waiting_for_room_ends_at_once(engine: Any) -> None:
