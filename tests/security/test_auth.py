@@ -29,9 +29,10 @@ from shared.proto.apprentice.v1 import (
     weights_pb2,
     weights_pb2_grpc,
 )
-from shared.security import interaction_ids
+from shared.security import interaction_ids, policy
 from shared.security.binding import InsecureBind
 from shared.security.devpki import DevCredentials
+from shared.security.identity import Role
 from tests.security.conftest import FEEDBACK_CAP, SecureStack
 from tests.security.harness import (
     INFERENCE_RPCS,
@@ -149,7 +150,10 @@ GARBAGE = [b"\xff\xff\xff\xff", b"\x0a\xff\xff\xff\xff\x0f", b"\x08" + b"\xff" *
 @pytest.mark.parametrize("rpc", ALL_RPCS, ids=_ids(ALL_RPCS))
 def test_garbage_bytes_are_invalid_argument_and_the_server_keeps_serving(rpc: Rpc, secure_stack: SecureStack,
                                                                          targets: dict[str, str]) -> None:
-    channel = secure_stack.dial.operator(targets[rpc.service])
+    # a caller the method admits (Heartbeat is the services'): the interceptor authenticates first
+    allowed = policy.allowed_roles(rpc.path)
+    dial = secure_stack.dial
+    channel = (dial.operator if Role.OPERATOR in allowed else dial.service)(targets[rpc.service])
     for payload in GARBAGE:
         assert call_raw(channel, rpc, [payload]) == C.INVALID_ARGUMENT, payload
     if rpc.client_streaming:   # a valid first message, garbage after it
@@ -349,3 +353,9 @@ def test_a_taken_port_is_port_in_use(secure_env: DevCredentials) -> None:
     with pytest.raises(PortInUse, match="metrics"):
         start_metrics_server(metrics_port, "127.0.0.1")
 
+
+
+def test_an_unknown_caller_sending_garbage_is_unauthenticated_first(secure_stack: SecureStack,
+                                                                      targets: dict[str, str]) -> None:
+    rpc = next(r for r in ALL_RPCS if r.path == "/apprentice.v1.Weights/Promote")
+    assert call_raw(secure_stack.dial.anonymous(targets[rpc.service]), rpc, [GARBAGE[0]]) == C.UNAUTHENTICATED

@@ -75,8 +75,8 @@ def test_default_burst_is_ten_seconds_of_rate_and_unlimited_costs_nothing() -> N
 
 
 def test_overrides_from_settings_keep_unset_fields_at_the_pod_default() -> None:
-    s = InferenceSettings(tenant_max_concurrent=4, tenant_tokens_per_s=1000,
-                          tenant_quotas={"acme": {"max_concurrent": 1}, "free": {"tokens_per_s": 5}})
+    s = InferenceSettings.model_validate({"tenant_max_concurrent": 4, "tenant_tokens_per_s": 1000, "tenant_quotas": {
+        "acme": {"max_concurrent": 1}, "free": {"tokens_per_s": 5}}})
     q = TenantQuotas.from_settings(s)
     assert q.limits("acme") == QuotaLimits(1, 1000, 0)
     assert q.limits("free") == QuotaLimits(4, 5, 0)
