@@ -121,7 +121,9 @@ class Demo:
         # they wait as proposals until the reviewer step (`_review_knowledge`) approves them as the operator
         extractor = {"APPRENTICE_EXTRACTOR_SESSION_GAP_S": "2",
                      **self.budget.extractor_env}
-        services = {"trainer": trainer, "extractor": extractor, "grader": {}, "weights": {}, "inference": {}}
+        # one tenant: it may fill the engine (the default half share keeps room for other tenants' requests)
+        inference = {"APPRENTICE_INFERENCE_TENANT_BATCH_SHARE": "1.0"}
+        services = {"trainer": trainer, "extractor": extractor, "grader": {}, "weights": {}, "inference": inference}
         # One intra-op thread per service: inference, trainer and the gate run at the same time on a
         # 2-core machine, and torch's default (a thread per core in each process) oversubscribes it; the
         # OpenMP barriers then stall (measured: SmolLM2 inference fell to ~4 tokens/s during training).
