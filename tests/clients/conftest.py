@@ -108,14 +108,16 @@ def server(kafka_bootstrap: str, tiny_model_name: str, tmp_path_factory: pytest.
         mp.setenv("APPRENTICE_TLS_CERT", str(creds.server_cert))
         mp.setenv("APPRENTICE_TLS_KEY", str(creds.server_key))
         mp.setenv("APPRENTICE_INTERACTION_ID_SECRET_FILE", str(creds.interaction_id_secret))
+        # the settings are read here; the environment is restored at once, so tests that run while this
+        # long-lived server is up do not inherit its keys and TLS
         app = start_inference(home, model=tiny_model_name, bootstrap=kafka_bootstrap, topic_prefix=topics.prefix,
                               http_port=free_port(), follow_updates=False, heartbeat_interval_s=0)
-        try:
-            yield Server(app, creds, topics, kafka_bootstrap)
-        finally:
-            app.stop(2)
-            with contextlib.suppress(Exception):
-                delete_topics(kafka_bootstrap, [s.name for s in topics.specs()])
+    try:
+        yield Server(app, creds, topics, kafka_bootstrap)
+    finally:
+        app.stop(2)
+        with contextlib.suppress(Exception):
+            delete_topics(kafka_bootstrap, [s.name for s in topics.specs()])
 
 
 # --- the light client in a fresh venv -------------------------------------------------------------
