@@ -6,14 +6,14 @@ written rule before anything touches the disk, and the refusal quotes the rule s
 
 | name | rule |
 |---|---|
-| model | 1-200 characters; segments separated by single `/` (hub ids such as `org/name`); each segment starts with a letter or digit and holds letters, digits, `.`, `_`, `-` (so no empty, `.` or `..` segment, no absolute path) |
+| model | 1-200 characters; segments separated by single `/` (hub ids such as `org/name`, or an absolute local path such as `/models/llama`); each segment starts with a letter or digit and holds letters, digits, `.`, `_`, `-` (so no empty, `.` or `..` segment) |
 | version | 1-64 characters: letters, digits, `.`, `_`, `-`, starting with a letter or digit (`base` is reserved) |
 | file path | 1-255 characters; at most 16 segments separated by single `/`; each segment of letters, digits, `.`, `_`, `-`, `+`, neither `.` nor `..` (no leading, trailing or doubled `/`) |
 | tenant, pod id | 1-128 characters: letters, digits, `.`, `_`, `-`, starting with a letter or digit ("" = the operator slot, for tenants) |
 
 Backslashes, NUL and control characters fail every rule (they are outside each character set). A local
-directory used as APPRENTICE_MODEL (`/models/llama`) is not a weights model name: the store names models
-the way the hub does.
+directory used as APPRENTICE_MODEL (`/models/llama`) is a valid model name: the store percent-quotes the
+whole name into one directory name.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ _PATH_SEGMENT = re.compile(r"[A-Za-z0-9._+-]+")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """Tenants and pod ids (the same rule the inference service applies to tenants and pod ids)."""
 
-MODEL_RULE = (f"1-{MAX_MODEL_CHARS} characters, segments separated by single '/', each starting with a letter or "
-              "digit and made of letters, digits, '.', '_', '-'")
+MODEL_RULE = (f"1-{MAX_MODEL_CHARS} characters, segments separated by single '/' (an absolute local path may "
+              "start with '/'), each starting with a letter or digit and made of letters, digits, '.', '_', '-'")
 VERSION_RULE = "1-64 characters of letters, digits, '.', '_', '-', starting with a letter or digit"
 PATH_RULE = (f"relative, 1-{MAX_PATH_CHARS} characters in at most {MAX_PATH_SEGMENTS} segments separated by "
              "single '/', each made of letters, digits, '.', '_', '-', '+' and neither '.' nor '..'")
@@ -45,8 +45,12 @@ def _shown(value: str) -> str:
 
 
 def validate_model(model: str) -> None:
+    """A hub id (`org/name`) or an absolute local path (`/models/llama`, what APPRENTICE_MODEL may name):
+    the store keeps a model under one percent-quoted directory name, so only `.`, `..` and empty
+    segments could ever name another directory, and those are refused."""
     require(bool(model), "model must not be empty")
-    require(len(model) <= MAX_MODEL_CHARS and all(_MODEL_SEGMENT.fullmatch(s) for s in model.split("/")),
+    relative = model[1:] if model.startswith("/") else model
+    require(len(model) <= MAX_MODEL_CHARS and all(_MODEL_SEGMENT.fullmatch(s) for s in relative.split("/")),
             f"model name {_shown(model)} is not allowed: use {MODEL_RULE}")
 
 

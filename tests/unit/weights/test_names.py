@@ -20,12 +20,13 @@ from shared.proto.apprentice.v1 import weights_pb2
 from .conftest import entry
 
 
-@pytest.mark.parametrize("name", ["tiny-random", "smollm2-135m-instruct", "Qwen/Qwen3-0.6B", "org/sub/m_1.2"])
+@pytest.mark.parametrize("name", ["tiny-random", "smollm2-135m-instruct", "Qwen/Qwen3-0.6B", "org/sub/m_1.2",
+                                  "/models/llama-3"])  # a local path as APPRENTICE_MODEL
 def test_model_names_accepted(name: str) -> None:
     validate_model(name)
 
 
-@pytest.mark.parametrize("name", ["..", ".", "a/../b", "/abs/model", "a//b", "a/", "./x", ".hidden", "a\\b",
+@pytest.mark.parametrize("name", ["..", ".", "a/../b", "/..", "/", "//abs", "/abs/../x", "a//b", "a/", "./x", ".hidden", "a\\b",
                                   "a\x00b", "tab\tname", "new\nline", "-rf", "a b", "m" * 201, "é"])
 def test_model_names_refused(name: str) -> None:
     with pytest.raises(InvalidRequest, match="is not allowed: use 1-200 characters"):
