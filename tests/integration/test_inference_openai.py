@@ -399,6 +399,16 @@ def test_503_while_loading_dev_mode_port_conflict_and_graceful_drain(
         heartbeat_interval_s=0, follow_updates=False, grace_s=30, pii_policy="keep",
         common={"model": tiny_model_name, "kafka_bootstrap": kafka_bootstrap, "topic_prefix": ns.prefix,
                 "home": tmp_path}))
+    # the model load is held until a request has seen the loading window (a warm process loads the tiny
+    # model and the PII detector in well under the time of one HTTP round trip)
+    loaded = threading.Event()
+    real_engine_start = app.engine.start
+
+    def held_engine_start() -> None:
+        assert loaded.wait(60), "no request reached the HTTP listener while the model was loading"
+        real_engine_start()
+
+    monkeypatch.setattr(app.engine, "start", held_engine_start)
     starter = threading.Thread(target=app.start)
     starter.start()
     try:
@@ -412,6 +422,7 @@ def test_503_while_loading_dev_mode_port_conflict_and_graceful_drain(
                     err = r.json()["error"]
                     assert set(err) == ERROR_KEYS and err["type"] == "server_error"
                     assert err["code"] == "service_unavailable" and "loading" in err["message"]
+                    loaded.set()
                 else:
                     assert r.status_code == 200 and app.ready.is_set(), r.text     # (it became ready in between)
             starter.join(timeout=120)

@@ -166,6 +166,11 @@ class Target:
     alive: Callable[[], bool]
 
 
+BROKER_MAX_RECORD_BYTES = 1_000_000 - 16_384
+"""Kafka's default `message.max.bytes` (1 MB) less room for the key, headers and batch overhead: larger
+values never reach a topic."""
+
+
 class Namespace:
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
@@ -175,6 +180,8 @@ class Namespace:
         self.dead = TopicReader(bootstrap, self.topics.deadletter)
 
     def produce(self, topic: str, key: str, value: bytes, headers: Headers) -> None:
+        if len(value) > BROKER_MAX_RECORD_BYTES:
+            return   # the broker refuses it (MSG_SIZE_TOO_LARGE): no consumer can ever read such a record
         self.producer.produce(topic, value=value, key=key.encode(), headers=headers)
 
     def letters(self, keys: set[bytes], timeout: float) -> dict[bytes, E.DeadLetter]:
