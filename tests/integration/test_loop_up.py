@@ -93,9 +93,9 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
         from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
         from shared.security.channels import open_channel
         secrets = home / "secrets"
-        with grpc.insecure_channel(f"127.0.0.1:{ports.inference}") as plain:   # plaintext: refused by TLS
-            with pytest.raises(grpc.RpcError):
-                inference_pb2_grpc.InferenceStub(plain).Generate(inference_pb2.GenerateRequest(prompt="x"), timeout=5)
+        with grpc.insecure_channel(f"127.0.0.1:{ports.inference}") as plain, pytest.raises(grpc.RpcError):
+            # plaintext: refused by the TLS server
+            inference_pb2_grpc.InferenceStub(plain).Generate(inference_pb2.GenerateRequest(prompt="x"), timeout=5)
         client = CommonSettings(tls_ca=secrets / "ca.pem", auth_token_file=secrets / "backend-default.token")
         with open_channel(f"127.0.0.1:{ports.inference}", client) as ch:
             resp = inference_pb2_grpc.InferenceStub(ch).Generate(inference_pb2.GenerateRequest(
