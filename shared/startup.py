@@ -3,7 +3,8 @@
 The errors caught here are the operator's to fix, not bugs: a port another process holds
 (`PortInUse`: a second `apprentice serve inference` on the same host must not start and take half of
 the traffic), a public bind without keys (`InsecureBind`), keys that do not parse (`KeyConfigError`),
-TLS files that cannot be used (`TLSConfigError`). Their messages already say what to change; a
+TLS files that cannot be used (`TLSConfigError`), a model that cannot be loaded here
+(`ModelUnavailable`: an unknown name, a missing package). Their messages already say what to change; a
 traceback would only bury that line. Anything else still raises (a bug keeps its traceback).
 
 Every service's `main` (both `apprentice serve NAME` and `python -m services.NAME` call it) is wrapped:
@@ -30,11 +31,12 @@ def startup_errors() -> tuple[type[Exception], ...]:
     """The exception types that mean "fix the settings or the host", imported only when needed so an
     entry point's `--help` stays light."""
     from shared.grpc_util import PortInUse
+    from shared.models import ModelUnavailable
     from shared.security.binding import InsecureBind
     from shared.security.keys import KeyConfigError
     from shared.security.tls import TLSConfigError
 
-    return PortInUse, InsecureBind, KeyConfigError, TLSConfigError
+    return PortInUse, InsecureBind, KeyConfigError, TLSConfigError, ModelUnavailable
 
 
 def one_line(service: str, exc: BaseException) -> str:

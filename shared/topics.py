@@ -1,7 +1,12 @@
-"""Kafka topic names and their layout: the one place they are spelled (DESIGN.md section 3).
+"""Kafka topic names and their layout: the one place they are spelled (docs/architecture.md §3).
 
 `Topics(prefix)` exists so that tests (and several stacks on one broker) can work in a namespace; in
 production the prefix is empty and the names are exactly the contract names below.
+
+The prefix namespaces more than topics: every consumer group id and transactional id a service uses comes
+from `Topics.group_id` / `Topics.transactional_id`, so two stacks on one cluster never join each other's
+groups (which would rebalance them against each other and mix their lag), nor fence each other's
+transactional producers.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ class TopicSpec:
     retention_ms: int = 7 * 24 * 3600 * 1000  # a week: late feedback may come hours later; replays need days
 
 
-# Partition counts bound how many replicas of a consumer can share the work (DESIGN.md section 1).
+# Partition counts bound how many replicas of a consumer can share the work (docs/architecture.md §3).
 SPECS: tuple[TopicSpec, ...] = (
     TopicSpec(INTERACTIONS, partitions=6),
     TopicSpec(FEEDBACK, partitions=6),
@@ -80,6 +85,18 @@ class Topics:
     def audit(self) -> str:
         return self.prefix + AUDIT
 
+    def group_id(self, name: str) -> str:
+        """The consumer group id of `name` ("extractor", "weights", ...) in this namespace."""
+        return _namespaced(self.prefix, name, "consumer group")
+
+    def transactional_id(self, name: str) -> str:
+        """The Kafka `transactional.id` of `name` in this namespace (a fenced zombie is one of ours)."""
+        return _namespaced(self.prefix, name, "transactional id")
+
+    def owns_group(self, group: str) -> bool:
+        """Whether consumer group `group` belongs to this namespace (every group does without a prefix)."""
+        return group.startswith(self.prefix)
+
     def specs(self) -> list[TopicSpec]:
         return [TopicSpec(self.prefix + s.name, s.partitions, s.compacted, s.retention_ms) for s in SPECS]
 
@@ -97,3 +114,11 @@ class Topics:
             if name in (base, short, self.prefix + base):
                 return self.prefix + base
         raise KeyError(f"unknown topic {name!r}; use one of: {', '.join(b.split('.')[1] for b in BASE_NAMES)}")
+
+
+def _namespaced(prefix: str, name: str, what: str) -> str:
+    """`prefix + name`. Callers pass the bare name (settings hold bare names), so nothing is prefixed
+    twice; guessing from the name's start would misfire on a prefix such as "e" and "extractor"."""
+    if not name:
+        raise ValueError(f"a {what} name must not be empty")
+    return prefix + name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import signal
 
 from shared.startup import exit_on_startup_error
@@ -9,6 +10,9 @@ from shared.startup import exit_on_startup_error
 
 @exit_on_startup_error("extractor")
 def main(argv: list[str] | None = None) -> int:
+    # parsed before anything starts: `--help` prints and exits without side effects
+    argparse.ArgumentParser(prog="apprentice serve extractor", description=__doc__,
+                            epilog="Settings: APPRENTICE_EXTRACTOR_* and APPRENTICE_* variables.").parse_args(argv)
     from services.extractor.config import ExtractorSettings
 
     settings = ExtractorSettings()

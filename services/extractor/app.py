@@ -3,9 +3,12 @@ Knowledge gRPC server and metrics.
 
 Delivery: at least once with idempotent effects. A poll's records join open sessions; closed sessions are
 extracted, applied and published (flush = durable); only then are offsets committed, and never past the
-first record of a session that is still open. A redelivered record whose (interaction, revision) is in
-the base's `processed` list changes nothing. Start-up rebuilds every base from the knowledge topic before
-serving or consuming, so a restarted extractor continues the version numbers where they were.
+first record of a session that is still open. The extraction call (the Inference service, possibly slow or
+restarting) runs on a worker thread while the consumer keeps polling with its partitions paused
+(shared/kafka/busy.py), so a slow LLM delays extraction but never costs the group membership. A
+redelivered record whose (interaction, revision) is in the base's `processed` list changes nothing.
+Start-up rebuilds every base from the knowledge topic before serving or consuming, so a restarted
+extractor continues the version numbers where they were.
 """
 
 from __future__ import annotations
@@ -18,13 +21,12 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Gauge
-
 from services.extractor.config import ExtractorSettings
 from services.extractor.curation import Curator, Embedder, TokenCounter, approx_tokens
 from services.extractor.extraction import ExtractionSettings, Extractor, RateLimiter
 from services.extractor.knowledge import Extracted, KnowledgeStore
 from services.extractor.llm import ExtractorLLM, LLMUnavailable, make_llm
+from services.extractor.metrics import ITEMS, LLM_CALLS, LLM_ERRORS, OPEN_SESSIONS, SNAPSHOTS, TRAJECTORIES
 from services.extractor.server import SERVICE, create_knowledge_server
 from services.extractor.snapshots import read_snapshots
 from services.extractor.trajectories import SessionBuffer, Trajectory
@@ -32,17 +34,11 @@ from shared.audit import AuditLog
 from shared.grpc_util import graceful_stop, set_serving
 from shared.injection_screen import InjectionScreen
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer, ensure_topics
+from shared.kafka.busy import WorkAbandoned
 from shared.kafka.decode import decode_batch
 from shared.proto.apprentice.v1 import events_pb2
 
 log = logging.getLogger(__name__)
-
-TRAJECTORIES = Counter("apprentice_extractor_trajectories_total", "Closed trajectories by outcome", ["outcome"])
-ITEMS = Counter("apprentice_extractor_items_total", "Candidate items by curation verdict", ["verdict"])
-SNAPSHOTS = Counter("apprentice_extractor_snapshots_total", "Knowledge snapshots published")
-LLM_CALLS = Counter("apprentice_extractor_llm_calls_total", "Extraction requests sent to the LLM")
-LLM_ERRORS = Counter("apprentice_extractor_llm_unavailable_total", "Batches left for later: LLM unavailable")
-OPEN_SESSIONS = Gauge("apprentice_extractor_open_sessions", "Sessions collecting turns")
 
 
 @functools.lru_cache(maxsize=4)
@@ -155,8 +151,11 @@ class ExtractorApp:
 
     def open_consumer(self) -> EventConsumer:
         if self.consumer is None:
-            self.consumer = EventConsumer(self.settings.common.kafka_bootstrap, self.settings.group_id,
-                                          [self.topics.graded])
+            poll_ms = int(self.settings.max_poll_interval_s * 1000)
+            self.consumer = EventConsumer(self.settings.common.kafka_bootstrap,
+                                          self.topics.group_id(self.settings.group_id), [self.topics.graded],
+                                          extra_config={"max.poll.interval.ms": poll_ms,
+                                                        "session.timeout.ms": min(10_000, poll_ms)})
         return self.consumer
 
     def _run(self) -> None:
@@ -218,12 +217,15 @@ class ExtractorApp:
             return 0
         try:
             calls_before, echoes_before = self.extractor.calls, self.extractor.echoes
-            results = self.extractor.extract(todo, self.store.active_texts)
+            results = self._extract(todo)
             LLM_CALLS.inc(self.extractor.calls - calls_before)
             ITEMS.labels("echo").inc(self.extractor.echoes - echoes_before)
         except LLMUnavailable as e:
             LLM_ERRORS.inc()
             log.warning("extraction postponed: %s", e)
+            return 0
+        except WorkAbandoned:
+            log.info("stopping during extraction; its sessions stay uncommitted and are redelivered")
             return 0
         by_key: dict[str, list[Extracted]] = defaultdict(list)
         for r in results:
@@ -248,6 +250,14 @@ class ExtractorApp:
             applied += len(batch)
         OPEN_SESSIONS.set(len(self.buffer))
         return applied
+
+    def _extract(self, todo: list[Trajectory]) -> list[Extracted]:
+        """The LLM step; with a consumer, on a worker thread while the consumer keeps its membership
+        (corrections-only extraction makes no call and runs here)."""
+        if self.consumer is None or not self.settings.llm_items:
+            return self.extractor.extract(todo, self.store.active_texts)
+        return self.consumer.call_while_polling(lambda: self.extractor.extract(todo, self.store.active_texts),
+                                                stop=self._stop)
 
     def _commit(self) -> None:
         if self.consumer is None:

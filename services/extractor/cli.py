@@ -9,8 +9,8 @@
 its injection-screen flags; approving or pinning a flagged item needs `--override-screen`. Reads name
 the tenant (the KEY's, or `--tenant`); without keys or as a service, listing every tenant shows nothing.
 
-Talks to a running extractor over gRPC (`--target`, default APPRENTICE_EXTRACTOR_TARGET or
-127.0.0.1:50053). `list` and `show` fall back to reading the compacted knowledge topic when no extractor
+Talks to a running extractor over gRPC (`--target`, default APPRENTICE_EXTRACTOR_TARGET, else the running
+stack's as `apprentice up` recorded it, else 127.0.0.1:50053). `list` and `show` fall back to reading the compacted knowledge topic when no extractor
 answers (or with `--from-topic`); changes always go through the extractor, the single writer.
 """
 

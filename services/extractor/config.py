@@ -20,7 +20,7 @@ class ExtractorSettings(BaseSettings):
 
     # --- serving -------------------------------------------------------------------------------------
     grpc_port: int = 50053
-    """`apprentice.v1.Knowledge` port (DESIGN.md section 2); 0 picks a free port (tests)."""
+    """`apprentice.v1.Knowledge` port (docs/architecture.md §2); 0 picks a free port (tests)."""
 
     grpc_host: str = ""
     metrics_port: int = 9103
@@ -30,7 +30,7 @@ class ExtractorSettings(BaseSettings):
     """Where `apprentice knowledge ...` finds a running extractor."""
 
     group_id: str = "extractor"
-    """Kafka consumer group on the graded topic. One writer per knowledge key: run one replica per
+    """Kafka consumer group on the graded topic (prefixed with APPRENTICE_TOPIC_PREFIX). One writer per knowledge key: run one replica per
     deployment (two replicas would race on the version numbers of the same tenant/domain)."""
 
     grace_s: float = 5.0
@@ -94,11 +94,11 @@ class ExtractorSettings(BaseSettings):
 
     correction_items: bool = True
     """Also turn each correction's text into an item ("When asked ..., answer: ..."). A small policy is
-    weak at writing rules from a trajectory; the human correction is the strongest source (oel-probe)."""
+    weak at writing rules from a trajectory; the human correction is the strongest source (docs/oel-probe.md)."""
 
     llm_items: bool = True
     """Ask the extractor LLM for items. False = knowledge from human corrections only, no LLM call: for a
-    policy too weak to write rules (oel-probe.md) on a CPU too small to also serve the extraction prompts
+    policy too weak to write rules (docs/oel-probe.md) on a CPU too small to also serve the extraction prompts
     (measured: SmolLM2 extraction through the Inference service on 2 cores timed out and starved a
     demo round); the demo's full budget on CPU uses it."""
 
@@ -154,6 +154,11 @@ class ExtractorSettings(BaseSettings):
     # --- consumer loop ----------------------------------------------------------------------------------
     poll_max_records: int = 200
     poll_timeout_s: float = 0.5
+
+    max_poll_interval_s: float = Field(default=300.0, ge=1.0)
+    """Kafka `max.poll.interval.ms` of the consumer. The consumer keeps polling (partitions paused) while
+    the extractor LLM is working, so a slow LLM does not need a larger value; tests lower it to show that.
+    The session timeout is kept at or below it (librdkafka requires it)."""
 
     @field_validator("require_approval_tenants", "auto_approve_tenants", mode="before")
     @classmethod

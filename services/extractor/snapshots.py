@@ -13,6 +13,7 @@ import uuid
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from shared.events import UndecodableEvent
+from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from shared.validation import decode_record
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 def read_snapshots(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list[events_pb2.KnowledgeSnapshot]:
     """All decodable snapshots up to the end offsets seen at the start of the call, in log order per
     partition. Undecodable records are logged and skipped (they cannot be dead-lettered from a read)."""
-    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap,
+    c = Consumer({**librdkafka_config(), **client_log_config(bootstrap), "bootstrap.servers": bootstrap,
                   "group.id": f"extractor-rebuild-{uuid.uuid4()}",
                   "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True})
     out: list[events_pb2.KnowledgeSnapshot] = []

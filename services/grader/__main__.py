@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from services.grader.config import GraderSettings
@@ -12,6 +13,9 @@ from shared.startup import exit_on_startup_error
 
 @exit_on_startup_error("grader")
 def main(argv: list[str] | None = None) -> int:
+    # parsed before anything starts: `--help` prints and exits without side effects
+    argparse.ArgumentParser(prog="apprentice serve grader", description=__doc__,
+                            epilog="Settings: APPRENTICE_GRADER_* and APPRENTICE_* variables.").parse_args(argv)
     settings = GraderSettings()
     configure_logging("grader", settings.log_level or settings.common.log_level, settings.common.log_json)
     try:

@@ -98,6 +98,7 @@ from services.grader.runtime import GraderRuntime
 from services.grader.stall import StallTracker
 from services.grader.state import SEQ_KEY_PREFIX, PendingState, decode_seq, encode_seq, seq_key
 from shared.grading import GraderConfig
+from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import faust_credentials, librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from shared.validation import KafkaHeaders
@@ -719,7 +720,7 @@ class GraderApp:
 def find_event_ids(bootstrap: str, topic: str, wanted: set[str], since: float,
                    timeout: float = 30.0) -> set[str]:
     """Which of `wanted` event ids are in `topic` at or after wall-clock time `since` (all partitions)."""
-    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap, "group.id": f"grader-verify-{uuid.uuid4()}",
+    c = Consumer({**librdkafka_config(), **client_log_config(bootstrap), "bootstrap.servers": bootstrap, "group.id": f"grader-verify-{uuid.uuid4()}",
                   "enable.auto.commit": False, "isolation.level": "read_committed"})
     found: set[str] = set()
     try:

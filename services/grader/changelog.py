@@ -25,6 +25,7 @@ from confluent_kafka.admin import NewTopic, OffsetSpec
 
 from services.grader.config import GraderSettings
 from shared.kafka.admin import admin
+from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import librdkafka_config
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def read_table(bootstrap: str, topic: str, partitions: list[int], *, timeout_s: 
         return out
     if settle_s > 0:
         wait_for_resolved_end(bootstrap, topic, partitions, settle_s)
-    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap,
+    c = Consumer({**librdkafka_config(), **client_log_config(bootstrap), "bootstrap.servers": bootstrap,
                   "group.id": f"grader-restore-{uuid.uuid4()}",
                   "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": "read_committed",
                   "auto.offset.reset": "earliest", **(extra or {})})

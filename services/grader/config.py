@@ -39,7 +39,7 @@ class GraderSettings(BaseSettings):
 
     partitions: int = Field(default=6, ge=1)
     """Partitions of the internal join topic and of the table: bounds how many workers share the work.
-    Matches the source topics (DESIGN.md section 3)."""
+    Matches the source topics (docs/architecture.md §3)."""
 
     store: Literal["memory://"] = "memory://"
     """Faust table store. memory:// restores the table from its changelog at start (seconds for ~10^5
@@ -75,7 +75,7 @@ class GraderSettings(BaseSettings):
     """Clock margin when recovery looks in the graded topic for records emitted just before a crash."""
 
     inference_endpoint: str = "127.0.0.1:50051"
-    """Inference service host:port for the LLM judge (DESIGN.md section 2)."""
+    """Inference service host:port for the LLM judge (docs/architecture.md §2)."""
 
     judge_backend: str = "inference"
     """Where the LLM judge runs (`inference` = the Apprentice Inference service's Generate)."""
@@ -135,7 +135,7 @@ class GraderSettings(BaseSettings):
     so a Kafka call that hangs (a failing broker) never holds a stop."""
 
     metrics_port: int = 9102
-    """Prometheus endpoint (DESIGN.md section 2); 0 disables it."""
+    """Prometheus endpoint (docs/architecture.md §2); 0 disables it."""
 
     workdir: Path | None = None
     """Faust's data directory; None = `<APPRENTICE_HOME>/grader`."""
@@ -169,7 +169,7 @@ class GraderSettings(BaseSettings):
     @property
     def app_id(self) -> str:
         """Includes the topic prefix so that namespaces (tests, several stacks) never share state."""
-        return f"{self.common.topic_prefix}{self.app_name}"
+        return self.common.topics.group_id(self.app_name)
 
     @property
     def join_topic(self) -> str:

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the grader (served on :9102, DESIGN.md section 2).
+"""Prometheus metrics of the grader (served on :9102, docs/architecture.md §2).
 
 Detector flags are counted per flag; the rolling statistics behind them (reward-length correlation,
 mean length, truncation rate, mean reward per policy version) are exported as gauges so that a
@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.grader.detectors import DetectorStats
+from shared.metrics import label_value
 from shared.proto.apprentice.v1 import events_pb2
 
 RECORDS = Counter("apprentice_grader_records_total", "Graded records emitted (every revision)",
@@ -40,7 +41,7 @@ BATCH_SECONDS = Histogram("apprentice_grader_batch_seconds", "Time to process on
 
 LENGTH_CORR = Gauge("apprentice_grader_reward_length_corr", "Pearson r of reward and response length",
                     ["tenant", "task", "policy_version"])
-MEAN_LENGTH = Gauge("apprentice_grader_mean_length", "Mean response length (tokens)",
+MEAN_LENGTH = Gauge("apprentice_grader_mean_length_tokens", "Mean response length (tokens)",
                     ["tenant", "task", "policy_version"])
 TRUNCATION = Gauge("apprentice_grader_truncation_rate", "Share of responses cut at max_new_tokens",
                    ["tenant", "task", "policy_version"])
@@ -49,6 +50,7 @@ MEAN_REWARD = Gauge("apprentice_grader_mean_reward", "Mean reward of records wit
 
 
 _children: dict[tuple[Any, ...], Any] = {}
+NO_CONFIG_NOTE = "no grader config for "
 
 
 def _child(metric: Any, *labels: str) -> Any:
@@ -63,9 +65,15 @@ def _child(metric: Any, *labels: str) -> Any:
     return child
 
 
+def outcome_label(note: str) -> str:
+    """A join step's note --> a bounded label value, spaces as `_` ("duplicate interaction" ->
+    duplicate_interaction); "no grader config for <tenant>/<task>" loses its tenant and task."""
+    return "no_grader_config" if note.startswith(NO_CONFIG_NOTE) else label_value(note)
+
+
 def count_event(kind: str, outcome: str, n: int = 1) -> None:
     """Join items applied (`kind`: I, F, J, T) with their outcome (emitted, applied, or a note)."""
-    _child(EVENTS, kind, outcome).inc(n)
+    _child(EVENTS, kind, outcome_label(outcome)).inc(n)
 
 
 def count_emitted(rec: events_pb2.GradedInteraction) -> None:

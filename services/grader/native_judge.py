@@ -39,7 +39,7 @@ well within the consumer's max.poll.interval."""
 class JudgeStage(TxnStage):
     def __init__(self, settings: GraderSettings, joiner: Joiner, member: str, *,
                  backend: JudgeBackend | None = None) -> None:
-        super().__init__(settings, name="judge", group_id=f"{settings.app_id}-judge", topics=[settings.judge_topic],
+        super().__init__(settings, name="judge", group=f"{settings.app_name}-judge", topics=[settings.judge_topic],
                          state_topic=settings.judge_topic, changelog=settings.judge_changelog, member=member,
                          batch_max=BATCH, poll_s=0.2)
         self.joiner = joiner

@@ -66,7 +66,7 @@ class GradeStage(TxnStage):
 
     def __init__(self, settings: GraderSettings, joiner: Joiner, member: str) -> None:
         topics = settings.common.topics
-        super().__init__(settings, name="grade", group_id=settings.app_id, state_topic=settings.join_topic,
+        super().__init__(settings, name="grade", group=settings.app_name, state_topic=settings.join_topic,
                          topics=[topics.interactions, topics.feedback, settings.join_topic],
                          changelog=settings.pending_changelog, member=member, batch_max=settings.batch_max,
                          poll_s=settings.batch_within_s)

@@ -38,6 +38,7 @@ from services.grader.join import Rejected
 from services.grader.poison import POISON_STAGE, Bisector, Failure, classify
 from services.grader.routing import DEADLETTER_HEADERS, dead_letter
 from services.grader.txn import FatalClientError, FatalErrors, TransactionAborted, TxnProducer
+from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import librdkafka_config
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,10 @@ AfterCommit = Callable[[], None]
 
 
 class TxnStage(abc.ABC):
-    def __init__(self, settings: GraderSettings, *, name: str, group_id: str, topics: list[str],
+    def __init__(self, settings: GraderSettings, *, name: str, group: str, topics: list[str],
                  state_topic: str, changelog: str, member: str, batch_max: int, poll_s: float) -> None:
+        """`group`: the bare group name; its group id and the producer's transactional id carry the
+        stack's namespace (shared/topics.py), so two stacks on one cluster never fence each other."""
         self.settings = settings
         self.name = name
         self.state_topic = state_topic
@@ -56,10 +59,13 @@ class TxnStage(abc.ABC):
         self.poll_s = poll_s
         bootstrap = settings.common.kafka_bootstrap
         self.fatal = FatalErrors(f"{name} consumer")
-        self.producer = TxnProducer(bootstrap, f"{group_id}-{member}", timeout_s=settings.transaction_timeout_s,
+        namespace = settings.common.topics
+        group_id = namespace.group_id(group)
+        self.producer = TxnProducer(bootstrap, namespace.transactional_id(f"{group}-{member}"),
+                                    timeout_s=settings.transaction_timeout_s,
                                     security=settings.common)
         self.consumer = Consumer({
-            **librdkafka_config(settings.common),
+            **librdkafka_config(settings.common), **client_log_config(bootstrap),
             "bootstrap.servers": bootstrap, "group.id": group_id, "group.instance.id": f"{group_id}-{member}",
             # range: every worker gets its share of *each* topic (the state lives with the join partitions;
             # a balanced-overall assignor may give one worker all of them and the other only routing).

@@ -20,6 +20,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
 from shared.validation import KafkaHeaders
 
@@ -105,7 +106,8 @@ class TxnProducer:
         self.fatal = FatalErrors(f"producer {transactional_id}")
         self.watchdog = StallWatchdog(timeout_s + 15.0, transactional_id)
         self._p = Producer({
-            **librdkafka_config(security), "bootstrap.servers": bootstrap, "transactional.id": transactional_id,
+            **librdkafka_config(security), **client_log_config(bootstrap),
+            "bootstrap.servers": bootstrap, "transactional.id": transactional_id,
             "enable.idempotence": True, "acks": "all", "transaction.timeout.ms": int(timeout_s * 1000),
             "linger.ms": 5, "compression.type": "lz4",
             # Java's (and aiokafka's, so the faust runtime's) partitioner: a session's graded records

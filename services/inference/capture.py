@@ -27,6 +27,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from services.inference import metrics
 from services.inference.spool import Spool, SpoolRecord
+from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
 from shared.validation import type_headers_for_topic
 
@@ -45,10 +46,10 @@ class CaptureSink:
         self.spool = spool
         self.max_inflight = max_inflight
         self.stall_s = stall_s
-        # Idempotent + acks=all as every Apprentice producer (DESIGN.md 8); our own client rather than
+        # Idempotent + acks=all as every Apprentice producer (docs/architecture.md §5); our own client rather than
         # shared EventProducer because the sink must purge what it handed over when it closes.
         self._producer = Producer({
-            **librdkafka_config(security),
+            **librdkafka_config(security), **client_log_config(bootstrap),
             "bootstrap.servers": bootstrap, "client.id": client_id, "enable.idempotence": True, "acks": "all",
             "linger.ms": 5, "compression.type": "lz4",
             "message.timeout.ms": delivery_timeout_ms,

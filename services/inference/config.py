@@ -46,7 +46,7 @@ class InferenceSettings(BaseSettings):
     loopback when not (shared/security/binding.py)."""
 
     port: int = 50051
-    """gRPC port (DESIGN.md section 2); 0 picks a free port (tests)."""
+    """gRPC port (docs/architecture.md §2); 0 picks a free port (tests)."""
 
     metrics_port: int = 9101
     """Prometheus endpoint; 0 disables it."""
@@ -130,12 +130,20 @@ class InferenceSettings(BaseSettings):
     request of n=16 x 2,000 tokens holds about one batch's worth, not the engine. The padded KV cache can
     reach rows x longest row; 32k tokens is ~1.5 GB of fp32 KV for SmolLM2-135M."""
 
-    tenant_batch_share: float = 0.5
+    tenant_batch_share: float = 0.25
     """Continuous scheduler: fraction of `max_batch_rows` and `max_batch_tokens` one tenant's rows may
     hold. A CPU batch has no preemption: without free room, another tenant's short request would wait for
-    a long batch to end, and every row a tenant adds slows the steps of everyone's rows; half keeps a
-    short request within ~3x its idle latency beside an n=16 load (load/fairness_bench.py). 1.0 lets a
-    single tenant fill the engine (single-tenant pods)."""
+    a long batch to end, and every row a tenant adds slows the steps of everyone's rows. On SmolLM2 a
+    quarter (8 of 32 rows) keeps a short request within ~3x its idle latency beside an n=16 load, where
+    half gave 3.6x; a CPU step is compute-bound well before 8 rows, so a lone tenant's throughput barely
+    moves (load/fairness_bench.py, numbers in the README). 1.0 lets a single tenant fill the engine
+    (single-tenant pods, the demo)."""
+
+    fault_delay_s: float = Field(default=0.0, ge=0.0, le=3600.0)
+    """Tests and chaos drills only (`APPRENTICE_INFERENCE_FAULT_DELAY_S`): every generation request (gRPC
+    and HTTP) waits this long before it is queued, as on an overloaded or restarting pod, or until its
+    deadline passes (then DEADLINE_EXCEEDED). Callers that hold a Kafka consumer must ride it out
+    without losing their group. 0 (the default) in production; the pod logs a warning when it is set."""
 
     max_overtake_s: float = 5.0
     """Continuous scheduler: how long smaller requests from other tenants may overtake a request that
@@ -173,6 +181,23 @@ class InferenceSettings(BaseSettings):
 
     context_window: int = 0
     """Prompt + completion token limit; 0 = the model's `max_position_embeddings`."""
+
+    adapter_cache_max_count: int = Field(default=64, ge=0)
+    """Transformers engine: most LoRA adapters resident at once (0 = no count limit). Adapters are
+    registered when their version loads and copied into memory when a request needs one; past this,
+    the least recently used adapter without rows in flight is evicted (services/inference/adapter_cache.py)."""
+
+    adapter_cache_max_bytes: int = Field(default=1 << 30, ge=0)
+    """Transformers engine: memory the resident LoRA adapters may hold (their slots in the stacked
+    tensors: rank x (in + out) per adapted layer; ~9.4 MiB for a rank-8 all-linear SmolLM2-135M adapter
+    in fp32); 0 = no byte limit."""
+
+    adapter_max_rank: int = Field(default=64, ge=1)
+    """Transformers engine: highest LoRA rank accepted (every resident adapter is zero-padded to the
+    highest rank present, so one high-rank adapter makes every slot larger)."""
+
+    adapter_load_workers: int = Field(default=1, ge=1, le=16)
+    """Transformers engine: background threads reading adapters from disk on demand."""
 
     vllm_gpu_memory_utilization: float = 0.85
     vllm_max_loras: int = 4

@@ -26,14 +26,21 @@ and ends before the first stop string (the tokens that completed the stop string
 Seeded rows draw from their own generator (`seed * 1000003 + sample_index`, as `shared.generation`), so
 a seeded request gives the same tokens whatever else shares its batch, and whenever it joins (up to
 float rounding of padded batches); unseeded rows share one draw per step.
+
+LoRA per row: a row's `adapter` is a slot of the batch's `router` (services/inference/multi_lora.py's
+`LoraPool`; 0 = base weights), kept aligned with the row through joins and leaves, and every forward
+pass runs inside `router.route(slots)`, so rows of different adapters share a batch. Rows with the same
+prompt share a prefill only when they also share the adapter.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -107,6 +114,7 @@ class DecodeRow:
     on_delta: Callable[[list[int], str], None] | None = None
     on_finish: Callable[[Sample], None] | None = None
     cancelled: Callable[[], bool] = lambda: False
+    adapter: int = 0                       # LoRA slot in the batch router (0 = base weights)
     # --- state ---
     sample: Sample = field(default_factory=Sample)
     streamed: int = 0                      # characters of text already streamed
@@ -138,6 +146,12 @@ def _accepts_logits_to_keep(model: Any) -> bool:
         return False
 
 
+class RowRouter(Protocol):
+    """Applies per-row adapters to the forward passes run inside `route` (row i gets slot slots[i])."""
+
+    def route(self, slots: torch.Tensor) -> AbstractContextManager[None]: ...
+
+
 @dataclass
 class BatchStats:
     rows: int = 0
@@ -161,6 +175,7 @@ class _Group:
     top_k: torch.Tensor                    # (B,)
     top_p: torch.Tensor                    # (B,)
     gens: list[torch.Generator | None]
+    slots: torch.Tensor                    # (B,) each row's adapter slot
 
     def select(self, keep: list[int]) -> None:
         """Keep rows `keep` (indices into the group), in that order."""
@@ -170,6 +185,7 @@ class _Group:
         self.past.batch_select_indices(sel)
         self.attn, self.pending, self.pos = self.attn[sel], self.pending[sel], self.pos[sel]
         self.temp, self.top_k, self.top_p = self.temp[sel], self.top_k[sel], self.top_p[sel]
+        self.slots = self.slots[sel]
         self.gens = [self.gens[i] for i in keep]
         self.rows = [self.rows[i] for i in keep]
 
@@ -209,12 +225,14 @@ class DecodeBatch:
 
     `model` answers eos/device/signature questions; the `forward` passed to `add` / `step` (default:
     `model`) runs the network, which lets the engine pass a LoRA-activated wrapper. `context_window` caps
-    prompt + completion tokens per row. Not thread-safe: one scheduler thread drives a batch.
+    prompt + completion tokens per row. `router` applies rows' LoRA adapters (rows with `adapter` != 0
+    need one). Not thread-safe: one scheduler thread drives a batch.
     """
 
     def __init__(self, model: Any, tok: Any, *, eos_ids: set[int] | None = None,
-                 context_window: int | None = None) -> None:
+                 context_window: int | None = None, router: RowRouter | None = None) -> None:
         self.model, self.tok = model, tok
+        self.router = router
         self.eos = eos_ids if eos_ids is not None else eos_ids_of(model, tok)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(self.eos))
         self.device = next(model.parameters()).device
@@ -257,10 +275,12 @@ class DecodeBatch:
         forward = forward or self.model
         device = self.device
 
-        # 1) left-pad the distinct prompts into one (U, Wn) block
-        index: dict[tuple[int, ...], int] = {}
-        of_row = [index.setdefault(tuple(r.prompt_ids), len(index)) for r in live]
-        prompts = [list(p) for p in index]
+        # 1) left-pad the distinct (adapter, prompt) pairs into one (U, Wn) block
+        assert self.router is not None or not any(r.adapter for r in live), "rows with adapters need a router"
+        index: dict[tuple[int, tuple[int, ...]], int] = {}
+        of_row = [index.setdefault((r.adapter, tuple(r.prompt_ids)), len(index)) for r in live]
+        prompts = [list(p) for _, p in index]
+        prompt_slots = torch.tensor([a for a, _ in index], dtype=torch.long, device=device)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -271,8 +291,9 @@ class DecodeBatch:
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)                                    # (U, Wn)
 
         t0 = time.perf_counter()
-        out = forward(input_ids=ids, attention_mask=attn, position_ids=position_ids, past_key_values=None,
-                      use_cache=True, **self._extra)
+        with self._route(prompt_slots):
+            out = forward(input_ids=ids, attention_mask=attn, position_ids=position_ids, past_key_values=None,
+                          use_cache=True, **self._extra)
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.steps += 1
         past = out.past_key_values
@@ -289,7 +310,8 @@ class DecodeBatch:
             temp=torch.tensor([r.params.temperature for r in live], device=device),
             top_k=torch.tensor([r.params.top_k for r in live], device=device),
             top_p=torch.tensor([r.params.top_p if 0 < r.params.top_p < 1 else 1.0 for r in live], device=device),
-            gens=[seeded_generator(r.params.seed, r.sample_index) for r in live])
+            gens=[seeded_generator(r.params.seed, r.sample_index) for r in live],
+            slots=torch.tensor([r.adapter for r in live], dtype=torch.long, device=device))
         self._advance(group, logits, first=True)
         if group.rows:
             self._merge(group)
@@ -303,8 +325,9 @@ class DecodeBatch:
         before = len(g.rows)
         forward = forward or self.model
         t0 = time.perf_counter()
-        out = forward(input_ids=g.pending[:, None], attention_mask=g.attn, position_ids=g.pos[:, None],
-                      past_key_values=g.past, use_cache=True, **self._extra)
+        with self._route(g.slots):
+            out = forward(input_ids=g.pending[:, None], attention_mask=g.attn, position_ids=g.pos[:, None],
+                          past_key_values=g.past, use_cache=True, **self._extra)
         g.past = out.past_key_values
         logits = out.logits[:, -1, :].float()                                                # (B, V)
         self._advance(g, logits, first=False)
@@ -321,6 +344,9 @@ class DecodeBatch:
         self._run = None
 
     # --- internals ----------------------------------------------------------------------------------
+    def _route(self, slots: torch.Tensor) -> AbstractContextManager[None]:
+        return self.router.route(slots) if self.router is not None else contextlib.nullcontext()
+
     def _screen(self, rows: Sequence[DecodeRow]) -> list[DecodeRow]:
         """Rows that need decoding; the others (cancelled while queued, zero budget) finish at once."""
         live = []
@@ -444,16 +470,18 @@ class DecodeBatch:
         run.top_k = torch.cat([run.top_k, new.top_k])
         run.top_p = torch.cat([run.top_p, new.top_p])
         run.gens = run.gens + new.gens
+        run.slots = torch.cat([run.slots, new.slots])
         run.rows = run.rows + new.rows
 
 
 def decode_batch(model: Any, tok: Any, rows: list[DecodeRow], *, eos_ids: set[int] | None = None,
-                 context_window: int | None = None, forward: Callable[..., Any] | None = None) -> BatchStats:
+                 context_window: int | None = None, forward: Callable[..., Any] | None = None,
+                 router: RowRouter | None = None) -> BatchStats:
     """Decode every row to completion (stop, length, or cancelled); results go to each row's callbacks.
 
     The static form of `DecodeBatch`: one prefill of all rows, then steps until every row has stopped.
     """
-    batch = DecodeBatch(model, tok, eos_ids=eos_ids, context_window=context_window)
+    batch = DecodeBatch(model, tok, eos_ids=eos_ids, context_window=context_window, router=router)
     batch.add(rows, forward)
     while batch.live:
         batch.step(forward)

@@ -280,7 +280,7 @@ class UpdateFollower:
         from shared.kafka.consumer import EventConsumer
 
         topic = self.settings.common.topics.model_updates
-        group = f"inference-{self.settings.pod_id}-{uuid.uuid4().hex[:8]}"
+        group = self.settings.common.topics.group_id(f"inference-{self.settings.pod_id}-{uuid.uuid4().hex[:8]}")
         consumer = EventConsumer(self.settings.common.kafka_bootstrap, group, [topic],
                                  extra_config={"log_level": 3})
         try:

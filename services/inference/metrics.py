@@ -61,3 +61,15 @@ ROWS_IN_FLIGHT = Gauge("apprentice_inference_rows_in_flight",
                        "Continuous scheduler: sequences admitted into running batches")
 TOKENS_RESERVED = Gauge("apprentice_inference_batch_tokens_reserved",
                         "Continuous scheduler: tokens reserved by the rows in flight (cap: max_batch_tokens)")
+
+ADAPTERS_RESIDENT = Gauge("apprentice_inference_adapters_resident",
+                          "LoRA adapters resident in memory now (transformers engine; budget: adapter_cache_max_*)")
+ADAPTER_RESIDENT_BYTES = Gauge("apprentice_inference_adapter_resident_bytes",
+                               "Slot memory held by the resident LoRA adapters")
+ADAPTER_LOADS = Counter("apprentice_inference_adapter_loads_total",
+                        "LoRA adapters made resident on demand (loaded), or whose load failed", ["outcome"])
+ADAPTER_EVICTIONS = Counter("apprentice_inference_adapter_evictions_total",
+                            "Resident LoRA adapters evicted, least recently used first, to make room")
+ADAPTER_LOAD_SECONDS = Histogram("apprentice_inference_adapter_load_seconds",
+                                 "From a request finding its LoRA adapter absent to the adapter being resident",
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))

@@ -276,6 +276,8 @@ class InferenceApp:
         """Route and queue; a version swapped out between routing and queueing is re-routed once.
         `pin` = (version, canary): serve that version instead of routing (an HTTP request naming one)."""
         assert self.manager is not None
+        if self.settings.fault_delay_s > 0:
+            _injected_delay(self.settings.fault_delay_s, context)
         remaining = remaining_s(context)
         deadline = time.monotonic() + remaining if remaining is not None else None
         lease = self._admit(p)                    # tenant quotas: RESOURCE_EXHAUSTED with retry_after_s
@@ -418,6 +420,14 @@ def _usage(p: PreparedRequest, samples: list[Any]) -> inference_pb2.Usage:
                                total_tokens=len(p.prompt_ids) + completion)
 
 
+def _injected_delay(seconds: float, context: Any) -> None:
+    """`fault_delay_s` (tests, chaos drills): hold the request like a slow pod would, but never past the
+    caller's deadline, after which the engine answers DEADLINE_EXCEEDED at once."""
+    remaining = remaining_s(context)
+    wait = seconds if remaining is None else max(0.0, min(seconds, remaining))
+    time.sleep(wait)
+
+
 def _wait_result(handle: RequestHandle, context: Any) -> list[Any]:
     """The samples; an engine failure or an engine that outlives the call's deadline is an error."""
     remaining = remaining_s(context)
@@ -483,5 +493,8 @@ class FeedbackServicer(inference_pb2_grpc.FeedbackServicer):
 def serve(settings: InferenceSettings) -> InferenceApp:
     """Start the service (used by __main__ and tests); call `.stop()` to shut it down."""
     app = InferenceApp(settings)
+    if settings.fault_delay_s > 0:
+        log.warning("fault injection on: every generation request is delayed by %.1f s "
+                    "(APPRENTICE_INFERENCE_FAULT_DELAY_S; tests and chaos drills only)", settings.fault_delay_s)
     app.start()
     return app

@@ -20,11 +20,13 @@ from typing import Any
 import grpc
 
 from services.loop.evaluation import Evaluator
-from services.loop.report import plot, write_report
+from services.loop.report import StepsLog, plot, write_report
 from services.loop.simulated_users import SimulatedUsers
 from services.loop.stack import LocalStack
 from services.loop.task import Task, load_task
+from services.loop.train_progress import TrainingProgress
 from services.loop.watch import TopicWatcher
+from shared.progress import progress_enabled
 from shared.proto.apprentice.v1 import (
     events_pb2,
     knowledge_pb2,
@@ -49,8 +51,11 @@ class DemoBudget:
         return DemoBudget(rounds=rounds, users_per_round=60, eval_samples=4, max_new_tokens=48,
                           round_timeout_s=900, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "8",
                                                             "APPRENTICE_TRAINER_TEACHER_SAMPLES": "4"},
-                          # knowledge from the human corrections only: SmolLM2 writes poor rules (oel-probe.md)
-                          # and its extraction prompts through the one CPU inference pod starved the round
+                          # knowledge from the human corrections only: SmolLM2 writes poor rules (docs/oel-probe.md)
+                          # and the CPU cannot afford its prompts: one extraction (638 prompt + 192 new tokens,
+                          # one torch thread, shared 2-core machine, 2026-12-01) took 67 s, a batch of 4 161 s,
+                          # so a round's 60 trajectories would hold the one inference pod ~40 minutes. (The
+                          # extractor no longer loses its Kafka group while it waits: shared/kafka/busy.py.)
                           extractor_env={"APPRENTICE_EXTRACTOR_LLM_ITEMS": "false"})
 
     @staticmethod
@@ -84,37 +89,41 @@ class Demo:
     def __init__(self, task: Task, *, model: str, budget: DemoBudget, algo: str, report: Path, plot_path: Path,
                  run_dir: Path, seed: int = 0, task_source: str | None = None) -> None:
         self.task, self.model, self.budget, self.algo = task, model, budget, algo
-        self.task_source = task_source or task.name   # what the services' verifier loads the task from
+        self.task_source = task_source or task.name   # where the task came from (the report's meta)
         self.report_path, self.plot_path, self.run_dir, self.seed = report, plot_path, run_dir, seed
         self.progress = Progress()
+        self.steps_log = StepsLog(run_dir / "trainer_steps" / "steps.jsonl")
         self.stack = LocalStack(run_dir, model, service_env=self._service_env(), tenants=(self.task.tenant,))
         self.rounds: list[dict[str, Any]] = []
 
     # --- configuration of the services for this task -------------------------------------------------
     def _service_env(self) -> dict[str, dict[str, str]]:
-        t = self.task
+        from services.loop.task_config import write_task_config
+
+        # the task's tenant, task and KPI configure grader routing, gate eval sets, trainer tenant, verifier
+        per_task = write_task_config(self.task, self.run_dir / "config")
         rl = self.algo in ("grpo", "both")
         distill = self.algo in ("oel", "both")
         trainer = {
-            "APPRENTICE_TRAINER_TENANT": t.tenant,
+            **per_task["trainer"],
             "APPRENTICE_TRAINER_RL_ENABLED": str(rl).lower(),
             "APPRENTICE_TRAINER_DISTILL_ENABLED": str(distill).lower(),
             "APPRENTICE_TRAINER_TRIGGER_SAMPLES": str(self.budget.users_per_round * (4 if rl else 1)),
             "APPRENTICE_TRAINER_TRIGGER_ON_KNOWLEDGE": "true",
             "APPRENTICE_TRAINER_TRIGGER_KNOWLEDGE_QUIET_S": "15",
-            # oel-probe.md and load/oel_methods_probe.py: teacher samples as supervised targets move the
+            # docs/oel-probe.md and load/oel_methods_probe.py: teacher samples as supervised targets move the
             # gold-answer loss fastest on this model (pure reverse KL barely moves it)
             "APPRENTICE_TRAINER_DISTILL_METHOD": "sft_filtered",
-            # grader-filtered teacher samples: the task's own answer check (its KPI rule) as the verifier;
-            # it knows only the training questions, never the held-out ones
-            "APPRENTICE_TRAINER_SFT_VERIFIER": "services.loop.task:verify_training_answer",
-            "APPRENTICE_TRAINER_SFT_VERIFIER_PARAMS": json.dumps({"task": self.task_source}),
-            # full fine-tuning at 5e-5: oel-probe.md's lever that moved held-out answers (LoRA at 5e-4 moved
+            # full fine-tuning at 5e-5: docs/oel-probe.md's lever that moved held-out answers (LoRA at 5e-4 moved
             # the gold loss but no answer in load/oel_methods_probe.py)
             "APPRENTICE_TRAINER_FINETUNE": "full",
             "APPRENTICE_TRAINER_LR": "5e-5",
             "APPRENTICE_TRAINER_DISTILL_TEMPERATURE": "0.7",
             "APPRENTICE_TRAINER_SEED": str(self.seed),
+            # every optimizer step's metrics (reward, KL, clipping, staleness, IS weights) as JSON lines, which
+            # each round's report entry takes up (`train_steps`)
+            "APPRENTICE_TRAINER_REPORT_TO": "jsonl",
+            "APPRENTICE_TRAINER_LOGGING_DIR": str(self.steps_log.path.parent),
             **self.budget.trainer_env,
         }
         # no auto-approval: the corrections arrive with the tenant's backend key (the end users' channel), so
@@ -123,7 +132,9 @@ class Demo:
                      **self.budget.extractor_env}
         # one tenant: it may fill the engine (the default half share keeps room for other tenants' requests)
         inference = {"APPRENTICE_INFERENCE_TENANT_BATCH_SHARE": "1.0"}
-        services = {"trainer": trainer, "extractor": extractor, "grader": {}, "weights": {}, "inference": inference}
+        services = {"trainer": trainer, "extractor": {**per_task["extractor"], **extractor},
+                    "grader": dict(per_task["grader"]), "weights": dict(per_task["weights"]),
+                    "inference": {**per_task["inference"], **inference}}
         # One intra-op thread per service: inference, trainer and the gate run at the same time on a
         # 2-core machine, and torch's default (a thread per core in each process) oversubscribes it; the
         # OpenMP barriers then stall (measured: SmolLM2 inference fell to ~4 tokens/s during training).
@@ -136,6 +147,9 @@ class Demo:
         p = self.progress
         p(f"starting the stack ({self.model}) in {self.run_dir}")
         self.stack.start()
+        if self.stack.creds is not None:
+            p(f"dashboard: {self.stack.dashboard_url} (sign in with the operator key in "
+              f"{self.stack.creds.operator_token})", done=True)
         try:
             health = self.stack.wait_healthy(600)
             if not all(health.values()):
@@ -158,7 +172,7 @@ class Demo:
                 if hasattr(self, closer):
                     getattr(self, closer).close()
             self.stack.stop()
-        return json.loads(self.report_path.read_text())
+        return json.loads(self.report_path.read_text(encoding="utf-8"))
 
     def _deploy(self, k: int) -> dict[str, Any]:
         p = self.progress
@@ -223,6 +237,9 @@ class Demo:
         p = self.progress
         before = {m.version for m in self._versions()}
         deadline = time.monotonic() + self.budget.round_timeout_s
+        training = TrainingProgress(self.stack.ports.metrics["trainer"], meter=progress_enabled(),
+                                    planned_steps=int(self.budget.trainer_env.get("APPRENTICE_TRAINER_DISTILL_STEPS", 4)))
+        training.start()
         while time.monotonic() < deadline:
             new = [m for m in self._versions() if m.version not in before]
             settled = [m for m in new if m.status in (weights_pb2.VERSION_STATUS_PROMOTED,
@@ -232,7 +249,7 @@ class Demo:
             served = self._served_version()
             p(f"round {k}: knowledge v{kb.version if kb else 0} ({len(kb.items) if kb else 0} items), "
               f"new versions {[m.version + ':' + weights_pb2.VersionStatus.Name(m.status)[15:] for m in new]}, "
-              f"served {served}")
+              f"served {served}" + (f", {t}" if (t := training.describe()) else ""))
             promoted = [m for m in settled if m.status == weights_pb2.VERSION_STATUS_PROMOTED]
             if promoted and served == promoted[-1].version:
                 break
@@ -264,10 +281,12 @@ class Demo:
                                            "end": o.end_offset} for o in manifest.data_offsets],
                          "train_metrics": dict(manifest.train_metrics)} if manifest else None,
             "versions_rejected": [v for v, m in versions.items() if m.status == weights_pb2.VERSION_STATUS_REJECTED],
+            "train_steps": self.steps_log.new_steps(),   # the trainer's optimizer steps since the last round
         }
         self.rounds.append(entry)
-        meta = {"task": self.task.name, "model": self.model, "algo": self.algo, "date": time.strftime("%Y-%m-%d"),
-                "budget": self.budget.__dict__, "run_dir": str(self.run_dir),
+        meta = {"task": self.task.name, "tenant": self.task.tenant, "task_tag": self.task.task,
+                "kpi": self.task.kpi.name, "task_source": self.task_source, "model": self.model, "algo": self.algo, "date": time.strftime("%Y-%m-%d"),
+                "budget": self.budget.__dict__, "run_dir": str(self.run_dir), "topic_prefix": self.stack.topics.prefix,
                 "services_restarted": self.stack.crashed()}
         report = write_report(self.report_path, meta, self.rounds)
         plot(self.plot_path, self.rounds, f"{self.task.name} · {self.model} · {self.algo}")

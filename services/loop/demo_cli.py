@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Any
 
 
 def main(argv: list[str]) -> int:
@@ -22,18 +24,31 @@ def main(argv: list[str]) -> int:
     ns = ap.parse_args(argv)
     if ns.keep_runs < 1:
         ap.error("--keep-runs must be at least 1 (this run's folder)")
-    from services.loop.demo import run_demo
-    from services.loop.task import TaskError
+    from services.loop.task import TaskError, load_task
+    from shared.config import CommonSettings
+    from shared.models import ModelUnavailable, check_model_name
 
     try:
+        # both checked before anything heavy is imported or started: a bad task file or model name is one
+        # line, not a stack trace
+        load_task(ns.task)
+        check_model_name(ns.model or CommonSettings().model)
+        from services.loop.demo import run_demo
+
         report = run_demo(ns.task, rounds=ns.rounds, report=ns.report, quick=ns.quick, algo=ns.algo, model=ns.model,
                           seed=ns.seed, keep_runs=ns.keep_runs)
-    except TaskError as e:
-        print(f"apprentice demo: {e}")
+    except (TaskError, ModelUnavailable) as e:
+        print(f"apprentice demo: {e}", file=sys.stderr)
         return 2
     s = report.get("summary") or {}
     print(f"\nreport: {ns.report}  plot: {ns.report.with_name('learning_curve.png')}")
     if s:
-        print(f"held-out success {s['heldout_diff']:+.1%} vs round 0 (95% CI {s['heldout_diff_ci95'][0]:+.1%} to "
-              f"{s['heldout_diff_ci95'][1]:+.1%}); improved: {s['improved']}; OOD change {s['ood_diff']:+.1%}")
+        print(summary_line(s))
     return 0
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    """The run's verdict in one line; a task without an OOD set says so instead of an OOD change."""
+    ood = f"OOD change {s['ood_diff']:+.1%}" if s.get("ood_diff") is not None else "no OOD set"
+    return (f"held-out success {s['heldout_diff']:+.1%} vs round 0 (95% CI {s['heldout_diff_ci95'][0]:+.1%} to "
+            f"{s['heldout_diff_ci95'][1]:+.1%}); improved: {s['improved']}; {ood}")

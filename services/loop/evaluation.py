@@ -3,12 +3,13 @@ Inference service (`no_capture`, so evaluation traffic never becomes training da
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
 from services.loop.stats import wilson
 from services.loop.task import Task, check_answer, check_ood
 from shared.config import CommonSettings
+from shared.progress import progress
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.security.channels import open_channel
 
@@ -35,10 +36,12 @@ class EvalResult:
         return self.greedy_total + self.sampled_total
 
     def as_dict(self) -> dict[str, object]:
+        """JSON-shaped; a task without an OOD set has `ood_rate` and `ood_ci95` None (not a rate of 0)."""
         lo, hi = wilson(self.success, self.total)
-        olo, ohi = wilson(self.ood_success, self.ood_total)
+        ood = self.ood_total > 0
         return {**asdict(self), "success_rate": self.success / max(1, self.total), "ci95": [lo, hi],
-                "ood_rate": self.ood_success / max(1, self.ood_total), "ood_ci95": [olo, ohi]}
+                "ood_rate": self.ood_success / self.ood_total if ood else None,
+                "ood_ci95": list(wilson(self.ood_success, self.ood_total)) if ood else None}
 
 
 class Evaluator:
@@ -68,6 +71,10 @@ class Evaluator:
                        if self.samples else [])
             ood = [pool.submit(self._ask, it.question, n=1, temperature=0.0, seed=0)
                    for it in self.task.out_of_distribution]
+            with progress(total=len(greedy) + len(sampled) + len(ood), desc=f"evaluation round {round_index}",
+                          unit="request", leave=False) as bar:   # a terminal only (shared/progress.py)
+                for _ in as_completed([*greedy, *sampled, *ood]):
+                    bar.update()
             greedy_r = [f.result() for f in greedy]
             sampled_r = [f.result() for f in sampled]
             ood_r = [f.result() for f in ood]

@@ -9,8 +9,30 @@ from typing import Any
 from services.loop.stats import newcombe_diff
 
 
+class StepsLog:
+    """The trainer's per-step JSON lines (`APPRENTICE_TRAINER_REPORT_TO=jsonl`), followed by offset: each
+    call returns the optimizer steps written since the previous one, so every round's report entry holds
+    the steps that trained toward it. A partly written last line waits for the next call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def new_steps(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        rows = [json.loads(line) for line in data[:end].decode("utf-8").splitlines() if line.strip()]
+        return [{"algorithm": r["algorithm"], "step": r["step"], **r["metrics"]} for r in rows if r.get("kind") == "step"]
+
+
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Last round vs round 0: the difference of success rates with Newcombe's 95% interval."""
+    """Last round vs round 0: the difference of success rates with Newcombe's 95% interval. A task
+    without an OOD set has no OOD difference (None, never flagged as a regression)."""
     if len(rounds) < 2:
         return {}
     first, last = rounds[0]["eval"], rounds[-1]["eval"]
@@ -19,18 +41,47 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     s1 = first["greedy_success"] + first["sampled_success"]
     s2 = last["greedy_success"] + last["sampled_success"]
     d, lo, hi = newcombe_diff(s1, n1, s2, n2)
-    od, olo, ohi = newcombe_diff(first["ood_success"], first["ood_total"], last["ood_success"], last["ood_total"])
-    return {"heldout_diff": d, "heldout_diff_ci95": [lo, hi], "improved": lo > 0,
-            "ood_diff": od, "ood_diff_ci95": [olo, ohi], "ood_regressed": ohi < 0}
+    summary: dict[str, Any] = {"heldout_diff": d, "heldout_diff_ci95": [lo, hi], "improved": lo > 0,
+                               "ood_diff": None, "ood_diff_ci95": None, "ood_regressed": False}
+    if first["ood_total"] > 0 and last["ood_total"] > 0:
+        od, olo, ohi = newcombe_diff(first["ood_success"], first["ood_total"], last["ood_success"],
+                                     last["ood_total"])
+        summary.update(ood_diff=od, ood_diff_ci95=[olo, ohi], ood_regressed=ohi < 0)
+    return summary
 
 
 def write_report(path: Path, meta: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
     report = {**meta, "rounds": rounds, "summary": summarize(rounds)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=1, default=str))
+    tmp.write_text(json.dumps(report, indent=1, default=str, ensure_ascii=False), encoding="utf-8")
     tmp.replace(path)
     return report
+
+
+def error_bars(rounds: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """(below, above) each round's rate to its 95% bounds, never negative: matplotlib refuses negative
+    error bars, and a rate at 0% or 100% sits on its bound up to floating-point noise."""
+    below = [max(0.0, r["eval"]["success_rate"] - r["eval"]["ci95"][0]) for r in rounds]
+    above = [max(0.0, r["eval"]["ci95"][1] - r["eval"]["success_rate"]) for r in rounds]
+    return below, above
+
+
+STEP_CURVES = (("reward_mean", "reward mean"), ("stale_fraction", "samples from older versions"),
+               ("is_weight_mean", "IS weight mean"), ("is_capped_fraction", "IS clipped fraction"),
+               ("clip_fraction", "PPO clip fraction"))
+
+
+def plot_steps(ax: Any, steps: list[dict[str, Any]]) -> None:
+    """The RL optimizer steps of the run: reward and how off-policy each step was."""
+    xs = [s["step"] for s in steps]
+    for key, label in STEP_CURVES:
+        ys = [s.get(key) for s in steps]
+        if any(y is not None for y in ys):
+            ax.plot([x for x, y in zip(xs, ys, strict=True) if y is not None], [y for y in ys if y is not None],
+                    marker=".", label=label)
+    ax.set_xlabel("optimizer step")
+    ax.legend(loc="upper left", fontsize=7)
 
 
 def plot(path: Path, rounds: list[dict[str, Any]], title: str) -> None:
@@ -41,12 +92,19 @@ def plot(path: Path, rounds: list[dict[str, Any]], title: str) -> None:
 
     xs = [r["round"] for r in rounds]
     rate = [r["eval"]["success_rate"] for r in rounds]
-    lo = [r["eval"]["success_rate"] - r["eval"]["ci95"][0] for r in rounds]
-    hi = [r["eval"]["ci95"][1] - r["eval"]["success_rate"] for r in rounds]
-    ood = [r["eval"]["ood_rate"] for r in rounds]
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    lo, hi = error_bars(rounds)
+    rl_steps = [s for r in rounds for s in r.get("train_steps") or [] if not str(s.get("algorithm", "")).startswith("oel")]
+    if rl_steps:   # a second panel with the per-step curve, only when the run took RL steps
+        fig, (ax, ax_steps) = plt.subplots(2, 1, figsize=(7, 7), dpi=120)
+        plot_steps(ax_steps, rl_steps)
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ax.errorbar(xs, rate, yerr=[lo, hi], marker="o", capsize=4, label="held-out success (95% CI)")
-    ax.plot(xs, ood, marker="s", linestyle="--", label="out-of-distribution check")
+    ood = [(r["round"], r["eval"].get("ood_rate")) for r in rounds]
+    ood_points = [(x, y) for x, y in ood if y is not None]
+    if ood_points:  # a task without an OOD set draws no OOD line (not a line at 0)
+        ax.plot([x for x, _ in ood_points], [y for _, y in ood_points], marker="s", linestyle="--",
+                label="out-of-distribution check")
     loss = [r["gold_answer_loss"] for r in rounds if r.get("gold_answer_loss") is not None]
     if len(loss) == len(rounds):  # draw the loss curve only when every round measured it
         ax2 = ax.twinx()
@@ -58,7 +116,7 @@ def plot(path: Path, rounds: list[dict[str, Any]], title: str) -> None:
                     xytext=(0, 8), ha="center", fontsize=7)
     ax.set_xlabel("round")
     ax.set_ylabel("success rate")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(-0.02, 1.05)  # points and bars at 0% and 100% stay visible
     ax.set_xticks(xs)
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", fontsize=8)

@@ -45,14 +45,18 @@ class SimulatedUsers:
         self.timeout_s = timeout_s
 
     def pick(self, count: int) -> list[tuple[Fact, str]]:
-        """`count` training questions, every fact as evenly as possible, in random order."""
-        by_fact: dict[str, list[tuple[Fact, str]]] = {}
-        for f, q in self.task.train_questions():
-            by_fact.setdefault(f.id, []).append((f, q))
-        for qs in by_fact.values():
-            self.rng.shuffle(qs)
-        interleaved = [qs[i] for i in range(max(map(len, by_fact.values()))) for qs in by_fact.values() if i < len(qs)]
-        return interleaved[:count]
+        """`count` training questions, every fact as evenly as possible, in random order. A task with fewer
+        training questions than users asks them again (other users, other sessions), so a small task
+        still sends the round's full traffic and reaches the trainer's sample trigger."""
+        picked: list[tuple[Fact, str]] = []
+        while len(picked) < count:
+            by_fact: dict[str, list[tuple[Fact, str]]] = {}
+            for f, q in self.task.train_questions():
+                by_fact.setdefault(f.id, []).append((f, q))
+            for qs in by_fact.values():
+                self.rng.shuffle(qs)
+            picked += [qs[i] for i in range(max(map(len, by_fact.values()))) for qs in by_fact.values() if i < len(qs)]
+        return picked[:count]
 
     def ask(self, fact: Fact, question: str, *, max_new_tokens: int, temperature: float, n: int = 1,
             seed: int = 0) -> list[Exchange]:

@@ -44,11 +44,14 @@ class Ports:
     metrics: dict[str, int] = field(default_factory=lambda: {n: free_port() for n in METRICS_SERVICES})
     http: int = field(default_factory=free_port)
     """The inference service's OpenAI-compatible HTTP API (0 = off)."""
+    dashboard: int = field(default_factory=free_port)
+    """The operator dashboard (services/dashboard/)."""
 
     @classmethod
     def configured(cls) -> Ports:
-        """DESIGN.md's defaults (50051-50053, 9101-9105) with the services' APPRENTICE_* overrides: what
+        """The defaults of docs/architecture.md §2 (50051-50053, 9101-9105) with the services' APPRENTICE_* overrides: what
         `apprentice up` binds, so one setting moves both the server and everything that calls it."""
+        from services.dashboard.config import DashboardSettings
         from services.extractor.config import ExtractorSettings
         from services.grader.config import GraderSettings
         from services.inference.config import InferenceSettings
@@ -59,7 +62,7 @@ class Ports:
         return cls(inference=inf.port, weights=wts.port, extractor=ext.grpc_port,
                    metrics={"inference": inf.metrics_port, "grader": GraderSettings().metrics_port,
                             "extractor": ext.metrics_port, "trainer": TrainerSettings().metrics_port,
-                            "weights": wts.metrics_port}, http=inf.http_port)
+                            "weights": wts.metrics_port}, http=inf.http_port, dashboard=DashboardSettings().port)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,7 +70,8 @@ class Ports:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Ports:
         return cls(inference=int(d["inference"]), weights=int(d["weights"]), extractor=int(d["extractor"]),
-                   metrics={k: int(v) for k, v in d["metrics"].items()}, http=int(d.get("http", 0)))
+                   metrics={k: int(v) for k, v in d["metrics"].items()}, http=int(d.get("http", 0)),
+                   dashboard=int(d.get("dashboard", 0)))
 
 
 def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str, dict[str, str]]:
@@ -84,8 +88,14 @@ def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str
         "extractor": {"APPRENTICE_EXTRACTOR_GRPC_PORT": str(ports.extractor),
                       "APPRENTICE_EXTRACTOR_INFERENCE_TARGET": inference, "APPRENTICE_EXTRACTOR_TARGET": knowledge},
         "trainer": {"APPRENTICE_TRAINER_WEIGHTS_ENDPOINT": weights},
+        "dashboard": {"APPRENTICE_DASHBOARD_PORT": str(ports.dashboard),
+                      "APPRENTICE_DASHBOARD_WEIGHTS_TARGET": weights,
+                      "APPRENTICE_DASHBOARD_KNOWLEDGE_TARGET": knowledge,
+                      "APPRENTICE_DASHBOARD_INFERENCE_TARGET": inference,
+                      "APPRENTICE_DASHBOARD_METRICS_PORTS": ",".join(f"{n}={p}" for n, p in ports.metrics.items())},
     }
     if bind_host is not None:
+        env["dashboard"]["APPRENTICE_DASHBOARD_HOST"] = bind_host
         env["inference"]["APPRENTICE_INFERENCE_HOST"] = bind_host
         env["weights"]["APPRENTICE_WEIGHTS_HOST"] = bind_host
         env["extractor"]["APPRENTICE_EXTRACTOR_GRPC_HOST"] = bind_host
@@ -117,6 +127,8 @@ class LocalStack:
             env.update(self.creds.service_env())
         per_service = wire_services(self.ports)
         per_service["inference"]["APPRENTICE_INFERENCE_POD_ID"] = "pod-0"
+        if self.creds is not None:  # the dashboard reads every tenant's data and acts as the operator
+            per_service["dashboard"]["APPRENTICE_DASHBOARD_OPERATOR_TOKEN_FILE"] = str(self.creds.operator_token)
         for name, extra in (service_env or {}).items():
             per_service[name].update(extra)
         self.supervisor = Supervisor(run_dir, env=env, service_env=per_service)
@@ -153,6 +165,10 @@ class LocalStack:
     def knowledge_target(self) -> str:
         return f"127.0.0.1:{self.ports.extractor}"
 
+    @property
+    def dashboard_url(self) -> str:
+        return f"{'https' if self.creds is not None else 'http'}://localhost:{self.ports.dashboard}/"
+
     def start(self) -> None:
         from shared.kafka.local_broker import LocalBroker
 
@@ -163,6 +179,15 @@ class LocalStack:
         ensure_topics(self.bootstrap, self.topics)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor.start_background()
+        # `APPRENTICE_HOME=<run_dir> apprentice weights list` (or status, tail, ...) then finds this stack
+        from services.loop.supervisor import stack_endpoints
+        from shared.stack_endpoints import write_endpoints
+
+        recorded = self.common.model_copy(update={"kafka_bootstrap": self.bootstrap, "model": self.model,
+                                                  "topic_prefix": self.topics.prefix})
+        write_endpoints(self.run_dir, stack_endpoints(
+            self.ports, recorded, ca=self.creds.ca if self.creds else None,
+            operator_token=self.creds.operator_token if self.creds else None))
 
     def health(self) -> dict[str, bool]:
         from services.loop.stack_cli import service_health
@@ -185,5 +210,8 @@ class LocalStack:
 
     def stop(self, grace: float = 20.0) -> None:
         """Stop every service (SIGTERM, then SIGKILL after `grace` seconds each)."""
+        from shared.stack_endpoints import remove_endpoints
+
         self.supervisor.stop(grace)
+        remove_endpoints(self.run_dir, os.getpid())
 

@@ -40,10 +40,33 @@ def stack_ports(home: Path) -> Ports:
     return Ports.from_dict(recorded) if recorded else Ports.configured()
 
 
+def _apply_task(name_or_path: str, home: Path) -> str | None:
+    """Write the task's per-service config under `<home>/config/` and put its settings into this process's
+    environment, which the supervisor and the services inherit (a variable the user set wins). Returns
+    the task's tenant, or None after printing why the task is refused."""
+    from services.loop.task import TaskError, load_task
+    from services.loop.task_config import write_task_config
+
+    try:
+        task = load_task(name_or_path)
+        per_service = write_task_config(task, home / "config")
+    except TaskError as e:
+        print(f"apprentice up: {e}", file=sys.stderr)
+        return None
+    for env in per_service.values():
+        for key, value in env.items():
+            os.environ.setdefault(key, value)
+    print(f"task {task.name}: tenant {task.tenant!r}, task {task.task!r}, KPI {task.kpi.name!r} "
+          f"(service config in {home / 'config'})")
+    return task.tenant
+
+
 def up(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="apprentice up", description="Start the broker and the five services.")
     ap.add_argument("--foreground", action="store_true", help="supervise in this terminal (Ctrl-C stops all)")
     ap.add_argument("--wait", type=float, default=300.0, help="seconds to wait for every service to be healthy")
+    ap.add_argument("--task", default=None, help="a task file or shipped task name: its tenant, task and KPI "
+                    "configure the grader, the gate's eval sets and the trainer (services/loop/README.md)")
     ns = ap.parse_args(argv)
     settings = CommonSettings()
     from shared.cli.kafka_cmds import kafka
@@ -53,10 +76,16 @@ def up(argv: list[str]) -> int:
     if _supervisor_pid(settings.home):
         print("the stack is already up (apprentice status)")
         return 0
+    tenants: tuple[str, ...] = ("demo", "default")
+    if ns.task:
+        task_tenant = _apply_task(ns.task, settings.home)
+        if task_tenant is None:
+            return 2
+        tenants = (*tenants, task_tenant)
     if not (os.environ.get("APPRENTICE_AUTH_KEYS") or os.environ.get("APPRENTICE_AUTH_KEYS_FILE")):
         from shared.security.devpki import apply_stack_client_env, ensure_dev_credentials
 
-        creds = ensure_dev_credentials(settings.home)
+        creds = ensure_dev_credentials(settings.home, tenants)
         apply_stack_client_env(settings.home)
         print(f"authentication and TLS on: development CA and keys in {creds.directory} "
               f"(operator key: {creds.operator_token})")
@@ -70,11 +99,7 @@ def up(argv: list[str]) -> int:
         sup = subprocess.Popen([sys.executable, "-m", "services.loop.supervisor"], stdout=out,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     ports = Ports.configured()
-    deadline = time.monotonic() + ns.wait
-    while time.monotonic() < deadline and sup.poll() is None:
-        if all(service_health(ports).values()):
-            break
-        time.sleep(2)
+    _wait_for_services(settings.home, ports, sup, ns.wait)
     if sup.poll() is not None:
         print(f"the supervisor exited with status {sup.returncode}; see {log}", file=sys.stderr)
         return 1
@@ -96,7 +121,42 @@ def up(argv: list[str]) -> int:
         if ports.http:
             print(f"      or:  curl http://localhost:{ports.http}/v1/chat/completions "
                   "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'")
+    if ports.dashboard:
+        secure = (secrets / "ca.pem").exists()
+        print(f"Dashboard: {'https' if secure else 'http'}://localhost:{ports.dashboard}/"
+              + (f"  (sign in with the operator key in {secrets / 'operator.token'})" if secure else ""))
     return 0 if all(service_health(ports).values()) else 1
+
+
+def _wait_for_services(home: Path, ports: Ports, sup: subprocess.Popen[bytes], wait_s: float) -> dict[str, bool]:
+    """Wait until every service is healthy (or `wait_s`, or the supervisor died), showing which ones are
+    still starting: a bar on a terminal, else one line on stderr whenever the set changes (at most every
+    30 s while it does not)."""
+    from shared.progress import progress, progress_enabled
+
+    t0 = time.monotonic()
+    deadline = t0 + wait_s
+    health = service_health(ports)
+    bar = progress(total=len(health), desc="apprentice up", unit="service",
+                   bar_format="{desc}: {n}/{total} healthy [{elapsed}]{postfix}")
+    last_line, last_at = "", 0.0
+    with bar:
+        while True:
+            health = service_health(ports)
+            starting = [n for n, ok in health.items() if not ok]
+            exits = {n: s.get("exits") for n, s in _state(home).get("services", {}).items() if s.get("exits")}
+            note = ("still starting: " + ", ".join(f"{n} (exited {len(exits[n])}x)" if n in exits else n
+                                                  for n in starting)) if starting else "all healthy"
+            bar.n = len(health) - len(starting)
+            bar.set_postfix_str(note)
+            now = time.monotonic()
+            if not progress_enabled() and (note != last_line or now - last_at >= 30):
+                print(f"apprentice up: {len(health) - len(starting)}/{len(health)} healthy after "
+                      f"{now - t0:.0f}s; {note}", file=sys.stderr, flush=True)
+                last_line, last_at = note, now
+            if not starting or now >= deadline or sup.poll() is not None:
+                return health
+            time.sleep(2)
 
 
 def down(argv: list[str]) -> int:
@@ -149,31 +209,52 @@ def service_health(ports: Ports, common: CommonSettings | None = None) -> dict[s
             "weights": _grpc_healthy(ports.weights, common)}
 
 
-def _metric_value(text: str | None, prefix: str) -> float | None:
+def spool_depth_metric() -> str:
+    """The inference service's spool-depth gauge, by the name its collector declares (never spelled here,
+    so renaming the metric cannot silently blank this report)."""
+    from services.inference.metrics import SPOOL_DEPTH
+
+    return str(next(iter(SPOOL_DEPTH.describe())).name)
+
+
+def service_ports(ports: Ports) -> dict[str, dict[str, int]]:
+    """What each service listens on (status's PORT column): gRPC and HTTP where it has them, else metrics."""
+    return {"inference": {"grpc": ports.inference, "http": ports.http},
+            "grader": {"metrics": ports.metrics["grader"]},
+            "extractor": {"grpc": ports.extractor},
+            "trainer": {"metrics": ports.metrics["trainer"]},
+            "weights": {"grpc": ports.weights}}
+
+
+def _metric_value(text: str | None, name: str) -> float | None:
+    """Sum of the samples of metric `name` (every label set) in a Prometheus text exposition."""
     if not text:
         return None
     total, found = 0.0, False
     for line in text.splitlines():
-        if line.startswith(prefix) and not line.startswith("#"):
+        if line.split("{", 1)[0].split(" ", 1)[0] == name:
             total += float(line.rsplit(" ", 1)[1])
             found = True
     return total if found else None
 
 
-def consumer_lag(bootstrap: str, topic_names: set[str]) -> dict[str, dict[str, int]]:
-    """{group: {topic: lag}} for every consumer group reading one of our topics."""
+def consumer_lag(bootstrap: str, topic_names: set[str], group_prefix: str = "") -> dict[str, dict[str, int]]:
+    """{group: {topic: lag}} for every consumer group of this stack (its id starts with `group_prefix`,
+    the stack's APPRENTICE_TOPIC_PREFIX: shared/topics.py) reading one of our topics."""
     from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
     from confluent_kafka.admin import AdminClient
 
+    from shared.kafka.client_logs import client_log_config
     from shared.kafka.security import librdkafka_config
 
-    admin = AdminClient({**librdkafka_config(), "bootstrap.servers": bootstrap})
+    admin = AdminClient({**librdkafka_config(), **client_log_config(bootstrap), "bootstrap.servers": bootstrap})
     groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=10).result(15).valid
-              if not g.group_id.startswith("apprentice-tail") and g.group_id != "apprentice-status-probe"]
+              if g.group_id.startswith(group_prefix)
+              and not g.group_id.startswith("apprentice-tail") and g.group_id != "apprentice-status-probe"]
     # one request per group (the API takes one at a time), all in flight together: a shared broker may
     # hold many groups of other stacks
     futures = {gid: admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)])[gid] for gid in groups}
-    probe = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap,
+    probe = Consumer({**librdkafka_config(), **client_log_config(bootstrap), "bootstrap.servers": bootstrap,
                       "group.id": "apprentice-status-probe"})
     lag: dict[str, dict[str, int]] = {}
     try:
@@ -199,13 +280,15 @@ def collect_status(settings: CommonSettings) -> dict[str, Any]:
     ports = stack_ports(settings.home)
     health = service_health(ports)
     report["supervisor"] = {"pid": _supervisor_pid(settings.home), "ports": ports.as_dict()}
-    report["services"] = {name: {"healthy": ok, **state.get("services", {}).get(name, {})}
+    report["services"] = {name: {"healthy": ok, **state.get("services", {}).get(name, {}),
+                                 "ports": service_ports(ports)[name]}
                           for name, ok in health.items()}
-    report["spool_depth"] = _metric_value(_metrics(ports.metrics["inference"]), "apprentice_inference_spool_depth")
+    report["spool_depth"] = _metric_value(_metrics(ports.metrics["inference"]), spool_depth_metric())
     report["pods"], report["knowledge"] = _versions(settings, ports)
     if report["broker"]["up"]:
         try:
-            report["lag"] = consumer_lag(settings.kafka_bootstrap, {s.name for s in settings.topics.specs()})
+            report["lag"] = consumer_lag(settings.kafka_bootstrap, {s.name for s in settings.topics.specs()},
+                                         settings.topic_prefix)
         except Exception as e:  # noqa: BLE001 - status must print whatever it can
             report["lag"] = {"error": str(e)}
     return report
@@ -237,25 +320,9 @@ def _versions(settings: CommonSettings, ports: Ports) -> tuple[Any, Any]:
 
 
 def print_status(report: dict[str, Any]) -> None:
-    b = report["broker"]
-    print(f"broker     {'up' if b['up'] else 'DOWN'} at {b['bootstrap']}")
-    for name, s in report["services"].items():
-        extra = (f"pid {s.get('pid')}, restarts {s.get('restarts', 0)}"
-                 + (f", last exits {s['exits']}" if s.get("exits") else "")) if "pid" in s else "not supervised here"
-        print(f"{name:<10} {'healthy' if s['healthy'] else 'DOWN':<8} ({extra})")
-    pods = report["pods"] or {}
-    if "pods" in pods:
-        print(f"promoted   {pods['promoted'] or 'base'}" + (f", canary {pods['canary']}" if pods["canary"] else "")
-              + f", converged {pods['converged']}")
-        for pod_id, p in pods["pods"].items():
-            print(f"pod        {pod_id}: serving {p['serving'] or 'base'}, per tenant {p['tenants'] or {}}"
-                  + (" (LAGGING)" if p["lagging"] else ""))
-    else:
-        print(f"versions   {json.dumps(pods)}")
-    print(f"knowledge  {json.dumps(report['knowledge'])}")
-    print(f"spool      {report['spool_depth'] if report['spool_depth'] is not None else 'n/a'}")
-    for group, topics in (report.get("lag") or {}).items():
-        print(f"lag        {group}: {topics}")
+    from services.loop.status_view import render_status
+
+    print(render_status(report))
 
 
 def status(argv: list[str]) -> int:

@@ -17,11 +17,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from services.loop.stack import Ports
+    from shared.config import CommonSettings
+    from shared.stack_endpoints import StackEndpoints
 
 log = logging.getLogger(__name__)
 
-SERVICES = ("weights", "inference", "grader", "extractor", "trainer")
+SERVICES = ("weights", "inference", "grader", "extractor", "trainer", "dashboard")
 BACKOFF_START_S, BACKOFF_MAX_S, HEALTHY_AFTER_S = 1.0, 30.0, 60.0
 
 
@@ -160,7 +165,8 @@ def main() -> int:
     # the wiring fills in what the user did not set (an endpoint set in the environment wins)
     wiring = {name: {k: v for k, v in env.items() if k not in os.environ}
               for name, env in wire_services(ports, bind_host=None).items()}
-    if not (os.environ.get("APPRENTICE_AUTH_KEYS") or os.environ.get("APPRENTICE_AUTH_KEYS_FILE")):
+    secure_dev = not (os.environ.get("APPRENTICE_AUTH_KEYS") or os.environ.get("APPRENTICE_AUTH_KEYS_FILE"))
+    if secure_dev:
         # No keys of the user's own: the local stack runs with its development CA and keys (SECURITY.md).
         from shared.security.devpki import ensure_dev_credentials
 
@@ -171,9 +177,38 @@ def main() -> int:
         secure = {k: v for k, v in creds.service_env().items() if k not in inherited}
         for env in wiring.values():
             env.update(secure)
-    Supervisor(settings.home, services, service_env=wiring,
-               extra_state={"ports": ports.as_dict(), "model": settings.model}).run()
+        # the dashboard reads every tenant's data as the operator (its users sign in with operator keys)
+        if "APPRENTICE_DASHBOARD_OPERATOR_TOKEN_FILE" not in os.environ:
+            wiring["dashboard"]["APPRENTICE_DASHBOARD_OPERATOR_TOKEN_FILE"] = str(creds.operator_token)
+    from shared.security.devpki import DevCredentials
+    from shared.stack_endpoints import remove_endpoints, write_endpoints
+
+    dev = DevCredentials(settings.home / "secrets") if secure_dev else None
+    write_endpoints(settings.home, stack_endpoints(
+        ports, settings, ca=dev.ca if dev else settings.tls_ca, operator_token=dev.operator_token if dev else None))
+    try:
+        Supervisor(settings.home, services, service_env=wiring,
+                   extra_state={"ports": ports.as_dict(), "model": settings.model}).run()
+    finally:
+        remove_endpoints(settings.home, os.getpid())
     return 0
+
+
+def stack_endpoints(ports: Ports, settings: CommonSettings, *, ca: Path | None,
+                    operator_token: Path | None) -> StackEndpoints:
+    """What a stack bound to `ports` (services.loop.stack.Ports) with `settings` (CommonSettings) offers
+    its clients, as `shared.stack_endpoints` records it: `ca` signs its servers' certificates,
+    `operator_token` holds its operator key (its development credentials; None with the user's own)."""
+    from shared.stack_endpoints import StackEndpoints
+
+    d = ports.as_dict()
+    http = {"openai": d.get("http", 0), "dashboard": d.get("dashboard", 0)}  # `dashboard`: when Ports has one
+    return StackEndpoints(
+        supervisor_pid=os.getpid(), kafka_bootstrap=settings.kafka_bootstrap, topic_prefix=settings.topic_prefix,
+        model=settings.model, grpc={n: f"127.0.0.1:{d[n]}" for n in ("inference", "weights", "extractor")},
+        metrics=dict(d["metrics"]), http={k: int(v) for k, v in http.items() if v},
+        tls_ca=str(ca) if ca is not None and ca.exists() else None,
+        operator_token=str(operator_token) if operator_token is not None and operator_token.exists() else None)
 
 
 if __name__ == "__main__":

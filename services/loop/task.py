@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shared import yaml_errors
 from shared.grading.rules import RuleResult, grade_rule, parse_rule_spec
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
@@ -42,15 +43,23 @@ class OODItem(_Strict):
     check: dict[str, Any]
 
 
+# Names that travel as Kafka keys, gRPC fields and grader-config entries: the inference service's tenant
+# rule, and the knowledge key `tenant/task` must stay splittable (no '/').
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
 class KPI(_Strict):
-    name: str = "resolved"
+    name: str = Field(default="resolved", pattern=NAME_RE)
+    """The KPI name the product backend reports (`FeedbackRequest.kpi_name`); also the grader's component."""
     description: str = ""
+    feedback_window_s: float = Field(default=300.0, gt=0, le=7 * 24 * 3600)
+    """How long the grader waits for the KPI before it gives up on an interaction (no signal)."""
 
 
 class Task(_Strict):
-    name: str
-    tenant: str = "demo"
-    task: str = "support"
+    name: str = Field(pattern=NAME_RE)
+    tenant: str = Field(default="demo", pattern=NAME_RE)
+    task: str = Field(default="support", pattern=NAME_RE)
     system_prompt: str = ""
     kpi: KPI = KPI()
     held_out_per_fact: int = Field(default=2, ge=1)
@@ -105,10 +114,13 @@ def load_task(name_or_path: str | Path) -> Task:
     if not path.exists():
         shipped = ", ".join(p.stem for p in sorted(TASKS_DIR.glob("*.yaml")))
         raise TaskError(f"no task file {name_or_path!r} (shipped tasks: {shipped})")
+    text = path.read_text(encoding="utf-8")
     try:
-        return Task.model_validate(yaml.safe_load(path.read_text()))
+        return Task.model_validate(yaml.safe_load(text))
+    except yaml.YAMLError as e:
+        raise TaskError(yaml_errors.syntax_error(path, e)) from None
     except ValidationError as e:
-        raise TaskError(f"{path}: {e}") from None
+        raise TaskError(yaml_errors.validation_error(path, text, e)) from None
 
 
 @functools.lru_cache(maxsize=8)

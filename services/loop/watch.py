@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer
 
 from shared.events import UndecodableEvent, decode
+from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
@@ -33,7 +34,7 @@ class TopicWatcher:
         self.lock = threading.Lock()
         self._stop = threading.Event()
         # log_level 2: while the broker is down (chaos runs restart it) librdkafka would log every reconnect
-        self._consumer = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap,
+        self._consumer = Consumer({**librdkafka_config(), **client_log_config(bootstrap), "bootstrap.servers": bootstrap,
                                    "group.id": f"demo-watch-{uuid.uuid4().hex[:8]}",
                                    "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 2})
         self._consumer.subscribe([topics.interactions, topics.graded, topics.knowledge, topics.checkpoints,

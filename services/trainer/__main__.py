@@ -17,6 +17,14 @@ def main(argv: list[str] | None = None) -> int:
     from services.trainer.config import TrainerSettings
 
     settings = TrainerSettings(**({"tenant": args.tenant} if args.tenant else {}))
+    from services.trainer.steplog import ReportingUnavailable, require_available
+    from shared.startup import EXIT_STARTUP_ERROR, one_line
+
+    try:
+        require_available(settings.report_to)   # an operator's setting (REPORT_TO) without its package
+    except ReportingUnavailable as e:
+        print(one_line("trainer", e), file=sys.stderr, flush=True)
+        return EXIT_STARTUP_ERROR
     from services.trainer import distributed
     from services.trainer.app import follower, serve
     from shared.logs import configure_logging

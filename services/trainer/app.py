@@ -32,6 +32,7 @@ from services.trainer.distributed import broadcast, world_size
 from services.trainer.rollouts import domain_of, tenant_of
 from services.trainer.rounds import RoundResult, Trainer
 from services.trainer.source import PartitionReader
+from services.trainer.steplog import open_log
 from shared.events import UndecodableEvent
 from shared.kafka.deadletter import DeadLetterPublisher
 from shared.kafka.producer import EventProducer
@@ -88,10 +89,15 @@ class TrainerService:
     def __init__(self, settings: TrainerSettings, weights_stub: Any, *, trainer: Trainer | None = None) -> None:
         s = self.settings = settings
         topics = s.common.topics
+        # first: a missing tensorboard/wandb package fails the start before minutes of model loading
+        self.experiment = open_log(s.report_to, s.resolved_logging_dir, run_name=s.run_name,
+                                   config=s.model_dump(mode="json", exclude={"common"}))
         self.store = CheckpointStore(s.resolved_state_dir, s.checkpoint_keep)
         ckpt = self.store.latest()
         self.trainer = trainer or Trainer(s, init_dir=ckpt.weights_dir if ckpt else None)
         self.buffer = RolloutBuffer(s.tenant, max_staleness=s.max_staleness, group_wait_s=s.group_wait_s)
+        self.trainer.on_step = self._on_step
+        self.trainer.staleness_of = lambda r: float(self.buffer.staleness(r.policy_version) or 0)
         self.prompts: deque[dict[str, Any]] = deque(maxlen=s.prompt_pool)
         self.new_prompts = 0
         self.consolidated: dict[str, int] = {}
@@ -253,10 +259,15 @@ class TrainerService:
                     groups.add(r.group_id)
         return chosen
 
+    def _on_step(self, algorithm: str, metrics: dict[str, float]) -> None:
+        step = self.trainer.policy.steps
+        M.record_step(algorithm, step, metrics)
+        self.experiment.log_step(algorithm, step, metrics)
+
     def _finish(self, result: RoundResult, prompt_sources: list[dict[str, Any]] | None = None) -> RoundResult:
         self.rounds += 1
         M.record_round(result.algorithm, result.metrics)
-        M.STEPS.set(self.trainer.policy.steps)
+        self.experiment.log_round(result.algorithm, self.trainer.policy.steps, result.metrics)
         t0 = time.perf_counter()
         ckpt = self.store.write(self.trainer.policy, self._state(result, prompt_sources))
         M.CHECKPOINT_SECONDS.observe(time.perf_counter() - t0)
@@ -309,6 +320,7 @@ class TrainerService:
         self.graded.close()
         self.knowledge_reader.close()
         self.producer.close()
+        self.experiment.close()
 
 
 # Reconnect to a restarted Weights service within seconds (gRPC's default backoff grows to 2 minutes).

@@ -28,17 +28,28 @@ class TrainerSettings(BaseSettings):
     # --- identity and inputs -----------------------------------------------------------------------
     tenant: str = "default"
     """The one tenant whose data this trainer run trains, into that tenant's versions only. Records of
-    other tenants are skipped and counted (`trainer_skipped_total{reason="other_tenant"}`)."""
+    other tenants are skipped and counted (`apprentice_trainer_skipped_total{reason="other_tenant"}`)."""
 
     group_id: str = ""
     """Kafka consumer group, used for lag monitoring only (the offsets that matter live in the
-    checkpoint). "" = `apprentice-trainer-<tenant>`."""
+    checkpoint). "" = `apprentice-trainer-<tenant>`. Prefixed with APPRENTICE_TOPIC_PREFIX."""
 
     weights_endpoint: str = "127.0.0.1:50052"
-    """Where `Weights.Upload` is served (DESIGN.md section 2)."""
+    """Where `Weights.Upload` is served (docs/architecture.md §2)."""
 
     metrics_port: int = 9104
     """Prometheus endpoint; 0 disables it."""
+
+    report_to: Literal["none", "tensorboard", "wandb", "jsonl"] = "none"
+    """Experiment log of the per-step metrics, as TRL's `report_to`: tensorboard (the `tensorboard` extra)
+    or wandb (the wandb package and its WANDB_* variables), or jsonl (`<logging_dir>/steps.jsonl`, what
+    the loop demo reads into report.json). Prometheus gets the steps either way."""
+
+    logging_dir: Path | None = None
+    """Where the experiment log writes (TRL's `logging_dir`); None = `<state_dir>/runs`."""
+
+    run_name: str = ""
+    """Name of the run in the experiment log (TRL's `run_name`); "" = the tool's own default."""
 
     state_dir: Path | None = None
     """Checkpoints and trainer state; None = `<APPRENTICE_HOME>/trainer/<tenant>`."""
@@ -51,7 +62,7 @@ class TrainerSettings(BaseSettings):
 
     max_staleness: int = 4
     """Drop rollouts produced more than this many trainer versions ago: truncated IS corrects small
-    policy gaps, not large ones (DESIGN.md section 7)."""
+    policy gaps, not large ones (docs/architecture.md §7)."""
 
     group_wait_s: float = 120.0
     """How long an incomplete exploration group waits for its siblings before its usable members are
@@ -94,7 +105,7 @@ class TrainerSettings(BaseSettings):
     folded into the reward before advantages (the PPO-RLHF form)."""
 
     is_cap: float = 2.0
-    """Truncated importance sampling cap C in w_t = min(π_old/π_rollout, C) (DESIGN.md section 7)."""
+    """Truncated importance sampling cap C in w_t = min(π_old/π_rollout, C) (docs/architecture.md §7)."""
 
     baseline_decay: float = 0.95
     """EMA decay of the per-task running baseline for single-sample traffic (history weight ≤ 20)."""
@@ -103,7 +114,7 @@ class TrainerSettings(BaseSettings):
     distill_method: DistillMethod = "rkl_topk"
     """rkl_topk: the OEL objective (student samples, top-k reverse KL to the teacher with knowledge).
     gkd: a fraction `gkd_lambda` of sequences sampled from the teacher, forward KL on those.
-    sft_filtered: teacher samples that pass the filter become supervised targets (oel-probe.md: the
+    sft_filtered: teacher samples that pass the filter become supervised targets (docs/oel-probe.md: the
     strongest lever for a weak model)."""
 
     distill_topk: int = 256
@@ -113,7 +124,7 @@ class TrainerSettings(BaseSettings):
     """GKD mixture: share of sequences sampled from the teacher."""
 
     retrieval: Literal["all", "tfidf"] = "tfidf"
-    """Teacher context: the whole knowledge base, or the items most similar to the prompt. oel-probe.md
+    """Teacher context: the whole knowledge base, or the items most similar to the prompt. docs/oel-probe.md
     measured 10/20 with the relevant item vs 6/20 with all ten."""
 
     retrieval_items: int = 3
@@ -241,11 +252,16 @@ class TrainerSettings(BaseSettings):
     # --- resolved algorithm defaults ---------------------------------------------------------------
     @property
     def resolved_group_id(self) -> str:
-        return self.group_id or f"apprentice-trainer-{self.tenant}"
+        """The consumer group in this stack's namespace (APPRENTICE_TOPIC_PREFIX)."""
+        return self.common.topics.group_id(self.group_id or f"apprentice-trainer-{self.tenant}")
 
     @property
     def resolved_state_dir(self) -> Path:
         return self.state_dir or (self.common.home / "trainer" / self.tenant)
+
+    @property
+    def resolved_logging_dir(self) -> Path:
+        return self.logging_dir or (self.resolved_state_dir / "runs")
 
     @property
     def resolved_eps(self) -> tuple[float, float]:

@@ -1,9 +1,9 @@
 """Deployment prompts + knowledge --> one OEL consolidation round: the student learns, without the
 knowledge in context, to act as the round-start model does with it (OEL, arXiv 2603.16856).
 
-Methods (selectable, because oel-probe.md found pure on-policy reverse KL a slow lever for a 135M model):
+Methods (selectable, because docs/oel-probe.md found pure on-policy reverse KL a slow lever for a 135M model):
 - rkl_topk: y ~ π_θ(·|x) (on-policy); loss = token-mean over y of the student-top-k reverse KL to the
-  teacher π_k(·|c, x, y<t) (DESIGN.md section 7, k = 256).
+  teacher π_k(·|c, x, y<t) (docs/architecture.md §7, k = 256).
 - gkd: a fraction λ of the sequences is sampled from the teacher (with c); those take the forward KL over
   the teacher's top-k, the rest the reverse KL (GKD, Agarwal et al. 2024).
 - sft_filtered: y ~ π_k(·|c, x); samples that pass the filter (a grader/verifier given by the caller, else
@@ -30,8 +30,10 @@ from services.trainer.distributed import broadcast, rank, shard
 from services.trainer.knowledge import KnowledgeBase, tfidf_rank, with_knowledge
 from services.trainer.logprobs import score, supports_fused_head, teacher_view
 from services.trainer.policy import Policy
+from services.trainer.steplog import StepHook
 from shared.chat_template import encode_chat, encode_text
 from shared.generation import SamplingConfig, generate
+from shared.progress import progress
 
 METHODS = ("rkl_topk", "gkd", "sft_filtered")
 
@@ -125,7 +127,7 @@ def _distinct(samples: Sequence[Any]) -> list[Any]:
 
 @torch.no_grad()
 def gold_nll(policy: Policy, examples: Sequence[DistillExample], limit: int = 32) -> float | None:
-    """Mean per-token NLL of the reference answers without knowledge (oel-probe.md's progress metric)."""
+    """Mean per-token NLL of the reference answers without knowledge (docs/oel-probe.md's progress metric)."""
     ex = [e for e in examples if e.reference][:limit]
     if not ex:
         return None
@@ -183,9 +185,10 @@ def distill_step(policy: Policy, teacher: nn.Module, student_prompts: Sequence[S
 
 def consolidation_round(policy: Policy, teacher: nn.Module, examples: Sequence[DistillExample],
                         context_fn: ContextFn, cfg: DistillConfig, *, accept: AcceptFn | None = None,
-                        max_steps: int | None = None) -> dict[str, float]:
+                        max_steps: int | None = None, on_step: StepHook | None = None) -> dict[str, float]:
     """Run `cfg.steps` optimizer steps of the chosen method on prompts drawn from `examples` (only those
-    whose domain has knowledge). Returns metrics (loss, kl, tokens/s, acceptance, gold NLL before/after)."""
+    whose domain has knowledge). Returns metrics (loss, kl, tokens/s, acceptance, gold NLL before/after).
+    `on_step` receives each optimizer step's own metrics (sampling time excluded from its tokens/s)."""
     t0 = time.perf_counter()
     rng = random.Random(cfg.seed)
     tok = policy.tokenizer
@@ -197,7 +200,9 @@ def consolidation_round(policy: Policy, teacher: nn.Module, examples: Sequence[D
     if before is not None:
         m["gold_nll_before"] = before
     grad_norms: list[float] = []
-    for step in range(cfg.steps):
+    budget = cfg.steps if max_steps is None else min(cfg.steps, max_steps)
+    # teacher sampling + one optimizer step per iteration; a bar on a terminal only (shared/progress.py)
+    for step in progress(range(cfg.steps), total=budget, desc="consolidation", unit="step", leave=False):
         if not pool or (max_steps is not None and step >= max_steps):
             break
         chosen = rng.sample(pool, min(cfg.batch, len(pool)))
@@ -232,6 +237,7 @@ def consolidation_round(policy: Policy, teacher: nn.Module, examples: Sequence[D
         if not rows:
             continue
         ys = [samples[r].token_ids for r in rows]
+        s0 = time.perf_counter()
         loss, kl_sum, n_tok, gnorm = distill_step(
             policy, teacher, [s_ids[owner[r]] for r in rows], [t_ids[owner[r]] for r in rows], ys,
             [owner[r] < n_teacher for r in rows], cfg, t_fused=t_fused)
@@ -240,6 +246,11 @@ def consolidation_round(policy: Policy, teacher: nn.Module, examples: Sequence[D
         m["tokens"] += n_tok
         grad_norms.append(gnorm)
         m["steps"] += 1
+        if on_step is not None:
+            seconds = time.perf_counter() - s0
+            on_step({"loss": loss, "kl": kl_sum / max(n_tok, 1), "grad_norm": gnorm, "tokens": float(n_tok),
+                     "seconds": seconds, "tokens_per_s": n_tok / max(seconds, 1e-9),
+                     "response_length": n_tok / len(ys), "samples": float(len(samples)), "trained": float(len(ys))})
     elapsed = time.perf_counter() - t0
     m["kl"] = m["kl"] / max(m["tokens"], 1)          # per token (NLL per token for sft_filtered)
     m["loss"] = m["loss"] / max(m["steps"], 1)

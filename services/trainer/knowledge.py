@@ -1,11 +1,11 @@
 """KnowledgeSnapshot records of one tenant --> the teacher's context for a prompt.
 
-Only APPROVED and PINNED items may reach training (DESIGN.md conventions), whatever the snapshot's
+Only APPROVED and PINNED items may reach training (docs/architecture.md §6), whatever the snapshot's
 `require_approval`. Items are data, never instructions: `with_knowledge` quotes each one as a JSON string
 inside a fixed frame that says so, and the chat encoder keeps special tokens inside them as text. Keys are "<tenant>/<domain>", domain = the request's task tag ("general" if
 empty). The last `keep` snapshots of a key are kept and one is sampled per example (the OEL recipe
 trains on several knowledge snapshots); the teacher sees either all of its items or the few most
-similar to the prompt (TF-IDF cosine; oel-probe.md measured the relevant item to beat the whole base).
+similar to the prompt (TF-IDF cosine; docs/oel-probe.md measured the relevant item to beat the whole base).
 """
 
 from __future__ import annotations

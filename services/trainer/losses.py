@@ -95,13 +95,14 @@ class ISStats:
 
     capped_fraction: torch.Tensor   # share of real tokens where π_old/π_rollout > C
     max_gap: torch.Tensor           # max_t |log π_old − log π_rollout| over real tokens
-    mean_weight: torch.Tensor
+    mean_weight: torch.Tensor       # mean applied (truncated) weight over real tokens
+    max_weight: torch.Tensor        # largest untruncated ratio π_old/π_rollout over real tokens (1 if none)
 
 
 def truncated_is_weights(logp_old: torch.Tensor, logp_behaviour: torch.Tensor, mask: torch.Tensor,
                          cap: float) -> tuple[torch.Tensor, ISStats]:
     """Truncated importance sampling for the rollout/trainer mismatch (Yao et al. 2025, "Your efficient
-    RL framework secretly brings you off-policy RL training"; DESIGN.md section 7):
+    RL framework secretly brings you off-policy RL training"; docs/architecture.md §7):
 
         w_t = min(π_old(y_t) / π_rollout(y_t), C)
 
@@ -112,11 +113,42 @@ def truncated_is_weights(logp_old: torch.Tensor, logp_behaviour: torch.Tensor, m
         gap = (logp_old - logp_behaviour) * mask                                                 # (B, T)
         ratio = torch.exp(gap.clamp(max=20.0))
         w = torch.where(mask > 0, ratio.clamp(max=cap), torch.ones_like(ratio))
-        n = mask.sum().clamp(min=1)
-        stats = ISStats(capped_fraction=((ratio > cap) & (mask > 0)).sum() / n,
-                        max_gap=gap.abs().amax() if gap.numel() else gap.new_zeros(()),
-                        mean_weight=(w * mask).sum() / n)
+        mean_w, max_w, capped = is_weight_stats(ratio, mask, cap)
+        stats = ISStats(capped_fraction=capped, max_gap=gap.abs().amax() if gap.numel() else gap.new_zeros(()),
+                        mean_weight=mean_w, max_weight=max_w)
     return w, stats
+
+
+def is_weight_stats(ratio: torch.Tensor, mask: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor]:
+    """How far off-policy a batch is, from the untruncated ratios ρ_t = π_old(y_t)/π_rollout(y_t) over
+    the N real tokens (mask = 1):
+
+        mean = (1/N) Σ_t min(ρ_t, C)      (the weight the loss applies)
+        max  = max_t ρ_t                  (before truncation: how far the worst token was off)
+        clipped = (1/N) Σ_t [ρ_t > C]     (share of tokens whose weight the cap changed)
+
+    All 1.0 / 1.0 / 0.0 on a batch without real tokens (no correction happened). ratio, mask: (B, T).
+    Returns three 0-d tensors (mean, max, clipped)."""
+    with torch.no_grad():
+        real = mask > 0
+        n = real.sum().clamp(min=1)
+        mean = torch.where(real, ratio.clamp(max=cap), torch.zeros_like(ratio)).sum() / n
+        if ratio.numel() == 0:
+            return ratio.new_ones(()), ratio.new_ones(()), ratio.new_zeros(())
+        any_real = real.any()                                  # tensors only: no device sync per micro-batch
+        top = torch.where(real, ratio, torch.full_like(ratio, float("-inf"))).amax()
+        mean = torch.where(any_real, mean, torch.ones_like(mean))
+        return mean, torch.where(any_real, top, torch.ones_like(top)), (ratio > cap).logical_and(real).sum() / n
+
+
+def stale_fraction(staleness: torch.Tensor) -> torch.Tensor:
+    """Share of samples produced by an older policy version than the one being trained:
+    (1/B) Σ_i [staleness_i > 0], staleness in policy versions behind (0 = on-policy). (B,) -> 0-d
+    (0 on an empty batch)."""
+    if staleness.numel() == 0:
+        return torch.zeros(())
+    return (staleness > 0).float().mean()
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -219,8 +251,8 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str, *, nu
 
 
 def topk_reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, k: int) -> torch.Tensor:
-    """OEL consolidation objective per token (Online Experiential Learning, arXiv 2603.16856; DESIGN.md
-    section 7): reverse KL restricted to the student's top-k tokens,
+    """OEL consolidation objective per token (Online Experiential Learning, arXiv 2603.16856; docs/architecture.md
+    §7): reverse KL restricted to the student's top-k tokens,
 
         D_t = Σ_{v ∈ top-k(π_θ)} π_θ(v) · (log π_θ(v) − log π_T(v))
 

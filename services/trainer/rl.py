@@ -17,7 +17,7 @@ import contextlib
 import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,8 @@ from services.trainer.distributed import shard
 from services.trainer.logprobs import score
 from services.trainer.policy import Policy
 from services.trainer.rollouts import Rollout
+from services.trainer.steplog import StepHook
+from shared.progress import progress
 
 AGGREGATION = {"grpo": "seq_mean_token_mean", "dr_grpo": "constant", "dapo": "token_mean", "gspo": "sequence"}
 
@@ -157,10 +159,41 @@ def _pad(rows: Sequence[torch.Tensor], T: int) -> torch.Tensor:
     return out
 
 
+def _step_metrics(rollouts: Sequence[Rollout], batch: Sequence[int], rewards: torch.Tensor, sums: dict[str, Any],
+                  before: dict[str, Any], tokens: int, grad_norm: float, seconds: float,
+                  staleness_of: Callable[[Rollout], float] | None, is_weight_max: float = 1.0) -> dict[str, float]:
+    """One optimizer step's metrics from the round's running sums (the step's share: sums - before).
+    The off-policy view of the step: `staleness` (mean policy versions behind), `stale_fraction` (share
+    of its samples from an older policy version) and the truncated-IS weights' mean, max (untruncated)
+    and clipped share (`is_capped_fraction`), all from losses.is_weight_stats / stale_fraction."""
+    ntok = max(tokens, 1)
+
+    def step_sum(key: str) -> float:
+        return float(sums.get(key, 0.0)) - float(before.get(key, 0.0))
+
+    rw = losses.masked_stats(rewards[torch.tensor(list(batch), dtype=torch.long)])
+    out = {"loss": step_sum("loss"), "kl": step_sum("kl_old") / ntok, "clip_fraction": step_sum("clip_fraction") / ntok,
+           "is_capped_fraction": step_sum("is_capped_fraction") / ntok, "grad_norm": grad_norm,
+           "is_weight_mean": step_sum("is_weight_mean") / ntok if tokens else 1.0, "is_weight_max": is_weight_max,
+           "reward_mean": rw["mean"], "reward_std": rw["std"], "tokens": float(tokens), "seconds": seconds,
+           "tokens_per_s": tokens / max(seconds, 1e-9),
+           "response_length": sum(len(rollouts[i].completion_ids) for i in batch) / max(len(batch), 1)}
+    if "kl_ref" in sums:
+        out["kl_ref"] = step_sum("kl_ref") / ntok
+    if staleness_of is not None and batch:
+        stale = torch.tensor([staleness_of(rollouts[i]) for i in batch], dtype=torch.float32)
+        out["staleness"] = float(stale.mean())
+        out["stale_fraction"] = float(losses.stale_fraction(stale))
+    return out
+
+
 def rl_round(policy: Policy, rollouts: Sequence[Rollout], cfg: RLConfig, baseline: RunningBaseline, *,
-             max_steps: int | None = None) -> dict[str, float]:
+             max_steps: int | None = None, on_step: StepHook | None = None,
+             staleness_of: Callable[[Rollout], float] | None = None) -> dict[str, float]:
     """Train on `rollouts` (any order; groups are recognised by group_id). Returns metrics.
-    `max_steps` bounds the optimizer steps taken (the step budget)."""
+    `max_steps` bounds the optimizer steps taken (the step budget). `on_step` receives each optimizer
+    step's own metrics (what dashboards and experiment logs plot; costs one device sync per step);
+    `staleness_of` gives a rollout's policy-version staleness for them."""
     t0 = time.perf_counter()
     rollouts = list(rollouts)
     if not rollouts:
@@ -207,12 +240,19 @@ def rl_round(policy: Policy, rollouts: Sequence[Rollout], cfg: RLConfig, baselin
     norms: list[float] = []
     steps = 0
     is_missing = sum(1 for i in kept if not rollouts[i].has_behaviour)
+    planned = cfg.ppo_epochs * -(-len(kept) // cfg.batch_size)
+    bar = progress(total=planned if max_steps is None else min(planned, max_steps), desc="RL steps", unit="step",
+                   leave=False)  # a terminal only (shared/progress.py)
     for _epoch in range(cfg.ppo_epochs):
         for s in range(0, len(kept), cfg.batch_size):
             if max_steps is not None and steps >= max_steps:
                 break
             ob = kept[s:s + cfg.batch_size]
             n_seq, n_tok = len(ob), sum(len(rollouts[i].completion_ids) for i in ob)   # batch-wide normalisers
+            step_t0, tokens_before = time.perf_counter(), tokens
+            before = ({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sums.items()}  # += is in place
+                      if on_step is not None else {})
+            step_w_max: Any = 0.0                                                      # this step's largest IS ratio
             mine = shard(ob)                                                           # torchrun: this rank's share
             for mb_local in micro_batches([len(rollouts[i].completion_ids) for i in mine], cfg.micro_batch_size):
                 mb = [mine[j] for j in mb_local]
@@ -244,10 +284,20 @@ def rl_round(policy: Policy, rollouts: Sequence[Rollout], cfg: RLConfig, baselin
                 sums["clip_fraction"] += pl.clip_fraction * ntok
                 sums["ratio_mean"] += pl.ratio_mean * ntok
                 sums["is_capped_fraction"] += st.capped_fraction * ntok
+                sums["is_weight_mean"] += st.mean_weight * ntok
+                step_w_max = torch.maximum(torch.as_tensor(step_w_max, device=dev), st.max_weight)
                 sums["is_max_gap"] = torch.maximum(torch.as_tensor(sums["is_max_gap"], device=dev), st.max_gap)
                 sums["kl_old"] += ((lp_old - lp.detach()) * mask).sum()
             norms.append(policy.step())
             steps += 1
+            sums["is_weight_max"] = torch.maximum(torch.as_tensor(sums["is_weight_max"], device=dev),
+                                                  torch.as_tensor(step_w_max, device=dev))
+            bar.update()
+            if on_step is not None:
+                on_step(_step_metrics(rollouts, ob, rewards, sums, before, tokens - tokens_before,
+                                      norms[-1], time.perf_counter() - step_t0, staleness_of,
+                                      float(step_w_max)))
+    bar.close()
     sums = defaultdict(float, {k: float(v) for k, v in sums.items()})     # one sync, after the round
     elapsed = time.perf_counter() - t0
     ntok = max(tokens, 1)
@@ -256,6 +306,8 @@ def rl_round(policy: Policy, rollouts: Sequence[Rollout], cfg: RLConfig, baselin
     metrics = {
         "loss": sums["loss"] / max(steps, 1), "clip_fraction": sums["clip_fraction"] / ntok,
         "ratio_mean": sums["ratio_mean"] / ntok, "is_capped_fraction": sums["is_capped_fraction"] / ntok,
+        "is_weight_mean": sums["is_weight_mean"] / ntok if tokens else 1.0,
+        "is_weight_max": sums["is_weight_max"] if steps else 1.0,
         "is_max_gap": sums["is_max_gap"], "is_missing": float(is_missing), "kl_old": sums["kl_old"] / ntok,
         "reward_mean": rw["mean"], "reward_std": rw["std"], "adv_mean": a["mean"], "adv_std": a["std"],
         "adv_min": a["min"], "adv_max": a["max"], "grad_norm": sum(norms) / max(len(norms), 1),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from services.trainer.knowledge import KnowledgeBase
 from services.trainer.policy import Policy, PolicyConfig
 from services.trainer.rl import RLConfig, RunningBaseline, rl_round
 from services.trainer.rollouts import MalformedRollout, Rollout, from_graded, tenant_of
+from services.trainer.steplog import StepHook
 from shared.grading import load_function
 from shared.proto.apprentice.v1 import events_pb2
 
@@ -81,6 +82,17 @@ class Trainer:
         self.baseline = RunningBaseline(s.baseline_decay)
         self.knowledge = KnowledgeBase(s.tenant, s.knowledge_snapshots)
         self.accept = verifier_filter(s.sft_verifier, s.sft_verifier_params) if s.sft_verifier else None
+        self.on_step: Callable[[str, dict[str, float]], None] | None = None
+        """Called with (algorithm, metrics) after each optimizer step (the service's metrics and experiment
+        log; unset on torchrun followers, so only rank 0 reports)."""
+        self.staleness_of: Callable[[Rollout], float] | None = None
+        """A rollout's policy-version staleness, for the step metrics (the service's buffer knows it)."""
+
+    def _step_hook(self, algorithm: str) -> StepHook | None:
+        hook = self.on_step
+        if hook is None:
+            return None
+        return lambda metrics: hook(algorithm, metrics)
 
     @property
     def model(self) -> Any:
@@ -113,7 +125,8 @@ class Trainer:
                 skipped[reason] = skipped.get(reason, 0) + 1
             elif r is not None:
                 rollouts.append(r)
-        metrics = rl_round(self.policy, rollouts, self.rl_cfg, self.baseline, max_steps=self.steps_left())
+        metrics = rl_round(self.policy, rollouts, self.rl_cfg, self.baseline, max_steps=self.steps_left(),
+                           on_step=self._step_hook(self.rl_cfg.algorithm), staleness_of=self.staleness_of)
         return RoundResult(self.rl_cfg.algorithm, metrics, [r.interaction_id for r in rollouts], skipped)
 
     def _usable(self, g: events_pb2.GradedInteraction) -> tuple[str, Rollout | None]:
@@ -144,7 +157,8 @@ class Trainer:
         try:
             cfg = DistillConfig(**{**cfg.__dict__, "seed": cfg.seed + random.Random(self.policy.steps).randrange(1 << 20)})
             metrics = consolidation_round(self.policy, teacher, examples, ctx, cfg, accept=accept or self.accept,
-                                          max_steps=self.steps_left())
+                                          max_steps=self.steps_left(),
+                                          on_step=self._step_hook(OEL_ALGORITHMS[cfg.method]))
         finally:
             del teacher
         return RoundResult(OEL_ALGORITHMS[cfg.method], metrics)

@@ -22,6 +22,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class PartitionReader:
                  from_end: bool = False, metadata_timeout: float = 10.0, security: SecuritySource = None) -> None:
         self.topic = topic
         self._consumer = Consumer({
-            **librdkafka_config(security),
+            **librdkafka_config(security), **client_log_config(bootstrap),
             "bootstrap.servers": bootstrap, "group.id": group_id, "enable.auto.commit": False,
             "enable.auto.offset.store": False, "isolation.level": "read_committed",
         })

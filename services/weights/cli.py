@@ -1,6 +1,8 @@
 """`apprentice weights list|get|promote|canary|rollback|status|pin|unpin` --> gRPC calls to the Weights service.
 
-The endpoint is APPRENTICE_WEIGHTS_ENDPOINT (default 127.0.0.1:50052); the model defaults to APPRENTICE_MODEL.
+The endpoint is `--endpoint`, else APPRENTICE_WEIGHTS_ENDPOINT, else the running stack's (recorded by
+`apprentice up` in its home: shared/stack_endpoints.py), else 127.0.0.1:50052; the model defaults to
+APPRENTICE_MODEL, else the running stack's.
 Exit codes: 0 ok, 1 the service refused (the message says why), 2 bad usage, 3 the service is unreachable.
 """
 
@@ -19,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     # The common options are accepted before or after the command (`weights --model m list` or `list --model m`).
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--endpoint", default=argparse.SUPPRESS,
-                        help=f"host:port (default: APPRENTICE_WEIGHTS_ENDPOINT or {DEFAULT_ENDPOINT})")
+                        help=f"host:port (default: APPRENTICE_WEIGHTS_ENDPOINT, the running stack's, or {DEFAULT_ENDPOINT})")
     common.add_argument("--model", default=argparse.SUPPRESS, help="model name (default: APPRENTICE_MODEL)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print protobuf JSON")
     common.add_argument("--timeout", type=float, default=argparse.SUPPRESS,

@@ -23,7 +23,7 @@ class WeightsSettings(BaseSettings):
     """Interface the gRPC server binds."""
 
     port: int = 50052
-    """gRPC port (DESIGN.md section 2); 0 picks a free port (tests)."""
+    """gRPC port (docs/architecture.md §2); 0 picks a free port (tests)."""
 
     metrics_port: int = 9105
     """Prometheus endpoint; 0 disables it."""
@@ -148,7 +148,7 @@ class WeightsSettings(BaseSettings):
     size of Status)."""
 
     consumer_group: str = "weights"
-    """Kafka consumer group for the checkpoints topic."""
+    """Kafka consumer group for the checkpoints topic (prefixed with APPRENTICE_TOPIC_PREFIX)."""
 
     @model_validator(mode="after")
     def _check(self) -> WeightsSettings:

@@ -127,11 +127,11 @@ def _packaged_dir() -> Path:
 
 def _read(path: Path | None, default: str) -> tuple[Any, str, str]:
     if path is None:
-        text = (_packaged_dir() / default).read_text()
+        text = (_packaged_dir() / default).read_text(encoding="utf-8")
         source = f"<packaged {default}>"
     else:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise EvalSetError(f"cannot read eval set {path}: {e.strerror}") from None
         source = str(path)
@@ -154,7 +154,7 @@ def _task(task_file: str, path: Path | None, source: str) -> dict[str, Any]:
     if not p.is_absolute():
         p = (Path(path).parent if path is not None else _packaged_dir()) / p
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
         raise EvalSetError(f"eval set {source}: cannot read task file {p}: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("facts", []), list):

@@ -35,9 +35,11 @@ from services.weights.gate import (
     verdict,
 )
 from services.weights.manifests import BASE
+from services.weights.metrics import EVAL_SECONDS, EVALS
 from services.weights.store import WeightStore
 from shared.grading import grade_rule, parse_rule_spec
 from shared.grpc_util import FailedPrecondition
+from shared.progress import progress
 from shared.proto.apprentice.v1 import weights_pb2
 
 log = logging.getLogger(__name__)
@@ -129,11 +131,14 @@ def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, ma
         order = sorted(range(len(prompts)), key=lambda j: len(prompts[j]))
         fast = _LastLogitsOnly.wrap(model)
         out: list[Any] = [None] * len(prompts)
-        for i in range(0, len(order), batch_size):
-            idx = order[i:i + batch_size]
-            for j, smp in zip(idx, generate(fast, tok, [prompts[j] for j in idx], max_new_tokens=max_new_tokens,
-                                            temperature=0.0), strict=True):
-                out[j] = smp[0]
+        # a bar on a terminal only (`apprentice serve weights` in one; never in a log file): shared/progress.py
+        with progress(total=len(prompts), desc="eval gate", unit="prompt", leave=False) as bar:
+            for i in range(0, len(order), batch_size):
+                idx = order[i:i + batch_size]
+                for j, smp in zip(idx, generate(fast, tok, [prompts[j] for j in idx], max_new_tokens=max_new_tokens,
+                                                temperature=0.0), strict=True):
+                    out[j] = smp[0]
+                bar.update(len(idx))
         return out
 
     def rule_score(specs: Sequence[Any], text: str, reference: dict[str, Any] | None) -> float | None:
@@ -301,6 +306,8 @@ class Evaluator:
                 x.status_reason = reason
 
             out = self.store.update(m.model, m.version, record)
+            EVAL_SECONDS.observe(time.monotonic() - started)
+            EVALS.labels("approved" if passed else "rejected").inc()
             log.log(logging.INFO if passed else logging.WARNING, "eval gate: %s %s %s", m.model, m.version, reason)
             return out
 

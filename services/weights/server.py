@@ -10,13 +10,11 @@ import logging
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from prometheus_client import Counter, Gauge, Histogram
 
 from services.weights import audit_trail
 from services.weights.audit_trail import Trail
@@ -24,6 +22,7 @@ from services.weights.blobstore import make_blob_store
 from services.weights.config import WeightsSettings
 from services.weights.evaluator import Evaluator
 from services.weights.manifests import BASE, VERSION_RE
+from services.weights.metrics import DOWNLOAD_BYTES, ORDERS, PODS, UPLOAD_BYTES, UPLOADS
 from services.weights.names import validate_model, validate_pod_id, validate_tenant, validate_version
 from services.weights.orders import OrderDesk
 from services.weights.pods import PodRegistry
@@ -57,13 +56,6 @@ MAX_REASON_CHARS = 1000
 MAX_ENDPOINT_CHARS = 255
 
 
-UPLOADS = Counter("apprentice_weights_uploads_total", "Upload calls by outcome", ["outcome"])
-UPLOAD_BYTES = Counter("apprentice_weights_upload_bytes_total", "Bytes received by Upload")
-DOWNLOAD_BYTES = Counter("apprentice_weights_download_bytes_total", "Bytes sent by Download")
-ORDERS = Counter("apprentice_weights_orders_total", "ModelUpdate orders sent", ["action"])
-EVALS = Counter("apprentice_weights_evaluations_total", "Eval gate verdicts", ["verdict"])
-EVAL_SECONDS = Histogram("apprentice_weights_eval_seconds", "Eval gate duration", buckets=(1, 5, 15, 30, 60, 120, 300))
-PODS = Gauge("apprentice_weights_pods", "Pods reporting by heartbeat", ["model", "state"])
 
 
 class WeightsServicer(weights_pb2_grpc.WeightsServicer):
@@ -310,15 +302,11 @@ class WeightsService:
             raise Unavailable(f"order not confirmed by Kafka ({e}); nothing changed, retry") from e
         if errors:
             raise Unavailable(f"order not delivered to Kafka: {errors[0]}; nothing changed, retry")
-        ORDERS.labels({1: "promote", 2: "canary", 3: "rollback"}.get(update.action, "?")).inc()
+        ORDERS.labels({1: "promote", 2: "canary", 3: "rollback"}.get(update.action, "unknown")).inc()
 
     def _gate(self, m: weights_pb2.Manifest) -> weights_pb2.Manifest:
         assert self.evaluator is not None
-        started = time.monotonic()
-        out = self.evaluator.evaluate(m)
-        EVAL_SECONDS.observe(time.monotonic() - started)
-        EVALS.labels("approved" if out.status == weights_pb2.VERSION_STATUS_APPROVED else "rejected").inc()
-        return out
+        return self.evaluator.evaluate(m)   # timed and counted there
 
     def status(self, model: str) -> weights_pb2.StatusResponse:
         s = self.settings
@@ -392,7 +380,8 @@ class WeightsService:
 
     def _consume_loop(self) -> None:
         s = self.settings
-        consumer = EventConsumer(s.common.kafka_bootstrap, s.consumer_group, [self.topics.checkpoints])
+        consumer = EventConsumer(s.common.kafka_bootstrap, self.topics.group_id(s.consumer_group),
+                                 [self.topics.checkpoints])
         dead = DeadLetterPublisher(self.producer, self.topics.deadletter, source="weights")
         try:
             while not self._stop.is_set():
@@ -419,9 +408,7 @@ class WeightsService:
         delay = 1.0
         while not self._stop.is_set():
             try:
-                outcome = self.policy.on_checkpoint(ev)
-                if outcome in ("approved", "rejected"):
-                    EVALS.labels(outcome).inc()
+                self.policy.on_checkpoint(ev)   # the gate times and counts itself (metrics.py)
                 return
             except (Unavailable, DeliveryError) as e:  # transient (Kafka): retry the same event
                 log.warning("checkpoint handling will be retried: %s", e)

@@ -68,12 +68,24 @@ def kafka(argv: list[str]) -> int:
 def topics(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="apprentice topics", description="Create missing topics and list them.")
     ap.add_argument("--no-create", action="store_true")
+    ap.add_argument("--replication", type=int, default=1, metavar="N",
+                    help="replication factor of the topics it creates (1 = single broker; 3 on a cluster)")
     ns = ap.parse_args(argv)
+    if ns.replication < 1:
+        ap.error("--replication must be at least 1")
     settings = CommonSettings()
     from shared.kafka.admin import ensure_topics, list_topics
 
     if not ns.no_create:
-        for name in ensure_topics(settings.kafka_bootstrap, settings.topics, security=settings):
+        from confluent_kafka import KafkaException
+
+        try:
+            created = ensure_topics(settings.kafka_bootstrap, settings.topics, replication=ns.replication,
+                                    security=settings)
+        except KafkaException as e:  # e.g. more replicas than brokers: the broker's own words
+            print(f"apprentice topics: cannot create the topics: {e.args[0].str()}", file=sys.stderr)
+            return 1
+        for name in created:
             print(f"created {name}")
     ours = {s.name for s in settings.topics.specs()}
     for name, parts in list_topics(settings.kafka_bootstrap, security=settings).items():
@@ -95,6 +107,7 @@ def tail(argv: list[str]) -> int:
     from confluent_kafka import Consumer
 
     from shared.events import UndecodableEvent, decode, message_type, to_dict
+    from shared.kafka.client_logs import client_log_config
     from shared.kafka.security import librdkafka_config
 
     try:
@@ -103,7 +116,8 @@ def tail(argv: list[str]) -> int:
         print(f"apprentice tail: {e.args[0]}", file=sys.stderr)
         return 2
     msg_type = message_type(settings.topics.base_of(topic))
-    consumer = Consumer({**librdkafka_config(settings), "bootstrap.servers": settings.kafka_bootstrap,
+    consumer = Consumer({**librdkafka_config(settings), **client_log_config(settings.kafka_bootstrap),
+                         "bootstrap.servers": settings.kafka_bootstrap,
                          "group.id": f"apprentice-tail-{uuid.uuid4()}",
                          "enable.auto.commit": False,
                          "auto.offset.reset": "earliest" if ns.from_beginning else "latest"})

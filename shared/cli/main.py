@@ -1,6 +1,6 @@
 """`apprentice` command line: one entry point, sub-commands dispatched lazily (no torch on `--help`).
 
-Commands (DESIGN.md section 4): kafka, topics, tail, serve, up, down, status, demo, weights, knowledge.
+Commands (docs/architecture.md §9): kafka, topics, tail, serve, up, down, status, demo, weights, knowledge.
 Service-specific commands live with their service (`services/<name>/cli.py`) and are imported only
 when used.
 """
@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Callable
 
-SERVICES = ("inference", "grader", "extractor", "trainer", "weights")
+SERVICES = ("inference", "grader", "extractor", "trainer", "weights", "dashboard")
 
 # command -> (module, function, help); the function takes the remaining argv.
 DELEGATED: dict[str, tuple[str, str, str]] = {
@@ -23,6 +23,7 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "down": ("services.loop.stack_cli", "down", "stop the local stack"),
     "status": ("services.loop.stack_cli", "status", "health, versions, lag, spool depth of the local stack"),
     "secrets": ("shared.security.devpki", "main", "create a stack's development CA, keys and tokens"),
+    "dashboard": ("services.dashboard.__main__", "main", "the operator dashboard: what the model is learning (web)"),
 }
 
 
@@ -39,9 +40,20 @@ def _delegate(module: str, func: str) -> Callable[[list[str]], int]:
     return run
 
 
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml), or "unknown" when run from a bare tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("apprentice")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="apprentice", description="On-the-job learning for deployed LLMs.")
+    parser.add_argument("-V", "--version", action="version", version=f"apprentice {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("kafka", help="local single-node KRaft broker: start | stop | status | fetch")
     sub.add_parser("topics", help="create (if missing) and list the Apprentice topics")
@@ -54,12 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
+    if argv[0] in ("-V", "--version"):
+        parser.parse_args(argv[:1])  # prints the version and exits 0
     command, rest = argv[0], argv[1:]
-    if command not in ("serve", "demo"):
-        # CLI commands talk to the local stack as its operator (its dev CA and key), unless told otherwise.
+    asks_help = any(a in ("-h", "--help") for a in rest)
+    if command not in ("serve", "demo") and not asks_help:
+        # CLI commands talk to the running local stack (the endpoints `up` recorded in its home) as its
+        # operator (its dev CA and key), unless flags or variables say otherwise.
         from shared.config import default_home
         from shared.security.devpki import apply_stack_client_env
+        from shared.stack_endpoints import apply_stack_endpoints
 
+        if command != "up":  # `up` binds what its own settings say, never a previous stack's record
+            apply_stack_endpoints(default_home())
         apply_stack_client_env(default_home())
     if command in DELEGATED:
         module, func, _ = DELEGATED[command]

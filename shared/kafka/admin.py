@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
 from shared.topics import Topics, TopicSpec
 
 
 def admin(bootstrap: str, *, quiet: bool = False, security: SecuritySource = None) -> AdminClient:
-    config: dict[str, str | int | float | bool] = {**librdkafka_config(security), "bootstrap.servers": bootstrap}
+    config: dict[str, Any] = {**librdkafka_config(security), **client_log_config(bootstrap),
+                              "bootstrap.servers": bootstrap}
     if quiet:
         config["log_level"] = 0  # probing a broker that may be down: connection errors are expected
+        del config["error_cb"]
     return AdminClient(config)
 
 

@@ -1,20 +1,32 @@
 """Kafka records --> batches for a handler, committed only after the handler's effect is durable.
 
 Auto-commit is off: a crash between effect and commit redelivers the batch, so handlers must be
-idempotent by `envelope.event_id` (the at-least-once + idempotent-effect recipe, DESIGN.md section 8).
+idempotent by `envelope.event_id` (the at-least-once + idempotent-effect recipe, docs/architecture.md §5).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from prometheus_client import Counter
 
+from shared.kafka.busy import call_while_polling
+from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+REBALANCES = Counter("apprentice_kafka_rebalance_events_total",
+                     "Partition assignment changes seen by a consumer (assigned, revoked, lost)", ["group", "event"])
+MAX_POLL_EXCEEDED = Counter("apprentice_kafka_max_poll_exceeded_total",
+                            "Times a consumer left its group for not polling within max.poll.interval.ms",
+                            ["group"])
 
 
 class EventConsumer:
@@ -24,6 +36,7 @@ class EventConsumer:
         """`security`: TLS/SASL settings (shared/kafka/security.py); None = from the environment."""
         config: dict[str, Any] = {
             **librdkafka_config(security),
+            **client_log_config(bootstrap),
             "bootstrap.servers": bootstrap,
             "group.id": group_id,
             "enable.auto.commit": False,
@@ -36,8 +49,28 @@ class EventConsumer:
         config.update(extra_config or {})
         self.group_id = group_id
         self.topics = list(topics)
+        self.max_poll_interval_s = float(config.get("max.poll.interval.ms", 300_000)) / 1000
+        self.rebalances = {"assigned": 0, "revoked": 0, "lost": 0}
+        """Rebalance callbacks seen by this consumer (also `apprentice_kafka_rebalance_events_total`)."""
+        self.max_poll_exceeded = 0
         self._consumer = Consumer(config)
-        self._consumer.subscribe(self.topics)
+        self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
+                                 on_lost=self._lost)
+
+    def _count(self, event: str, partitions: list[TopicPartition]) -> None:
+        self.rebalances[event] += 1
+        REBALANCES.labels(self.group_id, event).inc()
+        log.info("consumer group %s: partitions %s", self.group_id, event,
+                 extra={"group": self.group_id, "partitions": len(partitions)})
+
+    def _assigned(self, _c: Consumer, partitions: list[TopicPartition]) -> None:
+        self._count("assigned", partitions)
+
+    def _revoked(self, _c: Consumer, partitions: list[TopicPartition]) -> None:
+        self._count("revoked", partitions)
+
+    def _lost(self, _c: Consumer, partitions: list[TopicPartition]) -> None:
+        self._count("lost", partitions)
 
     def poll_batch(self, max_records: int = 500, timeout: float = 1.0) -> list[Message]:
         """Up to `max_records` records, waiting at most `timeout` seconds. Fatal errors raise."""
@@ -49,6 +82,12 @@ class EventConsumer:
                 out.append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
                 continue
+            elif err.code() == KafkaError._MAX_POLL_EXCEEDED:
+                self.max_poll_exceeded += 1
+                MAX_POLL_EXCEEDED.labels(self.group_id).inc()
+                log.error("consumer group %s: left the group, no poll within max.poll.interval.ms (%.0f s); "
+                          "it rejoins now and its uncommitted records are redelivered",
+                          self.group_id, self.max_poll_interval_s)
             elif err.fatal():
                 raise KafkaException(err)
             else:
@@ -73,6 +112,12 @@ class EventConsumer:
         if offsets:
             self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
                                   asynchronous=False)
+
+    def call_while_polling(self, fn: Callable[[], T], *, stop: threading.Event | None = None) -> T:
+        """`fn()` (a slow call to another service) on a worker thread while this consumer keeps its group
+        membership, paused (shared/kafka/busy.py)."""
+        return call_while_polling(self._consumer, fn, group=self.group_id, stop=stop,
+                                  name=f"{self.group_id}-work")
 
     def assignment(self) -> list[TopicPartition]:
         return self._consumer.assignment()

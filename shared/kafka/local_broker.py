@@ -1,6 +1,6 @@
 """The local single-node KRaft broker: jars from Maven Central, data under `.apprentice/kafka/`.
 
-Recipe in DESIGN.md section 5. `start` reuses any broker that already answers on the bootstrap address;
+Recipe in docs/architecture.md §10. `start` reuses any broker that already answers on the bootstrap address;
 `stop` only stops a broker whose pid file this module wrote.
 
 With `sasl_port` the broker also serves a SASL_PLAINTEXT listener there (SCRAM-SHA-512). Its one user

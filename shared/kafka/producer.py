@@ -14,6 +14,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 from google.protobuf.message import Message as ProtoMessage
 
+from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
 from shared.validation import type_headers
 
@@ -32,6 +33,7 @@ class EventProducer:
         """`security`: TLS/SASL settings (shared/kafka/security.py); None = from the environment."""
         config: dict[str, Any] = {
             **librdkafka_config(security),
+            **client_log_config(bootstrap),
             "bootstrap.servers": bootstrap,
             "client.id": client_id,
             "enable.idempotence": True,

@@ -39,17 +39,19 @@ class TokenSource:
     def __call__(self) -> str:
         if self._value or self._file is None:
             return self._value
-        now = time.monotonic()
-        if now - self._checked >= 1.0:
+        if time.monotonic() - self._checked >= 1.0 or self._sig is None:
             with self._lock:
-                self._checked = now
-                try:
-                    st = self._file.stat()
-                    sig = (st.st_mtime_ns, st.st_size)
-                    if sig != self._sig:
-                        self._cached, self._sig = self._file.read_text().strip(), sig
-                except OSError:
-                    pass  # a file being replaced: keep the last key read
+                # Checked again under the lock, and the clock set only once the file was read: concurrent
+                # first calls (a thread pool's) all wait for the read instead of sending no key at all.
+                if time.monotonic() - self._checked >= 1.0 or self._sig is None:
+                    try:
+                        st = self._file.stat()
+                        sig = (st.st_mtime_ns, st.st_size)
+                        if sig != self._sig:
+                            self._cached, self._sig = self._file.read_text().strip(), sig
+                    except OSError:
+                        pass  # a file being replaced: keep the last key read
+                    self._checked = time.monotonic()
         return self._cached
 
 

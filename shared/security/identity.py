@@ -1,6 +1,6 @@
 """An authenticated caller --> what it may act on.
 
-Three kinds of callers (DESIGN.md section 2, "Added in turn 2"):
+Three kinds of callers (docs/architecture.md §6):
 - backend keys act for exactly one tenant: Generate, Feedback, and reading that tenant's knowledge;
 - operator keys: promotion, rollback, canary, pins, knowledge review, any tenant;
 - service credentials: inference pods, trainer, grader, extractor calling each other.

@@ -99,7 +99,7 @@ def test_versions_rebuild_and_idempotent_redelivery(topics: Topics, kafka_bootst
                     'When asked "How do I return an item?", answer: Use form R-12 within 30 days.': ["i2"]}
     assert all(it.status == events_pb2.ITEM_STATUS_PROPOSED for it in last.items)   # reviewed by default
     assert {(p.interaction_id, p.revision) for p in last.processed} == {("i1", 1), ("i2", 1)}
-    assert committed(kafka_bootstrap, group, topics.graded) == ends(kafka_bootstrap, topics.graded)
+    assert committed(kafka_bootstrap, topics.group_id(group), topics.graded) == ends(kafka_bootstrap, topics.graded)
     app.stop()
 
     # restart: the new process rebuilds the base from the compacted topic and continues the numbering
@@ -116,7 +116,7 @@ def test_versions_rebuild_and_idempotent_redelivery(topics: Topics, kafka_bootst
     # redelivery: a consumer group that has committed nothing reads every graded record again -> no change
     app3 = make_app(tiny_llm, f"{group}-replay")
     app3.rebuild()
-    drive(app3, lambda: committed(kafka_bootstrap, f"{group}-replay", topics.graded) == ends(kafka_bootstrap, topics.graded))
+    drive(app3, lambda: committed(kafka_bootstrap, topics.group_id(f"{group}-replay"), topics.graded) == ends(kafka_bootstrap, topics.graded))
     assert snapshots(kafka_bootstrap, topics) == after
     # a higher revision of an applied interaction (late feedback) is new information
     produce(kafka_bootstrap, topics.graded, [graded(session="s1", iid="i1", revision=2, success=True, reward=1.0,
@@ -137,7 +137,7 @@ def test_offsets_wait_for_open_sessions_and_poison_goes_to_dead_letters(topics: 
     # the session is open (no snapshot yet): nothing may be committed past its record (offset 0); the
     # poison record behind it (offset 1) is dead-lettered but must wait too
     [(part, end)] = ends(kafka_bootstrap, topics.graded).items()
-    assert end == 2 and committed(kafka_bootstrap, group, topics.graded).get(part, 0) == 0
+    assert end == 2 and committed(kafka_bootstrap, topics.group_id(group), topics.graded).get(part, 0) == 0
     assert app.store.latest(KEY) is None
     [dl] = [decode(events_pb2.DeadLetter, m.value()) for m in read_all(kafka_bootstrap, topics.deadletter, expect=1)]
     assert dl.stage == "extractor.decode" and dl.origin_topic == topics.graded
@@ -145,5 +145,5 @@ def test_offsets_wait_for_open_sessions_and_poison_goes_to_dead_letters(topics: 
     assert app.process_ready(flush_all=True) == 1
     app._commit()
     assert snapshots(kafka_bootstrap, topics)[-1].version == 1
-    assert committed(kafka_bootstrap, group, topics.graded) == ends(kafka_bootstrap, topics.graded)
+    assert committed(kafka_bootstrap, topics.group_id(group), topics.graded) == ends(kafka_bootstrap, topics.graded)
     app.stop()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
            "APPRENTICE_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "APPRENTICE_INFERENCE_PORT": str(ports.inference), "APPRENTICE_WEIGHTS_PORT": str(ports.weights),
            "APPRENTICE_EXTRACTOR_GRPC_PORT": str(ports.extractor), "APPRENTICE_INFERENCE_POD_ID": "pod-up",
-           "APPRENTICE_INFERENCE_HTTP_PORT": str(ports.http),
+           "APPRENTICE_INFERENCE_HTTP_PORT": str(ports.http), "APPRENTICE_DASHBOARD_PORT": str(ports.dashboard),
            **{f"APPRENTICE_{n.upper()}_METRICS_PORT": str(p) for n, p in ports.metrics.items()}}
 
     def apprentice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -70,7 +71,17 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
     try:
         up = apprentice("up", "--wait", "240", timeout=300)
         assert up.returncode == 0, up.stdout + up.stderr
-        assert "inference  healthy" in up.stdout and "pod        pod-up: serving base" in up.stdout, up.stdout
+        # not a terminal: start-up progress as plain lines (which services are still starting), no bar
+        assert re.search(r"^apprentice up: \d/5 healthy after \d+s; ", up.stderr, re.M), up.stderr
+        assert "\r" not in up.stderr and "\x1b" not in up.stderr
+        assert "inference  healthy" in up.stdout and "pod pod-up: serving base" in up.stdout, up.stdout
+        # every CLI command finds this stack (its free ports, model, prefix, CA and key) from its home alone
+        recorded = json.loads((home / "endpoints.json").read_text())
+        assert recorded["grpc"]["weights"] == f"127.0.0.1:{ports.weights}" and recorded["model"] == tiny_model_name
+        listed = apprentice("weights", "list")
+        assert listed.returncode == 0 and listed.stdout.startswith("VERSION"), listed.stdout + listed.stderr
+        kb = apprentice("knowledge", "list")
+        assert kb.returncode == 0 and "reading the knowledge topic" not in kb.stderr, kb.stdout + kb.stderr
 
         st = status()
         assert st["broker"] == {"bootstrap": kafka_bootstrap, "up": True}
@@ -127,14 +138,16 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
         assert all(s["healthy"] for s in after["services"].values()), after["services"]
         text = apprentice("status")
         print(text.stdout)
-        assert text.returncode == 0 and "weights    healthy  (pid" in text.stdout and "restarts 1" in text.stdout
+        row = next(line for line in text.stdout.splitlines() if line.startswith("weights "))
+        assert text.returncode == 0 and row.split()[1:3] == ["healthy", str(w["pid"])], text.stdout
+        assert f"grpc {ports.weights}" in row and f"1 (exits [{-signal.SIGKILL}])" in row, row
 
         pids = [s["pid"] for s in after["services"].values()] + [after["supervisor"]["pid"]]
     finally:
         down = apprentice("down", timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
     _wait("every service process gone after down", lambda: not any(_alive(p) for p in pids), 30, every=0.5)
-    assert not (home / "stack.json").exists()
+    assert not (home / "stack.json").exists() and not (home / "endpoints.json").exists()
     assert broker_answers(kafka_bootstrap)             # down leaves alone a broker it did not start
     final = apprentice("status", "--json")
     assert final.returncode == 1

@@ -88,7 +88,13 @@ def test_service_trains_one_tenant_uploads_and_announces(topics: Topics, kafka_b
     settings = TrainerSettings(
         common=CommonSettings(model=MODEL), tenant="acme", state_dir=tmp_path / "trainer", metrics_port=0,
         weights_endpoint=f"127.0.0.1:{port}", trigger_samples=8, lr=1e-3, batch_size=8, micro_batch_size=4,
-        distill_batch=2, distill_steps=1, distill_max_new_tokens=4)
+        distill_batch=2, distill_steps=1, distill_max_new_tokens=4, report_to="tensorboard")
+    from prometheus_client import REGISTRY
+
+    def steps_total(algorithm: str) -> float:
+        return REGISTRY.get_sample_value("apprentice_trainer_optimizer_steps_total", {"algorithm": algorithm}) or 0.0
+
+    grpo_steps_before, oel_steps_before = steps_total("grpo"), steps_total("oel")
     svc = TrainerService(settings, stub)
     algorithms: list[str] = []
     deadline = time.monotonic() + 180
@@ -101,6 +107,18 @@ def test_service_trains_one_tenant_uploads_and_announces(topics: Topics, kafka_b
     finally:
         svc.close()
     assert algorithms == ["grpo", "oel"]
+
+    # per-step metrics: Prometheus counters and last-step gauges, and the TensorBoard log under the state dir
+    grpo_steps, oel_steps = steps_total("grpo") - grpo_steps_before, steps_total("oel") - oel_steps_before
+    assert grpo_steps >= 1 and oel_steps == 1
+    assert REGISTRY.get_sample_value("apprentice_trainer_lifetime_steps") == svc.trainer.policy.steps == grpo_steps + 1
+    assert REGISTRY.get_sample_value("apprentice_trainer_response_length_tokens", {"algorithm": "grpo"}) > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(tmp_path / "trainer" / "runs")).Reload()
+    assert [e.step for e in board.Scalars("grpo/loss")] == list(range(1, int(grpo_steps) + 1))
+    assert [e.step for e in board.Scalars("oel/kl")] == [svc.trainer.policy.steps]
+    assert {"grpo/reward", "grpo/clip_ratio", "grpo/completions/mean_length", "oel/round/kl"} <= set(board.Tags()["scalars"])
 
     # tenant isolation: other tenants' records and knowledge never reached training
     assert svc.buffer.skipped["other_tenant"] == 4

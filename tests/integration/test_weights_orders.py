@@ -225,8 +225,8 @@ def test_checkpoint_events_run_the_gate_and_the_policy(make_server: Callable[...
     orders = read_all(kafka_bootstrap, topics.model_updates, expect=1, timeout=90)
     u = decode(events_pb2.ModelUpdate, orders[0].value())
     assert (u.action, u.version, u.tenant, u.previous_version) == (A.UPDATE_ACTION_PROMOTE, "v1", "default", "base")
-    m = get("v1")
-    assert m.status == weights_pb2.VERSION_STATUS_PROMOTED
+    # the order is published first (nothing changes if Kafka refuses it), the manifest's status right after
+    m = wait_for(lambda: (v := get("v1")).status == weights_pb2.VERSION_STATUS_PROMOTED and v, what="v1 promoted")
     assert {f"{r.suite}/{r.metric}" for r in m.eval_results} >= {"integrity/nonfinite_tensors", "heldout/rule_score",
                                                                   "ood/ref_loglik", "ood/repetition"}
     assert all(r.passed for r in m.eval_results)

@@ -1,12 +1,16 @@
 """Queued requests --> rows that join and leave running batches between decode steps (continuous batching).
 
 The transformers engine's default scheduler, on its one scheduler thread. Each loop:
-1. run between-step tasks (LoRA attach/detach) and take newly submitted requests into `Admission`
-   (per-tenant queues; rows x tokens budget; see services/inference/scheduler.py);
-2. drop waiting requests that were cancelled or passed their deadline (their rows end `cancelled` at once);
-3. admit rows: each admitted group is prefilled and merged into its version's running `DecodeBatch`;
-4. one decode step for every running batch (one batch per version: a forward pass runs one set of
-   weights with one adapter, so versions take turns step by step); finished rows leave at once and
+1. run between-step tasks, make finished LoRA loads resident (adapter_cache.py), and take newly
+   submitted requests into `Admission` (per-tenant queues; rows x tokens budget; see
+   services/inference/scheduler.py);
+2. drop waiting requests that were cancelled or passed their deadline (their rows end `cancelled` at once),
+   and fail those whose adapter could not be loaded;
+3. admit rows: each admitted group is prefilled and merged into its backbone's running `DecodeBatch`. A
+   request whose LoRA adapter is not resident is not eligible yet (its load runs in the background), so
+   it waits without holding back anyone else's rows;
+4. one decode step for every running batch (one batch per set of full weights; rows of different LoRA
+   adapters of those weights share it, each row with its own adapter); finished rows leave at once and
    return their reservation to the budget.
 A request's n rows may join over several steps; each row keeps its own sampling parameters, seed,
 stop strings and budget, so its tokens and log-probs do not depend on when it joined.
@@ -27,7 +31,7 @@ from services.inference.scheduler import Admission, Budget
 from shared.generation import Sample
 
 if TYPE_CHECKING:
-    from services.inference.engines.transformers_engine import Policy, TransformersEngine, _Queued
+    from services.inference.engines.transformers_engine import Backbone, Policy, TransformersEngine, _Queued
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +67,7 @@ class ContinuousScheduler:
             max_rows=s.max_batch_rows, max_tokens=s.max_batch_tokens, tenant_share=s.tenant_batch_share,
             max_overtake_s=s.max_overtake_s))
         self.requests: list[_Request] = []          # taken from the engine queue, not done
-        self.batches: dict[int, tuple[Policy, DecodeBatch]] = {}   # id(policy) -> its running batch
+        self.batches: dict[int, tuple[Backbone, DecodeBatch]] = {}   # id(backbone) -> its running batch
         self._tokens_at, self._tokens = time.monotonic(), 0
 
     # --- the loop -------------------------------------------------------------------------------------
@@ -71,6 +75,7 @@ class ContinuousScheduler:
         eng = self.engine
         while True:
             eng._run_tasks()
+            eng.adapters.commit()
             if not self._intake():
                 break
             self._sweep()
@@ -79,6 +84,10 @@ class ContinuousScheduler:
             metrics.TOKENS_RESERVED.set(self.admission.tokens_in_flight)
             for key in list(self.batches):
                 self._step(key)
+            if not self.batches and self.requests:      # only requests waiting for an adapter: sleep until
+                with eng._cv:                           # a load finishes (it notifies) or something arrives
+                    if not eng._queue and not eng._tasks and not eng._stopping:
+                        eng._cv.wait(0.05)
         eng._run_tasks()
 
     def _intake(self) -> bool:
@@ -114,17 +123,44 @@ class ContinuousScheduler:
         self.admission.push(r, r.tenant, n, tokens)
 
     def _sweep(self) -> None:
-        """Waiting requests that were cancelled (client gone, deadline) end now, without waiting for room."""
+        """Waiting requests that were cancelled (client gone, deadline) end now, without waiting for room;
+        those whose adapter failed to load fail (the adapter is tried again for later requests)."""
+        cache = self.engine.adapters
+        broken: dict[str, str] = {}
         for r in self.admission.waiting():
             if r.handle.cancelled():
                 self.admission.drop(r)
                 for row in r.rows[r.admitted:]:
                     row.finish("cancelled", self.engine._eos, self.engine._tok)
+                continue
+            adapter = r.policy.adapter
+            if adapter is None:
+                continue
+            err = broken.get(adapter)
+            if err is None:
+                err = broken[adapter] = cache.failed(adapter)
+            if err:
+                self.admission.drop(r)
+                left = r.rows[r.admitted:]
+                for row in left:
+                    row.done = True
+                r.finished += len(left)
+                r.handle.fail(EngineError(f"adapter {adapter} could not be loaded: {err}"))
+                r.handle.cancel()
+                if r.finished == len(r.rows):
+                    self._forget(r)
+        for adapter, err in broken.items():
+            if err:
+                cache.forget_error(adapter)
 
     def _admit(self) -> None:
+        cache = self.engine.adapters
+
         def eligible(r: _Request) -> bool:
-            got = self.batches.get(id(r.policy))
-            return got is None or got[1].can_join
+            got = self.batches.get(id(r.policy.backbone))
+            if got is not None and not got[1].can_join:
+                return False
+            return r.policy.adapter is None or cache.ready(r.policy.adapter)
 
         groups: dict[int, list[DecodeRow]] = {}
         now = time.monotonic()
@@ -136,51 +172,60 @@ class ContinuousScheduler:
                 metrics.QUEUE_SECONDS.observe(now - r.handle.submitted_at)
                 requests += 1
             new = r.rows[r.admitted:r.admitted + n]
+            if r.policy.adapter is not None:        # pinned while its rows run: never evicted under them
+                slot = cache.acquire(r.policy.adapter, n)
+                for row in new:
+                    row.adapter = slot
             r.held.update(range(r.admitted, r.admitted + n))
             r.admitted += n
-            groups.setdefault(id(r.policy), []).extend(new)
+            groups.setdefault(id(r.policy.backbone), []).extend(new)
         if requests:
             metrics.BATCH_REQUESTS.observe(requests)
-        by_policy = {id(r.policy): r.policy for r in self.requests}
+        by_key = {id(r.policy.backbone): r.policy.backbone for r in self.requests}
         for key, rows in groups.items():
-            policy = by_policy[key]
+            bb = by_key[key]
             if key not in self.batches:
-                self.batches[key] = (policy, DecodeBatch(policy.backbone.model, self.engine._tok,
-                                                         eos_ids=self.engine._eos,
-                                                         context_window=self.engine._ctx))
+                self.batches[key] = (bb, DecodeBatch(bb.model, self.engine._tok, eos_ids=self.engine._eos,
+                                                     context_window=self.engine._ctx, router=bb.lora))
             batch = self.batches[key][1]
             before = batch.stats.tokens
             try:
-                with policy.activate() as forward:
-                    batch.add(rows, forward)
+                batch.add(rows)
             except Exception as e:  # noqa: BLE001 - one broken prefill must not stop the engine
-                log.exception("prefill failed", extra={"version": policy.version, "rows": len(rows)})
+                log.exception("prefill failed", extra={"version": bb.version, "rows": len(rows)})
                 self._fail(list(rows), e)
-            self._count(policy, batch.stats.tokens - before)
+            self._count(batch.stats.tokens - before)
             if not batch.live:
                 self.batches.pop(key, None)
 
     def _step(self, key: int) -> None:
-        policy, batch = self.batches[key]
+        bb, batch = self.batches[key]
         before = batch.stats.tokens
         metrics.BATCH_ROWS.observe(len(batch))
         try:
-            with policy.activate() as forward:
-                batch.step(forward)
+            batch.step()
         except Exception as e:  # noqa: BLE001 - one broken batch must not stop the engine
-            log.exception("decode step failed", extra={"version": policy.version, "rows": len(batch)})
+            log.exception("decode step failed", extra={"version": bb.version, "rows": len(batch)})
             self.batches.pop(key, None)
             self._fail(batch.live, e)
             return
-        self._count(policy, batch.stats.tokens - before)
+        self._count(batch.stats.tokens - before)
         if not batch.live:
             self.batches.pop(key, None)
 
     # --- bookkeeping ----------------------------------------------------------------------------------
-    def _row_finished(self, r: _Request, index: int, sample: Sample) -> None:
+    def _unhold(self, r: _Request, index: int) -> None:
+        """Row `index` of `r` left its batch: its budget reservation and its adapter pin return."""
         if index in r.held:
             r.held.discard(index)
             self.admission.release(r.tenant, r.row_tokens)
+            if r.policy.adapter is not None:
+                self.engine.adapters.release(r.policy.adapter)
+
+    def _row_finished(self, r: _Request, index: int, sample: Sample) -> None:
+        self._unhold(r, index)
+        if sample.token_ids:
+            metrics.GENERATED_TOKENS.labels(version=r.policy.version).inc(len(sample.token_ids))
         r.finished += 1
         r.handle.push_choice(index, sample)
         if r.finished == len(r.rows):
@@ -204,19 +249,18 @@ class ContinuousScheduler:
                 continue
             for i in mine:
                 r.rows[i].done = True
-                if i in r.held:
-                    r.held.discard(i)
-                    self.admission.release(r.tenant, r.row_tokens)
+                self._unhold(r, i)
                 r.finished += 1
             r.handle.fail(failed)
             r.handle.cancel()
             if r.finished == len(r.rows):
                 self._forget(r)
 
-    def _count(self, policy: Policy, tokens: int) -> None:
+    def _count(self, tokens: int) -> None:
+        """Tokens/s over the last second (per-version token counts are added as rows finish: a batch
+        mixes versions)."""
         if tokens <= 0:
             return
-        metrics.GENERATED_TOKENS.labels(version=policy.version).inc(tokens)
         self._tokens += tokens
         now = time.monotonic()
         if now - self._tokens_at >= 1.0:

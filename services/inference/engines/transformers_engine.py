@@ -5,29 +5,32 @@ Two schedulers (`APPRENTICE_INFERENCE_SCHEDULER`):
   and finished rows leave at once, within a rows x tokens budget, tenants taking turns;
 - `static`: the scheduler takes the oldest queued request, waits `batch_wait_ms` for others routed to
   the same version, and decodes them together to the end (kept for comparison).
-A forward pass runs exactly one version, so a hot swap happens *between* steps by construction:
+A forward pass runs exactly one set of full weights, so a hot swap happens *between* steps by construction:
 - full versions are loaded by the caller's thread (off the serving path) into a new model object and
   published atomically; a request keeps the version object it was submitted to, so requests queued
   before a swap finish on, and are attributed to, the old version;
-- LoRA adapters attach to the already-loaded base (peft, one named adapter per version, no reload of
-  the base); attaching changes the base's modules, so it runs on the scheduler thread between steps,
-  and every step activates its batch's adapter (or disables adapters for the base version).
+- LoRA versions are adapters of an already-loaded base, one per version (typically one per tenant), and
+  rows of different adapters share a batch: each row carries its adapter's slot in the base's
+  `LoraPool` (services/inference/multi_lora.py), and every layer an adapter targets adds that row's
+  low-rank term. Loading a LoRA version checks its files and registers it; its weights are made
+  resident on demand, in the background, and evicted least recently used under a memory budget
+  (services/inference/adapter_cache.py), so the first request of a cold adapter waits alone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from services.inference import metrics
+from services.inference.adapter_cache import AdapterCache
 from services.inference.config import InferenceSettings
 from services.inference.engines.base import (
     BASE_VERSION,
@@ -39,40 +42,28 @@ from services.inference.engines.base import (
     UnknownVersion,
     VersionFiles,
 )
+from services.inference.multi_lora import LoraPool
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Backbone:
-    """One set of full weights in memory, plus the LoRA adapters attached to it (if any)."""
+    """One set of full weights in memory, plus the LoRA versions registered on it (if any)."""
 
     version: str
     model: Any
-    peft: Any = None                      # PeftModel wrapping `model` once an adapter is attached
+    lora: LoraPool | None = None          # the resident adapters' stacked weights, once one is registered
     adapters: set[str] = field(default_factory=set)
 
 
 @dataclass
 class Policy:
-    """A servable version: a backbone, optionally with one of its adapters active."""
+    """A servable version: a backbone, optionally with one of its LoRA adapters (named as the version)."""
 
     version: str
     backbone: Backbone
     adapter: str | None = None
-
-    @contextlib.contextmanager
-    def activate(self) -> Iterator[Any]:
-        """Yield the module to run forward passes with, with exactly this version's adapter active."""
-        bb = self.backbone
-        if self.adapter is not None:
-            bb.peft.set_adapter(self.adapter)
-            yield bb.peft
-        elif bb.peft is not None:
-            with bb.peft.disable_adapter():
-                yield bb.model
-        else:
-            yield bb.model
 
 
 def _push_delta(handle: RequestHandle, index: int, token_ids: list[int], text: str) -> None:
@@ -108,6 +99,9 @@ class TransformersEngine(Engine):
         self._peaks: deque[tuple[float, int]] = deque()   # (time, requests queued + running) at submits
         self._thread: threading.Thread | None = None
         self._scheduler: Any = None                   # the ContinuousScheduler, when that one runs
+        s = settings
+        self.adapters = AdapterCache(max_count=s.adapter_cache_max_count, max_bytes=s.adapter_cache_max_bytes,
+                                     max_rank=s.adapter_max_rank, workers=s.adapter_load_workers, wake=self._wake)
 
     # --- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -128,6 +122,11 @@ class TransformersEngine(Engine):
         self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
         self._thread.start()
         log.info("transformers engine ready", extra={"model": self.model_name, "context_window": self._ctx})
+
+    def _wake(self) -> None:
+        """A background adapter load finished: the scheduler may be waiting for it."""
+        with self._cv:
+            self._cv.notify_all()
 
     @property
     def tokenizer(self) -> Any:
@@ -150,6 +149,7 @@ class TransformersEngine(Engine):
             q.handle.cancel()
         if self._thread is not None:
             self._thread.join(timeout=max(1.0, deadline - time.monotonic() + 2.0))
+        self.adapters.close()
 
     # --- requests ---------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> RequestHandle:
@@ -161,6 +161,10 @@ class TransformersEngine(Engine):
         with self._cv:
             if self._stopping:
                 raise EngineStopped("the engine is shutting down")
+            if policy.adapter is not None:          # keeps a retired adapter until its last request ends
+                adapter = policy.adapter
+                self.adapters.ref(adapter)
+                handle.add_done_callback(lambda _h: self.adapters.unref(adapter))
             self._queue.append(_Queued(handle, policy))
             self._peaks.append((time.monotonic(), len(self._queue) + len(self._running)))
             metrics.QUEUE_DEPTH.set(len(self._queue))
@@ -237,6 +241,7 @@ class TransformersEngine(Engine):
     def _schedule(self) -> None:
         while True:
             self._run_tasks()
+            self.adapters.commit()
             batch = self._take_batch()
             if batch is None:
                 with self._cv:
@@ -254,7 +259,16 @@ class TransformersEngine(Engine):
         from services.inference.decoding import DecodeRow, decode_batch
 
         policy = batch[0].policy
+        bb = policy.backbone
         rows: list[DecodeRow] = []
+        slot = 0
+        if policy.adapter is not None:
+            try:
+                slot = self.adapters.load_now(policy.adapter)
+            except Exception as e:  # noqa: BLE001 - an adapter that cannot load fails its requests only
+                for q in batch:
+                    q.handle.fail(EngineError(f"adapter {policy.adapter} could not be loaded: {e}"))
+                return
         now = time.monotonic()
         for q in batch:
             h, req = q.handle, q.handle.request
@@ -264,17 +278,19 @@ class TransformersEngine(Engine):
                 rows.append(DecodeRow(
                     prompt_ids=req.prompt_ids, params=req.sampling, sample_index=i, stream=req.stream,
                     on_delta=functools.partial(_push_delta, h, i), on_finish=functools.partial(_push_choice, h, i),
-                    cancelled=h.cancelled))
+                    cancelled=h.cancelled, adapter=slot))
         t0 = time.perf_counter()
         try:
-            with policy.activate() as forward:
-                stats = decode_batch(policy.backbone.model, self._tok, rows, eos_ids=self._eos,
-                                     context_window=self._ctx, forward=forward)
+            stats = decode_batch(bb.model, self._tok, rows, eos_ids=self._eos, context_window=self._ctx,
+                                 router=bb.lora)
         except Exception as e:  # noqa: BLE001 - one broken batch must not stop the engine
             log.exception("batch failed", extra={"version": policy.version, "rows": len(rows)})
             for q in batch:
                 q.handle.fail(EngineError(f"generation failed: {type(e).__name__}: {e}"))
             return
+        finally:
+            if policy.adapter is not None:
+                self.adapters.release(policy.adapter)
         dt = time.perf_counter() - t0
         metrics.BATCH_ROWS.observe(len(rows))
         metrics.BATCH_REQUESTS.observe(len(batch))
@@ -282,7 +298,7 @@ class TransformersEngine(Engine):
         if dt > 0:
             metrics.TOKENS_PER_SECOND.set(stats.tokens / dt)
 
-    # --- between-batch tasks (LoRA attach/detach) --------------------------------------------------
+    # --- between-batch tasks ----------------------------------------------------------------------
     def _between_batches(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the scheduler thread when no batch is running; wait for its result."""
         if self._thread is None or not self._thread.is_alive():
@@ -335,32 +351,19 @@ class TransformersEngine(Engine):
             self._policies[files.version] = Policy(files.version, Backbone(files.version, model))
 
     def _load_lora(self, files: VersionFiles) -> None:
-        import json
-
         base_v = files.base_version or BASE_VERSION
         with self._lock:
             base = self._policies.get(base_v)
         if base is None or base.adapter is not None:
             raise ValueError(f"LoRA version {files.version} applies to {base_v!r}, which is not loaded as "
                              "full weights here")
-        cfg = json.loads((files.path / "adapter_config.json").read_text())   # fail early, off the path
-        if cfg.get("peft_type", "LORA") != "LORA":
-            raise ValueError(f"version {files.version}: adapter type {cfg.get('peft_type')!r} is not LoRA")
         bb = base.backbone
-        from peft import PeftModel  # imported here, off the scheduler: the first import takes seconds
-
-        def attach() -> None:
-
-            if bb.peft is None:
-                bb.peft = PeftModel.from_pretrained(bb.model, files.path, adapter_name=files.version,
-                                                    is_trainable=False)
-                bb.peft.eval()
-            else:
-                bb.peft.load_adapter(files.path, adapter_name=files.version, is_trainable=False)
-            bb.adapters.add(files.version)
-
-        self._between_batches(attach)
+        if bb.lora is None:
+            # no hooks until an adapter is resident: nothing changes yet
+            bb.lora = LoraPool(bb.model, max_slots=self.settings.adapter_cache_max_count)
+        self.adapters.register(files.version, files.path, bb.lora)   # reads and checks the files, here
         with self._lock:
+            bb.adapters.add(files.version)
             self._policies[files.version] = Policy(files.version, bb, adapter=files.version)
 
     def unload_version(self, version: str) -> None:
@@ -368,30 +371,8 @@ class TransformersEngine(Engine):
             return
         with self._lock:
             policy = self._policies.pop(version, None)
-        if policy is None or policy.adapter is None:
-            return  # full weights are freed when the last queued request on them finishes
-
-        def still_queued() -> bool:
-            with self._cv:
-                return any(q.policy is policy for q in list(self._queue) + list(self._running))
-
-        def detach() -> None:
-            bb = policy.backbone
-            if still_queued():
-                threading.Timer(1.0, lambda: self._tasks_append(detach)).start()
-                return
-            if bb.peft is None or version not in bb.adapters:
-                return
-            if bb.adapters == {version}:
-                bb.model = bb.peft.unload()      # last adapter: restore the plain base modules
-                bb.peft = None
-            else:
-                bb.peft.delete_adapter(version)
-            bb.adapters.discard(version)
-
-        self._tasks_append(detach)
-
-    def _tasks_append(self, fn: Callable[[], Any]) -> None:
-        with self._cv:
-            self._tasks.append((fn, Future()))
-            self._cv.notify_all()
+            if policy is not None and policy.adapter is not None:
+                policy.backbone.adapters.discard(version)
+        if policy is not None and policy.adapter is not None:
+            self.adapters.retire(version)    # freed once no queued or running request refers to it
+        # full weights are freed when the last queued request on them finishes

@@ -1,12 +1,15 @@
 """vLLM worker extension: checkpoint files on the pod's disk --> the running model's weights, in place.
 
-vLLM instantiates this mix-in inside each GPU worker (engine argument `worker_extension_cls`), and the
-engine reaches it with `collective_rpc("apprentice_load_weights", args=(path,))`. `load_weights` takes
-Hugging Face parameter names and handles vLLM's fused layouts (qkv, gate_up). Imported only by vLLM.
+vLLM instantiates this mix-in inside each worker (GPU, or the CPU backend's; engine argument
+`worker_extension_cls`), and the engine reaches it with `collective_rpc("apprentice_load_weights",
+args=(path,))`. `load_weights` takes Hugging Face parameter names and handles vLLM's fused layouts (qkv,
+gate_up). Imported only by vLLM.
 
 With LoRA enabled (always, in this service) vLLM wraps each adapter-capable module after the first load
-(`qkv_proj` becomes a LoRA layer whose original module is `qkv_proj.base_layer`), so the model's own
-`load_weights` no longer finds `...qkv_proj.weight`. `route_to_base_layers` renames such tensors to
+(`qkv_proj` becomes a LoRA layer whose original module is `qkv_proj.base_layer`). vLLM 0.32's wrappers
+load their base layer themselves (`load_weights` on the wrapper), so checkpoint names go in unchanged
+(`wrappers_load_their_base`). In releases without that, the model's own `load_weights` no longer finds
+`...qkv_proj.weight`, and `route_to_base_layers` renames such tensors to
 `...q_proj.base_layer.weight`; vLLM's Hugging Face name mapper then turns that into
 `...qkv_proj.base_layer.weight` with the right shard.
 """
@@ -44,6 +47,18 @@ def route_to_base_layers(name: str, wrapped: set[str], packed: Mapping[str, list
     return name
 
 
+def wrappers_load_their_base(model: Any) -> bool:
+    """True when vLLM's LoRA wrappers take checkpoint names themselves (vLLM 0.32: `BaseLayerWithLoRA.load_weights`
+    forwards `weight` to `base_layer`), so names must stay as the checkpoint has them; `.base_layer` would
+    then be looked up inside the base layer and fail."""
+    suffix = "." + BASE_LAYER
+    for name, _module in model.named_modules():
+        if name.endswith(suffix):
+            parent = model.get_submodule(name[: -len(suffix)])
+            return callable(getattr(type(parent), "load_weights", None))
+    return False
+
+
 def read_safetensors(path: str | Path) -> Iterator[tuple[str, Any]]:
     """(name, CPU tensor) for every tensor of every `*.safetensors` under `path`, in file order."""
     from safetensors import safe_open
@@ -65,8 +80,23 @@ class WeightReloader:
         import torch
 
         runner = self.model_runner
+        if hasattr(runner, "reload_weights"):
+            # vLLM 0.32: the runner reloads in place itself, undoing and redoing the kernel-specific repacking
+            # done after a load (the CPU backend empties `weight` tensors it repacked; a plain `load_weights`
+            # then fails on a zero-size parameter) and resetting the LoRA state built on the old weights.
+            n = 0
+
+            def counted() -> Iterator[tuple[str, Any]]:
+                nonlocal n
+                for item in read_safetensors(path):
+                    n += 1
+                    yield item
+
+            with torch.no_grad():
+                runner.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+            return n
         model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-        wrapped = wrapped_modules(model)
+        wrapped = set() if wrappers_load_their_base(model) else wrapped_modules(model)
         packed = dict(getattr(model, "packed_modules_mapping", {}) or {})
         count = 0
 
@@ -76,6 +106,8 @@ class WeightReloader:
                 count += 1
                 yield route_to_base_layers(name, wrapped, packed), tensor
 
-        model.load_weights(weights=tensors())
-        torch.cuda.synchronize()
+        with torch.no_grad():
+            model.load_weights(weights=tensors())
+        if torch.cuda.is_available() and next(model.parameters()).is_cuda:
+            torch.cuda.synchronize()                  # the copies are asynchronous on a GPU only
         return count

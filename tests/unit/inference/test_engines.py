@@ -135,3 +135,15 @@ def test_full_version_and_in_flight_attribution(engine: Any, tmp_path: Path, tin
     assert new.logprobs_t1 != pytest.approx(reference.logprobs_t1, abs=1e-2)
     engine.unload_version("f1")
     assert "f1" not in engine.loaded_versions()
+
+
+def test_vllm_version_check_names_the_release_and_the_install() -> None:
+    from services.inference.engines.vllm_engine import check_vllm_version
+
+    for ok in ("0.32.0", "0.32.0+cpu", "0.32.1"):
+        check_vllm_version(ok)
+    for bad in ("0.33.0", "0.26.0", "1.32.0"):
+        with pytest.raises(RuntimeError, match=r"written for vLLM 0\.32\.x, found .*make setup-vllm"):
+            check_vllm_version(bad)
+    with pytest.raises(RuntimeError, match="cannot read the vLLM version 'dev'"):
+        check_vllm_version("dev")

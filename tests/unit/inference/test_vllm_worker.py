@@ -11,7 +11,12 @@ from safetensors.torch import save_file
 from torch import nn
 
 from load.inference_vllm_gpu import compare_greedy
-from services.inference.engines.vllm_worker import read_safetensors, route_to_base_layers, wrapped_modules
+from services.inference.engines.vllm_worker import (
+    read_safetensors,
+    route_to_base_layers,
+    wrapped_modules,
+    wrappers_load_their_base,
+)
 from shared.generation import Sample
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
@@ -84,6 +89,23 @@ def test_without_lora_nothing_is_renamed() -> None:
     assert wrapped_modules(plain) == set()
     assert route_to_base_layers("model.layers.0.self_attn.q_proj.weight", set(), PACKED) == \
         "model.layers.0.self_attn.q_proj.weight"
+
+
+class SelfLoadingWrapped(LoRAWrapped):
+    """vLLM 0.32's wrappers: `load_weights` on the wrapper fills `base_layer` from the checkpoint's own names."""
+
+    def load_weights(self, weights: object) -> set[str]:
+        return set()
+
+
+def test_wrappers_that_load_their_base_keep_checkpoint_names() -> None:
+    assert not wrappers_load_their_base(vllm_like_llama())            # older layout: names are routed
+    model = vllm_like_llama()
+    model.model.embed_tokens = SelfLoadingWrapped(nn.Embedding(10, 4))
+    assert wrappers_load_their_base(model)
+    plain = nn.Module()
+    plain.lin = nn.Linear(2, 2)
+    assert not wrappers_load_their_base(plain)                        # no LoRA wrapping at all
 
 
 def test_read_safetensors_yields_every_tensor_of_every_file(tmp_path: Path) -> None:

@@ -56,6 +56,26 @@ def test_truncated_is_weights() -> None:
     assert float(st.capped_fraction) == A(1 / 3)   # only 3 > 2 (2 is not above the cap)
     assert float(st.max_gap) == A(math.log(3))
     assert float(st.mean_weight) == A(5 / 3)
+    assert float(st.max_weight) == A(3.0)           # untruncated: how far the worst token was off
+
+
+def test_is_weight_stats_by_hand() -> None:
+    ratio = torch.tensor([[0.5, 4.0, 9.0], [1.0, 2.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])   # the 9 is padding
+    mean, top, clipped = losses.is_weight_stats(ratio, mask, cap=2.0)
+    # real ratios .5, 4, 1, 2, 1 -> truncated .5, 2, 1, 2, 1: mean 6.5/5; max 4 (untruncated); only 4 > 2
+    assert float(mean) == A(6.5 / 5)
+    assert float(top) == A(4.0)
+    assert float(clipped) == A(1 / 5)
+    # no real token: no correction happened
+    none = losses.is_weight_stats(ratio, torch.zeros_like(mask), cap=2.0)
+    assert [float(x) for x in none] == [1.0, 1.0, 0.0]
+
+
+def test_stale_fraction_by_hand() -> None:
+    assert float(losses.stale_fraction(torch.tensor([0.0, 2.0, 0.0, 1.0]))) == A(0.5)
+    assert float(losses.stale_fraction(torch.tensor([0.0, 0.0]))) == 0.0
+    assert float(losses.stale_fraction(torch.empty(0))) == 0.0
 
 
 def test_kl_estimators() -> None:

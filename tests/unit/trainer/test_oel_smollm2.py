@@ -1,6 +1,6 @@
 """OEL consolidation on the real SmolLM2-135M-Instruct (slow): invented shop rules the model cannot know;
 the teacher sees the relevant rule, its answers that state the fact (the grader's check) become targets,
-and the student's loss on the gold answers without the rule in context goes down (oel-probe.md's metric)."""
+and the student's loss on the gold answers without the rule in context goes down (docs/oel-probe.md's metric)."""
 
 from __future__ import annotations
 

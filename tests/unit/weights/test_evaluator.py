@@ -182,3 +182,35 @@ def test_batching_does_not_change_greedy_answers(tiny_model_name: str) -> None:
     assert isinstance(wrapped, _LastLogitsOnly)
     together = [s[0].token_ids for s in generate(wrapped, tok, prompts, max_new_tokens=6, temperature=0.0)]
     assert together == alone
+
+
+def test_the_checkpoint_path_times_and_counts_the_gate_once(store: WeightStore, evaluator: Evaluator,
+                                                            variants: dict[str, Path]) -> None:
+    """A CheckpointPublished event (the automatic path, not an operator's Promote) runs the gate, which
+    observes the duration histogram and counts its verdict; a redelivered event observes nothing."""
+    from prometheus_client import REGISTRY
+
+    from services.weights.orders import OrderDesk
+    from services.weights.policy import PromotionPolicy
+    from shared.events import make_envelope
+    from shared.proto.apprentice.v1 import events_pb2
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    count0, sum0 = sample("apprentice_weights_eval_seconds_count"), sample("apprentice_weights_eval_seconds_sum")
+    rejected0 = sample("apprentice_weights_evaluations_total", verdict="rejected")
+    m = upload_dir(store, variants["nan"])            # rejected by the integrity check: no scoring, fast
+    settings = WeightsSettings(store_dir=store.root, policy="manual")
+    policy = PromotionPolicy(store, OrderDesk(store, lambda update: None), evaluator, settings)
+    ev = events_pb2.CheckpointPublished(envelope=make_envelope("default", source="t"), model=m.model,
+                                        version=m.version)
+    assert policy.on_checkpoint(ev) == "rejected"
+    assert sample("apprentice_weights_eval_seconds_count") == count0 + 1
+    assert sample("apprentice_weights_eval_seconds_sum") > sum0
+    assert sample("apprentice_weights_evaluations_total", verdict="rejected") == rejected0 + 1
+    again = events_pb2.CheckpointPublished(envelope=make_envelope("default", source="t"), model=m.model,
+                                           version=m.version)
+    policy.on_checkpoint(again)                       # a new event id, the version already evaluated
+    evaluator.evaluate(m)                             # and an operator's Promote reaching the gate
+    assert sample("apprentice_weights_eval_seconds_count") == count0 + 1

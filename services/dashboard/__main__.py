@@ -1,0 +1,48 @@
+"""`apprentice dashboard` (also `apprentice serve dashboard`): serve the operator dashboard until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import MutableMapping
+
+from shared.startup import exit_on_startup_error
+
+
+def adopt_stack_credentials(environ: MutableMapping[str, str]) -> None:
+    """Next to a stack that runs with development credentials (`apprentice up`) and without keys of the
+    user's own: accept the stack's operator key, serve HTTPS with its certificate, and read as its
+    operator, as the services of that stack do. A variable that is set stays."""
+    if environ.get("APPRENTICE_AUTH_KEYS") or environ.get("APPRENTICE_AUTH_KEYS_FILE"):
+        return
+    from shared.config import default_home
+    from shared.security.devpki import DevCredentials
+
+    creds = DevCredentials(default_home() / "secrets")
+    if not (creds.keys_file.exists() and creds.server_cert.exists() and creds.operator_token.exists()):
+        return
+    environ["APPRENTICE_AUTH_KEYS_FILE"] = str(creds.keys_file)
+    environ.setdefault("APPRENTICE_TLS_CERT", str(creds.server_cert))
+    environ.setdefault("APPRENTICE_TLS_KEY", str(creds.server_key))
+    environ.setdefault("APPRENTICE_DASHBOARD_OPERATOR_TOKEN_FILE", str(creds.operator_token))
+
+
+@exit_on_startup_error("dashboard")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice dashboard", description=__doc__)
+    ap.add_argument("--port", type=int, help="HTTP port (default: APPRENTICE_DASHBOARD_PORT or 8080)")
+    ap.add_argument("--host", help="interface to bind (default: APPRENTICE_DASHBOARD_HOST; loopback without keys)")
+    ns = ap.parse_args(argv)
+    adopt_stack_credentials(os.environ)
+    from services.dashboard.config import DashboardSettings
+    from shared.logs import configure_logging
+
+    settings = DashboardSettings(**{k: v for k, v in (("port", ns.port), ("host", ns.host)) if v is not None})
+    configure_logging("dashboard", settings.common.log_level, settings.common.log_json)
+    from services.dashboard.app import run
+
+    return run(settings)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

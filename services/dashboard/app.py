@@ -1,0 +1,304 @@
+"""Wiring: the Starlette app (pages, JSON endpoints, operator actions), the topic reader, the HTTP listener.
+
+Pages are server-side Jinja2 templates that draw themselves from small JSON endpoints, fetched again
+every `refresh_s` seconds (`static/dashboard.js`, charts by the vendored Chart.js):
+
+    GET  /            learning: reward, KPI success and response length over time per tenant/task/version
+    GET  /versions    lineage, gate results (learning curve), serving state, promote/canary/rollback
+    GET  /hacking     detector flags and quarantined counts over time, flagged examples
+    GET  /knowledge   items per tenant with provenance; approve / reject / edit pending ones
+    GET  /health      each service, consumer lag per group and partition, spool depth
+    GET  /api/{learning,versions,hacking,knowledge,health}
+    POST /api/weights/{promote,canary,rollback}      {"version", "fraction", "reason", "confirm"}
+    POST /api/knowledge/{approve,reject,edit}        {"key", "item_id", "text"}
+    GET|POST /login, POST /logout                     the operator's sign-in (auth.py)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import grpc
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from services.dashboard import auth
+from services.dashboard.aggregates import GradedFold, UpdatesFold
+from services.dashboard.backends import Backends, Targets
+from services.dashboard.config import DashboardSettings
+from services.dashboard.reader import TopicReader
+from services.dashboard.views import knowledge_view, versions_view
+from shared.security.binding import is_loopback
+from shared.security.keys import KeyRing
+from shared.security.server_security import ServerSecurity
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+PAGES = {"learning": "Learning", "versions": "Versions", "hacking": "Reward hacking", "knowledge": "Knowledge",
+         "health": "Health"}
+WEIGHTS_ACTIONS = ("promote", "canary", "rollback")
+KNOWLEDGE_ACTIONS = ("approve", "reject", "edit")
+MAX_BODY = 64 * 1024
+MAX_TEXT = 4000
+GRPC_HTTP = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,
+             grpc.StatusCode.FAILED_PRECONDITION: 409, grpc.StatusCode.PERMISSION_DENIED: 403,
+             grpc.StatusCode.UNAUTHENTICATED: 401, grpc.StatusCode.ALREADY_EXISTS: 409}
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def _grpc_error(e: grpc.RpcError) -> JSONResponse:
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = e.details() if hasattr(e, "details") else str(e)
+    return JSONResponse({"error": f"{code.name}: {details}"}, status_code=GRPC_HTTP.get(code, 502))
+
+
+class Dashboard:
+    """The pages and endpoints over the aggregates (`graded`, `updates`) and the services (`backends`)."""
+
+    def __init__(self, settings: DashboardSettings, keyring: KeyRing, backends: Backends, graded: GradedFold,
+                 updates: UpdatesFold, reader: TopicReader | None = None) -> None:
+        self.s, self.keyring, self.backends = settings, keyring, backends
+        self.graded, self.updates, self.reader = graded, updates, reader
+        self.secure_cookie = settings.common.tls_cert is not None
+        self.templates = Jinja2Templates(directory=str(HERE / "templates"))
+        routes: list[BaseRoute] = [Route(f"/{'' if name == 'learning' else name}", self._page(name)) for name in PAGES]
+        routes += [
+            Route("/login", self.login_form, methods=["GET"]),
+            Route("/login", self.login, methods=["POST"]),
+            Route("/logout", self.logout, methods=["POST"]),
+            Route("/api/learning", self.api_learning),
+            Route("/api/versions", self.api_versions),
+            Route("/api/hacking", self.api_hacking),
+            Route("/api/knowledge", self.api_knowledge),
+            Route("/api/health", self.api_health),
+            Route("/api/weights/{action}", self.api_weights_action, methods=["POST"]),
+            Route("/api/knowledge/{action}", self.api_knowledge_action, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+        ]
+        self.asgi = Starlette(routes=routes)
+
+    # --- authentication ----------------------------------------------------------------------------
+    def _caller(self, request: Request) -> auth.Caller:
+        return auth.authenticate(self.keyring, request.headers.get("authorization", ""),
+                                 request.cookies.get(auth.COOKIE, ""))
+
+    def _api(self, request: Request, *, action: bool = False) -> auth.Caller | JSONResponse:
+        try:
+            caller = self._caller(request)
+        except auth.NotSignedIn as e:
+            return JSONResponse({"error": str(e)}, status_code=401)
+        except auth.Forbidden as e:
+            return JSONResponse({"error": str(e)}, status_code=403)
+        if action and request.headers.get(auth.ACTION_HEADER) != "1":
+            return JSONResponse({"error": f"actions need the `{auth.ACTION_HEADER}: 1` header"}, status_code=403)
+        return caller
+
+    def _page(self, name: str) -> Any:
+        async def page(request: Request) -> Response:
+            try:
+                caller = self._caller(request)
+            except (auth.NotSignedIn, auth.Forbidden):
+                return RedirectResponse("/login", status_code=303)
+            return self.templates.TemplateResponse(request, f"{name}.html", {
+                "page": name, "pages": PAGES, "refresh_ms": int(self.s.refresh_s * 1000), "model": self.s.common.model,
+                "user": caller.identity.key_id, "signed_in": self.keyring.enabled})
+        return page
+
+    async def login_form(self, request: Request, error: str = "", status: int = 200) -> Response:
+        return self.templates.TemplateResponse(request, "login.html", {
+            "page": "login", "pages": PAGES, "error": error, "keys": self.keyring.enabled, "signed_in": False},
+            status_code=status)
+
+    async def login(self, request: Request) -> Response:
+        body = (await request.body())[:MAX_BODY].decode("utf-8", "replace")
+        token = (parse_qs(body).get("token") or [""])[0].strip()
+        if not self.keyring.enabled:
+            return RedirectResponse("/", status_code=303)
+        try:
+            auth.check_token(self.keyring, token)
+        except (auth.NotSignedIn, auth.Forbidden) as e:
+            return await self.login_form(request, str(e), status=401 if isinstance(e, auth.NotSignedIn) else 403)
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(auth.COOKIE, token, httponly=True, samesite="strict", secure=self.secure_cookie,
+                            path="/", max_age=12 * 3600)
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(auth.COOKIE, path="/", httponly=True, samesite="strict", secure=self.secure_cookie)
+        return response
+
+    # --- data --------------------------------------------------------------------------------------
+    async def api_learning(self, request: Request) -> Response:
+        if isinstance(c := self._api(request), JSONResponse):
+            return c
+        tenant = request.query_params.get("tenant") or None
+        return _json({"bucket_s": self.graded.bucket_s, "tenants": self.graded.tenants(),
+                      "curves": self.graded.curves(tenant)})
+
+    async def api_hacking(self, request: Request) -> Response:
+        if isinstance(c := self._api(request), JSONResponse):
+            return c
+        return _json({"bucket_s": self.graded.bucket_s,
+                      "tenants": self.graded.hacking(request.query_params.get("tenant") or None)})
+
+    async def api_versions(self, request: Request) -> Response:
+        if isinstance(c := self._api(request), JSONResponse):
+            return c
+        try:
+            manifests, status = await run_in_threadpool(self.backends.versions)
+        except grpc.RpcError as e:
+            return _grpc_error(e)
+        return _json({**versions_view(manifests, status), "model": self.s.common.model,
+                      "orders": self.updates.timeline(self.s.common.model)[-50:]})
+
+    async def api_knowledge(self, request: Request) -> Response:
+        if isinstance(c := self._api(request), JSONResponse):
+            return c
+        try:
+            snapshots = await run_in_threadpool(self.backends.knowledge)
+        except grpc.RpcError as e:
+            return _grpc_error(e)
+        return _json({"bases": knowledge_view(snapshots)})
+
+    async def api_health(self, request: Request) -> Response:
+        if isinstance(c := self._api(request), JSONResponse):
+            return c
+        report = await run_in_threadpool(self.backends.health)
+        report["dashboard"] = {"graded_records": self.graded.records,
+                               "reader_error": self.reader.error if self.reader else "",
+                               "undecodable": self.reader.undecodable if self.reader else 0}
+        return _json(report)
+
+    # --- operator actions --------------------------------------------------------------------------
+    async def _body(self, request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            raise BadRequest(f"request body over {MAX_BODY} bytes")
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError as e:
+            raise BadRequest(f"the body must be JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        return body
+
+    async def api_weights_action(self, request: Request) -> Response:
+        if isinstance(caller := self._api(request, action=True), JSONResponse):
+            return caller
+        action = request.path_params["action"]
+        try:
+            if action not in WEIGHTS_ACTIONS:
+                raise BadRequest(f"unknown action {action!r}: one of {', '.join(WEIGHTS_ACTIONS)}")
+            body = await self._body(request)
+            version = _text(body, "version", required=action != "rollback")
+            # The confirmation step: the client repeats what it shows the operator ("" = the previous version).
+            if str(body.get("confirm", "")).strip() != (version or "previous"):
+                raise BadRequest(f"not confirmed: send `confirm` = {version or 'previous'!r} after showing the "
+                                 f"operator what {action} will do")
+            fraction = 0.0
+            if action == "canary":
+                try:
+                    fraction = float(body.get("fraction", 0))
+                except (TypeError, ValueError):
+                    raise BadRequest("`fraction` must be a number in (0, 1]") from None
+                if not (math.isfinite(fraction) and 0 < fraction <= 1):
+                    raise BadRequest("`fraction` must be a number in (0, 1]")
+            reason = _text(body, "reason") or f"dashboard: {action} by {caller.identity.key_id}"
+        except BadRequest as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        try:
+            ack = await run_in_threadpool(lambda: self.backends.weights_order(
+                action, version, fraction=fraction, reason=reason, token=caller.token))
+        except grpc.RpcError as e:
+            return _grpc_error(e)
+        log.info("operator action", extra={"action": f"weights.{action}", "version": ack.version,
+                                           "caller": caller.identity.key_id})
+        return _json({"order_id": ack.order_id, "action": ack.action, "version": ack.version})
+
+    async def api_knowledge_action(self, request: Request) -> Response:
+        if isinstance(caller := self._api(request, action=True), JSONResponse):
+            return caller
+        action = request.path_params["action"]
+        try:
+            if action not in KNOWLEDGE_ACTIONS:
+                raise BadRequest(f"unknown action {action!r}: one of {', '.join(KNOWLEDGE_ACTIONS)}")
+            body = await self._body(request)
+            key, item = _text(body, "key", required=True), _text(body, "item_id", required=True)
+            text = _text(body, "text", required=action == "edit", limit=MAX_TEXT)
+        except BadRequest as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        try:
+            snap = await run_in_threadpool(lambda: self.backends.knowledge_action(
+                action, key, item, text=text, operator=caller.identity.key_id, token=caller.token))
+        except grpc.RpcError as e:
+            return _grpc_error(e)
+        log.info("operator action", extra={"action": f"knowledge.{action}", "key": key, "item": item,
+                                           "caller": caller.identity.key_id})
+        return _json({"key": snap.key, "version": snap.version})
+
+
+def _text(body: dict[str, Any], name: str, *, required: bool = False, limit: int = 200) -> str:
+    value = body.get(name, "")
+    if not isinstance(value, str):
+        raise BadRequest(f"`{name}` must be a string")
+    value = value.strip()
+    if required and not value:
+        raise BadRequest(f"`{name}` is required")
+    if len(value) > limit:
+        raise BadRequest(f"`{name}` is longer than {limit} characters")
+    return value
+
+
+def _json(data: Any) -> JSONResponse:
+    return JSONResponse(data, headers={"cache-control": "no-store"})
+
+
+def build(settings: DashboardSettings, *, start_reader: bool = True) -> tuple[Dashboard, TopicReader | None]:
+    """The app and its reader (started), from settings."""
+    keyring = ServerSecurity.from_settings(settings.common).keyring
+    graded = GradedFold(bucket_s=settings.bucket_s, max_interactions=settings.max_interactions,
+                        examples=settings.examples)
+    updates = UpdatesFold()
+    reader = TopicReader(settings.common, graded, updates).start() if start_reader else None
+    backends = Backends(settings, Targets.resolve(settings))
+    return Dashboard(settings, keyring, backends, graded, updates, reader), reader
+
+
+def run(settings: DashboardSettings) -> int:
+    """Serve until SIGTERM / SIGINT."""
+    from shared.grpc_util import service_host
+    from shared.http_listener import HttpServer
+
+    host = service_host(settings.host, settings.common)
+    dashboard, reader = build(settings)
+    if dashboard.keyring.enabled and settings.common.tls_cert is None and not is_loopback(host):
+        log.warning("dashboard: keys configured but no TLS certificate: operator keys would cross the network "
+                    "in clear text; set APPRENTICE_TLS_CERT / APPRENTICE_TLS_KEY or bind 127.0.0.1")
+    server = HttpServer(dashboard.asgi, host, settings.port, settings.common, name="dashboard",
+                        port_var="APPRENTICE_DASHBOARD_PORT", grace_s=settings.grace_s).start()
+    print(f"apprentice dashboard: {server.url}/", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    server.stop(settings.grace_s)
+    if reader is not None:
+        reader.stop()
+    return 0

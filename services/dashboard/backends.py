@@ -1,0 +1,192 @@
+"""The services' gRPC APIs, metrics endpoints and the broker's group offsets, as the dashboard calls them.
+
+Reads (versions, pod status, knowledge, health) use this process's own key; operator actions use the key
+of the person signed in to the dashboard when keys are configured, so the weights and knowledge services
+audit the person, not the dashboard.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.dashboard.config import DashboardSettings
+from services.dashboard.reader import GROUP_PREFIX
+from shared.config import CommonSettings
+from shared.proto.apprentice.v1 import (
+    events_pb2,
+    knowledge_pb2,
+    knowledge_pb2_grpc,
+    weights_pb2,
+    weights_pb2_grpc,
+)
+from shared.security.channels import open_channel
+from shared.security.keys import read_secret
+from shared.stack_endpoints import read_endpoints
+
+DEFAULT_GRPC = {"inference": "127.0.0.1:50051", "weights": "127.0.0.1:50052", "extractor": "127.0.0.1:50053"}
+DEFAULT_METRICS = {"inference": 9101, "grader": 9102, "extractor": 9103, "trainer": 9104, "weights": 9105}
+GRPC_SERVICES = ("inference", "extractor", "weights")
+
+
+@dataclass(frozen=True)
+class Targets:
+    grpc: dict[str, str]
+    metrics: dict[str, str] = field(default_factory=dict)       # service -> host:port of /metrics
+
+    @classmethod
+    def resolve(cls, s: DashboardSettings) -> Targets:
+        """Explicit settings first, then the running stack's record under APPRENTICE_HOME, then defaults."""
+        rec = read_endpoints(s.common.home)
+        grpc_t = {**DEFAULT_GRPC, **(rec.grpc if rec else {})}
+        for name, value in (("weights", s.weights_target), ("extractor", s.knowledge_target),
+                            ("inference", s.inference_target)):
+            if value:
+                grpc_t[name] = value
+        ports = {**DEFAULT_METRICS, **(rec.metrics if rec else {})}
+        metrics = {name: f"127.0.0.1:{port}" for name, port in ports.items()} | s.metrics_ports
+        return cls(grpc=grpc_t, metrics=metrics)
+
+
+class Backends:
+    def __init__(self, settings: DashboardSettings, targets: Targets) -> None:
+        self.s, self.targets = settings, targets
+        self.model = settings.common.model
+        self.timeout = settings.probe_timeout_s
+
+    def _channel(self, service: str, token: str | None = None) -> grpc.Channel:
+        """A channel to `service` with `token`, else the dashboard's own reading key (re-read on every
+        call, so a rotated file is picked up), else this process's key."""
+        if token is None and self.s.operator_token_file is not None:
+            token = read_secret("", self.s.operator_token_file) or None
+        return open_channel(self.targets.grpc[service], self.s.common, token=token)
+
+    # --- weights -----------------------------------------------------------------------------------
+    def versions(self) -> tuple[list[weights_pb2.Manifest], weights_pb2.StatusResponse]:
+        with self._channel("weights") as ch:
+            stub = weights_pb2_grpc.WeightsStub(ch)
+            listed = stub.List(weights_pb2.ListVersionsRequest(model=self.model), timeout=self.timeout)
+            status = stub.Status(weights_pb2.StatusRequest(model=self.model), timeout=self.timeout)
+        return list(listed.versions), status
+
+    def weights_order(self, action: str, version: str, *, fraction: float = 0.0, reason: str = "",
+                      token: str | None = None) -> weights_pb2.OrderAck:
+        """promote / canary / rollback `version`, as the caller behind `token` (None: this process's key)."""
+        with self._channel("weights", token) as ch:
+            stub = weights_pb2_grpc.WeightsStub(ch)
+            if action == "promote":
+                return stub.Promote(weights_pb2.PromoteRequest(model=self.model, version=version, reason=reason),
+                                    timeout=30)
+            if action == "canary":
+                return stub.Canary(weights_pb2.CanaryRequest(model=self.model, version=version, fraction=fraction,
+                                                             reason=reason), timeout=30)
+            if action == "rollback":
+                return stub.Rollback(weights_pb2.RollbackRequest(model=self.model, version=version, reason=reason),
+                                     timeout=30)
+        raise ValueError(f"unknown action {action!r}: promote, canary or rollback")
+
+    # --- knowledge ---------------------------------------------------------------------------------
+    def knowledge(self) -> list[events_pb2.KnowledgeSnapshot]:
+        with self._channel("extractor") as ch:
+            stub = knowledge_pb2_grpc.KnowledgeStub(ch)
+            bases = stub.List(knowledge_pb2.ListKnowledgeRequest(), timeout=self.timeout).bases
+            return [stub.Get(knowledge_pb2.GetKnowledgeRequest(key=b.key), timeout=self.timeout) for b in bases]
+
+    def knowledge_action(self, action: str, key: str, item_id: str, *, text: str = "", operator: str = "",
+                         token: str | None = None) -> events_pb2.KnowledgeSnapshot:
+        """approve / reject / edit an item, as the caller behind `token`."""
+        with self._channel("extractor", token) as ch:
+            stub = knowledge_pb2_grpc.KnowledgeStub(ch)
+            req = knowledge_pb2.ItemActionRequest(key=key, item_id=item_id, operator=operator)
+            if action == "approve":
+                return stub.Approve(req, timeout=30)
+            if action == "reject":
+                return stub.Reject(req, timeout=30)
+            if action == "edit":
+                return stub.Edit(knowledge_pb2.EditItemRequest(key=key, item_id=item_id, text=text,
+                                                               operator=operator), timeout=30)
+        raise ValueError(f"unknown action {action!r}: approve, reject or edit")
+
+    # --- health ------------------------------------------------------------------------------------
+    def _grpc_healthy(self, service: str) -> bool:
+        try:
+            with self._channel(service) as ch:
+                r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=self.timeout)
+                return r.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
+
+    def _metrics(self, service: str) -> str | None:
+        addr = self.targets.metrics.get(service)
+        if not addr:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://{addr}/metrics", timeout=self.timeout) as r:
+                return str(r.read().decode())
+        except OSError:
+            return None
+
+    def health(self) -> dict[str, Any]:
+        """Each service's health (gRPC health where it has one, its metrics endpoint otherwise), the spool
+        depth of the inference pod, and consumer lag per group, topic and partition."""
+        services: dict[str, Any] = {}
+        texts = {name: self._metrics(name) for name in DEFAULT_METRICS}
+        for name in DEFAULT_METRICS:
+            healthy = self._grpc_healthy(name) if name in GRPC_SERVICES else texts[name] is not None
+            services[name] = {"healthy": healthy, "target": self.targets.grpc.get(name, ""),
+                              "metrics_port": self.targets.metrics.get(name)}
+        from services.inference.metrics import SPOOL_DEPTH
+
+        spool = metric_sum(texts["inference"], next(iter(SPOOL_DEPTH.describe())).name)
+        try:
+            lag: Any = partition_lag(self.s.common)
+        except Exception as e:  # noqa: BLE001 - the page shows what it can
+            lag = {"error": str(e)}
+        return {"services": services, "spool_depth": spool, "lag": lag}
+
+
+def metric_sum(text: str | None, name: str) -> float | None:
+    """Sum of the samples of metric `name` (every label set) in a Prometheus text exposition."""
+    if not text:
+        return None
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if line.split("{", 1)[0].split(" ", 1)[0] == name:
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    return total if found else None
+
+
+def partition_lag(common: CommonSettings) -> list[dict[str, Any]]:
+    """Rows (group, topic, partition, committed, end, lag) for every consumer group of this namespace on our
+    topics; dashboards' own groups (which never commit) and CLI probes are left out."""
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from shared.kafka.security import librdkafka_config
+
+    topics = common.topics
+    ours = {s.name for s in topics.specs()}
+    base = {**librdkafka_config(common), "bootstrap.servers": common.kafka_bootstrap}
+    admin = AdminClient(base)
+    skip = (topics.group_id(GROUP_PREFIX), "apprentice-tail", "apprentice-status-probe")
+    groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=5).result(10).valid
+              if topics.owns_group(g.group_id) and not g.group_id.startswith(skip)]
+    futures = {gid: admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)])[gid] for gid in groups}
+    probe = Consumer({**base, "group.id": topics.group_id(GROUP_PREFIX + "lag-probe")})
+    rows: list[dict[str, Any]] = []
+    try:
+        for gid, fut in sorted(futures.items()):
+            for tp in fut.result(10).topic_partitions:
+                if tp.topic not in ours or tp.offset < 0:
+                    continue
+                _lo, hi = probe.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)
+                rows.append({"group": gid, "topic": topics.base_of(tp.topic), "partition": tp.partition,
+                             "committed": tp.offset, "end": hi, "lag": max(0, hi - tp.offset)})
+    finally:
+        probe.close()
+    return sorted(rows, key=lambda r: (r["group"], r["topic"], r["partition"]))

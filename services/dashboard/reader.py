@@ -1,0 +1,67 @@
+"""The topics --> the aggregates: one background thread reading graded records and model-update orders.
+
+It reads every partition from the beginning with a consumer group of its own that never commits: the
+aggregates live in memory, so a restarted dashboard rebuilds them from the topics (their retention is the
+history it can show), and it never moves the offsets of a service's group. Undecodable records are
+counted and skipped; the services that own those topics dead-letter them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+from services.dashboard.aggregates import GradedFold, UpdatesFold
+from shared.config import CommonSettings
+from shared.events import UndecodableEvent, decode
+from shared.kafka.consumer import EventConsumer
+from shared.proto.apprentice.v1 import events_pb2
+
+log = logging.getLogger(__name__)
+
+GROUP_PREFIX = "dashboard-"
+"""Consumer groups of dashboards (one per process): the health page leaves them out of the lag table."""
+
+
+class TopicReader:
+    def __init__(self, common: CommonSettings, graded: GradedFold, updates: UpdatesFold) -> None:
+        self.common, self.graded, self.updates = common, graded, updates
+        t = common.topics
+        self._topics = {t.graded: (events_pb2.GradedInteraction, graded.add),
+                        t.model_updates: (events_pb2.ModelUpdate, updates.add)}
+        self.group = t.group_id(f"{GROUP_PREFIX}{uuid.uuid4().hex[:12]}")
+        self.undecodable = 0
+        self.error = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dashboard-reader", daemon=True)
+
+    def start(self) -> TopicReader:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        consumer = EventConsumer(self.common.kafka_bootstrap, self.group, list(self._topics),
+                                 auto_offset_reset="earliest", security=self.common)
+        try:
+            while not self._stop.is_set():
+                try:
+                    batch = consumer.poll_batch(max_records=1000, timeout=0.5)
+                    self.error = ""
+                except Exception as e:  # noqa: BLE001 - a broker outage shows on the health page; keep trying
+                    self.error = str(e)
+                    log.warning("dashboard reader: %s", e)
+                    self._stop.wait(2.0)
+                    continue
+                for m in batch:
+                    msg_type, fold = self._topics[str(m.topic())]
+                    try:
+                        fold(decode(msg_type, m.value()))
+                    except UndecodableEvent:
+                        self.undecodable += 1
+        finally:
+            consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)

@@ -1,0 +1,114 @@
+"""Take the README's picture of the dashboard: a private stack with the tiny model, a few waves of simulated
+traffic with KPI feedback and corrections, then headless Chromium's view of the learning page.
+
+    python -m services.dashboard.screenshot [--out docs/dashboard.png] [--waves 5]
+
+Needs the broker (`apprentice kafka start`), Debian's chromium + chromium-driver and selenium (dev extra).
+A tool for people, not a test: it writes where it is told.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import ssl
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+GRADER_CONFIG = """
+version: screenshot
+tasks:
+  - tenant: demo
+    task: support
+    feedback_window_s: 3
+    graders:
+      - {name: resolved, type: kpi, kpi: resolved, map: {1: 1.0, 0: 0.0}, success: true}
+      - {name: corrected, type: feedback, kind: correction, weight: 0}
+"""
+QUESTIONS = ["How long is the warranty on the Ridge tent?", "Can I return worn hiking boots?",
+             "Do you ship to Norway?", "What fuel does the Blaze stove take?", "Is the Fjord jacket waterproof?"]
+
+
+def _wave(stack: Any, wave: int, n: int, rng: random.Random) -> None:
+    from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+
+    with stack.channel(stack.inference_target, token=stack.backend_token("demo")) as ch:
+        inference, feedback = inference_pb2_grpc.InferenceStub(ch), inference_pb2_grpc.FeedbackStub(ch)
+        for i in range(n):
+            q = rng.choice(QUESTIONS)
+            resp = inference.Generate(inference_pb2.GenerateRequest(
+                messages=[common_pb2.ChatMessage(role="user", content=q)], task="support",
+                session_id=f"shot-{wave}-{i}", sampling=common_pb2.SamplingParams(max_new_tokens=rng.randint(4, 24))),
+                timeout=60)
+            iid = resp.choices[0].interaction_id
+            resolved = rng.random() < 0.2 + 0.12 * wave
+            feedback.Submit(inference_pb2.FeedbackRequest(interaction_id=iid, kind="kpi", kpi_name="resolved",
+                                                          value=1.0 if resolved else 0.0), timeout=10)
+            if not resolved and i % 3 == 0:
+                feedback.Submit(inference_pb2.FeedbackRequest(interaction_id=iid, kind="correction", value=-1.0,
+                                                              comment=f"{q} See the product page."), timeout=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("docs/dashboard.png"))
+    ap.add_argument("--waves", type=int, default=5)
+    ap.add_argument("--per-wave", type=int, default=8)
+    ap.add_argument("--page", default="", help="page to photograph ('' = learning, versions, knowledge, ...)")
+    ns = ap.parse_args(argv)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    from services.loop.stack import LocalStack
+    from shared.models import TINY, resolve_model_dir
+
+    resolve_model_dir(TINY)
+    work = Path(tempfile.mkdtemp(prefix="apprentice-dashboard-shot-"))
+    (work / "grader.yaml").write_text(GRADER_CONFIG)
+    stack = LocalStack(work / "run", TINY, tenants=("demo",), service_env={
+        "grader": {"APPRENTICE_GRADER_CONFIG_PATH": str(work / "grader.yaml")},
+        "extractor": {"APPRENTICE_EXTRACTOR_SESSION_GAP_S": "1", "APPRENTICE_EXTRACTOR_LLM_ITEMS": "false"},
+        "trainer": {"APPRENTICE_TRAINER_TRIGGER_SAMPLES": "100000", "APPRENTICE_TRAINER_TRIGGER_ON_KNOWLEDGE": "false"},
+        "dashboard": {"APPRENTICE_DASHBOARD_REFRESH_S": "2", "APPRENTICE_DASHBOARD_BUCKET_S": "10"}})
+    stack.start()
+    try:
+        health = stack.wait_healthy(300)
+        if not all(health.values()):
+            raise SystemExit(f"the stack did not become healthy: {health}")
+        assert stack.creds is not None
+        ctx = ssl.create_default_context(cafile=str(stack.creds.ca))
+        rng = random.Random(0)
+        for wave in range(ns.waves):
+            _wave(stack, wave, ns.per_wave, rng)
+            time.sleep(10)            # one curve bucket per wave
+        time.sleep(8)                 # the last wave's feedback window, then a page refresh
+        urllib.request.urlopen(stack.dashboard_url + "login", context=ctx, timeout=10).close()
+        options = webdriver.ChromeOptions()
+        options.binary_location = "/usr/bin/chromium"
+        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1500,900"):
+            options.add_argument(arg)
+        options.accept_insecure_certs = True
+        browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+        try:
+            browser.get(stack.dashboard_url + "login")
+            browser.find_element("id", "token").send_keys(stack.creds.token(stack.creds.operator_token))
+            browser.find_element("id", "sign-in").click()
+            browser.get(stack.dashboard_url + ns.page)
+            time.sleep(4)             # two refreshes: every chart drawn
+            ns.out.parent.mkdir(parents=True, exist_ok=True)
+            browser.save_screenshot(str(ns.out))
+        finally:
+            browser.quit()
+        print(f"wrote {ns.out}")
+    finally:
+        stack.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,296 @@
+// The dashboard's pages: fetch the page's JSON endpoint every few seconds and redraw.
+// Every value from the server is inserted as text (never as HTML), so record contents cannot run script.
+"use strict";
+
+const PAGE = document.body.dataset.page;
+const REFRESH_MS = Number(document.body.dataset.refreshMs || 5000);
+const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#ca8a04"];
+const charts = new Map();
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null) node.setAttribute(k, v);
+  }
+  for (const c of children.flat()) node.append(c instanceof Node ? c : document.createTextNode(String(c ?? "")));
+  return node;
+}
+
+function when(t) { return t ? new Date(t * 1000).toLocaleTimeString() : "-"; }
+function num(v, digits = 2) { return v === null || v === undefined ? "-" : Number(v).toFixed(digits); }
+function showError(msg) {
+  const box = document.getElementById("error");
+  box.textContent = msg || "";
+  box.hidden = !msg;
+}
+
+async function api(path) {
+  const r = await fetch(path, { credentials: "same-origin", cache: "no-store" });
+  if (r.status === 401) { window.location = "/login"; throw new Error("signed out"); }
+  const body = await r.json();
+  if (!r.ok) throw new Error(body.error || r.statusText);
+  return body;
+}
+
+async function post(path, body) {
+  const r = await fetch(path, {
+    method: "POST", credentials: "same-origin",
+    headers: { "content-type": "application/json", "x-apprentice-dashboard": "1" },
+    body: JSON.stringify(body),
+  });
+  const out = await r.json();
+  if (!r.ok) throw new Error(out.error || r.statusText);
+  return out;
+}
+
+function confirmDialog(text) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-text").textContent = text;
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+    dialog.showModal();
+  });
+}
+
+function lineChart(id, canvas, datasets, yLabel, yMax) {
+  let chart = charts.get(id);
+  const options = {
+    animation: false, responsive: true, maintainAspectRatio: false, parsing: false,
+    scales: {
+      x: { type: "linear", ticks: { callback: (v) => when(v) } },
+      y: { title: { display: true, text: yLabel }, beginAtZero: true, ...(yMax ? { max: yMax } : {}) },
+    },
+    plugins: { legend: { position: "bottom" } },
+  };
+  if (!chart || chart.canvas !== canvas) {
+    chart = new Chart(canvas, { type: "line", data: { datasets }, options });
+    charts.set(id, chart);
+  } else {
+    chart.data.datasets = datasets;
+    chart.update("none");
+  }
+  const points = datasets.reduce((n, d) => n + d.data.length, 0);
+  canvas.dataset.points = String(points);
+  return chart;
+}
+
+function chartBox(id) {
+  let canvas = document.getElementById(id);
+  if (!canvas) canvas = el("canvas", { id });
+  return canvas;
+}
+
+// --- learning -------------------------------------------------------------------------------------
+function renderLearning(data) {
+  const root = document.getElementById("learning");
+  if (!data.curves.length) return;
+  const seen = new Set();
+  for (const curve of data.curves) {
+    const slug = `${curve.tenant}--${curve.task}`.replace(/[^A-Za-z0-9_-]/g, "_");
+    seen.add(slug);
+    let section = document.getElementById(`curve-${slug}`);
+    const ids = ["reward", "success", "tokens"].map((m) => `${m}-${slug}`);
+    if (!section) {
+      root.querySelector(".empty")?.remove();
+      section = el("section", { id: `curve-${slug}`, class: "curve", "data-tenant": curve.tenant, "data-task": curve.task },
+        el("h2", {}, `${curve.tenant} · ${curve.task}`),
+        el("p", { class: "summary" }),
+        el("div", { class: "grid3" }, ids.map((id) => el("div", { class: "chart-box" }, chartBox(id)))));
+      root.append(section);
+    }
+    const total = curve.series.reduce((n, s) => n + s.n, 0);
+    section.querySelector(".summary").textContent =
+      `${total} graded interactions; versions: ${curve.series.map((s) => `${s.version} (${s.n})`).join(", ")}`;
+    const sets = (field) => curve.series.map((s, i) => ({
+      label: s.version, borderColor: COLORS[i % COLORS.length], backgroundColor: COLORS[i % COLORS.length],
+      data: s.points.filter((p) => p[field] !== null).map((p) => ({ x: p.t, y: p[field] })), tension: 0.2,
+    }));
+    lineChart(ids[0], document.getElementById(ids[0]), sets("reward"), "mean reward");
+    lineChart(ids[1], document.getElementById(ids[1]), sets("success"), "KPI success rate", 1);
+    lineChart(ids[2], document.getElementById(ids[2]), sets("tokens"), "response tokens");
+  }
+  for (const section of root.querySelectorAll("section.curve")) {
+    if (!seen.has(section.id.slice(6))) section.remove();
+  }
+}
+
+// --- versions -------------------------------------------------------------------------------------
+async function weightsAction(action, version) {
+  let fraction = null;
+  if (action === "canary") {
+    const answer = window.prompt(`Share of requests for ${version} (0-1]:`, "0.1");
+    if (answer === null) return;
+    fraction = Number(answer);
+  }
+  const what = { promote: `Promote ${version} to every pod (through the eval gate)?`,
+                 canary: `Canary ${version} on ${fraction} of requests?`,
+                 rollback: version ? `Roll back to ${version}?` : "Roll back to the previous version?" }[action];
+  if (!(await confirmDialog(what))) return;
+  try {
+    await post(`/api/weights/${action}`, { version, fraction, confirm: version || "previous" });
+    showError("");
+    refresh();
+  } catch (e) { showError(`${action} ${version}: ${e.message}`); }
+}
+
+function renderVersions(data) {
+  const serving = document.getElementById("serving");
+  serving.replaceChildren(
+    el("div", { class: "card" }, el("b", {}, "promoted"), el("span", { id: "promoted" }, data.promoted || "base")),
+    el("div", { class: "card" }, el("b", {}, "canary"),
+      el("span", {}, data.canary ? `${data.canary} (${Math.round(data.canary_fraction * 100)}%)` : "none")),
+    el("div", { class: "card" }, el("b", {}, "rollback"),
+      el("button", { onclick: () => weightsAction("rollback", ""), id: "rollback-previous" }, "to previous")));
+  const tbody = document.querySelector("#versions-table tbody");
+  tbody.replaceChildren(...data.versions.slice().reverse().map((v) => el("tr", { "data-version": v.version },
+    el("td", {}, el("b", {}, v.version), v.tenant ? ` (${v.tenant})` : ""),
+    el("td", {}, v.parent),
+    el("td", {}, `${v.algorithm || "-"} ${v.kind || ""}`),
+    el("td", { class: `status-${v.status}` }, v.status,
+      v.canary ? ` ${Math.round(v.canary.fraction * 100)}%, ${v.canary.requests} requests` : "",
+      v.reason ? el("div", { class: "small" }, v.reason) : ""),
+    el("td", {}, v.eval.map((e) => el("div", { class: e.passed ? "pass" : "fail" },
+      `${e.suite}/${e.metric}: ${num(e.candidate)} (base ${num(e.baseline)})`))),
+    el("td", { class: "small" }, v.data_offsets.map((o) => el("div", {}, `${o.topic}[${o.partition}] ${o.start}-${o.end}`))),
+    el("td", {},
+      el("button", { onclick: () => weightsAction("promote", v.version), class: "promote" }, "promote"),
+      el("button", { onclick: () => weightsAction("canary", v.version), class: "canary" }, "canary"),
+      el("button", { onclick: () => weightsAction("rollback", v.version), class: "rollback" }, "roll back to")))));
+  const versions = data.versions.map((v) => v.version);
+  const canvas = document.getElementById("gate-curve");
+  const datasets = data.curve.map((c, i) => ({
+    label: c.label, borderColor: COLORS[i % COLORS.length], backgroundColor: COLORS[i % COLORS.length],
+    data: c.points.map((p) => ({ x: versions.indexOf(p.version), y: p.value })),
+  }));
+  const chart = lineChart("gate-curve", canvas, datasets, "score");
+  chart.options.scales.x.ticks.callback = (v) => versions[v] ?? "";
+  chart.options.scales.x.ticks.stepSize = 1;
+  chart.update("none");
+  document.querySelector("#pods-table tbody").replaceChildren(...data.pods.map((p) => el("tr", {},
+    el("td", {}, p.pod), el("td", {}, p.serving), el("td", {}, p.canary || "-"),
+    el("td", { class: "small" }, Object.entries(p.tenants).map(([t, v]) => `${t || "*"}: ${v}`).join(", ") || "-"),
+    el("td", {}, p.canary ? `${p.canary_requests} (${p.canary_errors} errors)` : "-"),
+    el("td", { class: p.lagging ? "fail" : "pass" }, p.lagging ? "lagging" : p.converged ? "converged" : "converging",
+      p.detail ? el("div", { class: "small" }, p.detail) : ""))));
+  document.querySelector("#orders-table tbody").replaceChildren(...data.orders.slice().reverse().map((o) => el("tr", {},
+    el("td", {}, when(o.at)), el("td", {}, o.action + (o.fraction ? ` ${Math.round(o.fraction * 100)}%` : "")),
+    el("td", {}, o.version), el("td", {}, o.previous || "-"), el("td", {}, o.by || "-"), el("td", { class: "small" }, o.reason))));
+}
+
+// --- reward hacking -------------------------------------------------------------------------------
+function renderHacking(data) {
+  const root = document.getElementById("hacking");
+  if (!data.tenants.length) return;
+  root.replaceChildren(...data.tenants.map((t) => {
+    const id = `hacking-${t.tenant.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+    const section = el("section", { class: "tenant" },
+      el("h2", {}, t.tenant),
+      el("p", {}, `${t.flagged} of ${t.interactions} interactions flagged, ${t.quarantined} quarantined. `,
+        Object.entries(t.flags).map(([f, n]) => el("span", { class: "tag" }, `${f}: ${n}`))),
+      el("div", { class: "chart-box" }, chartBox(id)),
+      el("table", { class: "examples" },
+        el("thead", {}, el("tr", {}, ["when", "version", "flags", "reward", "prompt", "response"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, t.examples.map((e) => el("tr", {},
+          el("td", {}, when(e.served_at)), el("td", {}, e.policy_version),
+          el("td", {}, e.flags.join(", "), e.quarantined ? el("div", { class: "fail" }, "quarantined") : ""),
+          el("td", {}, num(e.reward)), el("td", { class: "text" }, e.prompt), el("td", { class: "text" }, e.response))))));
+    return section;
+  }));
+  for (const t of data.tenants) {
+    const id = `hacking-${t.tenant.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+    charts.delete(id);
+    lineChart(id, document.getElementById(id), [
+      { label: "flagged", borderColor: COLORS[1], backgroundColor: COLORS[1], data: t.points.map((p) => ({ x: p.t, y: p.flagged })) },
+      { label: "quarantined", borderColor: COLORS[4], backgroundColor: COLORS[4], data: t.points.map((p) => ({ x: p.t, y: p.quarantined })) },
+      { label: "interactions", borderColor: COLORS[6], backgroundColor: COLORS[6], data: t.points.map((p) => ({ x: p.t, y: p.n })) },
+    ], "interactions per bucket");
+  }
+}
+
+// --- knowledge ------------------------------------------------------------------------------------
+async function knowledgeAction(action, key, item, text) {
+  try {
+    await post(`/api/knowledge/${action}`, { key, item_id: item, text });
+    showError("");
+    refresh();
+  } catch (e) { showError(`${action} ${item}: ${e.message}`); }
+}
+
+let editing = false;   // do not redraw under an open editor
+
+function renderKnowledge(data) {
+  if (editing) return;
+  const root = document.getElementById("knowledge");
+  if (!data.bases.length) return;
+  root.replaceChildren(...data.bases.map((b) => el("section", { class: "base", "data-key": b.key },
+    el("h2", {}, b.key, el("span", { class: "small" },
+      ` version ${b.version}, ${b.items.length} items, ${b.pending} pending${b.require_approval ? ", approval required" : ""}`)),
+    el("table", {}, el("thead", {}, el("tr", {}, ["status", "item", "provenance", "actions"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, b.items.map((it) => {
+        const textCell = el("td", { class: "text" }, it.text,
+          it.screen_flags.length ? el("div", { class: "fail" }, `screen: ${it.screen_flags.join(", ")}`) : "");
+        const actions = el("td", {});
+        if (it.status === "proposed") {
+          actions.append(
+            el("button", { class: "approve", onclick: () => knowledgeAction("approve", b.key, it.id) }, "approve"),
+            el("button", { class: "reject", onclick: () => knowledgeAction("reject", b.key, it.id) }, "reject"));
+        }
+        actions.append(el("button", { class: "edit", onclick: () => {
+          editing = true;
+          const area = el("textarea", { rows: 3 }, it.text);
+          textCell.replaceChildren(area,
+            el("button", { onclick: () => { editing = false; knowledgeAction("edit", b.key, it.id, area.value); } }, "save"),
+            el("button", { onclick: () => { editing = false; refresh(); } }, "cancel"));
+        } }, "edit"));
+        return el("tr", { "data-item": it.id, class: `item-${it.status}` },
+          el("td", { class: `status-${it.status}` }, it.status),
+          textCell,
+          el("td", { class: "small" }, it.provenance.map((p) =>
+            el("div", {}, `${when(p.at)} ${p.action} by ${p.by || "?"} (${p.role || "?"}) ${p.source}`)),
+            it.sources.length ? el("div", {}, `from ${it.sources.join(", ")}`) : ""),
+          actions);
+      }))))));
+}
+
+// --- health ---------------------------------------------------------------------------------------
+function renderHealth(data) {
+  document.getElementById("services").replaceChildren(...Object.entries(data.services).map(([name, s]) =>
+    el("div", { class: `card ${s.healthy ? "pass" : "fail"}`, id: `service-${name}` },
+      el("b", {}, name), el("span", {}, s.healthy ? "healthy" : "down"),
+      el("div", { class: "small" }, s.target || `metrics ${s.metrics_port}`))));
+  document.getElementById("spool").textContent =
+    `Inference spool depth: ${data.spool_depth ?? "unknown"} · graded records read: ${data.dashboard.graded_records}` +
+    (data.dashboard.reader_error ? ` · reader: ${data.dashboard.reader_error}` : "");
+  const tbody = document.querySelector("#lag-table tbody");
+  if (Array.isArray(data.lag)) {
+    tbody.replaceChildren(...data.lag.map((r) => el("tr", {},
+      el("td", {}, r.group), el("td", {}, r.topic), el("td", {}, r.partition), el("td", {}, r.committed),
+      el("td", {}, r.end), el("td", { class: r.lag > 0 ? "warn" : "" }, r.lag))));
+  } else {
+    tbody.replaceChildren(el("tr", {}, el("td", { colspan: 6, class: "fail" }, data.lag.error)));
+  }
+}
+
+const PAGES = {
+  learning: ["/api/learning", renderLearning], versions: ["/api/versions", renderVersions],
+  hacking: ["/api/hacking", renderHacking], knowledge: ["/api/knowledge", renderKnowledge],
+  health: ["/api/health", renderHealth],
+};
+
+async function refresh() {
+  const entry = PAGES[PAGE];
+  if (!entry) return;
+  try {
+    entry[1](await api(entry[0]));
+    document.body.dataset.loaded = String(Date.now());
+  } catch (e) {
+    showError(e.message);
+  }
+}
+
+if (PAGES[PAGE]) {
+  refresh();
+  setInterval(refresh, REFRESH_MS);
+}

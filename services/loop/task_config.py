@@ -1,0 +1,114 @@
+"""Task file --> the per-task settings of every service the demo (or `apprentice up --task`) starts.
+
+A task file names its tenant, task tag and KPI. The services know nothing of task files: the grader
+routes by (tenant, task) in its grader config, the weights gate scores candidates on eval-set files, the
+trainer trains one tenant and filters teacher samples with a verifier. Left at their defaults, those
+describe the shipped support desk only, so another organisation's KPI would wait out the catch-all
+window unrewarded and the gate would score the wrong questions. This module writes, from the task:
+
+- `task.yaml`: the validated task, the one copy every service reads (an edit to the source file during a
+  run cannot make the services disagree);
+- `grader.yaml`: the default grader config with the task's own entry first (its KPI rewarded, the
+  correction and thumbs recorded at weight 0, its feedback window);
+- `heldout.yaml`, `ood.yaml`: the gate's held-out questions (the task's, never trained on) and the
+  general OOD set plus the task's own OOD questions (none is fine: the general items remain);
+
+and returns the environment that points each service at them. The extractor needs nothing: it keys
+knowledge by each interaction's own tenant/task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.loop.task import Task, TaskError
+
+CONFIG_FILES = ("task.yaml", "grader.yaml", "heldout.yaml", "ood.yaml")
+_RESERVED_GRADER_NAMES = ("corrected", "thumbs")
+
+
+def _yaml(data: Any) -> str:
+    return yaml.safe_dump(data, allow_unicode=True, sort_keys=False, width=120)
+
+
+def task_entry(task: Task) -> dict[str, Any]:
+    """The task's grader-config entry: the KPI decides reward and success; the correction text stays in
+    the record (the extractor's source) and thumbs are recorded, both at weight 0."""
+    kpi = task.kpi.name
+    name = f"kpi_{kpi}" if kpi in _RESERVED_GRADER_NAMES else kpi
+    return {"tenant": task.tenant, "task": task.task, "feedback_window_s": task.kpi.feedback_window_s,
+            "graders": [
+                {"name": name, "type": "kpi", "kpi": kpi, "map": {1: 1.0, 0: 0.0}, "weight": 1.0, "success": True},
+                {"name": "corrected", "type": "feedback", "kind": "correction", "correction_value": 0.0,
+                 "weight": 0.0},
+                {"name": "thumbs", "type": "feedback", "kind": "thumbs", "weight": 0.0},
+            ]}
+
+
+def grader_config(task: Task, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`base` (the grader's packaged default config) with the task's entry in front of every other entry
+    it keeps (the catch-all, other tenants' tasks); the version names the task and the entry's digest,
+    so graded records say which rewards they were computed with."""
+    if base is None:
+        from services.grader.config import DEFAULT_CONFIG
+
+        base = yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
+    entry = task_entry(task)
+    others = [t for t in base.get("tasks", []) if (t.get("tenant", "*"), t.get("task", "*")) != (task.tenant, task.task)]
+    digest = hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:8]
+    return {**base, "version": f"task-{task.name}-{digest}", "tasks": [entry, *others]}
+
+
+def ood_set(task: Task, task_file: Path, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The packaged general OOD items plus the task's `out_of_distribution` questions (read from the
+    task file by the gate)."""
+    if base is None:
+        base = yaml.safe_load((resources.files("services.weights.evalsets") / "ood.yaml").read_text(encoding="utf-8"))
+    general = [item for item in base.get("items", []) if "answer" in item]
+    return {"name": f"general+{task.name}", "task_file": str(task_file), "items": general}
+
+
+def write_task_config(task: Task, directory: Path) -> dict[str, dict[str, str]]:
+    """Write the task's config files into `directory` and return the per-service environment that uses
+    them. Every file is validated here with the services' own loaders, so a task the services would
+    refuse fails before anything starts."""
+    from services.weights.evalset import EvalSetError, load_heldout, load_ood
+    from shared.grading import GraderConfigError, parse_grader_config
+
+    directory.mkdir(parents=True, exist_ok=True)
+    task_file = (directory / "task.yaml").resolve()
+    files = {
+        "task.yaml": "# Written by the demo from the task file; the services read this copy.\n"
+                     + _yaml(task.model_dump(mode="json")),
+        "grader.yaml": _yaml(grader_config(task)),
+        "heldout.yaml": _yaml({"name": f"{task.name}-heldout", "task_file": str(task_file)}),
+        "ood.yaml": _yaml(ood_set(task, task_file)),
+    }
+    for name, text in files.items():
+        tmp = directory / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(directory / name)
+    try:
+        parse_grader_config(yaml.safe_load(files["grader.yaml"]), source=str(directory / "grader.yaml"))
+        load_heldout(directory / "heldout.yaml")
+        load_ood(directory / "ood.yaml")
+    except (GraderConfigError, EvalSetError) as e:
+        raise TaskError(f"task {task.name!r} gives an invalid service config: {e}") from None
+    return {
+        "grader": {"APPRENTICE_GRADER_CONFIG_PATH": str(directory / "grader.yaml")},
+        "weights": {"APPRENTICE_WEIGHTS_EVAL_SET": str(directory / "heldout.yaml"),
+                    "APPRENTICE_WEIGHTS_OOD_SET": str(directory / "ood.yaml")},
+        "trainer": {"APPRENTICE_TRAINER_TENANT": task.tenant,
+                    # the task's own answer check as the filter on teacher samples (sft_filtered); it knows
+                    # the training questions only, never the held-out ones
+                    "APPRENTICE_TRAINER_SFT_VERIFIER": "services.loop.task:verify_training_answer",
+                    "APPRENTICE_TRAINER_SFT_VERIFIER_PARAMS": json.dumps({"task": str(task_file)})},
+        "extractor": {},
+        "inference": {},
+    }

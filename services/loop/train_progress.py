@@ -1,0 +1,64 @@
+"""The trainer's progress as the demo sees it from outside: optimizer steps (each one the teacher sampling
+of its batch, then the update) read from the trainer's `/metrics`, with rate and ETA toward the round's
+planned steps. The trainer runs as its own process with its log in a file, so its own progress bar never
+reaches the person watching the demo; this is the one they see.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+from tqdm import tqdm
+
+
+def optimizer_steps_metric() -> str:
+    """The sample name of the trainer's optimizer-step counter, from its collector (never spelled here)."""
+    from services.trainer.metrics import STEPS
+
+    return f"{next(iter(STEPS.describe())).name}_total"
+
+
+def _read(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return str(r.read().decode())
+    except OSError:
+        return None
+
+
+def metric_sum(text: str | None, name: str) -> float | None:
+    """Sum of the samples of `name` (every label set) in a Prometheus text exposition."""
+    if not text:
+        return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.split("{", 1)[0].split(" ", 1)[0] == name]
+    return sum(values) if values else None
+
+
+class TrainingProgress:
+    """Steps of the current round: `start()` when the round starts, then `describe()` on every poll."""
+
+    def __init__(self, metrics_port: int, planned_steps: int, *, meter: bool) -> None:
+        """`meter`: a tqdm meter with rate and ETA (a terminal); else a plain count (a log)."""
+        self.port, self.planned, self.meter = metrics_port, max(planned_steps, 1), meter
+        self.name = optimizer_steps_metric()
+        self.base: float | None = None
+        self.t0 = time.monotonic()
+
+    def start(self) -> None:
+        self.base = metric_sum(_read(self.port), self.name)
+        self.t0 = time.monotonic()
+
+    def describe(self, text: str | None = None) -> str:
+        """`training 3/8 [02:00<03:20, 40.00s/step]`, or "" before the trainer has said anything."""
+        total = metric_sum(text if text is not None else _read(self.port), self.name)
+        if total is None:
+            return ""
+        if self.base is None:
+            self.base = total
+        done = int(total - self.base)
+        if not self.meter:
+            return f"training step {done}/{self.planned}"
+        return str(tqdm.format_meter(min(done, self.planned), self.planned, time.monotonic() - self.t0,
+                                     prefix="training", unit="step", ncols=60))

@@ -1,0 +1,134 @@
+"""Where a running stack listens, recorded in its home so that every `apprentice` command finds it.
+
+`apprentice up` (and every private stack: demo, end-to-end tests) may bind other ports than the
+defaults, another broker or a topic prefix. It writes them to `<home>/endpoints.json`; a CLI command
+that is given no explicit flag or variable reads them from there instead of dialling the defaults
+(which would reach nothing, or worse another stack). Explicit settings always win: the recorded values
+only fill the `APPRENTICE_*` variables that are unset.
+
+The record names its supervisor's pid: a record whose supervisor is gone (a crash, a reboot) is stale and
+ignored, so a dead stack never redirects the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import MutableMapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENDPOINTS_FILE = "endpoints.json"
+
+GRPC_TARGET_VARS = {"weights": "APPRENTICE_WEIGHTS_ENDPOINT", "extractor": "APPRENTICE_EXTRACTOR_TARGET",
+                    "inference": "APPRENTICE_TARGET"}
+"""The variable each client reads for a service's gRPC target (the weights and knowledge CLIs, examples)."""
+
+
+@dataclass(frozen=True)
+class StackEndpoints:
+    supervisor_pid: int
+    kafka_bootstrap: str
+    topic_prefix: str = ""
+    model: str = ""
+    grpc: dict[str, str] = field(default_factory=dict)
+    """service -> host:port of its gRPC server (inference, weights, extractor)."""
+    metrics: dict[str, int] = field(default_factory=dict)
+    """service -> port of its Prometheus `/metrics` endpoint."""
+    http: dict[str, int] = field(default_factory=dict)
+    """HTTP servers by name: `openai` (the inference pod's OpenAI-compatible API), `dashboard`, ..."""
+    tls_ca: str | None = None
+    """The CA that signed the servers' certificates (None: the stack runs without TLS)."""
+    operator_token: str | None = None
+    """File holding the stack's operator key (None: no development keys)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StackEndpoints:
+        return cls(supervisor_pid=int(d["supervisor_pid"]), kafka_bootstrap=str(d["kafka_bootstrap"]),
+                   topic_prefix=str(d.get("topic_prefix", "")), model=str(d.get("model", "")),
+                   grpc={k: str(v) for k, v in (d.get("grpc") or {}).items()},
+                   metrics={k: int(v) for k, v in (d.get("metrics") or {}).items()},
+                   http={k: int(v) for k, v in (d.get("http") or {}).items()},
+                   tls_ca=d.get("tls_ca"), operator_token=d.get("operator_token"))
+
+    def client_env(self) -> dict[str, str]:
+        """The `APPRENTICE_*` variables a client of this stack uses."""
+        env = {"APPRENTICE_KAFKA_BOOTSTRAP": self.kafka_bootstrap, "APPRENTICE_TOPIC_PREFIX": self.topic_prefix}
+        if self.model:
+            env["APPRENTICE_MODEL"] = self.model
+        for service, var in GRPC_TARGET_VARS.items():
+            if service in self.grpc:
+                env[var] = self.grpc[service]
+        if self.tls_ca:
+            env["APPRENTICE_TLS_CA"] = self.tls_ca
+        if self.operator_token:
+            env["APPRENTICE_AUTH_TOKEN_FILE"] = self.operator_token
+        return env
+
+
+def endpoints_path(home: Path) -> Path:
+    return home / ENDPOINTS_FILE
+
+
+def write_endpoints(home: Path, endpoints: StackEndpoints) -> Path:
+    """Record `endpoints` atomically (a reader never sees half a file)."""
+    path = endpoints_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(endpoints.as_dict(), indent=1))
+    tmp.replace(path)
+    return path
+
+
+def remove_endpoints(home: Path, supervisor_pid: int | None = None) -> None:
+    """Forget the record (on stop); only our own when `supervisor_pid` is given."""
+    path = endpoints_path(home)
+    if supervisor_pid is not None:
+        current = read_endpoints(home, live_only=False)
+        if current is not None and current.supervisor_pid != supervisor_pid:
+            return
+    path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie answers kill(pid, 0) too
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+
+
+def read_endpoints(home: Path, *, live_only: bool = True) -> StackEndpoints | None:
+    """The recorded endpoints of the stack under `home`; None when there is none, it does not parse, or
+    (with `live_only`) its supervisor is gone."""
+    try:
+        endpoints = StackEndpoints.from_dict(json.loads(endpoints_path(home).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if live_only and not _alive(endpoints.supervisor_pid):
+        return None
+    return endpoints
+
+
+def apply_stack_endpoints(home: Path, environ: MutableMapping[str, str] | None = None) -> StackEndpoints | None:
+    """Make this process a client of the running stack under `home`: fill every unset `APPRENTICE_*`
+    client variable from its record. A variable that is set (even to "") is the user's and stays; the
+    operator key is not filled when a key is given either way (`APPRENTICE_AUTH_TOKEN`)."""
+    env = os.environ if environ is None else environ
+    endpoints = read_endpoints(home)
+    if endpoints is None:
+        return None
+    for name, value in endpoints.client_env().items():
+        if name == "APPRENTICE_AUTH_TOKEN_FILE" and env.get("APPRENTICE_AUTH_TOKEN"):
+            continue
+        env.setdefault(name, value)
+    return endpoints

@@ -1,0 +1,183 @@
+"""The dashboard in headless Chromium against a real private stack (five services + dashboard as supervised
+processes, the real broker, tiny model, TLS and keys on): the operator signs in with the operator key,
+every page renders, a reward curve gets points once traffic is served, fed back and graded (a 3 s feedback
+window), and an approval clicked on the knowledge page reaches the Knowledge service (read back over its
+gRPC API).
+
+Needs Debian's `chromium` and `chromium-driver` (`make setup` installs them where apt-get is usable) and
+the `selenium` package; skipped with the reason otherwise. Marked slow: starting six processes on a
+2-core machine takes most of its ~2 minutes (`make test-browser`).
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+GRADER_CONFIG = """
+version: dashboard-it
+tasks:
+  - tenant: demo
+    task: support
+    feedback_window_s: 3
+    graders:
+      - {name: resolved, type: kpi, kpi: resolved, map: {1: 1.0, 0: 0.0}, success: true}
+      - {name: corrected, type: feedback, kind: correction, weight: 0}
+"""
+
+
+def _wait(what: str, probe: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except Exception as e:  # noqa: BLE001 - a page still loading; the last error is reported
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(every)
+    raise AssertionError(f"{what} within {timeout:.0f}s; last: {last!r}")
+
+
+def _browser() -> Any:
+    if not (Path(CHROMIUM).exists() and Path(DRIVER).exists()):
+        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {DRIVER}): "
+                    "`apt-get install -y chromium chromium-driver` (make setup does it where apt-get is usable)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs the selenium package (pyproject dev extra)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1000"):
+        options.add_argument(arg)
+    options.accept_insecure_certs = True    # the stack's development CA is not in the browser's store
+    return webdriver.Chrome(service=Service(DRIVER), options=options)
+
+
+@pytest.fixture
+def stack(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from services.loop.stack import LocalStack
+
+    monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", kafka_bootstrap)
+    config = tmp_path / "grader.yaml"
+    config.write_text(GRADER_CONFIG)
+    s = LocalStack(tmp_path / "run", tiny_model_name, tenants=("demo",), service_env={
+        "grader": {"APPRENTICE_GRADER_CONFIG_PATH": str(config)},
+        "extractor": {"APPRENTICE_EXTRACTOR_SESSION_GAP_S": "1", "APPRENTICE_EXTRACTOR_LLM_ITEMS": "false"},
+        # no training in this test: it only needs graded records and proposals
+        "trainer": {"APPRENTICE_TRAINER_TRIGGER_SAMPLES": "100000", "APPRENTICE_TRAINER_TRIGGER_ON_KNOWLEDGE": "false"},
+        "dashboard": {"APPRENTICE_DASHBOARD_REFRESH_S": "1", "APPRENTICE_DASHBOARD_BUCKET_S": "10"},
+        **{n: {"APPRENTICE_TORCH_THREADS": "1"} for n in ("inference", "weights", "trainer")}})
+    s.start()
+    try:
+        health = s.wait_healthy(240)
+        assert all(health.values()), (health, s.crashed())
+        yield s
+    finally:
+        s.stop()
+
+
+def _dashboard_up(url: str, ca: Path) -> bool:
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=str(ca))
+    try:
+        with urllib.request.urlopen(url + "login", context=ctx, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _traffic(stack: Any, n: int) -> list[str]:
+    """`n` answers for tenant demo, each resolved (KPI 1) or not, the unresolved ones corrected."""
+    from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+
+    ids = []
+    with stack.channel(stack.inference_target, token=stack.backend_token("demo")) as ch:
+        inference, feedback = inference_pb2_grpc.InferenceStub(ch), inference_pb2_grpc.FeedbackStub(ch)
+        for i in range(n):
+            resp = inference.Generate(inference_pb2.GenerateRequest(
+                messages=[common_pb2.ChatMessage(role="user", content=f"How long is the warranty on tent {i}?")],
+                task="support", session_id=f"dash-{i}", sampling=common_pb2.SamplingParams(max_new_tokens=6)),
+                timeout=60)
+            iid = resp.choices[0].interaction_id
+            ids.append(iid)
+            resolved = i % 2 == 0
+            feedback.Submit(inference_pb2.FeedbackRequest(interaction_id=iid, kind="kpi", kpi_name="resolved",
+                                                          value=1.0 if resolved else 0.0), timeout=10)
+            if not resolved:
+                feedback.Submit(inference_pb2.FeedbackRequest(
+                    interaction_id=iid, kind="correction", value=-1.0,
+                    comment=f"Tent {i} has a warranty of {20 + i} months."), timeout=10)
+    return ids
+
+
+def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    from shared.proto.apprentice.v1 import events_pb2, knowledge_pb2, knowledge_pb2_grpc
+
+    url = stack.dashboard_url
+    assert stack.creds is not None
+    _wait("the dashboard answers", lambda: _dashboard_up(url, stack.creds.ca), 90)
+    operator_key = stack.creds.token(stack.creds.operator_token)
+    browser = _browser()
+    try:
+        browser.get(url)                                     # not signed in: the sign-in form
+        assert browser.current_url.endswith("/login")
+        browser.find_element(By.ID, "token").send_keys("not-the-operator-key-000")
+        browser.find_element(By.ID, "sign-in").click()
+        assert "unknown or revoked key" in browser.find_element(By.ID, "login-error").text
+        browser.find_element(By.ID, "token").send_keys(operator_key)
+        browser.find_element(By.ID, "sign-in").click()
+        _wait("the learning page", lambda: browser.find_elements(By.ID, "learning"), 10, every=0.2)
+        assert browser.get_cookie("apprentice_dashboard")["httpOnly"]
+
+        _traffic(stack, 6)
+        # graded after the 3 s window: the page's next refreshes draw the reward curve of tenant demo, base
+        canvas = _wait("points on the reward curve", lambda: [
+            c for c in browser.find_elements(By.CSS_SELECTOR, "canvas[id^='reward-demo']")
+            if int(c.get_attribute("data-points") or 0) > 0], 90)
+        assert canvas[0].is_displayed()
+        summary = _wait("every answer graded on the page", lambda: (lambda t: t if "6 graded" in t else None)(
+            browser.find_element(By.CSS_SELECTOR, "section.curve .summary").text), 60)
+        assert "versions: base (6)" in summary, summary
+
+        for page, element in (("versions", "promoted"), ("hacking", "hacking"), ("health", "service-weights")):
+            browser.find_element(By.ID, f"nav-{page}").click()
+            _wait(f"the {page} page drawn", lambda el=element: browser.find_elements(By.ID, el), 15, every=0.2)
+        _wait("every service healthy on the health page", lambda: all(
+            "healthy" in browser.find_element(By.ID, f"service-{n}").text
+            for n in ("inference", "grader", "extractor", "trainer", "weights")), 20)
+        browser.find_element(By.ID, "nav-versions").click()
+        assert _wait("the promoted version", lambda: browser.find_element(By.ID, "promoted").text, 15) == "base"
+
+        # the corrections became proposals (approval required for backend-sourced items): approve one
+        browser.find_element(By.ID, "nav-knowledge").click()
+        row = _wait("a proposed knowledge item", lambda: browser.find_elements(By.CSS_SELECTOR, "tr.item-proposed"), 90)
+        item_id = row[0].get_attribute("data-item")
+        key = browser.find_element(By.CSS_SELECTOR, "section.base").get_attribute("data-key")
+        row[0].find_element(By.CSS_SELECTOR, "button.approve").click()
+        _wait("the item shown approved", lambda: browser.find_elements(
+            By.CSS_SELECTOR, f"tr.item-approved[data-item='{item_id}']"), 20, every=0.3)
+    finally:
+        browser.quit()
+
+    with stack.channel(stack.knowledge_target) as ch:
+        snap = knowledge_pb2_grpc.KnowledgeStub(ch).Get(knowledge_pb2.GetKnowledgeRequest(key=key), timeout=10)
+    item = next(i for i in snap.items if i.item_id == item_id)
+    assert item.status == events_pb2.ITEM_STATUS_APPROVED
+    review = item.provenance[-1]
+    assert review.action == "approved" and review.principal.role == "operator", item.provenance

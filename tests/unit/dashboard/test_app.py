@@ -1,0 +1,107 @@
+"""The dashboard's HTTP surface without the services: who gets in (operator key by bearer or sign-in cookie;
+backend keys refused), what an action must carry (the action header, the confirmation, valid fields), and
+the graded fold served as JSON. Requests that pass these checks go to the services (the browser test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from services.dashboard.app import Dashboard, build
+from services.dashboard.auth import ACTION_HEADER, COOKIE
+from services.dashboard.config import DashboardSettings
+from shared.config import CommonSettings
+from tests.unit.dashboard.test_aggregates import graded
+
+OPERATOR, BACKEND = "operator-secret-0123456789", "backend-secret-0123456789"
+KEYS = f"operator:alice={OPERATOR},backend:shop@shop={BACKEND}"
+
+
+def dashboard(tmp_path: Path, keys: str = KEYS) -> Dashboard:
+    common = CommonSettings(auth_keys=keys, home=tmp_path, model="m")
+    settings = DashboardSettings(common=common, weights_target="127.0.0.1:1", knowledge_target="127.0.0.1:1")
+    app, _ = build(settings, start_reader=False)
+    return app
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> TestClient:
+    return TestClient(dashboard(tmp_path).asgi, follow_redirects=False)
+
+
+def test_pages_redirect_to_sign_in_and_api_needs_a_key(client: TestClient) -> None:
+    assert client.get("/").headers["location"] == "/login"
+    assert client.get("/versions").status_code == 303
+    assert client.get("/api/learning").status_code == 401
+    assert client.get("/api/learning", headers={"authorization": "Bearer not-a-key-at-all"}).status_code == 401
+    r = client.get("/api/learning", headers={"authorization": f"Bearer {BACKEND}"})
+    assert r.status_code == 403 and "operators" in r.json()["error"]
+    assert client.get("/login").status_code == 200
+
+
+def test_bearer_operator_reads_the_graded_fold(tmp_path: Path) -> None:
+    app = dashboard(tmp_path)
+    app.graded.add(graded("a", t=0, reward=1.0, success=True, version="v1"))
+    client = TestClient(app.asgi)
+    r = client.get("/api/learning", headers={"authorization": f"Bearer {OPERATOR}"})
+    assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
+    [curve] = r.json()["curves"]
+    assert curve["series"][0]["version"] == "v1" and curve["series"][0]["points"][0]["reward"] == 1.0
+
+
+def test_sign_in_sets_an_http_only_strict_cookie_and_sign_out_clears_it(client: TestClient) -> None:
+    bad = client.post("/login", content="token=wrong-key-0123456789",
+                      headers={"content-type": "application/x-www-form-urlencoded"})
+    assert bad.status_code == 401 and "unknown" in bad.text
+    backend = client.post("/login", data={"token": BACKEND})
+    assert backend.status_code == 403
+    ok = client.post("/login", data={"token": OPERATOR})
+    assert ok.status_code == 303 and ok.headers["location"] == "/"
+    cookie = ok.headers["set-cookie"]
+    assert cookie.startswith(f"{COOKIE}=") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    page = client.get("/")
+    assert page.status_code == 200 and "alice" in page.text and "chart.umd.min.js" in page.text
+    assert client.get("/api/hacking").status_code == 200
+    client.post("/logout")
+    assert client.get("/api/hacking").status_code == 401
+
+
+@pytest.mark.parametrize(("path", "body", "headers", "status", "message"), [
+    ("/api/weights/promote", {"version": "v2", "confirm": "v2"}, {}, 403, ACTION_HEADER),
+    ("/api/weights/promote", {"version": "v2"}, {ACTION_HEADER: "1"}, 400, "not confirmed"),
+    ("/api/weights/promote", {"version": "v2", "confirm": "v3"}, {ACTION_HEADER: "1"}, 400, "not confirmed"),
+    ("/api/weights/promote", {"confirm": ""}, {ACTION_HEADER: "1"}, 400, "`version` is required"),
+    ("/api/weights/canary", {"version": "v2", "confirm": "v2", "fraction": 1.5}, {ACTION_HEADER: "1"}, 400,
+     "(0, 1]"),
+    ("/api/weights/canary", {"version": "v2", "confirm": "v2", "fraction": "x"}, {ACTION_HEADER: "1"}, 400,
+     "(0, 1]"),
+    ("/api/weights/delete", {"version": "v2", "confirm": "v2"}, {ACTION_HEADER: "1"}, 400, "unknown action"),
+    ("/api/knowledge/approve", {"key": "demo/support"}, {ACTION_HEADER: "1"}, 400, "`item_id` is required"),
+    ("/api/knowledge/edit", {"key": "k", "item_id": "i"}, {ACTION_HEADER: "1"}, 400, "`text` is required"),
+    ("/api/knowledge/approve", {"key": 3, "item_id": "i"}, {ACTION_HEADER: "1"}, 400, "must be a string"),
+])
+def test_actions_are_validated_before_any_call(client: TestClient, path: str, body: dict[str, object],
+                                               headers: dict[str, str], status: int, message: str) -> None:
+    r = client.post(path, json=body, headers={"authorization": f"Bearer {OPERATOR}", **headers})
+    assert r.status_code == status and message in r.json()["error"], r.text
+
+
+def test_bad_json_is_a_clear_error_and_the_app_keeps_serving(client: TestClient) -> None:
+    auth = {"authorization": f"Bearer {OPERATOR}", ACTION_HEADER: "1"}
+    r = client.post("/api/weights/promote", content=b"{not json", headers=auth)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]
+    assert client.post("/api/weights/promote", json=[1], headers=auth).status_code == 400
+    assert client.get("/api/learning", headers=auth).status_code == 200
+
+
+def test_unreachable_service_is_a_gateway_error(client: TestClient) -> None:
+    r = client.get("/api/versions", headers={"authorization": f"Bearer {OPERATOR}"})
+    assert r.status_code == 502 and "UNAVAILABLE" in r.json()["error"]
+
+
+def test_without_keys_everyone_is_the_anonymous_local_developer(tmp_path: Path) -> None:
+    client = TestClient(dashboard(tmp_path, keys="").asgi)
+    assert client.get("/api/learning").status_code == 200
+    assert "anonymous" in client.get("/").text

@@ -1,0 +1,79 @@
+"""The report and the plot on every outcome a task can produce: 0% and 100% success, a single fact, no
+OOD set, unicode. The plot is drawn for real (matplotlib, Agg) and the JSON read back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.loop.demo_cli import summary_line
+from services.loop.evaluation import EvalResult
+from services.loop.report import error_bars, plot, summarize, write_report
+from services.loop.stats import newcombe_diff, wilson
+
+
+def _round(k: int, ok: int, total: int, ood_ok: int = 0, ood_total: int = 0, version: str = "base") -> dict[str, Any]:
+    ev = EvalResult(policy_version=version, greedy_success=ok, greedy_total=total, sampled_success=0,
+                    sampled_total=0, ood_success=ood_ok, ood_total=ood_total, mean_response_tokens=12.0,
+                    examples=[{"question": "Wo kann ich mein Velo abholen?", "answer": "An der Bärengasse ✓"}])
+    return {"round": k, "eval": ev.as_dict(), "knowledge_items": ["Der «Service Basis» kostet CHF 89 — 🚲"]}
+
+
+@pytest.mark.parametrize("n", [1, 3, 20, 100, 101])
+def test_wilson_bounds_contain_the_rate_at_the_extremes(n: int) -> None:
+    assert wilson(0, n)[0] == 0.0 and wilson(n, n)[1] == 1.0
+    for s in (0, 1, n - 1, n):
+        if 0 <= s <= n:
+            lo, hi = wilson(s, n)
+            assert 0.0 <= lo <= s / n <= hi <= 1.0
+
+
+def test_newcombe_refuses_an_empty_sample() -> None:
+    with pytest.raises(ValueError, match="non-empty"):
+        newcombe_diff(0, 0, 1, 10)
+
+
+@pytest.mark.parametrize(("outcomes", "improved"), [
+    ([(0, 100), (0, 100)], False),     # 0% every round: the lower bar used to be -1e-17 (ValueError in matplotlib)
+    ([(100, 100), (100, 100)], False), # 100% every round
+    ([(0, 100), (100, 100)], True),    # from nothing to everything
+    ([(0, 1), (1, 1)], False),         # a single fact, one held-out question: 0/1 -> 1/1 proves nothing
+    ([(0, 3)], None),                  # round 0 only: no summary
+], ids=["zero", "full", "zero-to-full", "single-fact", "one-round"])
+@pytest.mark.parametrize("ood_total", [0, 10], ids=["no-ood", "ood"])
+def test_report_and_plot_on_edge_outcomes(tmp_path: Path, outcomes: list[tuple[int, int]], improved: bool | None,
+                                          ood_total: int) -> None:
+    rounds = [_round(k, ok, n, ood_ok=ood_total, ood_total=ood_total, version="base" if k == 0 else f"v{k}")
+              for k, (ok, n) in enumerate(outcomes)]
+    below, above = error_bars(rounds)
+    assert min(below + above) >= 0.0
+    report_path = tmp_path / "rapport-zürich" / "report.json"
+    report = write_report(report_path, {"task": "velo_atelier", "kpi": "booking_confirmed"}, rounds)
+    back = json.loads(report_path.read_text(encoding="utf-8"))
+    assert back["rounds"][0]["knowledge_items"] == ["Der «Service Basis» kostet CHF 89 — 🚲"]
+    assert "Bärengasse ✓" in report_path.read_text(encoding="utf-8")  # written as UTF-8, not \\u escapes
+    png = tmp_path / "learning_curve.png"
+    plot(png, rounds, "velo_atelier · Velo-Atelier Löwenzahn · Zürich · oel")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    s = report["summary"]
+    if len(rounds) < 2:
+        assert s == {}
+        return
+    assert s["improved"] is improved
+    if ood_total:
+        assert s["ood_diff"] == 0.0 and s["ood_regressed"] is False
+        assert "OOD change +0.0%" in summary_line(s)
+    else:
+        assert s["ood_diff"] is None and s["ood_diff_ci95"] is None and s["ood_regressed"] is False
+        assert rounds[0]["eval"]["ood_rate"] is None
+        assert summary_line(s).endswith("no OOD set")
+
+
+def test_summary_difference_at_the_extremes() -> None:
+    s = summarize([_round(0, 0, 100), _round(1, 100, 100)])
+    assert s["heldout_diff"] == 1.0 and 0.9 < s["heldout_diff_ci95"][0] < 1.0 and s["heldout_diff_ci95"][1] == 1.0
+    s = summarize([_round(0, 100, 100, 10, 10), _round(1, 0, 100, 0, 10)])
+    assert s["heldout_diff"] == -1.0 and s["ood_regressed"] is True and not s["improved"]

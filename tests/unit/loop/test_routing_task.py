@@ -1,0 +1,89 @@
+"""The shipped RL task (`support_routing`): its KPI rule on hand-made replies, as the simulated backend
+applies it (`check_answer`), its splits, and the service configs it yields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.loop.report import StepsLog, plot
+from services.loop.task import check_answer, load_task
+from services.loop.task_config import write_task_config
+
+TASK = load_task("support_routing")
+TEAMS = ("billing", "shipping", "returns", "repairs", "accounts")
+
+
+@pytest.mark.parametrize(("team", "reply", "routed"), [
+    ("billing", "Billing", True),
+    ("billing", "billing.", True),
+    ("billing", "This goes to the Billing team.", True),
+    ("billing", "Billing. (Not Shipping.)", True),                 # the right team first: routed
+    ("billing", "Shipping, or maybe Billing.", False),             # a wrong team first: misrouted
+    ("billing", "Please contact our support team.", False),        # no team at all
+    ("shipping", "Shipping", True),
+    ("shipping", "The Returns team handles that.", False),
+    ("returns", "Return", True),                                   # singular counts for the team named
+    ("returns", "Repairs", False),
+    ("repairs", "I'd send this to Repairs.", True),
+    ("repairs", "Returns first, then Repairs", False),
+    ("accounts", "Accounts", True),
+    ("accounts", "account team\nbilling", True),
+    ("accounts", "Billing\nAccounts", False),
+    ("accounts", "rebilling accounts", True),                      # word boundaries: 'rebilling' is no team
+])
+def test_kpi_rule_on_hand_made_replies(team: str, reply: str, routed: bool) -> None:
+    assert (check_answer(TASK.fact_by_id(team), reply).value >= 1) is routed
+
+
+def test_every_team_has_a_rule_and_only_its_own_name_passes() -> None:
+    assert [f.id for f in TASK.facts] == list(TEAMS)
+    for f in TASK.facts:
+        for other in TEAMS:
+            assert (check_answer(f, other.capitalize()).value >= 1) is (other == f.id), (f.id, other)
+
+
+def test_splits_are_disjoint_and_the_ood_set_is_general() -> None:
+    train = {q for _, q in TASK.train_questions()}
+    held = {q for _, q in TASK.held_out_questions()}
+    assert len(train) == 35 and len(held) == 15 and not train & held
+    assert len(TASK.out_of_distribution) >= 5
+    assert not {it.question for it in TASK.out_of_distribution} & (train | held)
+    assert TASK.kpi.name == "routed" and TASK.task == "routing"
+
+
+def test_the_task_gives_valid_service_configs(tmp_path: Path) -> None:
+    env = write_task_config(TASK, tmp_path)   # validated with the grader's and the gate's own loaders
+    assert env["trainer"]["APPRENTICE_TRAINER_TENANT"] == "demo"
+    assert (tmp_path / "grader.yaml").read_text(encoding="utf-8").count("kpi: routed") == 1
+
+
+def test_steps_log_waits_for_a_partly_written_line(tmp_path: Path) -> None:
+    path = tmp_path / "steps.jsonl"
+    log = StepsLog(path)
+    assert log.new_steps() == []                                    # no file yet
+    path.write_text('{"kind": "step", "algorithm": "grpo", "step": 1, "time": 0, "metrics": {"reward_mean": 0.25}}\n'
+                    '{"kind": "round", "algorithm": "grpo", "step": 1, "time": 0, "metrics": {}}\n'
+                    '{"kind": "step", "algor', encoding="utf-8")
+    assert log.new_steps() == [{"algorithm": "grpo", "step": 1, "reward_mean": 0.25}]
+    with path.open("a", encoding="utf-8") as f:
+        f.write('ithm": "grpo", "step": 2, "time": 0, "metrics": {"reward_mean": 0.5}}\n')
+    assert log.new_steps() == [{"algorithm": "grpo", "step": 2, "reward_mean": 0.5}]
+
+
+def test_plot_draws_the_step_panel_when_rl_steps_are_present(tmp_path: Path) -> None:
+    from services.loop.evaluation import EvalResult
+
+    def rnd(k: int, steps: list[dict[str, float | str | int]]) -> dict[str, object]:
+        ev = EvalResult("base", k, 15, 0, 0, 0, 0, 3.0)
+        return {"round": k, "eval": ev.as_dict(), "train_steps": steps}
+
+    steps = [{"algorithm": "grpo", "step": i, "reward_mean": 0.3, "stale_fraction": 0.5, "is_weight_mean": 1.0,
+              "is_capped_fraction": 0.0, "clip_fraction": 0.1} for i in (1, 2)]
+    with_steps, without = tmp_path / "a.png", tmp_path / "b.png"
+    plot(with_steps, [rnd(0, []), rnd(1, steps)], "t")
+    plot(without, [rnd(0, []), rnd(1, [{"algorithm": "oel_sft", "step": 1, "loss": 1.0}])], "t")
+    from PIL import Image
+
+    assert Image.open(with_steps).size[1] > Image.open(without).size[1]   # the second panel

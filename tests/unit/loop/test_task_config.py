@@ -1,0 +1,124 @@
+"""A task file --> the services' per-task config: the grader rewards the task's own KPI at once, the gate
+scores the task's own held-out questions, the trainer trains the task's tenant."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from services.grader.config import DEFAULT_CONFIG
+from services.grader.detectors import DetectorStats
+from services.grader.join import FEEDBACK, INTERACTION, Joiner
+from services.grader.testing import feedback, interaction
+from services.loop.task import Task, TaskError, load_task
+from services.loop.task_config import write_task_config
+from services.weights.evalset import load_heldout, load_ood
+from shared.grading import GraderConfig, load_grader_config
+
+T0 = 1_800_000_000.0
+
+
+def _grade_kpi(config: GraderConfig, task: Task, kpi_value: float) -> list[float]:
+    """Rewards the grader's join state machine emits for one interaction of `task` and its KPI event,
+    sent 5 s after the answer (well inside any window): empty when it is still waiting."""
+    joiner = Joiner(config, DetectorStats(config.detectors), retention_s=3600, orphan_feedback_s=600)
+    it = interaction(tenant=task.tenant, task=task.task, occurred_at=datetime.fromtimestamp(T0, UTC))
+    out = []
+    step = joiner.apply(None, it.interaction_id, INTERACTION + it.SerializeToString(), T0, partition=0)
+    if step.emit is not None:
+        out.append(step.emit.reward)
+    fb = feedback(it.interaction_id, kpi_name=task.kpi.name, value=kpi_value, tenant=task.tenant)
+    fb.envelope.occurred_at.FromMicroseconds(int((T0 + 5) * 1e6))
+    step = joiner.apply(step.state, it.interaction_id, FEEDBACK + fb.SerializeToString(), T0 + 5, partition=0)
+    if step.emit is not None:
+        out.append(step.emit.reward)
+    return out
+
+
+def test_second_task_kpi_is_rewarded_at_once_with_the_generated_config(tmp_path: Path) -> None:
+    task = load_task("velo_atelier")
+    env = write_task_config(task, tmp_path)
+    config = load_grader_config(env["grader"]["APPRENTICE_GRADER_CONFIG_PATH"])
+    entry = config.for_task(task.tenant, task.task)
+    assert entry is not None and (entry.tenant, entry.task) == (task.tenant, task.task)
+    assert entry.feedback_window_s == task.kpi.feedback_window_s == 120
+    assert _grade_kpi(config, task, 1.0) == [1.0]
+    assert _grade_kpi(config, task, 0.0) == [0.0]
+    # the packaged default knows only demo/support: this KPI would wait out the catch-all window unrewarded
+    assert _grade_kpi(load_grader_config(DEFAULT_CONFIG), task, 1.0) == []
+    # other tenants keep the default's routing (the catch-all and the shipped demo task)
+    assert config.for_task("someone-else", "chat") == load_grader_config(DEFAULT_CONFIG).for_task("someone-else", "chat")
+    assert config.version.startswith("task-velo_atelier-")
+
+
+def test_shipped_task_config_matches_the_default_rewards(tmp_path: Path) -> None:
+    task = load_task("support_desk")
+    config = load_grader_config(write_task_config(task, tmp_path)["grader"]["APPRENTICE_GRADER_CONFIG_PATH"])
+    default = load_grader_config(DEFAULT_CONFIG).for_task("demo", "support")
+    assert default is not None
+    assert config.for_task("demo", "support").graders == default.graders  # type: ignore[union-attr]
+    assert _grade_kpi(config, task, 1.0) == [1.0]
+
+
+def test_gate_eval_sets_come_from_the_task(tmp_path: Path) -> None:
+    task = load_task("velo_atelier")
+    env = write_task_config(task, tmp_path)
+    held = load_heldout(Path(env["weights"]["APPRENTICE_WEIGHTS_EVAL_SET"]))
+    assert [i.prompt for i in held.spec.items] == [q for _, q in task.held_out_questions()]
+    assert held.spec.system == task.system_prompt and "Zürich" in (held.spec.system or "")
+    assert [[g.name for g in gs] for gs in held.graders] == [[f.id] for f in task.facts]
+    ood, _ = load_ood(Path(env["weights"]["APPRENTICE_WEIGHTS_OOD_SET"]))
+    assert ood.items and all(i.answer and i.check is None for i in ood.items)  # no OOD set: general items only
+    shipped = load_task("support_desk")
+    ood2, _ = load_ood(Path(write_task_config(shipped, tmp_path / "s")["weights"]["APPRENTICE_WEIGHTS_OOD_SET"]))
+    assert sum(i.check is not None for i in ood2.items) == len(shipped.out_of_distribution) == 10
+
+
+def test_trainer_trains_the_task_tenant_with_its_own_check(tmp_path: Path) -> None:
+    from services.loop.task import verify_training_answer
+
+    task = load_task("velo_atelier")
+    trainer = write_task_config(task, tmp_path)["trainer"]
+    assert trainer["APPRENTICE_TRAINER_TENANT"] == "loewenzahn-velo"
+    params = json.loads(trainer["APPRENTICE_TRAINER_SFT_VERIFIER_PARAMS"])
+    assert Path(params["task"]) == (tmp_path / "task.yaml").resolve()
+    fact, question = task.train_questions()[0]
+    msgs = task.messages(question)
+    assert verify_training_answer(msgs, "It costs CHF 89.", **params) is True
+    assert verify_training_answer(msgs, "It costs CHF 98.", **params) is False
+    held = task.held_out_questions()[0][1]
+    assert verify_training_answer(task.messages(held), "CHF 89", **params) is None  # never a held-out target
+
+
+def test_names_that_cannot_travel_are_refused(tmp_path: Path) -> None:
+    src = Path(load_task.__code__.co_filename).parent / "tasks" / "velo_atelier.yaml"
+    text = src.read_text(encoding="utf-8")
+    for old, new, where in (("tenant: loewenzahn-velo", "tenant: löwenzahn/velo", "tenant"),
+                            ("task: werkstatt", "task: werk statt", "task"),
+                            ("name: booking_confirmed", "name: booking confirmed", "kpi.name")):
+        bad = tmp_path / f"{where}.yaml"
+        bad.write_text(text.replace(old, new, 1), encoding="utf-8")
+        with pytest.raises(TaskError, match=where.replace(".", r"\.")):
+            load_task(bad)
+
+
+def test_up_task_puts_the_settings_in_the_stack_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`apprentice up --task`: the supervisor and the services inherit the task's settings; a variable the
+    user set wins; a bad task stops `up` with the reason."""
+    import os
+
+    from services.loop.stack_cli import _apply_task
+
+    env = {"APPRENTICE_TRAINER_TENANT": "set-by-user"}
+    monkeypatch.setattr(os, "environ", env)
+    assert _apply_task("velo_atelier", tmp_path) == "loewenzahn-velo"
+    assert env["APPRENTICE_TRAINER_TENANT"] == "set-by-user"
+    cfg = load_grader_config(env["APPRENTICE_GRADER_CONFIG_PATH"])
+    assert cfg.for_task("loewenzahn-velo", "werkstatt") is not None
+    assert Path(env["APPRENTICE_WEIGHTS_EVAL_SET"]).parent == tmp_path / "config"
+    assert _apply_task(str(tmp_path / "missing.yaml"), tmp_path) is None
+    assert "no task file" in capsys.readouterr().err

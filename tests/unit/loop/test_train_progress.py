@@ -1,0 +1,34 @@
+"""The demo's view of the trainer's progress: optimizer steps since the round started, from the trainer's
+real metrics exposition, as a count in logs or a meter with rate and ETA on a terminal."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from services.loop.train_progress import TrainingProgress, metric_sum, optimizer_steps_metric
+
+
+def _exposition(steps_by_algo: dict[str, int]) -> str:
+    reg = CollectorRegistry()
+    c = Counter(optimizer_steps_metric().removesuffix("_total"), "steps", ["algorithm"], registry=reg)
+    for algo, n in steps_by_algo.items():
+        c.labels(algo).inc(n)
+    return generate_latest(reg).decode()
+
+
+def test_counts_steps_since_the_round_started() -> None:
+    assert optimizer_steps_metric().endswith("_total")
+    assert metric_sum(_exposition({"oel": 2, "grpo": 3}), optimizer_steps_metric()) == 5.0
+    assert metric_sum("other_metric 1\n", optimizer_steps_metric()) is None and metric_sum(None, "x") is None
+    plain = TrainingProgress(1, planned_steps=8, meter=False)
+    assert plain.describe(text="") == ""                                  # trainer not answering yet
+    assert plain.describe(text=_exposition({"oel": 5})) == "training step 0/8"   # first sight = the baseline
+    assert plain.describe(text=_exposition({"oel": 8})) == "training step 3/8"
+
+
+def test_meter_has_rate_and_eta() -> None:
+    meter = TrainingProgress(1, planned_steps=8, meter=True)
+    meter.base = 0.0
+    meter.t0 -= 120                                                        # two minutes into the round
+    line = meter.describe(text=_exposition({"oel": 3}))
+    assert line.startswith("training") and "3/8" in line and "[02:00<03:20, 40.00s/step]" in line

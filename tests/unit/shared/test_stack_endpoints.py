@@ -1,0 +1,74 @@
+"""The stack's recorded endpoints: written atomically, read back, stale records ignored, and applied to a
+client's environment without overriding anything the user set."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from shared.stack_endpoints import (
+    StackEndpoints,
+    apply_stack_endpoints,
+    endpoints_path,
+    read_endpoints,
+    remove_endpoints,
+    write_endpoints,
+)
+
+
+def _endpoints(pid: int, **kw: object) -> StackEndpoints:
+    base: dict[str, object] = dict(
+        supervisor_pid=pid, kafka_bootstrap="127.0.0.1:19092", topic_prefix="run-x.", model="tiny-random",
+        grpc={"inference": "127.0.0.1:40051", "weights": "127.0.0.1:40052", "extractor": "127.0.0.1:40053"},
+        metrics={"inference": 40101}, http={"openai": 40080, "dashboard": 48080},
+        tls_ca="/s/ca.pem", operator_token="/s/operator.token")
+    base.update(kw)
+    return StackEndpoints(**base)  # type: ignore[arg-type]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_round_trip_and_client_env(tmp_path: Path) -> None:
+    ep = _endpoints(os.getpid())
+    write_endpoints(tmp_path, ep)
+    assert read_endpoints(tmp_path) == ep
+    assert ep.client_env() == {
+        "APPRENTICE_KAFKA_BOOTSTRAP": "127.0.0.1:19092", "APPRENTICE_TOPIC_PREFIX": "run-x.",
+        "APPRENTICE_MODEL": "tiny-random", "APPRENTICE_WEIGHTS_ENDPOINT": "127.0.0.1:40052",
+        "APPRENTICE_EXTRACTOR_TARGET": "127.0.0.1:40053", "APPRENTICE_TARGET": "127.0.0.1:40051",
+        "APPRENTICE_TLS_CA": "/s/ca.pem", "APPRENTICE_AUTH_TOKEN_FILE": "/s/operator.token"}
+
+
+def test_explicit_variables_win(tmp_path: Path) -> None:
+    write_endpoints(tmp_path, _endpoints(os.getpid()))
+    env = {"APPRENTICE_WEIGHTS_ENDPOINT": "10.0.0.1:1", "APPRENTICE_TOPIC_PREFIX": "", "APPRENTICE_AUTH_TOKEN": "k"}
+    assert apply_stack_endpoints(tmp_path, env) is not None
+    assert env["APPRENTICE_WEIGHTS_ENDPOINT"] == "10.0.0.1:1"       # set by the user: kept
+    assert env["APPRENTICE_TOPIC_PREFIX"] == ""                     # set, even empty: kept
+    assert "APPRENTICE_AUTH_TOKEN_FILE" not in env                  # a key given inline: no token file added
+    assert env["APPRENTICE_EXTRACTOR_TARGET"] == "127.0.0.1:40053"  # unset: filled from the record
+    assert env["APPRENTICE_KAFKA_BOOTSTRAP"] == "127.0.0.1:19092"
+
+
+def test_stale_missing_or_corrupt_records_are_ignored(tmp_path: Path) -> None:
+    env: dict[str, str] = {}
+    assert apply_stack_endpoints(tmp_path, env) is None and env == {}           # no record
+    write_endpoints(tmp_path, _endpoints(_dead_pid()))
+    assert apply_stack_endpoints(tmp_path, env) is None and env == {}           # its supervisor is gone
+    assert read_endpoints(tmp_path, live_only=False) is not None
+    endpoints_path(tmp_path).write_text("{not json")
+    assert read_endpoints(tmp_path, live_only=False) is None
+
+
+def test_remove_only_our_own_record(tmp_path: Path) -> None:
+    write_endpoints(tmp_path, _endpoints(os.getpid()))
+    remove_endpoints(tmp_path, supervisor_pid=os.getpid() + 1)   # another stack's stop: not ours to remove
+    assert endpoints_path(tmp_path).exists()
+    remove_endpoints(tmp_path, supervisor_pid=os.getpid())
+    assert not endpoints_path(tmp_path).exists()
