@@ -1,4 +1,4 @@
-"""Fair-scheduling benchmarks (issue 15, point 4), each a ratio against a baseline measured in the same run.
+"""Fair-scheduling benchmarks, each a ratio against a baseline measured in the same run.
 
 1. short-under-load: p99 latency of short requests (2-8 new tokens, greedy, 10 s deadline) from tenant B,
    one after another, while tenant A keeps two requests of n=16 x `--long-tokens` in flight, against the

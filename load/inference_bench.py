@@ -1,4 +1,4 @@
-"""Inference benchmarks (issue 3), each a ratio against a baseline measured in the same run.
+"""Inference benchmarks, each a ratio against a baseline measured in the same run.
 
 1. gateway: latency p50/p95 through gRPC with capture on vs the engine called in-process, concurrency 1,
    same prompts (interleaved A/B so machine noise hits both).      target <= 1.10x

@@ -1,4 +1,4 @@
-"""One LoRA adapter per tenant (issue 17, point 2): mixed-adapter batches against a single adapter, cold loads,
+"""One LoRA adapter per tenant: mixed-adapter batches against a single adapter, cold loads,
 memory per resident adapter, on the transformers engine with continuous batching.
 
 `--tenants` (100) rank-`--rank` (8) adapters with random weights of the right shapes on every linear layer

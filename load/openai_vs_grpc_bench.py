@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP vs gRPC: latency of the same requests on the same engine (issue 15, point 1).
+"""OpenAI-compatible HTTP vs gRPC: latency of the same requests on the same engine.
 
 One inference server (a subprocess, so it shares no interpreter lock with the clients) serves both doors;
 the same chat request (greedy, so both doors generate the same tokens) goes through gRPC `Generate`

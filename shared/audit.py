@@ -25,6 +25,14 @@ from shared.topics import Topics
 
 log = logging.getLogger(__name__)
 
+MAX_TARGET = 512
+MAX_FIELD = 2000
+MAX_DETAILS = 32
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
 SYSTEM_TENANT = "_system"
 """Tenant of records about actions that apply to every tenant (an operator's base model)."""
 
@@ -42,8 +50,13 @@ class AuditLog:
         who = identity or current_identity() or ANONYMOUS
         env = make_envelope(tenant or SYSTEM_TENANT, source=self._source)
         env.principal.CopyFrom(who.to_principal())
-        rec = events_pb2.AuditRecord(envelope=env, action=action, target=target, allowed=allowed, reason=reason,
-                                     details={k: str(v) for k, v in (details or {}).items()})
+        # Bounded: the fields may quote a caller's input, and a record the broker refuses would fail the
+        # action for the wrong reason (an audit record is evidence, not a copy of the request).
+        target = _clip(target, MAX_TARGET)
+        rec = events_pb2.AuditRecord(envelope=env, action=action, target=target, allowed=allowed,
+                                     reason=_clip(reason, MAX_FIELD),
+                                     details={_clip(k, 100): _clip(str(v), MAX_FIELD)
+                                              for k, v in list((details or {}).items())[:MAX_DETAILS]})
         done = threading.Event()
         errors: list[KafkaError] = []
 

@@ -163,30 +163,11 @@ def metric_sum(text: str | None, name: str) -> float | None:
 
 def partition_lag(common: CommonSettings) -> list[dict[str, Any]]:
     """Rows (group, topic, partition, committed, end, lag) for every consumer group of this namespace on our
-    topics; dashboards' own groups (which never commit) and CLI probes are left out."""
-    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    from shared.kafka.security import librdkafka_config
+    topics; the dashboards' own groups (which never commit) are left out."""
+    from shared.kafka.lag import partition_lag as read_lag
 
     topics = common.topics
-    ours = {s.name for s in topics.specs()}
-    base = {**librdkafka_config(common), "bootstrap.servers": common.kafka_bootstrap}
-    admin = AdminClient(base)
-    skip = (topics.group_id(GROUP_PREFIX), "apprentice-tail", "apprentice-status-probe")
-    groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=5).result(10).valid
-              if topics.owns_group(g.group_id) and not g.group_id.startswith(skip)]
-    futures = {gid: admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)])[gid] for gid in groups}
-    probe = Consumer({**base, "group.id": topics.group_id(GROUP_PREFIX + "lag-probe")})
-    rows: list[dict[str, Any]] = []
-    try:
-        for gid, fut in sorted(futures.items()):
-            for tp in fut.result(10).topic_partitions:
-                if tp.topic not in ours or tp.offset < 0:
-                    continue
-                _lo, hi = probe.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)
-                rows.append({"group": gid, "topic": topics.base_of(tp.topic), "partition": tp.partition,
-                             "committed": tp.offset, "end": hi, "lag": max(0, hi - tp.offset)})
-    finally:
-        probe.close()
-    return sorted(rows, key=lambda r: (r["group"], r["topic"], r["partition"]))
+    return [{"group": r.group, "topic": topics.base_of(r.topic), "partition": r.partition,
+             "committed": r.committed, "end": r.end, "lag": r.lag}
+            for r in read_lag(common.kafka_bootstrap, topics, security=common,
+                              skip_groups=(topics.group_id(GROUP_PREFIX),))]

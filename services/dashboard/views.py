@@ -10,8 +10,11 @@ from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 ITEM_STATUS = {events_pb2.ITEM_STATUS_PROPOSED: "proposed", events_pb2.ITEM_STATUS_APPROVED: "approved",
                events_pb2.ITEM_STATUS_REJECTED: "rejected", events_pb2.ITEM_STATUS_PINNED: "pinned",
                events_pb2.ITEM_STATUS_UNSPECIFIED: "unknown"}
-CURVE_METRICS = (("heldout", "held-out"), ("ood", "OOD"), ("training_data", "hacking fraction"))
-"""Eval-gate suites drawn on the learning curve (suite prefix, label); every result is listed in the table."""
+CURVE_METRICS = (("heldout", "rule_score", "held-out", True), ("ood", "rule_score", "OOD", True),
+                 ("training_data", "hacking_flag_fraction", "hacking fraction", False))
+"""Eval-gate results drawn on the learning curve: (suite, metric, label, whether the first version's
+baseline, the base model's score, opens the line). One metric per line: a suite holds several results of
+different scales (the OOD suite also has a log-likelihood and a repetition share); the table lists all."""
 
 
 def _seconds(ts: Any) -> float:
@@ -44,9 +47,8 @@ def versions_view(manifests: list[weights_pb2.Manifest], status: weights_pb2.Sta
                       "threshold": r.threshold, "passed": r.passed, "detail": r.detail} for r in m.eval_results],
             "canary": ({"fraction": canary_fraction, "requests": canary_requests.get(m.version, 0)}
                        if status is not None and m.version == status.canary_version else None)})
-    curve = [{"label": label, "points": [{"version": m.version, "value": r.candidate}
-                                         for m in ordered for r in m.eval_results if r.suite.startswith(suite)]}
-             for suite, label in CURVE_METRICS]
+    curve = [{"label": label, "points": _curve_points(ordered, suite, metric, with_base)}
+             for suite, metric, label, with_base in CURVE_METRICS]
     pods = []
     if status is not None:
         pods = [{"pod": p.pod_id, "serving": p.serving_version or "base", "canary": p.canary_version,
@@ -57,6 +59,18 @@ def versions_view(manifests: list[weights_pb2.Manifest], status: weights_pb2.Sta
             "promoted": status.promoted_version if status is not None else "",
             "canary": status.canary_version if status is not None else "", "canary_fraction": canary_fraction,
             "tenant_versions": dict(status.tenant_versions) if status is not None else {}}
+
+
+def _curve_points(ordered: list[weights_pb2.Manifest], suite: str, metric: str,
+                  with_base: bool) -> list[dict[str, Any]]:
+    points: list[dict[str, Any]] = []
+    for m in ordered:
+        for r in m.eval_results:
+            if r.suite == suite and r.metric == metric:
+                if with_base and not points and (m.parent_version or "base") == "base":
+                    points.append({"version": "base", "value": r.baseline})
+                points.append({"version": m.version, "value": r.candidate})
+    return points
 
 
 def knowledge_view(snapshots: list[events_pb2.KnowledgeSnapshot]) -> list[dict[str, Any]]:

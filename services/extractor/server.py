@@ -38,6 +38,9 @@ from shared.security.identity import ANONYMOUS, Identity, Role, current_identity
 SERVICE = "apprentice.v1.Knowledge"
 S = events_pb2.ItemStatus
 MAX_TEXT = 4000
+MAX_ITEM_ID = 64
+"""Item ids are 12 hex digits (curation.item_id); a longer one names nothing and would only bloat the audit
+record that is written before the lookup."""
 
 
 def summary(snap: events_pb2.KnowledgeSnapshot) -> knowledge_pb2.KnowledgeSummary:
@@ -118,6 +121,8 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServicer):
     def _act(self, request: Any, context: Any, action: str, text: str = "") -> events_pb2.KnowledgeSnapshot:
         _check_key(request.key)
         require(bool(request.item_id), "item_id is required")
+        require(len(request.item_id) <= MAX_ITEM_ID, f"item_id must be at most {MAX_ITEM_ID} characters "
+                                                     f"(got {len(request.item_id)})")
         require(len(request.operator) <= 200, "operator must be at most 200 characters")
         target = f"{request.key}#{request.item_id}"
         try:

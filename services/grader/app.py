@@ -287,6 +287,7 @@ class GraderApp:
             producer_acks=-1, producer_linger=0.005, table_standby_replicas=0,
             broker_session_timeout=settings.session_timeout_s,
             broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 4),
+            broker_max_poll_interval=settings.max_poll_interval_s,
             consumer_group_instance_id=settings.instance_id or None)
         app = self.app
         raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",

@@ -91,6 +91,12 @@ class GraderSettings(BaseSettings):
     """Kafka consumer session timeout. After a crash, the group waits this long for the dead member
     before handing its partitions to a restarted or surviving worker (faust's default is 60 s)."""
 
+    max_poll_interval_s: float = Field(default=300.0, ge=6.0, le=3600.0)
+    """Kafka consumer `max.poll.interval.ms` (both runtimes): a member that does not poll for this long is
+    thrown out of its group. Slow judge calls do not count against it: the native judge stage keeps
+    polling with its partitions paused while they run (shared/kafka/busy.py), faust fetches in the
+    background. At least the session timeout (librdkafka refuses less)."""
+
     instance_id: str = ""
     """Static group membership (`group.instance.id`): a worker restarted under the same id takes its
     partitions back at once. Must differ between replicas. "" = faust: dynamic membership; native: the
@@ -156,6 +162,14 @@ class GraderSettings(BaseSettings):
         if v and (point not in ("after_state", "after_emit", "fail_after_state") or not count.isdigit()):
             raise ValueError("fault_injection must be '', 'after_state:N', 'after_emit:N' or 'fail_after_state:N'")
         return v
+
+    @model_validator(mode="after")
+    def _poll_after_session(self) -> GraderSettings:
+        if self.max_poll_interval_s < self.session_timeout_s:
+            raise ValueError(f"APPRENTICE_GRADER_MAX_POLL_INTERVAL_S={self.max_poll_interval_s:g} is below "
+                             f"APPRENTICE_GRADER_SESSION_TIMEOUT_S={self.session_timeout_s:g}; Kafka needs the poll "
+                             "interval to be at least the session timeout")
+        return self
 
     @model_validator(mode="after")
     def _room_for_state(self) -> GraderSettings:

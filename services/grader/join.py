@@ -1,7 +1,7 @@
 """PendingState + one join event (interaction | feedback | judge result | tick) --> PendingState + maybe a
 GradedInteraction. Pure: no Kafka, no clock of its own (`now` is passed in), testable in isolation.
 
-Timing rules (issue 4):
+Timing rules:
 - A task without weighted feedback graders emits revision 1 as soon as the interaction (and any judge
   result) is there: the immediate graders decide.
 - A task with feedback graders waits until its feedback is complete (`emit_when`) or the window ends

@@ -27,13 +27,15 @@ from services.grader.judge_groups import JudgeGroup, add_member, due, judge_item
 from services.grader.routing import dead_letter
 from services.grader.stage import AfterCommit, TxnStage
 from shared.grading import TaskGraders
+from shared.kafka.busy import call_while_polling
 from shared.proto.apprentice.v1 import events_pb2
 
 log = logging.getLogger(__name__)
 
 BATCH = 32
-"""Judge items per batch: each complete group costs a judge call, and all calls of a batch must end
-well within the consumer's max.poll.interval."""
+"""Judge items per batch: each complete group costs a judge call. The calls of a batch run while the
+consumer keeps polling, paused (`_judge`), so a slow judge delays the batch without costing the
+membership; they must still end within the transaction timeout."""
 
 
 class JudgeStage(TxnStage):
@@ -61,8 +63,9 @@ class JudgeStage(TxnStage):
 
     def close(self) -> None:
         try:
-            self.loop.run_until_complete(self.backend.close())
-            self.loop.close()
+            if not self.loop.is_running():  # still running: judge calls abandoned at stop (their thread ends alone)
+                self.loop.run_until_complete(self.backend.close())
+                self.loop.close()
         finally:
             super().close()
 
@@ -132,8 +135,12 @@ class JudgeStage(TxnStage):
             results = await asyncio.gather(*(c for _, c in calls))
             return [judge_items(spec, scores) for (spec, _), scores in zip(calls, results, strict=True)]
 
+        # A slow or restarting judge must not cost the group membership: the calls run on a worker thread
+        # while this thread keeps polling with every partition paused (shared/kafka/busy.py).
+        results = call_while_polling(self.consumer, lambda: self.loop.run_until_complete(all_calls()),
+                                     group=self.name, stop=self._stop, name="grader-judge-calls")
         items: dict[int, list[tuple[bytes, bytes]]] = defaultdict(list)
-        for per_spec in self.loop.run_until_complete(all_calls()):
+        for per_spec in results:
             for key, value in per_spec:
                 items[partition_for(key, self.settings.partitions)].append((key, value))
         return items

@@ -38,6 +38,7 @@ from services.grader.join import Rejected
 from services.grader.poison import POISON_STAGE, Bisector, Failure, classify
 from services.grader.routing import DEADLETTER_HEADERS, dead_letter
 from services.grader.txn import FatalClientError, FatalErrors, TransactionAborted, TxnProducer
+from shared.kafka.busy import WorkAbandoned
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import librdkafka_config
 
@@ -58,14 +59,15 @@ class TxnStage(abc.ABC):
         self.batch_max = batch_max
         self.poll_s = poll_s
         bootstrap = settings.common.kafka_bootstrap
-        self.fatal = FatalErrors(f"{name} consumer")
+        logs = client_log_config(bootstrap)
+        self.fatal = FatalErrors(f"{name} consumer", logs["error_cb"])
         namespace = settings.common.topics
         group_id = namespace.group_id(group)
         self.producer = TxnProducer(bootstrap, namespace.transactional_id(f"{group}-{member}"),
                                     timeout_s=settings.transaction_timeout_s,
                                     security=settings.common)
         self.consumer = Consumer({
-            **librdkafka_config(settings.common), **client_log_config(bootstrap),
+            **librdkafka_config(settings.common), **logs,
             "bootstrap.servers": bootstrap, "group.id": group_id, "group.instance.id": f"{group_id}-{member}",
             # range: every worker gets its share of *each* topic (the state lives with the join partitions;
             # a balanced-overall assignor may give one worker all of them and the other only routing).
@@ -73,7 +75,7 @@ class TxnStage(abc.ABC):
             "enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
             "session.timeout.ms": int(settings.session_timeout_s * 1000),
             "heartbeat.interval.ms": int(min(3.0, settings.session_timeout_s / 4) * 1000),
-            "max.poll.interval.ms": 300_000, "error_cb": self.fatal})
+            "max.poll.interval.ms": int(settings.max_poll_interval_s * 1000), "error_cb": self.fatal})
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
         self.bisect = Bisector(batch_max)
@@ -114,6 +116,9 @@ class TxnStage(abc.ABC):
             self.producer.commit(offsets, self.consumer.consumer_group_metadata())
         except FatalClientError:
             raise
+        except WorkAbandoned:  # stopping mid-batch: nothing of it commits, the next owner reads it again
+            self.producer.abort()
+            return
         except Exception as e:  # noqa: BLE001 - every batch failure is undone and retried (or bisected)
             self._failed(msgs, e)
             return

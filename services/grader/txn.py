@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -43,21 +43,23 @@ class FatalClientError(RuntimeError):
 class FatalErrors:
     """The first fatal error a client reported through its `error_cb`. librdkafka reports a fatal error
     once, from inside a poll/consume call, and then answers nothing: a worker that only logs it keeps
-    running with dead clients (its process alive, grading nothing), so every loop round checks here."""
+    running with dead clients (its process alive, grading nothing), so every loop round checks here.
+    Every error is also handed to `report` (shared/kafka/client_logs.py's rate-limited lines: an
+    unreachable broker is one line at most every 30 s)."""
 
-    def __init__(self, client: str) -> None:
+    def __init__(self, client: str, report: Callable[[KafkaError], None] | None = None) -> None:
         self.client = client
+        self.report = report
         self.error: KafkaError | None = None
 
     def __call__(self, err: KafkaError) -> None:
         """The clients' `error_cb` (called on the thread that polls). Non-fatal errors are retried by
-        librdkafka itself (and logged by it)."""
-        if err.fatal() or err.code() == KafkaError._FATAL:
-            if self.error is None:
-                log.error("fatal Kafka client error", extra={"client": self.client, "error": err.str()})
-                self.error = err
-        else:
-            log.debug("Kafka client error (retried by librdkafka): %s", err)
+        librdkafka itself."""
+        if self.report is not None:
+            self.report(err)
+        if (err.fatal() or err.code() == KafkaError._FATAL) and self.error is None:
+            log.error("fatal Kafka client error", extra={"client": self.client, "error": err.str()})
+            self.error = err
 
     def raise_if_any(self) -> None:
         if self.error is not None:
@@ -103,10 +105,11 @@ class TxnProducer:
     def __init__(self, bootstrap: str, transactional_id: str, *, timeout_s: float,
                  extra: dict[str, Any] | None = None, security: SecuritySource = None) -> None:
         self.timeout_s = timeout_s
-        self.fatal = FatalErrors(f"producer {transactional_id}")
+        logs = client_log_config(bootstrap)
+        self.fatal = FatalErrors(f"producer {transactional_id}", logs["error_cb"])
         self.watchdog = StallWatchdog(timeout_s + 15.0, transactional_id)
         self._p = Producer({
-            **librdkafka_config(security), **client_log_config(bootstrap),
+            **librdkafka_config(security), **logs,
             "bootstrap.servers": bootstrap, "transactional.id": transactional_id,
             "enable.idempotence": True, "acks": "all", "transaction.timeout.ms": int(timeout_s * 1000),
             "linger.ms": 5, "compression.type": "lz4",

@@ -62,7 +62,8 @@ def _apply_task(name_or_path: str, home: Path) -> str | None:
 
 
 def up(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="apprentice up", description="Start the broker and the five services.")
+    ap = argparse.ArgumentParser(prog="apprentice up",
+                                 description="Start the broker, the five services and the dashboard.")
     ap.add_argument("--foreground", action="store_true", help="supervise in this terminal (Ctrl-C stops all)")
     ap.add_argument("--wait", type=float, default=300.0, help="seconds to wait for every service to be healthy")
     ap.add_argument("--task", default=None, help="a task file or shipped task name: its tenant, task and KPI "
@@ -70,7 +71,13 @@ def up(argv: list[str]) -> int:
     ns = ap.parse_args(argv)
     settings = CommonSettings()
     from shared.cli.kafka_cmds import kafka
+    from shared.models import ModelUnavailable, check_model_name
 
+    try:  # before anything starts: every service would fail on it, restarted again and again
+        check_model_name(settings.model)
+    except ModelUnavailable as e:
+        print(f"apprentice up: {e}", file=sys.stderr)
+        return 2
     if kafka(["start"]) != 0:
         return 1
     if _supervisor_pid(settings.home):
@@ -238,41 +245,9 @@ def _metric_value(text: str | None, name: str) -> float | None:
     return total if found else None
 
 
-def consumer_lag(bootstrap: str, topic_names: set[str], group_prefix: str = "") -> dict[str, dict[str, int]]:
-    """{group: {topic: lag}} for every consumer group of this stack (its id starts with `group_prefix`,
-    the stack's APPRENTICE_TOPIC_PREFIX: shared/topics.py) reading one of our topics."""
-    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    from shared.kafka.client_logs import client_log_config
-    from shared.kafka.security import librdkafka_config
-
-    admin = AdminClient({**librdkafka_config(), **client_log_config(bootstrap), "bootstrap.servers": bootstrap})
-    groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=10).result(15).valid
-              if g.group_id.startswith(group_prefix)
-              and not g.group_id.startswith("apprentice-tail") and g.group_id != "apprentice-status-probe"]
-    # one request per group (the API takes one at a time), all in flight together: a shared broker may
-    # hold many groups of other stacks
-    futures = {gid: admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)])[gid] for gid in groups}
-    probe = Consumer({**librdkafka_config(), **client_log_config(bootstrap), "bootstrap.servers": bootstrap,
-                      "group.id": "apprentice-status-probe"})
-    lag: dict[str, dict[str, int]] = {}
-    try:
-        for gid, fut in futures.items():
-            res = fut.result(15)
-            for tp in res.topic_partitions:
-                if tp.topic not in topic_names or tp.offset < 0:
-                    continue
-                _lo, hi = probe.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)
-                lag.setdefault(gid, {}).setdefault(tp.topic, 0)
-                lag[gid][tp.topic] += max(0, hi - tp.offset)
-    finally:
-        probe.close()
-    return lag
-
-
 def collect_status(settings: CommonSettings) -> dict[str, Any]:
     from shared.kafka.admin import broker_answers
+    from shared.kafka.lag import lag_by_group, partition_lag
 
     report: dict[str, Any] = {"broker": {"bootstrap": settings.kafka_bootstrap,
                                          "up": broker_answers(settings.kafka_bootstrap)}}
@@ -287,8 +262,8 @@ def collect_status(settings: CommonSettings) -> dict[str, Any]:
     report["pods"], report["knowledge"] = _versions(settings, ports)
     if report["broker"]["up"]:
         try:
-            report["lag"] = consumer_lag(settings.kafka_bootstrap, {s.name for s in settings.topics.specs()},
-                                         settings.topic_prefix)
+            report["lag"] = lag_by_group(partition_lag(settings.kafka_bootstrap, settings.topics,
+                                                       security=settings))
         except Exception as e:  # noqa: BLE001 - status must print whatever it can
             report["lag"] = {"error": str(e)}
     return report

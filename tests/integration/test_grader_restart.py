@@ -190,7 +190,7 @@ def test_faust_abrupt_exit_at_an_in_doubt_point_recovers_exactly_once(run: Run, 
 
 def test_faust_batch_that_fails_is_retried_not_dropped(run: Run) -> None:
     """An exception in a batch must not reach faust's agent supervisor, which restarts the agent without
-    the batch in hand: its records were lost (the intermittent 35/600 of issue #4, most likely a Kafka
+    the batch in hand: its records were lost (an intermittent loss of 35 of 600 records seen under load, most likely a Kafka
     call timing out under load). Here the batch fails after its state write, emissions in doubt: the
     same worker settles them and retries, and every record is graded exactly once."""
     run.produce(n_rules=600, n_support=0)

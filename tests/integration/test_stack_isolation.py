@@ -22,9 +22,9 @@ from services.extractor.app import ExtractorApp
 from services.extractor.config import ExtractorSettings
 from services.extractor.curation import approx_tokens
 from services.grader.testing import GraderProcess, delete_namespace, feedback, grader_env, interaction
-from services.loop.stack_cli import consumer_lag
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
+from shared.kafka.lag import lag_by_group, partition_lag
 from shared.kafka.security import librdkafka_config
 from shared.topics import Topics
 
@@ -130,9 +130,7 @@ def test_two_prefixes_on_one_broker_have_disjoint_groups_and_lag(stacks: tuple[S
         snap = a.extractor.store.latest("demo/support")
         return snap is not None and len(snap.items) == len(QA)
     _wait(a_done, 90, "stack A's knowledge")
-    a_topics = {t.name for t in a.topics.specs()}
-    b_topics = {t.name for t in b.topics.specs()}
-    _wait(lambda: all(v == 0 for lags in consumer_lag(kafka_bootstrap, a_topics, a.topics.prefix).values()
+    _wait(lambda: all(v == 0 for lags in lag_by_group(partition_lag(kafka_bootstrap, a.topics)).values()
                       for v in lags.values()), 30, "stack A's lag to reach 0")
 
     groups_a = _groups(admin, a.topics.prefix)
@@ -150,8 +148,8 @@ def test_two_prefixes_on_one_broker_have_disjoint_groups_and_lag(stacks: tuple[S
     assert members_a and members_b and not members_a & members_b
 
     # the lag readers of each stack see only their own groups; B saw none of A's traffic
-    lag_a = consumer_lag(kafka_bootstrap, a_topics, a.topics.prefix)
-    lag_b = consumer_lag(kafka_bootstrap, b_topics, b.topics.prefix)
+    lag_a = lag_by_group(partition_lag(kafka_bootstrap, a.topics))
+    lag_b = lag_by_group(partition_lag(kafka_bootstrap, b.topics))
     assert all(g.startswith(a.topics.prefix) for g in lag_a) and a.topics.group_id("extractor") in lag_a
     assert all(g.startswith(b.topics.prefix) for g in lag_b)
     assert all(v == 0 for lags in lag_b.values() for v in lags.values()), lag_b

@@ -12,9 +12,13 @@ def manifest(version: str, parent: str, created: int, status: int, heldout: floa
                              status=status, data_offsets=[common_pb2.TopicOffsets(
                                  topic="apprentice.graded.v1", partition=0, start_offset=3, end_offset=9)],
                              eval_results=[
-                                 weights_pb2.EvalResult(suite="heldout", metric="success", candidate=heldout,
+                                 weights_pb2.EvalResult(suite="heldout", metric="rule_score", candidate=heldout,
                                                         baseline=0.1, passed=True),
-                                 weights_pb2.EvalResult(suite="ood", metric="success", candidate=ood, passed=True),
+                                 # another scale in the same suite: listed in the table, not drawn
+                                 weights_pb2.EvalResult(suite="ood", metric="ref_loglik", candidate=-2.5,
+                                                        baseline=-2.4, passed=True),
+                                 weights_pb2.EvalResult(suite="ood", metric="rule_score", candidate=ood,
+                                                        baseline=0.5, passed=True),
                                  weights_pb2.EvalResult(suite="training_data", metric="hacking_flag_fraction",
                                                         candidate=hacking, passed=hacking < 0.1)])
     m.created_at.FromSeconds(created)
@@ -35,8 +39,11 @@ def test_versions_lineage_curve_canary_and_pods() -> None:
     assert (r2["parent"], r2["status"], r2["canary"]) == ("v1", "canary", {"fraction": 0.25, "requests": 7})
     assert r1["data_offsets"] == [{"topic": "apprentice.graded.v1", "partition": 0, "start": 3, "end": 9}]
     curve = {c["label"]: [(p["version"], p["value"]) for p in c["points"]] for c in view["curve"]}
-    assert curve == {"held-out": [("v1", 0.2), ("v2", 0.4)], "OOD": [("v1", 0.6), ("v2", 0.7)],
+    # the base model's score (v1's baseline) opens the success lines; one metric per line
+    assert curve == {"held-out": [("base", 0.1), ("v1", 0.2), ("v2", 0.4)],
+                     "OOD": [("base", 0.5), ("v1", 0.6), ("v2", 0.7)],
                      "hacking fraction": [("v1", 0.05), ("v2", 0.0)]}
+    assert [e["metric"] for e in r1["eval"]] == ["rule_score", "ref_loglik", "rule_score", "hacking_flag_fraction"]
     [pod] = view["pods"]
     assert (pod["pod"], pod["serving"], pod["canary"], pod["canary_requests"]) == ("pod-0", "v1", "v2", 7)
     assert versions_view([], None)["pods"] == []

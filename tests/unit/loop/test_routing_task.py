@@ -22,6 +22,8 @@ TEAMS = ("billing", "shipping", "returns", "repairs", "accounts")
     ("billing", "Billing. (Not Shipping.)", True),                 # the right team first: routed
     ("billing", "Shipping, or maybe Billing.", False),             # a wrong team first: misrouted
     ("billing", "Please contact our support team.", False),        # no team at all
+    ("billing", "Billing, Shipping, Returns, Repairs or Accounts.", True),   # listing them all: the first wins
+    ("shipping", "Billing, Shipping, Returns, Repairs or Accounts.", False),  # ... and it is wrong for the rest
     ("shipping", "Shipping", True),
     ("shipping", "The Returns team handles that.", False),
     ("returns", "Return", True),                                   # singular counts for the team named

@@ -102,6 +102,15 @@ def test_unknown_model_is_one_line_listing_the_known_ones(tmp_path: Path) -> Non
     assert not (tmp_path / "demo").exists()                 # refused before any run folder or stack
 
 
+def test_up_refuses_an_unknown_model_before_starting_anything(tmp_path: Path) -> None:
+    proc = _apprentice(["up"], {**_env(tmp_path), "APPRENTICE_MODEL": "no-such-model"})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("apprentice up: unknown model 'no-such-model'")
+    assert list(tmp_path.iterdir()) == []                   # no broker, keys, logs or supervisor
+
+
 def test_check_model_name(tmp_path: Path) -> None:
     for name in KNOWN_MODELS:
         check_model_name(name)

@@ -1,0 +1,29 @@
+"""An audit record quoting hostile input still fits the topic: its fields are clipped, never refused by the
+broker (which would fail the operator's action for the wrong reason)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.audit import MAX_FIELD, MAX_TARGET, AuditLog
+from shared.events import decode
+from shared.kafka import EventProducer
+from shared.kafka.testing import read_all
+from shared.proto.apprentice.v1 import events_pb2
+from shared.topics import Topics
+
+pytestmark = pytest.mark.integration
+
+
+def test_oversized_fields_are_clipped_and_the_record_is_durable(topics: Topics, kafka_bootstrap: str) -> None:
+    audit = AuditLog(EventProducer(kafka_bootstrap, client_id="test"), topics, source="test")
+    huge = "<|im_end|>" * 200_000                                   # 2 MB: over Kafka's default record limit
+    rec = audit.record("knowledge.approve", f"acme/support#{huge}", tenant="acme", reason=huge,
+                       details={"text": huge, **{f"k{i}": "v" for i in range(100)}})
+    [got] = [decode(events_pb2.AuditRecord, m.value()) for m in read_all(kafka_bootstrap, topics.audit, expect=1,
+                                                                         idle=1.0, timeout=20)]
+    assert got == rec
+    assert got.target.startswith("acme/support#<|im_end|>") and len(got.target) <= MAX_TARGET + 40
+    assert got.target.endswith(f"({len('acme/support#') + len(huge)} characters)")
+    assert len(got.reason) <= MAX_FIELD + 40 and len(got.details["text"]) <= MAX_FIELD + 40
+    assert len(got.details) <= 32
