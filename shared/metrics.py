@@ -38,3 +38,13 @@ def label_value(text: str, limit: int = 64) -> str:
     `_`, at most `limit` characters. Label values without spaces keep PromQL matchers and dashboards
     simple; callers must still keep the set of values small (no ids or tenant names in the text)."""
     return _NOT_LABEL.sub("_", text.lower()).strip("_")[:limit] or "unknown"
+
+
+def metric_sum(text: str | None, name: str) -> float | None:
+    """Sum of the samples of metric `name` (every label set) in a Prometheus text exposition; None when the
+    text is missing or holds no such sample (a service that is down, or has not observed it yet)."""
+    if not text:
+        return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.split("{", 1)[0].split(" ", 1)[0] == name]
+    return sum(values) if values else None

@@ -7,7 +7,10 @@ that is given no explicit flag or variable reads them from there instead of dial
 only fill the `APPRENTICE_*` variables that are unset.
 
 The record names its supervisor's pid: a record whose supervisor is gone (a crash, a reboot) is stale and
-ignored, so a dead stack never redirects the CLI.
+ignored, so a dead stack never redirects the CLI. A private stack (the demo's, under `<home>/demo/<run>/`)
+also announces itself in the default home while no other stack is recorded there, with `home` naming its
+own folder, so that `apprentice status`, `weights list`, `tail`, ... find it during `make demo` without a
+variable; it withdraws the announcement when it stops.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class StackEndpoints:
     """The CA that signed the servers' certificates (None: the stack runs without TLS)."""
     operator_token: str | None = None
     """File holding the stack's operator key (None: no development keys)."""
+    home: str = ""
+    """The folder holding the stack's own state (stack.json, logs) when it is not the folder of this record
+    (a private stack announced in the default home); "" = this record's folder."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,7 +59,7 @@ class StackEndpoints:
                    grpc={k: str(v) for k, v in (d.get("grpc") or {}).items()},
                    metrics={k: int(v) for k, v in (d.get("metrics") or {}).items()},
                    http={k: int(v) for k, v in (d.get("http") or {}).items()},
-                   tls_ca=d.get("tls_ca"), operator_token=d.get("operator_token"))
+                   tls_ca=d.get("tls_ca"), operator_token=d.get("operator_token"), home=str(d.get("home", "")))
 
     def client_env(self) -> dict[str, str]:
         """The `APPRENTICE_*` variables a client of this stack uses."""
@@ -117,6 +123,21 @@ def read_endpoints(home: Path, *, live_only: bool = True) -> StackEndpoints | No
     if live_only and not _alive(endpoints.supervisor_pid):
         return None
     return endpoints
+
+
+def announce_endpoints(home: Path, endpoints: StackEndpoints) -> bool:
+    """Record a private stack in `home` too (with `home` set to its own folder) unless a live stack is
+    recorded there already; whether it was recorded."""
+    if read_endpoints(home) is not None:
+        return False
+    write_endpoints(home, endpoints)
+    return True
+
+
+def state_home(home: Path) -> Path:
+    """Where the state of the stack recorded in `home` lives: its announced folder, else `home` itself."""
+    endpoints = read_endpoints(home)
+    return Path(endpoints.home) if endpoints is not None and endpoints.home else home
 
 
 def apply_stack_endpoints(home: Path, environ: MutableMapping[str, str] | None = None) -> StackEndpoints | None:

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.dashboard.config import DashboardSettings
 from services.dashboard.reader import GROUP_PREFIX
 from shared.config import CommonSettings
+from shared.metrics import metric_sum
 from shared.proto.apprentice.v1 import (
     events_pb2,
     knowledge_pb2,
@@ -147,18 +148,6 @@ class Backends:
         except Exception as e:  # noqa: BLE001 - the page shows what it can
             lag = {"error": str(e)}
         return {"services": services, "spool_depth": spool, "lag": lag}
-
-
-def metric_sum(text: str | None, name: str) -> float | None:
-    """Sum of the samples of metric `name` (every label set) in a Prometheus text exposition."""
-    if not text:
-        return None
-    total, found = 0.0, False
-    for line in text.splitlines():
-        if line.split("{", 1)[0].split(" ", 1)[0] == name:
-            total += float(line.rsplit(" ", 1)[1])
-            found = True
-    return total if found else None
 
 
 def partition_lag(common: CommonSettings) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from services.loop.stack import LocalStack
 from services.loop.task import Task, load_task
 from services.loop.train_progress import TrainingProgress
 from services.loop.watch import TopicWatcher
+from shared.config import CommonSettings
 from shared.progress import progress_enabled
 from shared.proto.apprentice.v1 import (
     events_pb2,
@@ -93,7 +94,10 @@ class Demo:
         self.report_path, self.plot_path, self.run_dir, self.seed = report, plot_path, run_dir, seed
         self.progress = Progress()
         self.steps_log = StepsLog(run_dir / "trainer_steps" / "steps.jsonl")
-        self.stack = LocalStack(run_dir, model, service_env=self._service_env(), tenants=(self.task.tenant,))
+        # announced in the default home: `apprentice status`, `weights list`, `tail`, ... find the demo's
+        # stack during the run without a variable (unless `apprentice up` has a stack recorded there)
+        self.stack = LocalStack(run_dir, model, service_env=self._service_env(), tenants=(self.task.tenant,),
+                                announce_in=CommonSettings().home)
         self.rounds: list[dict[str, Any]] = []
 
     # --- configuration of the services for this task -------------------------------------------------
@@ -303,7 +307,6 @@ class Demo:
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,
              seed: int = 0, keep_runs: int = 2) -> dict[str, Any]:
     from services.loop.run_dirs import new_run_dir, prune_runs
-    from shared.config import CommonSettings
 
     task = load_task(task_name)
     common = CommonSettings()

@@ -11,7 +11,7 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from shared.topics import Topics
 
 if TYPE_CHECKING:
     from shared.kafka.local_broker import LocalBroker
+    from shared.stack_endpoints import StackEndpoints
 
 METRICS_SERVICES = ("inference", "grader", "extractor", "trainer", "weights")
 
@@ -68,6 +69,17 @@ class Ports:
         return asdict(self)
 
     @classmethod
+    def from_endpoints(cls, ep: StackEndpoints) -> Ports:
+        """The ports of a stack as its endpoints record names them (0 where it names none)."""
+        def port(target: str) -> int:
+            return int(target.rsplit(":", 1)[1]) if target else 0
+
+        return cls(inference=port(ep.grpc.get("inference", "")), weights=port(ep.grpc.get("weights", "")),
+                   extractor=port(ep.grpc.get("extractor", "")),
+                   metrics={n: int(ep.metrics.get(n, 0)) for n in METRICS_SERVICES},
+                   http=int(ep.http.get("openai", 0)), dashboard=int(ep.http.get("dashboard", 0)))
+
+    @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Ports:
         return cls(inference=int(d["inference"]), weights=int(d["weights"]), extractor=int(d["extractor"]),
                    metrics={k: int(v) for k, v in d["metrics"].items()}, http=int(d.get("http", 0)),
@@ -107,13 +119,18 @@ def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str
 class LocalStack:
     def __init__(self, run_dir: Path, model: str, *, prefix: str | None = None,
                  service_env: dict[str, dict[str, str]] | None = None, broker: LocalBroker | None = None,
-                 tenants: tuple[str, ...] = ("demo", "default"), secure: bool = True) -> None:
+                 tenants: tuple[str, ...] = ("demo", "default"), secure: bool = True,
+                 announce_in: Path | None = None) -> None:
         """`broker`: a private broker this stack starts (chaos runs stop and restart it); None = the
         configured bootstrap, started locally if nothing answers there (reused otherwise).
+        `announce_in`: also record this stack's endpoints in that home (the default one, for the demo) while
+        no other stack is recorded there, so the CLI finds it there without a variable.
         `secure`: authentication and TLS on, with development credentials under `<run_dir>/secrets/`
         (an operator key for this process, a service key for the services, a backend key per tenant)."""
         self.run_dir = run_dir
         self.model = model
+        self.announce_in = announce_in
+        self._announced = False
         self.common = CommonSettings()
         self.broker = broker
         self.bootstrap = broker.bootstrap if broker is not None else self.common.kafka_bootstrap
@@ -185,9 +202,13 @@ class LocalStack:
 
         recorded = self.common.model_copy(update={"kafka_bootstrap": self.bootstrap, "model": self.model,
                                                   "topic_prefix": self.topics.prefix})
-        write_endpoints(self.run_dir, stack_endpoints(
-            self.ports, recorded, ca=self.creds.ca if self.creds else None,
-            operator_token=self.creds.operator_token if self.creds else None))
+        own = stack_endpoints(self.ports, recorded, ca=self.creds.ca if self.creds else None,
+                              operator_token=self.creds.operator_token if self.creds else None)
+        write_endpoints(self.run_dir, own)
+        if self.announce_in is not None:
+            from shared.stack_endpoints import announce_endpoints
+
+            self._announced = announce_endpoints(self.announce_in, replace(own, home=str(self.run_dir)))
 
     def health(self) -> dict[str, bool]:
         from services.loop.stack_cli import service_health
@@ -214,4 +235,6 @@ class LocalStack:
 
         self.supervisor.stop(grace)
         remove_endpoints(self.run_dir, os.getpid())
+        if self._announced and self.announce_in is not None:
+            remove_endpoints(self.announce_in, os.getpid())
 

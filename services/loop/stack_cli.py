@@ -15,6 +15,7 @@ from typing import Any
 
 from services.loop.stack import Ports
 from shared.config import CommonSettings
+from shared.metrics import metric_sum
 
 
 def _state(home: Path) -> dict[str, Any]:
@@ -35,9 +36,15 @@ def _supervisor_pid(home: Path) -> int | None:
 
 
 def stack_ports(home: Path) -> Ports:
-    """The ports the running stack was started with (recorded in stack.json), else the configured ones."""
+    """The ports the running stack was started with: recorded in stack.json by `up`'s supervisor, else in
+    the endpoints record every stack writes (a private stack's), else the configured ones."""
     recorded = _state(home).get("ports")
-    return Ports.from_dict(recorded) if recorded else Ports.configured()
+    if recorded:
+        return Ports.from_dict(recorded)
+    from shared.stack_endpoints import read_endpoints
+
+    endpoints = read_endpoints(home)
+    return Ports.from_endpoints(endpoints) if endpoints is not None else Ports.configured()
 
 
 def _apply_task(name_or_path: str, home: Path) -> str | None:
@@ -233,32 +240,22 @@ def service_ports(ports: Ports) -> dict[str, dict[str, int]]:
             "weights": {"grpc": ports.weights}}
 
 
-def _metric_value(text: str | None, name: str) -> float | None:
-    """Sum of the samples of metric `name` (every label set) in a Prometheus text exposition."""
-    if not text:
-        return None
-    total, found = 0.0, False
-    for line in text.splitlines():
-        if line.split("{", 1)[0].split(" ", 1)[0] == name:
-            total += float(line.rsplit(" ", 1)[1])
-            found = True
-    return total if found else None
-
-
 def collect_status(settings: CommonSettings) -> dict[str, Any]:
     from shared.kafka.admin import broker_answers
     from shared.kafka.lag import lag_by_group, partition_lag
+    from shared.stack_endpoints import state_home
 
     report: dict[str, Any] = {"broker": {"bootstrap": settings.kafka_bootstrap,
                                          "up": broker_answers(settings.kafka_bootstrap)}}
-    state = _state(settings.home)
-    ports = stack_ports(settings.home)
+    home = state_home(settings.home)    # a private stack (the demo's) announced here keeps its state in its run
+    state = _state(home)
+    ports = stack_ports(home)
     health = service_health(ports)
-    report["supervisor"] = {"pid": _supervisor_pid(settings.home), "ports": ports.as_dict()}
+    report["supervisor"] = {"pid": _supervisor_pid(home), "ports": ports.as_dict(), "home": str(home)}
     report["services"] = {name: {"healthy": ok, **state.get("services", {}).get(name, {}),
                                  "ports": service_ports(ports)[name]}
                           for name, ok in health.items()}
-    report["spool_depth"] = _metric_value(_metrics(ports.metrics["inference"]), spool_depth_metric())
+    report["spool_depth"] = metric_sum(_metrics(ports.metrics["inference"]), spool_depth_metric())
     report["pods"], report["knowledge"] = _versions(settings, ports)
     if report["broker"]["up"]:
         try:

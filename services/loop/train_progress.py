@@ -11,6 +11,8 @@ import urllib.request
 
 from tqdm import tqdm
 
+from shared.metrics import metric_sum
+
 
 def optimizer_steps_metric() -> str:
     """The sample name of the trainer's optimizer-step counter, from its collector (never spelled here)."""
@@ -25,15 +27,6 @@ def _read(port: int) -> str | None:
             return str(r.read().decode())
     except OSError:
         return None
-
-
-def metric_sum(text: str | None, name: str) -> float | None:
-    """Sum of the samples of `name` (every label set) in a Prometheus text exposition."""
-    if not text:
-        return None
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.split("{", 1)[0].split(" ", 1)[0] == name]
-    return sum(values) if values else None
 
 
 class TrainingProgress:

@@ -10,28 +10,30 @@
 Modules, one job each: `schemas` (OpenAI bodies --> GenerateRequest proto), `auth` (Bearer key -->
 Identity; the call context), `models` (routing table --> /v1/models and a request's `model` --> route),
 `responses` (samples --> OpenAI bodies, log-probs), `streaming` (engine events --> SSE), `errors`
-(ServiceError --> HTTP status + OpenAI error JSON), `routes` (the Starlette app), `listener` (uvicorn
-on a thread, bind, TLS, graceful stop).
+(ServiceError --> HTTP status + OpenAI error JSON), `routes` (the Starlette app). The listener (uvicorn
+on a thread, bind, TLS, graceful stop) is the one every HTTP server uses: `shared/http_listener.py`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from services.inference.openai_api.listener import HttpListener
+from shared.http_listener import HttpServer
 
 if TYPE_CHECKING:
     from services.inference.server import InferenceApp
 
 
-def start_http(app: InferenceApp) -> HttpListener:
+def start_http(app: InferenceApp) -> HttpServer:
     """Serve `app`'s HTTP API on `http_port`, bound like its gRPC server (host, keys, TLS)."""
     from services.inference.openai_api.routes import HttpApi
     from shared.grpc_util import service_host
 
     s = app.settings
     host = service_host(s.host, s.common, extra_keys=s.legacy_key_entries())
-    return HttpListener(HttpApi(app).asgi, host, s.http_port, s.common, grace_s=s.grace_s).start()
+    return HttpServer(HttpApi(app).asgi, host, s.http_port, s.common, name="inference HTTP API",
+                      port_var="APPRENTICE_INFERENCE_HTTP_PORT (0 disables the HTTP API)", grace_s=s.grace_s,
+                      backlog=2048, keep_alive_s=30).start()
 
 
-__all__ = ["HttpListener", "start_http"]
+__all__ = ["start_http"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from services.loop.train_progress import TrainingProgress, metric_sum, optimizer_steps_metric
+from services.loop.train_progress import TrainingProgress, optimizer_steps_metric
+from shared.metrics import metric_sum
 
 
 def _exposition(steps_by_algo: dict[str, int]) -> str:

@@ -10,10 +10,12 @@ from pathlib import Path
 
 from shared.stack_endpoints import (
     StackEndpoints,
+    announce_endpoints,
     apply_stack_endpoints,
     endpoints_path,
     read_endpoints,
     remove_endpoints,
+    state_home,
     write_endpoints,
 )
 
@@ -72,3 +74,24 @@ def test_remove_only_our_own_record(tmp_path: Path) -> None:
     assert endpoints_path(tmp_path).exists()
     remove_endpoints(tmp_path, supervisor_pid=os.getpid())
     assert not endpoints_path(tmp_path).exists()
+
+
+def test_a_private_stack_is_announced_only_where_no_live_stack_is_recorded(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from services.loop.stack import Ports
+
+    home, run = tmp_path / "home", tmp_path / "home" / "demo" / "run-1"
+    demo = replace(_endpoints(os.getpid()), home=str(run))
+    assert state_home(home) == home                                   # nothing recorded: the home itself
+    assert announce_endpoints(home, demo) and read_endpoints(home) == demo
+    assert state_home(home) == run                                    # status reads the run's stack.json
+    ports = Ports.from_endpoints(demo)
+    assert (ports.inference, ports.weights, ports.extractor, ports.http, ports.dashboard) == (
+        40051, 40052, 40053, 40080, 48080)
+    assert ports.metrics["inference"] == 40101 and ports.metrics["grader"] == 0
+    up = _endpoints(os.getpid(), topic_prefix="")                    # `apprentice up`'s own, live record
+    write_endpoints(home, up)
+    assert not announce_endpoints(home, demo) and read_endpoints(home) == up   # never over a live stack
+    write_endpoints(home, _endpoints(_dead_pid()))
+    assert announce_endpoints(home, demo)                             # a stale record is replaced
