@@ -70,9 +70,9 @@ setup: $(STAMP)
 test: setup
 	$(BIN)/python -m pytest -m "not slow and not gpu and not vllm" $(PYTEST_ARGS)
 
-# The dashboard in headless Chromium against a real stack (slow: ~2 minutes on 2 cores).
+# The dashboard in headless Chromium against a real stack, alone (it is also part of `make test`).
 test-browser: setup
-	$(BIN)/python -m pytest tests/integration/test_dashboard_browser.py -m slow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration/test_dashboard_browser.py $(PYTEST_ARGS)
 
 test-all: setup
 	$(BIN)/python -m pytest -m "not gpu and not vllm" $(PYTEST_ARGS)

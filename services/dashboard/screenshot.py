@@ -1,6 +1,6 @@
 """Take the README's pictures of the dashboard with headless Chromium.
 
-    python -m services.dashboard.screenshot [--out docs/dashboard.png] [--waves 5]
+    python -m services.dashboard.screenshot [--out dashboard.png] [--waves 5]
     python -m services.dashboard.screenshot --stack RUN_DIR --out docs/demo/dashboard.png --page learning,versions
 
 Without `--stack`: a private stack with the tiny model and a few waves of simulated traffic with KPI
@@ -107,7 +107,7 @@ def _running_stack(home: Path) -> tuple[str, str, Path | None]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("docs/dashboard.png"))
+    ap.add_argument("--out", type=Path, default=Path("dashboard.png"))
     ap.add_argument("--stack", type=Path, default=None,
                     help="photograph the running stack whose home is this folder instead of starting one")
     ap.add_argument("--waves", type=int, default=5)

@@ -5,8 +5,8 @@ window), and an approval clicked on the knowledge page reaches the Knowledge ser
 gRPC API).
 
 Needs Debian's `chromium` and `chromium-driver` (`make setup` installs them where apt-get is usable) and
-the `selenium` package; skipped with the reason otherwise. Marked slow: starting six processes on a
-2-core machine takes most of its ~2 minutes (`make test-browser`).
+the `selenium` package; skipped with the reason otherwise. Part of `make test` (28 s on the 2-core
+machine, most of it starting six processes); `make test-browser` runs it alone.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 

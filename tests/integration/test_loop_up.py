@@ -113,6 +113,7 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
                 messages=[common_pb2.ChatMessage(role="user", content="hello")], task="support",
                 sampling=common_pb2.SamplingParams(max_new_tokens=4)), timeout=60)
         assert resp.policy_version == "base" and resp.choices[0].interaction_id
+        _openai_sdks_against_the_stack(home, ports, topics, kafka_bootstrap, tiny_model_name)
 
         def lag_on_interactions() -> dict[str, Any] | None:
             lag = status().get("lag") or {}
@@ -152,3 +153,45 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
     final = apprentice("status", "--json")
     assert final.returncode == 1
     assert not any(s["healthy"] for s in json.loads(final.stdout)["services"].values())
+
+
+def _openai_sdks_against_the_stack(home: Path, ports: Ports, topics: Topics, bootstrap: str, model: str) -> None:
+    """The official OpenAI SDKs (Python; Node where it is installed) with only the base URL and the key
+    changed (and the stack's development CA trusted): answers come back with log-probs and interaction ids,
+    and those interactions are on the topic with the same behaviour log-probs."""
+    import shutil
+
+    from openai import DefaultHttpxClient, OpenAI
+
+    from shared.events import decode
+    from shared.kafka.testing import read_all
+    from shared.proto.apprentice.v1 import events_pb2
+
+    secrets = home / "secrets"
+    base_url, key = f"https://localhost:{ports.http}/v1", (secrets / "backend-default.token").read_text().strip()
+    client = OpenAI(base_url=base_url, api_key=key, http_client=DefaultHttpxClient(verify=str(secrets / "ca.pem")))
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                          n=2, logprobs=True)
+    ids = chat.model_extra["apprentice"]["interaction_ids"]  # type: ignore[index]
+    assert chat.id == ids[0] and len(ids) == 2
+    logprobs = {iid: [t.logprob for t in c.logprobs.content]  # type: ignore[union-attr]
+                for iid, c in zip(ids, chat.choices, strict=True)}
+    node_dir = REPO / "tests" / "node"
+    node = shutil.which("node")
+    if node is not None and (node_dir / "node_modules" / "openai" / "package.json").exists():
+        env = {"PATH": str(Path(node).parent), "HOME": str(Path.home()), "BASE_URL": base_url, "API_KEY": key,
+               "MODEL": model, "NODE_EXTRA_CA_CERTS": str(secrets / "ca.pem")}
+        out = subprocess.run([node, "smoke.mjs"], cwd=node_dir, env=env, capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stderr[-2000:]
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        for iid, c in zip(res["apprentice"]["interaction_ids"], res["choices"], strict=True):
+            logprobs[iid] = c["logprobs"]
+    deadline, seen = time.monotonic() + 60, dict[str, events_pb2.Interaction]()
+    while time.monotonic() < deadline and set(seen) < set(logprobs):
+        for m in read_all(bootstrap, topics.interactions, idle=1.0, timeout=10):
+            it = decode(events_pb2.Interaction, m.value())
+            seen[it.interaction_id] = it
+    assert set(logprobs) <= set(seen), "an SDK's answer is not on the interactions topic"
+    for iid, lps in logprobs.items():
+        assert seen[iid].envelope.tenant == "default" and seen[iid].policy_version == "base"
+        assert list(seen[iid].response_logprobs) == pytest.approx(lps, abs=1e-5)

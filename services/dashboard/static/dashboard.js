@@ -138,7 +138,8 @@ async function weightsAction(action, version) {
 function renderVersions(data) {
   const serving = document.getElementById("serving");
   serving.replaceChildren(
-    el("div", { class: "card" }, el("b", {}, "promoted"), el("span", { id: "promoted" }, data.promoted || "base")),
+    el("div", { class: "card" }, el("b", {}, "promoted"), el("span", { id: "promoted" }, data.promoted || "base"),
+      ...Object.entries(data.tenant_versions || {}).map(([t, v]) => el("div", { class: "small" }, `${t}: ${v}`))),
     el("div", { class: "card" }, el("b", {}, "canary"),
       el("span", {}, data.canary ? `${data.canary} (${Math.round(data.canary_fraction * 100)}%)` : "none")),
     el("div", { class: "card" }, el("b", {}, "rollback"),
@@ -158,7 +159,7 @@ function renderVersions(data) {
       el("button", { onclick: () => weightsAction("promote", v.version), class: "promote" }, "promote"),
       el("button", { onclick: () => weightsAction("canary", v.version), class: "canary" }, "canary"),
       el("button", { onclick: () => weightsAction("rollback", v.version), class: "rollback" }, "roll back to")))));
-  const versions = data.versions.map((v) => v.version);
+  const versions = ["base", ...data.versions.map((v) => v.version)];   // the base model's scores open the curve
   const canvas = document.getElementById("gate-curve");
   const datasets = data.curve.map((c, i) => ({
     label: c.label, borderColor: COLORS[i % COLORS.length], backgroundColor: COLORS[i % COLORS.length],
