@@ -135,9 +135,9 @@ class InferenceSettings(BaseSettings):
     hold. A CPU batch has no preemption: without free room, another tenant's short request would wait for
     a long batch to end, and every row a tenant adds slows the steps of everyone's rows. On SmolLM2 a
     quarter (8 of 32 rows) keeps a short request within ~3x its idle latency beside an n=16 load, where
-    half gave 3.6x; a CPU step is compute-bound well before 8 rows, so a lone tenant's throughput barely
-    moves (load/fairness_bench.py, numbers in the README). 1.0 lets a single tenant fill the engine
-    (single-tenant pods, the demo)."""
+    half gave 3.1-3.6x. The price: a lone tenant runs at most 8 rows, 0.85x of static batching's
+    throughput with 16 clients (1.00x at 0.5; load/fairness_bench.py, numbers in the inference README).
+    1.0 lets a single tenant fill the engine (single-tenant pods, the demo)."""
 
     fault_delay_s: float = Field(default=0.0, ge=0.0, le=3600.0)
     """Tests and chaos drills only (`APPRENTICE_INFERENCE_FAULT_DELAY_S`): every generation request (gRPC
