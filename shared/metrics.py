@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 
 from prometheus_client import start_http_server
@@ -40,11 +41,37 @@ def label_value(text: str, limit: int = 64) -> str:
     return _NOT_LABEL.sub("_", text.lower()).strip("_")[:limit] or "unknown"
 
 
+MAX_EXPOSITION = 4 << 20
+"""Bytes read from one /metrics endpoint (a service's exposition is tens of KiB)."""
+
+
+def scrape(addr: str, timeout: float = 2.0) -> str | None:
+    """The Prometheus text of `http://<addr>/metrics`; None when it does not answer, answers something that
+    is not text, or more than MAX_EXPOSITION bytes (a status page must show what it can, not fail)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{addr}/metrics", timeout=timeout) as r:
+            body = r.read(MAX_EXPOSITION + 1)
+        return body.decode() if len(body) <= MAX_EXPOSITION else None
+    except (OSError, ValueError):    # UnicodeDecodeError is a ValueError
+        return None
+
+
 def metric_sum(text: str | None, name: str) -> float | None:
-    """Sum of the samples of metric `name` (every label set) in a Prometheus text exposition; None when the
-    text is missing or holds no such sample (a service that is down, or has not observed it yet)."""
+    """Sum of the finite samples of metric `name` (every label set) in a Prometheus text exposition; None
+    when the text is missing or holds no such sample (a service that is down, or has not observed it yet).
+    Lines that do not parse are skipped."""
     if not text:
         return None
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.split("{", 1)[0].split(" ", 1)[0] == name]
+    values = []
+    for line in text.splitlines():
+        if line.split("{", 1)[0].split(" ", 1)[0] != name:
+            continue
+        try:
+            v = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if math.isfinite(v):
+            values.append(v)
     return sum(values) if values else None

@@ -54,12 +54,38 @@ class StackEndpoints:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StackEndpoints:
-        return cls(supervisor_pid=int(d["supervisor_pid"]), kafka_bootstrap=str(d["kafka_bootstrap"]),
-                   topic_prefix=str(d.get("topic_prefix", "")), model=str(d.get("model", "")),
-                   grpc={k: str(v) for k, v in (d.get("grpc") or {}).items()},
-                   metrics={k: int(v) for k, v in (d.get("metrics") or {}).items()},
-                   http={k: int(v) for k, v in (d.get("http") or {}).items()},
-                   tls_ca=d.get("tls_ca"), operator_token=d.get("operator_token"), home=str(d.get("home", "")))
+        """Parse a record strictly: ValueError for anything but the shape `as_dict` writes (a record is read
+        by every CLI command, so a broken or planted one must be ignored, not crash or half-apply)."""
+        def text(v: Any, what: str) -> str:
+            if not isinstance(v, str) or len(v) > 4096:
+                raise ValueError(f"{what} must be a string")
+            return v
+
+        def port(v: Any, what: str) -> int:
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 65535:
+                raise ValueError(f"{what} must be a port number")
+            return v
+
+        def table(v: Any, what: str) -> dict[str, Any]:
+            if v is None:
+                return {}
+            if not isinstance(v, dict):
+                raise ValueError(f"{what} must be an object")
+            return v
+
+        pid = d["supervisor_pid"]
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 2 ** 31:
+            raise ValueError("supervisor_pid must be a process id")
+        optional = {k: (None if d.get(k) is None else text(d[k], k)) for k in ("tls_ca", "operator_token")}
+        return cls(supervisor_pid=pid, kafka_bootstrap=text(d["kafka_bootstrap"], "kafka_bootstrap"),
+                   topic_prefix=text(d.get("topic_prefix", ""), "topic_prefix"),
+                   model=text(d.get("model", ""), "model"),
+                   grpc={text(k, "grpc"): text(v, f"grpc.{k}") for k, v in table(d.get("grpc"), "grpc").items()},
+                   metrics={text(k, "metrics"): port(v, f"metrics.{k}")
+                            for k, v in table(d.get("metrics"), "metrics").items()},
+                   http={text(k, "http"): port(v, f"http.{k}") for k, v in table(d.get("http"), "http").items()},
+                   tls_ca=optional["tls_ca"], operator_token=optional["operator_token"],
+                   home=text(d.get("home", ""), "home"))
 
     def client_env(self) -> dict[str, str]:
         """The `APPRENTICE_*` variables a client of this stack uses."""
@@ -86,6 +112,7 @@ def write_endpoints(home: Path, endpoints: StackEndpoints) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(endpoints.as_dict(), indent=1))
+    os.chmod(tmp, 0o644)     # readable by the user's tools, writable by no one else (`_trusted`)
     tmp.replace(path)
     return path
 
@@ -98,6 +125,14 @@ def remove_endpoints(home: Path, supervisor_pid: int | None = None) -> None:
         if current is not None and current.supervisor_pid != supervisor_pid:
             return
     path.unlink(missing_ok=True)
+
+
+def _trusted(path: Path) -> bool:
+    """Whether a record may steer this process: a file of this user (or root's), that nobody else may write.
+    The record names the CA to trust and the key file to present; one planted by another user would send
+    this user's operator key to a server of theirs."""
+    st = path.stat()
+    return st.st_uid in (os.getuid(), 0) and not st.st_mode & 0o022
 
 
 def _alive(pid: int) -> bool:
@@ -116,9 +151,12 @@ def _alive(pid: int) -> bool:
 def read_endpoints(home: Path, *, live_only: bool = True) -> StackEndpoints | None:
     """The recorded endpoints of the stack under `home`; None when there is none, it does not parse, or
     (with `live_only`) its supervisor is gone."""
+    path = endpoints_path(home)
     try:
-        endpoints = StackEndpoints.from_dict(json.loads(endpoints_path(home).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+        if not _trusted(path):
+            return None
+        endpoints = StackEndpoints.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     if live_only and not _alive(endpoints.supervisor_pid):
         return None

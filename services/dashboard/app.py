@@ -28,6 +28,8 @@ from urllib.parse import parse_qs
 import grpc
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -52,10 +54,24 @@ PAGES = {"learning": "Learning", "versions": "Versions", "hacking": "Reward hack
 WEIGHTS_ACTIONS = ("promote", "canary", "rollback")
 KNOWLEDGE_ACTIONS = ("approve", "reject", "edit")
 MAX_BODY = 64 * 1024
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
 MAX_TEXT = 4000
 GRPC_HTTP = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,
              grpc.StatusCode.FAILED_PRECONDITION: 409, grpc.StatusCode.PERMISSION_DENIED: 403,
              grpc.StatusCode.UNAUTHENTICATED: 401, grpc.StatusCode.ALREADY_EXISTS: 409}
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """The request body, refused past MAX_BODY without reading the rest (uvicorn sets no limit of its own)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise BadRequest(f"request body over {MAX_BODY} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise BadRequest(f"request body over {MAX_BODY} bytes")
+    return bytes(raw)
 
 
 class BadRequest(ValueError):
@@ -91,7 +107,13 @@ class Dashboard:
             Route("/api/knowledge/{action}", self.api_knowledge_action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
         ]
-        self.asgi = Starlette(routes=routes)
+        middleware = []
+        if not keyring.enabled:
+            # Without keys everyone who reaches it is the local developer, and it binds loopback only; a page
+            # on another site can still reach loopback through DNS rebinding (its own name resolving to
+            # 127.0.0.1), so only loopback names are served. With keys, the operator key decides.
+            middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_NAMES)))
+        self.asgi = Starlette(routes=routes, middleware=middleware)
 
     # --- authentication ----------------------------------------------------------------------------
     def _caller(self, request: Request) -> auth.Caller:
@@ -126,7 +148,10 @@ class Dashboard:
             status_code=status)
 
     async def login(self, request: Request) -> Response:
-        body = (await request.body())[:MAX_BODY].decode("utf-8", "replace")
+        try:
+            body = (await _bounded_body(request)).decode("utf-8", "replace")
+        except BadRequest as e:
+            return await self.login_form(request, str(e), status=413)
         token = (parse_qs(body).get("token") or [""])[0].strip()
         if not self.keyring.enabled:
             return RedirectResponse("/", status_code=303)
@@ -188,9 +213,7 @@ class Dashboard:
 
     # --- operator actions --------------------------------------------------------------------------
     async def _body(self, request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
-            raise BadRequest(f"request body over {MAX_BODY} bytes")
+        raw = await _bounded_body(request)
         try:
             body = json.loads(raw or b"{}")
         except ValueError as e:
@@ -214,10 +237,10 @@ class Dashboard:
                                  f"operator what {action} will do")
             fraction = 0.0
             if action == "canary":
-                try:
-                    fraction = float(body.get("fraction", 0))
-                except (TypeError, ValueError):
-                    raise BadRequest("`fraction` must be a number in (0, 1]") from None
+                raw_fraction = body.get("fraction", 0)
+                if isinstance(raw_fraction, bool) or not isinstance(raw_fraction, int | float):
+                    raise BadRequest("`fraction` must be a number in (0, 1]")
+                fraction = float(raw_fraction)
                 if not (math.isfinite(fraction) and 0 < fraction <= 1):
                     raise BadRequest("`fraction` must be a number in (0, 1]")
             reason = _text(body, "reason") or f"dashboard: {action} by {caller.identity.key_id}"

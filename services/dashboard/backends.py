@@ -7,7 +7,6 @@ audit the person, not the dashboard.
 
 from __future__ import annotations
 
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.dashboard.config import DashboardSettings
 from services.dashboard.reader import GROUP_PREFIX
 from shared.config import CommonSettings
-from shared.metrics import metric_sum
+from shared.metrics import metric_sum, scrape
 from shared.proto.apprentice.v1 import (
     events_pb2,
     knowledge_pb2,
@@ -125,11 +124,7 @@ class Backends:
         addr = self.targets.metrics.get(service)
         if not addr:
             return None
-        try:
-            with urllib.request.urlopen(f"http://{addr}/metrics", timeout=self.timeout) as r:
-                return str(r.read().decode())
-        except OSError:
-            return None
+        return scrape(addr, self.timeout)
 
     def health(self) -> dict[str, Any]:
         """Each service's health (gRPC health where it has one, its metrics endpoint otherwise), the spool

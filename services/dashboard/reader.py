@@ -14,9 +14,10 @@ import uuid
 
 from services.dashboard.aggregates import GradedFold, UpdatesFold
 from shared.config import CommonSettings
-from shared.events import UndecodableEvent, decode
+from shared.events import UndecodableEvent
 from shared.kafka.consumer import EventConsumer
 from shared.proto.apprentice.v1 import events_pb2
+from shared.validation import decode_record
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,15 @@ class TopicReader:
                 for m in batch:
                     msg_type, fold = self._topics[str(m.topic())]
                     try:
-                        fold(decode(msg_type, m.value()))
+                        # the checks every consumer applies (type header, finite and in-range values): a
+                        # NaN reward would otherwise turn every page's JSON into an error
+                        fold(decode_record(msg_type, m.value(), m.headers()))
                     except UndecodableEvent:
                         self.undecodable += 1
+                    except Exception:  # noqa: BLE001 - one record the folds cannot take must not stop the pages
+                        self.undecodable += 1
+                        log.exception("dashboard reader: a record could not be folded",
+                                      extra={"topic": m.topic(), "offset": m.offset()})
         finally:
             consumer.close()
 

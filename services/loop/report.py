@@ -16,6 +16,7 @@ class StepsLog:
 
     def __init__(self, path: Path) -> None:
         self.path, self.offset = path, 0
+        self.skipped = 0
 
     def new_steps(self) -> list[dict[str, Any]]:
         try:
@@ -26,8 +27,15 @@ class StepsLog:
             return []
         end = data.rfind(b"\n") + 1
         self.offset += end
-        rows = [json.loads(line) for line in data[:end].decode("utf-8").splitlines() if line.strip()]
-        return [{"algorithm": r["algorithm"], "step": r["step"], **r["metrics"]} for r in rows if r.get("kind") == "step"]
+        steps = []
+        for line in data[:end].decode("utf-8", "replace").splitlines():
+            try:  # a line torn by a trainer killed mid-write is skipped, not a crash of the demo
+                r = json.loads(line)
+                if isinstance(r, dict) and r.get("kind") == "step":
+                    steps.append({"algorithm": str(r["algorithm"]), "step": int(r["step"]), **dict(r["metrics"])})
+            except (ValueError, KeyError, TypeError):
+                self.skipped += 1
+        return steps
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,13 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from services.loop.stack import Ports
 from shared.config import CommonSettings
-from shared.metrics import metric_sum
+from shared.metrics import metric_sum, scrape
 
 
 def _state(home: Path) -> dict[str, Any]:
@@ -206,11 +205,7 @@ def _grpc_healthy(port: int, common: CommonSettings | None = None) -> bool:
 
 
 def _metrics(port: int) -> str | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            return r.read().decode()
-    except OSError:
-        return None
+    return scrape(f"127.0.0.1:{port}")
 
 
 def service_health(ports: Ports, common: CommonSettings | None = None) -> dict[str, bool]:

@@ -7,11 +7,10 @@ reaches the person watching the demo; this is the one they see.
 from __future__ import annotations
 
 import time
-import urllib.request
 
 from tqdm import tqdm
 
-from shared.metrics import metric_sum
+from shared.metrics import metric_sum, scrape
 
 
 def optimizer_steps_metric() -> str:
@@ -22,11 +21,7 @@ def optimizer_steps_metric() -> str:
 
 
 def _read(port: int) -> str | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            return str(r.read().decode())
-    except OSError:
-        return None
+    return scrape(f"127.0.0.1:{port}")
 
 
 class TrainingProgress:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -113,8 +114,9 @@ class JsonlLog:
 
     def _write(self, kind: str, algorithm: str, step: int, metrics: Mapping[str, float]) -> None:
         row = {"kind": kind, "algorithm": algorithm, "step": step, "time": time.time(),
-               "metrics": {k: float(v) for k, v in metrics.items()}}
-        self.f.write(json.dumps(row) + "\n")
+               # a non-finite value (a diverged loss) is null: NaN is not JSON, and readers must parse every line
+               "metrics": {k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}}
+        self.f.write(json.dumps(row, allow_nan=False) + "\n")
         self.f.flush()
 
     def log_step(self, algorithm: str, step: int, metrics: Mapping[str, float]) -> None:

@@ -77,6 +77,10 @@ def test_sign_in_sets_an_http_only_strict_cookie_and_sign_out_clears_it(client: 
      "(0, 1]"),
     ("/api/weights/canary", {"version": "v2", "confirm": "v2", "fraction": "x"}, {ACTION_HEADER: "1"}, 400,
      "(0, 1]"),
+    ("/api/weights/canary", {"version": "v2", "confirm": "v2", "fraction": True}, {ACTION_HEADER: "1"}, 400,
+     "(0, 1]"),
+    ("/api/knowledge/edit", {"key": "k", "item_id": "i", "text": "x" * 5000}, {ACTION_HEADER: "1"}, 400,
+     "longer than"),
     ("/api/weights/delete", {"version": "v2", "confirm": "v2"}, {ACTION_HEADER: "1"}, 400, "unknown action"),
     ("/api/knowledge/approve", {"key": "demo/support"}, {ACTION_HEADER: "1"}, 400, "`item_id` is required"),
     ("/api/knowledge/edit", {"key": "k", "item_id": "i"}, {ACTION_HEADER: "1"}, 400, "`text` is required"),
@@ -93,6 +97,8 @@ def test_bad_json_is_a_clear_error_and_the_app_keeps_serving(client: TestClient)
     r = client.post("/api/weights/promote", content=b"{not json", headers=auth)
     assert r.status_code == 400 and "JSON" in r.json()["error"]
     assert client.post("/api/weights/promote", json=[1], headers=auth).status_code == 400
+    r = client.post("/api/weights/canary", content=b'{"version": "v2", "confirm": "v2", "fraction": NaN}', headers=auth)
+    assert r.status_code == 400 and "(0, 1]" in r.json()["error"]
     assert client.get("/api/learning", headers=auth).status_code == 200
 
 
@@ -102,6 +108,22 @@ def test_unreachable_service_is_a_gateway_error(client: TestClient) -> None:
 
 
 def test_without_keys_everyone_is_the_anonymous_local_developer(tmp_path: Path) -> None:
-    client = TestClient(dashboard(tmp_path, keys="").asgi)
+    client = TestClient(dashboard(tmp_path, keys="").asgi, base_url="http://localhost:8080")
     assert client.get("/api/learning").status_code == 200
     assert "anonymous" in client.get("/").text
+    # a page of another site whose name was rebound to 127.0.0.1 is not served (DNS rebinding)
+    rebound = TestClient(dashboard(tmp_path, keys="").asgi, base_url="http://attacker.example:8080")
+    assert rebound.get("/api/learning").status_code == 400
+    assert rebound.post("/api/weights/rollback", json={"confirm": "previous"},
+                        headers={ACTION_HEADER: "1"}).status_code == 400
+
+
+def test_oversized_bodies_are_refused_without_reading_them(client: TestClient) -> None:
+    auth = {"authorization": f"Bearer {OPERATOR}", ACTION_HEADER: "1"}
+    big = b"{" + b" " * (1 << 20) + b"}"
+    r = client.post("/api/weights/promote", content=big, headers=auth)
+    assert r.status_code == 400 and "over" in r.json()["error"]
+    r = client.post("/login", content=b"token=" + b"a" * (1 << 20),
+                    headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 413 and COOKIE not in r.headers.get("set-cookie", "")
+    assert client.get("/api/learning", headers=auth).status_code == 200       # and it keeps serving

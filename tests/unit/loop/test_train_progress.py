@@ -33,3 +33,10 @@ def test_meter_has_rate_and_eta() -> None:
     meter.t0 -= 120                                                        # two minutes into the round
     line = meter.describe(text=_exposition({"oel": 3}))
     assert line.startswith("training") and "3/8" in line and "[02:00<03:20, 40.00s/step]" in line
+
+
+def test_metric_sum_skips_lines_that_do_not_parse_and_non_finite_values() -> None:
+    text = ("apprentice_x_total{a=\"1\"} 2\napprentice_x_total{a=\"2\"} NaN\napprentice_x_total{a=\"3\"} +Inf\n"
+            "apprentice_x_total\napprentice_x_total{a=\"4\"} twelve\napprentice_x_total{a=\"5\"} 3\n")
+    assert metric_sum(text, "apprentice_x_total") == 5.0
+    assert metric_sum("apprentice_x_total NaN\n", "apprentice_x_total") is None

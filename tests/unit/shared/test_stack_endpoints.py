@@ -95,3 +95,23 @@ def test_a_private_stack_is_announced_only_where_no_live_stack_is_recorded(tmp_p
     assert not announce_endpoints(home, demo) and read_endpoints(home) == up   # never over a live stack
     write_endpoints(home, _endpoints(_dead_pid()))
     assert announce_endpoints(home, demo)                             # a stale record is replaced
+
+
+def test_malformed_or_writable_by_others_records_are_ignored(tmp_path: Path) -> None:
+    """A record is read by every CLI command: a broken or planted one is ignored, never a crash."""
+    import json
+
+    good = _endpoints(os.getpid()).as_dict()
+    bad = [{**good, "supervisor_pid": 10 ** 30}, {**good, "supervisor_pid": 0}, {**good, "supervisor_pid": True},
+           {**good, "grpc": [1]}, {**good, "metrics": {"inference": "Infinity"}},
+           {**good, "http": {"openai": 70000}}, {**good, "operator_token": 7}, {**good, "kafka_bootstrap": None},
+           [], "text", {"supervisor_pid": os.getpid()}]
+    for record in bad:
+        endpoints_path(tmp_path).write_text(json.dumps(record))
+        assert read_endpoints(tmp_path, live_only=False) is None, record
+    endpoints_path(tmp_path).write_text('{"metrics": {"inference": Infinity}, "supervisor_pid": 1}')
+    assert read_endpoints(tmp_path, live_only=False) is None
+    write_endpoints(tmp_path, _endpoints(os.getpid()))
+    assert read_endpoints(tmp_path) is not None
+    endpoints_path(tmp_path).chmod(0o666)                # anyone may write it: it may not steer this process
+    assert read_endpoints(tmp_path) is None

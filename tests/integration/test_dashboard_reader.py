@@ -1,0 +1,42 @@
+"""The dashboard's topic reader applies the checks every consumer applies: a record with a non-finite reward
+(or of another type) on the graded topic is counted and skipped, and the pages' JSON stays valid."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from services.dashboard.aggregates import GradedFold, UpdatesFold
+from services.dashboard.reader import TopicReader
+from shared.config import CommonSettings
+from shared.kafka import EventProducer
+from shared.topics import Topics
+from tests.unit.dashboard.test_aggregates import graded
+
+pytestmark = pytest.mark.integration
+
+
+def test_non_finite_and_mistyped_records_are_skipped(topics: Topics, kafka_bootstrap: str) -> None:
+    p = EventProducer(kafka_bootstrap, client_id="test")
+    p.produce(topics.graded, "s1", graded("good", t=0.0, reward=1.0, success=True))
+    p.produce(topics.graded, "s2", graded("nan", t=1.0, reward=float("nan")))
+    p.produce(topics.graded, "s3", graded("inf", t=2.0, reward=float("inf")))
+    p.produce(topics.graded, b"s4", b"\xff\xfe not a protobuf")
+    p.flush()
+    fold = GradedFold(bucket_s=60.0)
+    reader = TopicReader(CommonSettings(kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix), fold,
+                         UpdatesFold()).start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and reader.undecodable < 3:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        assert reader.undecodable == 3, reader.undecodable
+        curves = fold.curves()
+        json.dumps(curves, allow_nan=False)          # what the page is served: valid JSON
+        [curve] = curves
+        assert sum(s["n"] for s in curve["series"]) == 1
+    finally:
+        reader.stop()
