@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ def main(argv: list[str]) -> int:
     from shared.config import CommonSettings
     from shared.models import ModelUnavailable, check_model_name
 
+    # `kill` (SIGTERM) ends the demo like Ctrl-C: the stack's services are stopped on the way out instead of
+    # being left running without their supervisor
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         # both checked before anything heavy is imported or started: a bad task file or model name is one
         # line, not a stack trace
