@@ -72,7 +72,8 @@ class Ports:
     def from_endpoints(cls, ep: StackEndpoints) -> Ports:
         """The ports of a stack as its endpoints record names them (0 where it names none)."""
         def port(target: str) -> int:
-            return int(target.rsplit(":", 1)[1]) if target else 0
+            tail = target.rsplit(":", 1)[-1]
+            return int(tail) if ":" in target and tail.isdigit() else 0   # a target without a port: none
 
         return cls(inference=port(ep.grpc.get("inference", "")), weights=port(ep.grpc.get("weights", "")),
                    extractor=port(ep.grpc.get("extractor", "")),

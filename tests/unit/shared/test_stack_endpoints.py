@@ -90,6 +90,7 @@ def test_a_private_stack_is_announced_only_where_no_live_stack_is_recorded(tmp_p
     assert (ports.inference, ports.weights, ports.extractor, ports.http, ports.dashboard) == (
         40051, 40052, 40053, 40080, 48080)
     assert ports.metrics["inference"] == 40101 and ports.metrics["grader"] == 0
+    assert Ports.from_endpoints(replace(demo, grpc={"inference": "unix:/run/x", "weights": "host"})).inference == 0
     up = _endpoints(os.getpid(), topic_prefix="")                    # `apprentice up`'s own, live record
     write_endpoints(home, up)
     assert not announce_endpoints(home, demo) and read_endpoints(home) == up   # never over a live stack
