@@ -1,6 +1,7 @@
 """(topic, key, event) from request threads --> spool (write-ahead) --> Kafka, on one background thread.
 
-Off the response path: `submit` only enqueues. The worker appends each event to the on-disk spool, then
+Off the Kafka path: `submit` only enqueues and returns a `Spooled` ticket. The worker appends each event to
+the on-disk spool (and sets the ticket), then
 feeds the spool to an idempotent producer (at most `max_inflight` unacknowledged records at a time),
 and removes a record from the spool once Kafka acknowledged it. While the broker is down, librdkafka
 keeps the in-flight records and retries them in order; everything after them waits on disk, so the
@@ -38,6 +39,24 @@ _PERMANENT = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG, KafkaError.
               KafkaError._INVALID_ARG, KafkaError.INVALID_RECORD}
 
 
+class Spooled:
+    """Set by the capture worker once the event is in the spool (`ok`) or was dropped (not `ok`)."""
+
+    __slots__ = ("_done", "ok")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.ok = False
+
+    def _settle(self, ok: bool) -> None:
+        self.ok = ok
+        self._done.set()
+
+    def wait(self, timeout: float) -> bool:
+        """True when the event is on disk within `timeout` seconds."""
+        return self._done.wait(timeout) and self.ok
+
+
 class CaptureSink:
     def __init__(self, bootstrap: str, spool: Spool, *, client_id: str = "apprentice-inference",
                  max_inflight: int = 2000, delivery_timeout_ms: int = 0, max_queue: int = 100_000,
@@ -57,7 +76,7 @@ class CaptureSink:
             "reconnect.backoff.max.ms": 1000,
             "log_level": 2,   # the broker may be down for a while: connection errors are expected, not logged
         })
-        self._queue: queue.Queue[tuple[str, bytes, Any]] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[tuple[str, bytes, Any, Spooled]] = queue.Queue(maxsize=max_queue)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="capture", daemon=True)
         self._inflight = 0
@@ -77,13 +96,17 @@ class CaptureSink:
         return self
 
     # --- request side -----------------------------------------------------------------------------
-    def submit(self, topic: str, key: str, event: ProtoMessage | bytes) -> None:
-        """Enqueue an event for delivery; never blocks, never raises (a full queue is an alarm)."""
+    def submit(self, topic: str, key: str, event: ProtoMessage | bytes) -> Spooled:
+        """Enqueue an event for delivery; never blocks, never raises (a full queue is an alarm). The ticket
+        tells a caller that must acknowledge durably when the event reached the spool."""
+        ticket = Spooled()
         try:
-            self._queue.put_nowait((topic, key.encode(), event))
+            self._queue.put_nowait((topic, key.encode(), event, ticket))
             self._idle.clear()
         except queue.Full:
             self._drop("capture queue full")
+            ticket._settle(False)
+        return ticket
 
     # --- worker -----------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -112,15 +135,21 @@ class CaptureSink:
                 items.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        for topic, key, event in items:
+        settled: list[tuple[Spooled, bool]] = []
+        for topic, key, event, ticket in items:
             value = event if isinstance(event, bytes) else event.SerializeToString()
             if self.spool.append(topic, key, value) is None:
                 self._drop("spool full")
-            elif self._full:
+                settled.append((ticket, False))
+                continue
+            settled.append((ticket, True))
+            if self._full:
                 self._full = False
                 metrics.SPOOL_FULL.set(0)
                 log.warning("capture: spool accepts events again", extra={"dropped_total": self.dropped})
-        self.spool.flush()
+        self.spool.flush()                  # in the OS's hands: a crash of this process no longer loses it
+        for ticket, ok in settled:
+            ticket._settle(ok)
 
     def _pump(self) -> None:
         if self._failed or time.monotonic() < self._backoff_until:

@@ -247,6 +247,12 @@ class InferenceSettings(BaseSettings):
     capture_delivery_timeout_ms: int = 120_000
     """librdkafka gives up on a record after this long; it is then re-sent from the spool."""
 
+    capture_ack_timeout_s: float = Field(default=2.0, gt=0)
+    """How long an acknowledgment (a Feedback ack, a Generate answer) waits for its event to reach the
+    spool. A Feedback call whose event is not on disk by then fails UNAVAILABLE (its client retries with
+    the same event id); an answer is returned anyway and the miss is counted
+    (`apprentice_inference_capture_unspooled_total`)."""
+
     # --- hot swap ----------------------------------------------------------------------------------
     follow_updates: bool = True
     """Consume `model-updates` and hot-swap weights (off = serve the base model only)."""

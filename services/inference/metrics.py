@@ -38,6 +38,8 @@ HEARTBEAT_FAILURES = Counter("apprentice_inference_heartbeat_failures_total", "H
 CAPTURED = Counter("apprentice_inference_capture_delivered_total", "Events acknowledged by Kafka", ["topic"])
 CAPTURE_DROPPED = Counter("apprentice_inference_capture_dropped_total",
                           "Events dropped because the spool was full (alarm)")
+CAPTURE_UNSPOOLED = Counter("apprentice_inference_capture_unspooled_total",
+                            "Answers returned before their interaction reached the spool (a busy or full spool)")
 CAPTURE_SKIPPED = Counter("apprentice_inference_capture_skipped_total",
                           "Choices not recorded by request or tenant opt-out", ["reason"])
 SPOOL_DEPTH = Gauge("apprentice_inference_spool_depth", "Events written to the spool, not yet acknowledged")

@@ -320,11 +320,17 @@ class InferenceApp:
             metrics.CAPTURE_SKIPPED.labels(reason="tenant").inc(len(samples))
             return
         trace = trace_id_var.get()
+        tickets = []
         for i, (sample, iid) in enumerate(zip(samples, ids, strict=True)):
             ev = interaction_event(p, sample, interaction_id=iid, group_id=group_id, index=i, model=self.model,
                                    version=version, canary=canary, pod=self.settings.pod_id,
                                    latency_ms=latency_ms, trace_id=trace)
-            self.capture.submit(self.topics.interactions, p.session_id, self.privacy.interaction(ev))
+            tickets.append(self.capture.submit(self.topics.interactions, p.session_id, self.privacy.interaction(ev)))
+        # the answer leaves only once its interactions are on disk (services/inference/capture.py)
+        deadline = time.monotonic() + self.settings.capture_ack_timeout_s
+        missed = sum(not t.wait(max(0.0, deadline - time.monotonic())) for t in tickets)
+        if missed:
+            metrics.CAPTURE_UNSPOOLED.inc(missed)
 
     def account(self, samples: list[Any], version: str, canary: bool, ok: bool) -> None:
         assert self.manager is not None
@@ -378,6 +384,8 @@ class InferenceApp:
             for ev in handle.events(timeout=None if remaining is None else remaining + 5.0):
                 if isinstance(ev, ChoiceDone):
                     samples[ev.index] = ev.sample
+                    if len(samples) == n:       # captured before the client sees the end of its answer
+                        self._finish_stream(p, handle, version, canary, ids, samples, t0)
                 yield ev
         except TimeoutError:
             handle.cancel()
@@ -390,7 +398,10 @@ class InferenceApp:
         finally:
             if len(samples) < n:
                 handle.cancel()       # the client went away mid-stream
-        ordered = [samples[i] for i in range(n)]
+
+    def _finish_stream(self, p: PreparedRequest, handle: RequestHandle, version: str, canary: bool,
+                       ids: list[str], samples: dict[int, Any], t0: float) -> None:
+        ordered = [samples[i] for i in range(p.sampling.n)]
         self.account(ordered, version, canary, ok=True)
         if handle.first_token_at is not None:
             metrics.TIME_TO_FIRST_TOKEN.observe(handle.first_token_at - handle.submitted_at)
@@ -410,7 +421,9 @@ class InferenceApp:
         if tenant in self.settings.no_capture_tenants:
             metrics.CAPTURE_SKIPPED.labels(reason="tenant").inc()
             return inference_pb2.FeedbackAck(event_id=event.envelope.event_id, accepted=False)
-        self.capture.submit(self.topics.feedback, request.interaction_id, event)
+        ticket = self.capture.submit(self.topics.feedback, request.interaction_id, event)
+        if not ticket.wait(self.settings.capture_ack_timeout_s):    # acknowledged = on disk
+            raise Unavailable("the feedback could not be recorded right now; retry with the same occurred_at")
         return inference_pb2.FeedbackAck(event_id=event.envelope.event_id, accepted=True)
 
 

@@ -78,3 +78,26 @@ def test_broker_outage_spools_and_replays_exactly_once(tmp_path: Path, tiny_mode
             with contextlib.suppress(Exception):
                 a.stop(1)
         broker.stop(timeout=2)
+
+
+def test_feedback_is_acknowledged_only_once_it_is_on_disk(tmp_path: Path, tiny_model_name: str) -> None:
+    """A Feedback ack promises the event survives a crash of the pod: with a spool that takes nothing (full),
+    the call fails UNAVAILABLE (the client retries) instead of acknowledging an event held in memory only;
+    an answer is still returned and its missed capture counted."""
+    import grpc
+    from prometheus_client import REGISTRY
+
+    app = start_inference(tmp_path, model=tiny_model_name, bootstrap="127.0.0.1:1", follow_updates=False,
+                          heartbeat_interval_s=0, spool_max_bytes=64, spool_segment_bytes=64,
+                          capture_ack_timeout_s=0.5, startup_catchup_s=0.5, grace_s=1)
+    try:
+        unspooled = REGISTRY.get_sample_value("apprentice_inference_capture_unspooled_total") or 0.0
+        with InferenceClient(f"127.0.0.1:{app.port}") as c:
+            iid = c.generate("hello", max_new_tokens=3).choices[0].interaction_id
+            with pytest.raises(grpc.RpcError) as err:
+                c.feedback(iid, "thumbs", 1)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "retry" in (err.value.details() or "")
+        assert REGISTRY.get_sample_value("apprentice_inference_capture_unspooled_total") == unspooled + 1
+    finally:
+        app.stop(1)

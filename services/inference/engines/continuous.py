@@ -188,6 +188,8 @@ class ContinuousScheduler:
                 self.batches[key] = (bb, DecodeBatch(bb.model, self.engine._tok, eos_ids=self.engine._eos,
                                                      context_window=self.engine._ctx, router=bb.lora))
             batch = self.batches[key][1]
+            if batch.router is None:        # the backbone's first adapter arrived while this batch ran
+                batch.router = bb.lora      # (slot 0 rows already in it keep the base weights)
             before = batch.stats.tokens
             try:
                 batch.add(rows)

@@ -172,3 +172,23 @@ def test_the_static_scheduler_loads_and_evicts_adapters_too(engine: Any, tiny_mo
         assert static.adapters.evictions == 2 and static.adapters.resident() == [TENANTS[0]]
     finally:
         static.shutdown(timeout=5)
+
+
+def test_the_first_adapter_of_a_backbone_joins_a_batch_already_running_on_it(engine: Any, tiny_model_name: str) -> None:
+    """A pod serving only base weights gets its first LoRA version while a base batch decodes (a swap under
+    load): the adapter's rows join that batch, which was built before the backbone had a router."""
+    s = InferenceSettings(batch_wait_ms=5, common={"model": tiny_model_name})
+    fresh = create_engine("transformers", s)
+    fresh.start()
+    try:
+        assert fresh._policies["base"].backbone.lora is None
+        long = _submit(fresh, "base-tenant", 1, 100_000)     # runs until cancelled (or its context is full)
+        _wait(lambda: fresh._scheduler is not None and fresh._scheduler.batches, "the base batch running")
+        fresh.load_version(VersionFiles("t2", "lora", engine.adapters._entries["t2"].path, tenant="t2"))
+        got = _submit(fresh, "t2", 0, 6).result(timeout=120)[0]
+        assert not long.done                            # it joined the running batch, not a later one
+        assert got.token_ids == _submit(engine, "t2", 0, 6).result(timeout=120)[0].token_ids
+        long.cancel()
+        assert long.result(timeout=120)[0].finish_reason == "cancelled"
+    finally:
+        fresh.shutdown(timeout=5)
