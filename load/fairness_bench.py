@@ -4,10 +4,12 @@
    one after another, while tenant A keeps two requests of n=16 x `--long-tokens` in flight, against the
    same short requests on the idle engine (half measured before the load, half after). target <= 3x
    The same scenario on the static scheduler is reported for reference (the issue's symptom: timeouts).
-2. throughput: completion tokens/s of `--clients` closed-loop clients sending requests of mixed lengths
-   (`--min-new`..`--max-new` tokens, seeded sampling, identical request lists), continuous batching
-   against the static scheduler (`APPRENTICE_INFERENCE_SCHEDULER=static`); rounds alternate between the
-   two servers so machine noise hits both.                                             target >= 1.0x
+2. throughput: completion tokens/s of `--clients` closed-loop clients of one tenant sending requests of
+   mixed lengths (`--min-new`..`--max-new` tokens, seeded sampling, identical request lists), continuous
+   batching against the static scheduler (`APPRENTICE_INFERENCE_SCHEDULER=static`); rounds alternate
+   between the two servers so machine noise hits both. Twice: prompts cycling through 8 (the continuous
+   engine's prompt cache holds them; static batching shares a prefill between equal prompts of one
+   batch), and every prompt its own (neither can reuse a prefill).                      target >= 1.0x
 
 Each scheduler runs as its own server process (`python -m services.inference`), as deployed, so its
 threads do not share an interpreter lock with the clients. Defaults fit a few minutes on 2 cores with
@@ -169,9 +171,18 @@ def short_under_load(server: Server, n: int, long_tokens: int) -> dict[str, Any]
 
 
 # --- 2. throughput ----------------------------------------------------------------------------------
-def workload(clients: int, per_client: int, lo: int, hi: int) -> list[list[dict[str, Any]]]:
+def workload(clients: int, per_client: int, lo: int, hi: int, unique: str = "") -> list[list[dict[str, Any]]]:
+    """Each client's request list. Prompts cycle through `SHORT_PROMPTS` (repeated prompts, as traffic
+    has them), or with `unique` set every request's prompt is its own (tagged with `unique`, so no two
+    rounds share one either): the continuous engine's prompt cache cannot help there."""
     rng = random.Random(15)
-    return [[{"prompt": SHORT_PROMPTS[(w + k) % len(SHORT_PROMPTS)], "max_new_tokens": rng.randint(lo, hi),
+
+    def prompt(w: int, k: int) -> str:
+        if unique:
+            return f"Quick question {unique}.{w}.{k}: is order #{2000 + 37 * w + k} shipped?"
+        return SHORT_PROMPTS[(w + k) % len(SHORT_PROMPTS)]
+
+    return [[{"prompt": prompt(w, k), "max_new_tokens": rng.randint(lo, hi),
               "temperature": 0.8, "seed": 1 + w * 1000 + k} for k in range(per_client)] for w in range(clients)]
 
 
@@ -207,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--per-client", type=int, default=4, help="throughput: requests per client per round")
     ap.add_argument("--rounds", type=int, default=2, help="throughput: rounds per scheduler (alternating)")
+    ap.add_argument("--prompts", choices=("repeated", "unique", "both"), default="both",
+                    help="throughput: prompts cycling through 8 (as traffic repeats them), each its own, or both")
     ap.add_argument("--min-new", type=int, default=8)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--torch-threads", type=int, default=1,
@@ -241,21 +254,24 @@ def main(argv: list[str] | None = None) -> int:
                                 None))
                 print(f"short-under-load (static): {st}", flush=True)
         if ns.only in (None, "throughput"):
-            work = workload(ns.clients, ns.per_client, ns.min_new, ns.max_new)
-            throughput_round(cont, [w[:1] for w in work])             # warm-up both
-            throughput_round(static, [w[:1] for w in work])
-            tot = {"continuous": [0, 0.0], "static": [0, 0.0]}
-            for k in range(ns.rounds):
-                order = [("continuous", cont), ("static", static)]
-                for name, server in (order if k % 2 == 0 else order[::-1]):
-                    tokens, secs = throughput_round(server, work)
-                    tot[name][0] += tokens
-                    tot[name][1] += secs
-                    print(f"throughput round {k} {name}: {tokens} tokens in {secs:.1f} s", flush=True)
-            c_tps = tot["continuous"][0] / tot["continuous"][1]
-            s_tps = tot["static"][0] / tot["static"][1]
-            results.append((f"throughput ({ns.clients} clients)", f"static {s_tps:.0f} tok/s",
-                            f"continuous {c_tps:.0f} tok/s", c_tps / s_tps, ">= 1.0", c_tps / s_tps >= 1.0))
+            throughput_round(cont, [w[:1] for w in workload(ns.clients, 1, ns.min_new, ns.max_new, "warm")])
+            throughput_round(static, [w[:1] for w in workload(ns.clients, 1, ns.min_new, ns.max_new, "warm")])
+            for kind in ("repeated", "unique") if ns.prompts == "both" else (ns.prompts,):
+                tot = {"continuous": [0, 0.0], "static": [0, 0.0]}
+                for k in range(ns.rounds):
+                    work = workload(ns.clients, ns.per_client, ns.min_new, ns.max_new,
+                                    f"r{k}" if kind == "unique" else "")
+                    order = [("continuous", cont), ("static", static)]
+                    for name, server in (order if k % 2 == 0 else order[::-1]):
+                        tokens, secs = throughput_round(server, work)
+                        tot[name][0] += tokens
+                        tot[name][1] += secs
+                        print(f"throughput ({kind} prompts) round {k} {name}: {tokens} tokens in {secs:.1f} s",
+                              flush=True)
+                c_tps = tot["continuous"][0] / tot["continuous"][1]
+                s_tps = tot["static"][0] / tot["static"][1]
+                results.append((f"throughput, {kind} prompts", f"static {s_tps:.0f} tok/s",
+                                f"continuous {c_tps:.0f} tok/s", c_tps / s_tps, ">= 1.0", c_tps / s_tps >= 1.0))
     finally:
         cont.stop()
         static.stop()

@@ -10,8 +10,12 @@ A policy learns whatever the reward allows. Each detector names one known shortc
   buying reward.
 - `length_shift`: a version's mean length is >= `length_shift_ratio` x the previous version's, and this
   response is beyond the previous mean by that ratio.
-- `high_truncation`: the version's share of `finish_reason == "length"` is above threshold, and this
-  response was truncated (a judge or KPI that favours long unfinished answers).
+- `high_truncation`: the version's share of `finish_reason == "length"` is above threshold, this response
+  was truncated, and truncation is buying reward: truncated responses of the version score more than its
+  finished ones by over `truncation_reward_gap` (a judge or KPI that favours long unfinished answers), or,
+  when nearly all are truncated and there is nothing to compare, the rate rose by over
+  `truncation_rate_rise` from the previous version. A base model that rambles past a short budget whatever
+  its reward is not a hack, and its truncated answers are still signal.
 - `degenerate`: repeated word 4-grams make up more than `repetition_threshold` of the response.
 - `judge_kpi_disagreement`: the LLM judge and the business KPI (both on 0..1) differ by more than
   the threshold: the judge is being fooled, or the KPI is broken.
@@ -131,6 +135,9 @@ class VersionStats:
     items: deque[tuple[float, float | None, bool]] = field(default_factory=deque)
     sum_len: float = 0.0
     n_trunc: int = 0
+    # over the truncated records that have a reward: n, sum of rewards
+    tn: int = 0
+    ty: float = 0.0
     # sums over the records that have a reward: n, x, y, xy, xx, yy (x = length, y = reward)
     rn: int = 0
     rx: float = 0.0
@@ -142,6 +149,9 @@ class VersionStats:
     def _apply(self, length: float, reward: float | None, truncated: bool, sign: int) -> None:
         self.sum_len += sign * length
         self.n_trunc += sign * int(truncated)
+        if reward is not None and truncated:
+            self.tn += sign
+            self.ty += sign * reward
         if reward is not None:
             self.rn += sign
             self.rx += sign * length
@@ -175,6 +185,14 @@ class VersionStats:
     @property
     def truncation_rate(self) -> float:
         return self.n_trunc / self.n if self.n else 0.0
+
+    def truncation_reward_gap(self, min_each: int) -> float | None:
+        """Mean reward of truncated records - mean reward of finished ones (rewarded records only); None
+        while either side has fewer than `min_each`."""
+        finished_n = self.rn - self.tn
+        if self.tn < min_each or finished_n < min_each:
+            return None
+        return self.ty / self.tn - (self.ry - self.ty) / finished_n
 
     @property
     def length_reward_corr(self) -> float:
@@ -249,7 +267,10 @@ def detect(cfg: DetectorConfig, stats: DetectorStats, task: TaskGraders, o: Obse
                 and o.length >= cfg.length_shift_ratio * prev.mean_length):
             flags.append("length_shift")
         if o.truncated and cur.truncation_rate > cfg.truncation_rate_threshold:
-            flags.append("high_truncation")
+            gap = cur.truncation_reward_gap(max(3, cfg.min_samples // 4))
+            rose = prev is not None and cur.truncation_rate - prev.truncation_rate > cfg.truncation_rate_rise
+            if (gap is not None and gap > cfg.truncation_reward_gap) or (gap is None and rose):
+                flags.append("high_truncation")
         if (o.reward is not None and prev is not None and prev.n_rewarded >= cfg.min_samples
                 and cur.n_rewarded >= cfg.min_samples
                 and cur.mean_reward - prev.mean_reward > cfg.reward_jump):

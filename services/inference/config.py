@@ -132,12 +132,21 @@ class InferenceSettings(BaseSettings):
 
     tenant_batch_share: float = 0.25
     """Continuous scheduler: fraction of `max_batch_rows` and `max_batch_tokens` one tenant's rows may
-    hold. A CPU batch has no preemption: without free room, another tenant's short request would wait for
-    a long batch to end, and every row a tenant adds slows the steps of everyone's rows. On SmolLM2 a
-    quarter (8 of 32 rows) keeps a short request within ~3x its idle latency beside an n=16 load, where
-    half gave 3.1-3.6x. The price: a lone tenant runs at most 8 rows, 0.85x of static batching's
-    throughput with 16 clients (1.00x at 0.5; load/fairness_bench.py, numbers in the inference README).
-    1.0 lets a single tenant fill the engine (single-tenant pods, the demo)."""
+    hold while another tenant has work. Every row a tenant adds slows the steps of everyone's rows: on
+    SmolLM2 a quarter (8 of 32 rows) keeps a short request within ~3x its idle latency beside an n=16
+    load, where half gave 3.1-3.6x. A tenant alone may borrow the whole budget; when another arrives,
+    the borrower's excess rows are preempted (recomputed later), so a lone tenant keeps static
+    batching's throughput (load/fairness_bench.py, numbers in the inference README)."""
+
+    prompt_cache_bytes: int = Field(default=256 << 20, ge=0)
+    """Continuous scheduler: memory for recent prefills (keys, values and last logits of exact prompts,
+    per set of weights and adapter), so a repeated prompt joins without a forward pass
+    (services/inference/prompt_cache.py). ~2 MB per 44-token prompt on SmolLM2-135M; 0 turns it off."""
+
+    tenant_borrow_after_s: float = Field(default=2.0, ge=0.0)
+    """Continuous scheduler: a tenant may hold more than `tenant_batch_share` once every other tenant has
+    been without work for this long. The pause keeps a tenant that sends one request after another
+    (gaps of a few ms) from making the borrower give back and re-borrow its rows at each request."""
 
     fault_delay_s: float = Field(default=0.0, ge=0.0, le=3600.0)
     """Tests and chaos drills only (`APPRENTICE_INFERENCE_FAULT_DELAY_S`): every generation request (gRPC

@@ -27,6 +27,11 @@ Seeded rows draw from their own generator (`seed * 1000003 + sample_index`, as `
 a seeded request gives the same tokens whatever else shares its batch, and whenever it joins (up to
 float rounding of padded batches); unseeded rows share one draw per step.
 
+Preemption by recompute: `evict` takes rows out of the running batch without finishing them (their
+tokens, log-probs, stream position and seeded generator stay with the row, the cache rows are dropped);
+a later `add` prefills prompt + tokens so far and draws the next token from the same generator, so a
+preempted row's answer is the one it would have given unpreempted (up to float rounding).
+
 LoRA per row: a row's `adapter` is a slot of the batch's `router` (services/inference/multi_lora.py's
 `LoraPool`; 0 = base weights), kept aligned with the row through joins and leaves, and every forward
 pass runs inside `router.route(slots)`, so rows of different adapters share a batch. Rows with the same
@@ -45,6 +50,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from services.inference.prompt_cache import Key, Prefill, PromptCache
 from shared.generation import Sample, SamplingConfig
 from shared.generation import _eos_ids as eos_ids_of
 from shared.generation import _filter_logits as filter_top_k_top_p
@@ -116,6 +122,7 @@ class DecodeRow:
     cancelled: Callable[[], bool] = lambda: False
     adapter: int = 0                       # LoRA slot in the batch router (0 = base weights)
     # --- state ---
+    generator: torch.Generator | None = None   # a seeded row's draws so far, kept while it is preempted
     sample: Sample = field(default_factory=Sample)
     streamed: int = 0                      # characters of text already streamed
     pending_ids: list[int] = field(default_factory=list)   # token ids not yet streamed
@@ -159,6 +166,7 @@ class BatchStats:
     tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    cached_prompts: int = 0                # prompts joined from the prompt cache, without a forward pass
 
 
 @dataclass
@@ -230,9 +238,11 @@ class DecodeBatch:
     """
 
     def __init__(self, model: Any, tok: Any, *, eos_ids: set[int] | None = None,
-                 context_window: int | None = None, router: RowRouter | None = None) -> None:
+                 context_window: int | None = None, router: RowRouter | None = None,
+                 cache: PromptCache | None = None) -> None:
         self.model, self.tok = model, tok
         self.router = router
+        self.cache = cache if cache is not None and cache.max_bytes > 0 else None
         self.eos = eos_ids if eos_ids is not None else eos_ids_of(model, tok)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(self.eos))
         self.device = next(model.parameters()).device
@@ -266,7 +276,8 @@ class DecodeBatch:
     @torch.inference_mode()
     def add(self, rows: Sequence[DecodeRow], forward: Callable[..., Any] | None = None) -> None:
         """Prefill `rows` (one forward pass; rows with identical prompts share it), draw their first tokens,
-        and merge the rows that go on into the running batch."""
+        and merge the rows that go on into the running batch. A row evicted earlier resumes: its prompt
+        and tokens so far are prefilled and its next token drawn."""
         assert self.can_join, "this batch's cache layout cannot take new rows; wait until it is empty"
         live = self._screen(rows)
         if not live:
@@ -275,30 +286,13 @@ class DecodeBatch:
         forward = forward or self.model
         device = self.device
 
-        # 1) left-pad the distinct (adapter, prompt) pairs into one (U, Wn) block
+        # 1) the distinct (adapter, prompt) pairs, prefilled (or taken from the prompt cache) as one block
         assert self.router is not None or not any(r.adapter for r in live), "rows with adapters need a router"
         index: dict[tuple[int, tuple[int, ...]], int] = {}
-        of_row = [index.setdefault((r.adapter, tuple(r.prompt_ids)), len(index)) for r in live]
-        prompts = [list(p) for _, p in index]
-        prompt_slots = torch.tensor([a for a, _ in index], dtype=torch.long, device=device)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(prompts), width), dtype=torch.long)
-        for u, p in enumerate(prompts):
-            ids[u, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            attn[u, width - len(p):] = 1
-        ids, attn = ids.to(device), attn.to(device)
-        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)                                    # (U, Wn)
-
-        t0 = time.perf_counter()
-        with self._route(prompt_slots):
-            out = forward(input_ids=ids, attention_mask=attn, position_ids=position_ids, past_key_values=None,
-                          use_cache=True, **self._extra)
-        self.stats.prefill_s += time.perf_counter() - t0
-        self.stats.steps += 1
-        past = out.past_key_values
-        logits = out.logits[:, -1, :].float()                                                # (U, V)
-        if len(prompts) < len(live):                         # one row per sample: share the prompt's cache
+        of_row = [index.setdefault((r.adapter, tuple(r.prompt_ids + r.sample.token_ids)), len(index)) for r in live]
+        fresh = {index[(r.adapter, tuple(r.prompt_ids))] for r in live if not r.sample.token_ids}
+        past, logits, attn = self._prefill(list(index), fresh, forward)
+        if len(index) < len(live):                           # one row per sample: share the prompt's cache
             sel = torch.tensor(of_row, device=device)
             past.batch_select_indices(sel)
             logits, attn = logits[sel], attn[sel]
@@ -310,11 +304,87 @@ class DecodeBatch:
             temp=torch.tensor([r.params.temperature for r in live], device=device),
             top_k=torch.tensor([r.params.top_k for r in live], device=device),
             top_p=torch.tensor([r.params.top_p if 0 < r.params.top_p < 1 else 1.0 for r in live], device=device),
-            gens=[seeded_generator(r.params.seed, r.sample_index) for r in live],
+            gens=[r.generator if r.sample.token_ids else seeded_generator(r.params.seed, r.sample_index)
+                  for r in live],
             slots=torch.tensor([r.adapter for r in live], dtype=torch.long, device=device))
         self._advance(group, logits, first=True)
         if group.rows:
             self._merge(group)
+
+    def _prefill(self, prompts: list[tuple[int, tuple[int, ...]]], fresh: set[int],
+                 forward: Callable[..., Any]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """(adapter slot, token ids) pairs --> (cache (U, kv, W, d) per layer, last logits (U, V), mask (U, W)),
+        left-padded to the longest. Prompts in the prompt cache are copied, the others run in one forward
+        pass; new prompts (`fresh`: not a preempted row's prompt + tokens so far) are cached after it."""
+        device = self.device
+        keys = [self._cache_key(slot, ids) for slot, ids in prompts]
+        cached = [self.cache.get(k) if self.cache is not None and k is not None else None for k in keys]
+        miss = [u for u in range(len(prompts)) if cached[u] is None]
+        width = max(len(ids) for _, ids in prompts)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+        for u, (_, ids) in enumerate(prompts):
+            attn[u, width - len(ids):] = 1
+        run: Any = None
+        if miss:
+            wm = max(len(prompts[u][1]) for u in miss)
+            ids_m = torch.full((len(miss), wm), self.pad_id, dtype=torch.long)
+            for j, u in enumerate(miss):
+                p = prompts[u][1]
+                ids_m[j, wm - len(p):] = torch.tensor(p, dtype=torch.long)
+            ids_m = ids_m.to(device)
+            attn_m = attn[miss][:, width - wm:]
+            position_ids = (attn_m.cumsum(-1) - 1).clamp(min=0)                              # (M, Wm)
+            slots = torch.tensor([prompts[u][0] for u in miss], dtype=torch.long, device=device)
+            t0 = time.perf_counter()
+            with self._route(slots):
+                out = forward(input_ids=ids_m, attention_mask=attn_m, position_ids=position_ids,
+                              past_key_values=None, use_cache=True, **self._extra)
+            self.stats.prefill_s += time.perf_counter() - t0
+            self.stats.steps += 1
+            run, logits_m = out.past_key_values, out.logits[:, -1, :].float()               # (M, V)
+            if self.cache is not None and _mergeable(run):
+                for j, u in enumerate(miss):
+                    key, n = keys[u], len(prompts[u][1])
+                    if u in fresh and key is not None:
+                        self.cache.put(key, Prefill(tuple((la.keys[j:j + 1, :, wm - n:].clone(),
+                                                           la.values[j:j + 1, :, wm - n:].clone())
+                                                          for la in run.layers), logits_m[j].clone()))
+            if len(miss) == len(prompts):
+                return run, logits_m, attn
+        self.stats.cached_prompts += len(prompts) - len(miss)
+        # some prompts came from the cache: assemble every prompt's rows, left-padded to `width`
+        from transformers.cache_utils import DynamicCache
+
+        src: Any = cached[next(u for u in range(len(prompts)) if cached[u] is not None)]
+        logits = torch.empty((len(prompts), src.logits.shape[0]), dtype=torch.float32, device=device)
+        past = DynamicCache()
+        layers = [(torch.zeros((len(prompts), *k.shape[1:2], width, k.shape[3]), dtype=k.dtype, device=device),
+                   torch.zeros((len(prompts), *v.shape[1:2], width, v.shape[3]), dtype=v.dtype, device=device))
+                  for k, v in src.layers]
+        row_of_miss = {u: j for j, u in enumerate(miss)}
+        for u, (_, ids) in enumerate(prompts):
+            n, hit = len(ids), cached[u]
+            if hit is not None:
+                logits[u] = hit.logits
+                for (dk, dv), (k, v) in zip(layers, hit.layers, strict=True):
+                    dk[u, :, width - n:], dv[u, :, width - n:] = k[0], v[0]
+            else:
+                j = row_of_miss[u]
+                logits[u] = logits_m[j]
+                wm = run.layers[0].keys.shape[2]
+                for (dk, dv), la in zip(layers, run.layers, strict=True):
+                    dk[u, :, width - n:], dv[u, :, width - n:] = la.keys[j, :, wm - n:], la.values[j, :, wm - n:]
+        for i, (k, v) in enumerate(layers):
+            past.update(k, v, i)
+        return past, logits, attn
+
+    def _cache_key(self, slot: int, ids: tuple[int, ...]) -> Key | None:
+        """The prompt cache's key for a prompt under adapter `slot`: None when the slot's adapter has no
+        stable identity (a router without `slot_key`)."""
+        if slot == 0:
+            return (0, ids)
+        identity = getattr(self.router, "slot_key", None)
+        return (identity(slot), ids) if identity is not None else None
 
     @torch.inference_mode()
     def step(self, forward: Callable[..., Any] | None = None) -> int:
@@ -337,6 +407,24 @@ class DecodeBatch:
             self._run = None
         return before - len(g.rows)
 
+    def evict(self, rows: Sequence[DecodeRow]) -> None:
+        """Take `rows` out of the running batch unfinished (recompute preemption): their cache rows go, their
+        state stays with them for a later `add`. Each row's last token was drawn and recorded already;
+        resuming prefills it with the rest, so it is not drawn twice."""
+        g = self._run
+        if g is None:
+            return
+        out = {id(r) for r in rows}
+        keep = [i for i, r in enumerate(g.rows) if id(r) not in out]
+        for i, r in enumerate(g.rows):
+            if id(r) in out:
+                r.generator = g.gens[i]
+        if not keep:
+            self._run = None
+            return
+        g.select(keep)
+        g.trim()
+
     def cancel_all(self, reason: str = "cancelled") -> None:
         """Finish every live row now (engine shutdown)."""
         for r in self.live:
@@ -353,7 +441,7 @@ class DecodeBatch:
         for r in rows:
             if r.cancelled():
                 r.finish("cancelled", self.eos, self.tok)
-            elif r.params.max_new_tokens <= 0 or len(r.prompt_ids) >= self.limit:
+            elif r.params.max_new_tokens <= 0 or len(r.prompt_ids) + len(r.sample.token_ids) >= self.limit:
                 r.finish("length", self.eos, self.tok)
             else:
                 live.append(r)

@@ -59,6 +59,10 @@ PII_SCAN_SECONDS = Histogram("apprentice_inference_pii_scan_seconds", "One PII s
 
 QUOTA_REFUSED = Counter("apprentice_inference_quota_refused_total",
                         "Requests refused by a tenant quota (RESOURCE_EXHAUSTED / HTTP 429)", ["reason"])
+PROMPT_CACHE_HITS = Counter("apprentice_inference_prompt_cache_hits_total",
+                            "Prompts joined from the prompt cache, without a prefill forward pass")
+PREEMPTED_ROWS = Counter("apprentice_inference_preempted_rows_total",
+                         "Rows taken out of a batch unfinished to give a borrowed share back (recomputed later)")
 ROWS_IN_FLIGHT = Gauge("apprentice_inference_rows_in_flight",
                        "Continuous scheduler: sequences admitted into running batches")
 TOKENS_RESERVED = Gauge("apprentice_inference_batch_tokens_reserved",

@@ -162,6 +162,8 @@ class LoraPool:
         self._hooks: list[Any] = []
         self._index: torch.Tensor | None = None
         self._single: int | None = None
+        self._stamps: dict[int, int] = {}      # slot -> which put() filled it (prompt-cache identity)
+        self._puts = 0
 
     # --- memory -----------------------------------------------------------------------------------------
     def slot_bytes(self, extra: AdapterWeights | None = None) -> int:
@@ -199,7 +201,13 @@ class LoraPool:
                 self.a[name][slot].zero_()
                 self.b[name][slot].zero_()
         self._used.add(slot)
+        self._puts += 1
+        self._stamps[slot] = self._puts
         return slot
+
+    def slot_key(self, slot: int) -> int:
+        """An identity of the adapter in `slot` that no later adapter in the same slot shares (0: base)."""
+        return 0 if slot == 0 else self._stamps.get(slot, -slot)
 
     def clear(self, slot: int) -> None:
         """Free `slot` (its stacks are zeroed when it is reused)."""

@@ -5,9 +5,12 @@ batch at once. Rules, in order:
 1. Budget. Every admitted row reserves `row_tokens` (prompt + max new tokens, at most the context window):
    the rows in flight never hold more than `max_rows` rows or `max_tokens` reserved tokens. A request that
    does not fit waits; nothing grows past the cap. A request's n rows may be admitted over several steps.
-2. Tenant share. One tenant's rows hold at most `tenant_share` of each budget, so another tenant's request
-   finds room at the next step instead of waiting for a long batch to end (the CPU engine has no
-   preemption: a row, once admitted, runs to its end).
+2. Tenant share. While another tenant has work (rows waiting or in flight, or had within the last
+   `borrow_after_s`), one tenant's rows hold at most `tenant_share` of each budget, so another tenant's
+   request finds room at the next step and every step stays short. A tenant alone may borrow the whole
+   budget; when another tenant arrives, `over_share` says how many rows the borrower gives back, and the
+   engine preempts them (services/inference/engines/continuous.py) and `requeue`s them here, first in
+   their tenant's queue.
 3. Fairness. Tenants take turns, one row each per turn (round-robin over per-tenant FIFO queues; the
    tenant served first goes to the back for the next call); within a tenant, requests are served in
    arrival order.
@@ -34,11 +37,13 @@ class Budget:
     max_tokens: int                 # sum over rows in flight of their reserved tokens
     tenant_share: float = 1.0       # fraction of each budget one tenant may hold, (0, 1]
     max_overtake_s: float = 5.0     # how long a request that does not fit may be overtaken
+    borrow_after_s: float = 2.0     # others idle this long: a lone tenant may exceed its share
 
     def __post_init__(self) -> None:
         assert self.max_rows >= 1 and self.max_tokens >= 1, "budgets must be >= 1"
         assert 0 < self.tenant_share <= 1, "tenant_share must be within (0, 1]"
         assert self.max_overtake_s >= 0, "max_overtake_s must be >= 0"
+        assert self.borrow_after_s >= 0, "borrow_after_s must be >= 0"
 
     @property
     def tenant_rows(self) -> int:
@@ -74,6 +79,7 @@ class Admission(Generic[T]):
     _where: dict[T, _Waiting[T]] = field(default_factory=dict)
     _usage: dict[str, _Usage] = field(default_factory=dict)
     _total: _Usage = field(default_factory=_Usage)
+    _idle_since: dict[str, float] = field(default_factory=dict)   # tenants whose work ended recently
 
     # --- queue --------------------------------------------------------------------------------------
     def push(self, item: T, tenant: str, rows: int, row_tokens: int) -> None:
@@ -82,6 +88,18 @@ class Admission(Generic[T]):
         assert rows >= 1 and row_tokens >= 1, "a request has >= 1 row of >= 1 token"
         w = _Waiting(item, tenant, rows, min(row_tokens, self.budget.tenant_tokens), self.clock())
         self._queues.setdefault(tenant, deque()).append(w)
+        self._where[item] = w
+
+    def requeue(self, item: T, tenant: str, rows: int, row_tokens: int) -> None:
+        """`rows` admitted rows of `item` were preempted (their reservations already released): they wait
+        again, ahead of their tenant's other requests."""
+        assert rows >= 1, "requeue at least one row"
+        w = self._where.get(item)
+        if w is not None:
+            w.rows += rows
+            return
+        w = _Waiting(item, tenant, rows, row_tokens, self.clock())
+        self._queues.setdefault(tenant, deque()).appendleft(w)
         self._where[item] = w
 
     def drop(self, item: T) -> int:
@@ -133,6 +151,21 @@ class Admission(Generic[T]):
         assert u.rows >= 0 and u.tokens >= 0 and self._total.rows >= 0, "released more than admitted"
         if u.rows == 0 and tenant not in self._queues:
             del self._usage[tenant]
+            self._idle_since[tenant] = self.clock()
+
+    def over_share(self) -> dict[str, tuple[int, int]]:
+        """Tenants holding more than their share while another tenant waits: (rows, tokens) each must
+        give back. Empty when no one is waiting for room beside a borrower."""
+        b = self.budget
+        waiting = {t for t, q in self._queues.items() if q}
+        out: dict[str, tuple[int, int]] = {}
+        for tenant, u in self._usage.items():
+            if not waiting - {tenant}:
+                continue
+            rows, tokens = u.rows - b.tenant_rows, u.tokens - b.tenant_tokens
+            if rows > 0 or tokens > 0:
+                out[tenant] = (max(0, rows), max(0, tokens))
+        return out
 
     # --- admission ------------------------------------------------------------------------------------
     def admit(self, eligible: Callable[[T], bool] | None = None) -> list[tuple[T, int, int]]:
@@ -141,7 +174,10 @@ class Admission(Generic[T]):
         `eligible(item)` False leaves an item waiting this time (e.g. its version's batch cannot take rows
         now); it neither blocks its tenant's later requests from others' turns nor triggers a hold."""
         granted: dict[T, list[int]] = {}
-        hold = self._starving(self.clock(), eligible)
+        now = self.clock()
+        self._idle_since = {t: at for t, at in self._idle_since.items()
+                            if now - at < self.budget.borrow_after_s and t not in self._queues and t not in self._usage}
+        hold = self._starving(now, eligible)
         first_served: str | None = None
         progress = True
         while progress:
@@ -168,9 +204,12 @@ class Admission(Generic[T]):
 
     def _fits(self, w: _Waiting[T]) -> bool:
         b = self.budget
-        rows, tokens = self.usage(w.tenant)
         return (self._total.rows + 1 <= b.max_rows and self._total.tokens + w.row_tokens <= b.max_tokens
-                and rows + 1 <= b.tenant_rows and tokens + w.row_tokens <= b.tenant_tokens)
+                and (self._alone(w.tenant) or self._fits_share(w)))
+
+    def _alone(self, tenant: str) -> bool:
+        """No other tenant has work now or had within `borrow_after_s` (pruned at each `admit`)."""
+        return all(t == tenant for t in (*self._queues, *self._usage, *self._idle_since))
 
     def _fits_share(self, w: _Waiting[T]) -> bool:
         rows, tokens = self.usage(w.tenant)
@@ -193,5 +232,6 @@ class Admission(Generic[T]):
     def _forget(self, tenant: str) -> None:
         del self._queues[tenant]
         u = self._usage.get(tenant)
-        if u is not None and u.rows == 0:
-            del self._usage[tenant]
+        if u is None or u.rows == 0:
+            self._usage.pop(tenant, None)
+            self._idle_since[tenant] = self.clock()

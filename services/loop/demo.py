@@ -134,7 +134,8 @@ class Demo:
         # they wait as proposals until the reviewer step (`_review_knowledge`) approves them as the operator
         extractor = {"APPRENTICE_EXTRACTOR_SESSION_GAP_S": "2",
                      **self.budget.extractor_env}
-        # one tenant: it may fill the engine (the default half share keeps room for other tenants' requests)
+        # one tenant: it may fill the engine without ever being preempted (the default quarter share applies
+        # while another tenant has work, and a lone tenant borrows the rest; services/inference/scheduler.py)
         inference = {"APPRENTICE_INFERENCE_TENANT_BATCH_SHARE": "1.0"}
         services = {"trainer": trainer, "extractor": {**per_task["extractor"], **extractor},
                     "grader": dict(per_task["grader"]), "weights": dict(per_task["weights"]),

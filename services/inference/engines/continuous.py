@@ -6,10 +6,13 @@ The transformers engine's default scheduler, on its one scheduler thread. Each l
    services/inference/scheduler.py);
 2. drop waiting requests that were cancelled or passed their deadline (their rows end `cancelled` at once),
    and fail those whose adapter could not be loaded;
-3. admit rows: each admitted group is prefilled and merged into its backbone's running `DecodeBatch`. A
+3. preempt: a tenant that borrowed more than its share while alone gives the excess back when another
+   tenant waits (its rows with the fewest tokens so far leave their batch unfinished and wait again,
+   first in their tenant's queue; services/inference/decoding.py `evict`);
+4. admit rows: each admitted group is prefilled and merged into its backbone's running `DecodeBatch`. A
    request whose LoRA adapter is not resident is not eligible yet (its load runs in the background), so
    it waits without holding back anyone else's rows;
-4. one decode step for every running batch (one batch per set of full weights; rows of different LoRA
+5. one decode step for every running batch (one batch per set of full weights; rows of different LoRA
    adapters of those weights share it, each row with its own adapter); finished rows leave at once and
    return their reservation to the budget.
 A request's n rows may join over several steps; each row keeps its own sampling parameters, seed,
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING
 from services.inference import metrics
 from services.inference.decoding import DecodeBatch, DecodeRow
 from services.inference.engines.base import EngineError, RequestHandle
+from services.inference.prompt_cache import PromptCache
 from services.inference.scheduler import Admission, Budget
 from shared.generation import Sample
 
@@ -38,12 +42,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class _Request:
-    """A request taken from the engine's queue: its rows, how many were admitted, how many finished."""
+    """A request taken from the engine's queue: its rows, which wait for admission, how many finished."""
 
     q: _Queued
     rows: list[DecodeRow]
     tenant: str
-    admitted: int = 0
+    ready: list[int] = field(default_factory=list)   # rows waiting for admission (preempted ones first)
+    started: bool = False
     finished: int = 0
     row_tokens: int = 0                     # tokens each admitted row reserves (set at admission)
     held: set[int] = field(default_factory=set)   # rows admitted and not finished (their reservation)
@@ -65,7 +70,7 @@ class ContinuousScheduler:
         self.engine = engine
         self.admission: Admission[_Request] = Admission(Budget(
             max_rows=s.max_batch_rows, max_tokens=s.max_batch_tokens, tenant_share=s.tenant_batch_share,
-            max_overtake_s=s.max_overtake_s))
+            max_overtake_s=s.max_overtake_s, borrow_after_s=s.tenant_borrow_after_s))
         self.requests: list[_Request] = []          # taken from the engine queue, not done
         self.batches: dict[int, tuple[Backbone, DecodeBatch]] = {}   # id(backbone) -> its running batch
         self._tokens_at, self._tokens = time.monotonic(), 0
@@ -79,6 +84,7 @@ class ContinuousScheduler:
             if not self._intake():
                 break
             self._sweep()
+            self._preempt()
             self._admit()
             metrics.ROWS_IN_FLIGHT.set(self.admission.rows_in_flight)
             metrics.TOKENS_RESERVED.set(self.admission.tokens_in_flight)
@@ -112,7 +118,7 @@ class ContinuousScheduler:
         eng = self.engine
         h, req = q.handle, q.handle.request
         n = max(1, req.sampling.n)
-        r = _Request(q, [], req.tenant or "")
+        r = _Request(q, [], req.tenant or "", ready=list(range(n)))
         for i in range(n):
             r.rows.append(DecodeRow(
                 prompt_ids=req.prompt_ids, params=req.sampling, sample_index=i, stream=req.stream,
@@ -130,8 +136,9 @@ class ContinuousScheduler:
         for r in self.admission.waiting():
             if r.handle.cancelled():
                 self.admission.drop(r)
-                for row in r.rows[r.admitted:]:
-                    row.finish("cancelled", self.engine._eos, self.engine._tok)
+                left, r.ready = r.ready, []
+                for i in left:
+                    r.rows[i].finish("cancelled", self.engine._eos, self.engine._tok)
                 continue
             adapter = r.policy.adapter
             if adapter is None:
@@ -141,9 +148,9 @@ class ContinuousScheduler:
                 err = broken[adapter] = cache.failed(adapter)
             if err:
                 self.admission.drop(r)
-                left = r.rows[r.admitted:]
-                for row in left:
-                    row.done = True
+                left, r.ready = r.ready, []
+                for i in left:
+                    r.rows[i].done = True
                 r.finished += len(left)
                 r.handle.fail(EngineError(f"adapter {adapter} could not be loaded: {err}"))
                 r.handle.cancel()
@@ -167,17 +174,18 @@ class ContinuousScheduler:
         requests = 0
         for r, n, tokens in self.admission.admit(eligible):
             r.row_tokens = tokens                   # as charged (a row larger than a share is clamped)
-            if r.admitted == 0:
+            if not r.started:
+                r.started = True
                 r.handle.started_at = now
                 metrics.QUEUE_SECONDS.observe(now - r.handle.submitted_at)
                 requests += 1
-            new = r.rows[r.admitted:r.admitted + n]
+            picked, r.ready = r.ready[:n], r.ready[n:]
+            new = [r.rows[i] for i in picked]
             if r.policy.adapter is not None:        # pinned while its rows run: never evicted under them
                 slot = cache.acquire(r.policy.adapter, n)
                 for row in new:
                     row.adapter = slot
-            r.held.update(range(r.admitted, r.admitted + n))
-            r.admitted += n
+            r.held.update(picked)
             groups.setdefault(id(r.policy.backbone), []).extend(new)
         if requests:
             metrics.BATCH_REQUESTS.observe(requests)
@@ -185,20 +193,55 @@ class ContinuousScheduler:
         for key, rows in groups.items():
             bb = by_key[key]
             if key not in self.batches:
+                if bb.prompts is None:
+                    bb.prompts = PromptCache(self.engine.settings.prompt_cache_bytes)
                 self.batches[key] = (bb, DecodeBatch(bb.model, self.engine._tok, eos_ids=self.engine._eos,
-                                                     context_window=self.engine._ctx, router=bb.lora))
+                                                     context_window=self.engine._ctx, router=bb.lora,
+                                                     cache=bb.prompts))
             batch = self.batches[key][1]
             if batch.router is None:        # the backbone's first adapter arrived while this batch ran
                 batch.router = bb.lora      # (slot 0 rows already in it keep the base weights)
-            before = batch.stats.tokens
+            before, cached = batch.stats.tokens, batch.stats.cached_prompts
             try:
                 batch.add(rows)
             except Exception as e:  # noqa: BLE001 - one broken prefill must not stop the engine
                 log.exception("prefill failed", extra={"version": bb.version, "rows": len(rows)})
                 self._fail(list(rows), e)
             self._count(batch.stats.tokens - before)
+            if batch.stats.cached_prompts > cached:
+                metrics.PROMPT_CACHE_HITS.inc(batch.stats.cached_prompts - cached)
             if not batch.live:
                 self.batches.pop(key, None)
+
+    def _preempt(self) -> None:
+        """Rows of tenants over their share while another tenant waits leave their batches unfinished and
+        wait again (the cheapest to recompute first: fewest tokens so far). Batches whose cache layout
+        cannot take rows back are left alone."""
+        excess = self.admission.over_share()
+        if not excess:
+            return
+        where = {id(row): key for key, (_, batch) in self.batches.items() if batch.can_join for row in batch.live}
+        for tenant, (rows, tokens) in excess.items():
+            running = [(r, i) for r in self.requests if r.tenant == tenant for i in r.held
+                       if id(r.rows[i]) in where and not r.rows[i].done]
+            running.sort(key=lambda ri: len(ri[0].rows[ri[1]].sample.token_ids))
+            out: dict[int, list[DecodeRow]] = {}
+            back: dict[int, tuple[_Request, int]] = {}
+            for r, i in running:
+                if rows <= 0 and tokens <= 0:
+                    break
+                out.setdefault(where[id(r.rows[i])], []).append(r.rows[i])
+                self._unhold(r, i)
+                r.ready.insert(0, i)
+                rows, tokens = rows - 1, tokens - r.row_tokens
+                back[id(r)] = (r, back.get(id(r), (r, 0))[1] + 1)
+            for key, evicted in out.items():
+                self.batches[key][1].evict(evicted)
+                if not self.batches[key][1].live:
+                    self.batches.pop(key, None)
+            for r, n in back.values():
+                self.admission.requeue(r, r.tenant, n, r.row_tokens)
+                metrics.PREEMPTED_ROWS.inc(n)
 
     def _step(self, key: int) -> None:
         bb, batch = self.batches[key]

@@ -43,6 +43,7 @@ from services.inference.engines.base import (
     VersionFiles,
 )
 from services.inference.multi_lora import LoraPool
+from services.inference.prompt_cache import PromptCache
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class Backbone:
     model: Any
     lora: LoraPool | None = None          # the resident adapters' stacked weights, once one is registered
     adapters: set[str] = field(default_factory=set)
+    prompts: PromptCache | None = None    # recent prefills on these weights (continuous scheduler)
 
 
 @dataclass

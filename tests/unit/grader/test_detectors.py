@@ -86,16 +86,33 @@ def test_length_shift_between_versions() -> None:
     assert "length_shift" not in shifted[0]  # not before min_samples
 
 
-def test_high_truncation() -> None:
+def test_high_truncation_only_when_truncation_buys_reward() -> None:
     stats = D.DetectorStats(CFG)
     for i in range(40):
-        run(stats, obs(truncated=i % 10 == 0))  # 10 %
-    assert "high_truncation" not in run(stats, obs(truncated=True))
-    stats2 = D.DetectorStats(CFG)
+        run(stats, obs(truncated=i % 10 == 0, reward=1.0 if i % 10 == 0 else 0.0))  # 10 %, well paid
+    assert "high_truncation" not in run(stats, obs(truncated=True, reward=1.0))    # too rare to matter
+    paid = D.DetectorStats(CFG)
     for i in range(40):
-        run(stats2, obs(truncated=i % 2 == 0))  # 50 %
-    assert "high_truncation" in run(stats2, obs(truncated=True))
-    assert "high_truncation" not in run(stats2, obs(truncated=False))
+        run(paid, obs(truncated=i % 2 == 0, reward=0.9 if i % 2 == 0 else 0.3))  # 50 %, truncated pay more
+    assert "high_truncation" in run(paid, obs(truncated=True, reward=0.9))
+    assert "high_truncation" not in run(paid, obs(truncated=False, reward=0.3))
+    rambling = D.DetectorStats(CFG)                      # 50 % truncated, same reward either way: a base
+    for i in range(40):                                  # model that talks past a short budget
+        run(rambling, obs(truncated=i % 2 == 0, reward=float(i % 4 < 2)))
+    assert "high_truncation" not in run(rambling, obs(truncated=True, reward=1.0))
+
+
+def test_high_truncation_without_finished_answers_compares_with_the_previous_version() -> None:
+    stats = D.DetectorStats(CFG)
+    for i in range(40):
+        run(stats, obs("v1", truncated=i % 3 == 0))      # 33 % truncated
+    for _ in range(40):
+        run(stats, obs("v2", truncated=True))            # every answer cut: nothing to compare within v2
+    assert "high_truncation" in run(stats, obs("v2", truncated=True))
+    first = D.DetectorStats(CFG)
+    for _ in range(40):
+        run(first, obs("base", truncated=True))          # no previous version: no evidence of a hack
+    assert "high_truncation" not in run(first, obs("base", truncated=True))
 
 
 def test_degenerate_repetition() -> None:

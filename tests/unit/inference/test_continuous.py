@@ -76,16 +76,50 @@ def test_the_token_cap_holds_rows_back_instead_of_growing_past_it(tiny_model_nam
 
 
 def test_a_request_cancelled_while_waiting_for_room_ends_at_once(engine: Any) -> None:
+    other = engine.submit(_request(engine, "other hog", tenant="B", n=16, max_new_tokens=300, temperature=1.0))
+    _wait(lambda: other.started_at is not None)
     hog = engine.submit(_request(engine, "hog", tenant="A", n=16, max_new_tokens=300, temperature=1.0))
     _wait(lambda: hog.started_at is not None)
-    # tenant A holds its whole share (16 rows of 32 at share 0.5): a second request of A waits
+    # A and B each hold their share (16 rows of 32 at share 0.5), the engine is full: A's next request waits
     waiting = engine.submit(_request(engine, "waits", tenant="A", max_new_tokens=4,
                                      deadline=time.monotonic() + 0.3))
     got = waiting.result(timeout=30)[0]
     assert got.finish_reason == "cancelled" and got.token_ids == []
-    assert not hog.done
-    hog.cancel()
-    assert all(s.finish_reason == "cancelled" for s in hog.result(timeout=30))
+    assert not hog.done and not other.done
+    for h in (hog, other):
+        h.cancel()
+        assert all(s.finish_reason == "cancelled" for s in h.result(timeout=30))
+
+
+def test_a_lone_tenant_borrows_the_engine_and_gives_the_excess_back_when_another_arrives(
+        tiny_model_name: str) -> None:
+    """Alone, tenant A fills the batch beyond its share; B's request makes A give its excess rows back
+    (preempted, recomputed later) and starts at once; once B has been idle `tenant_borrow_after_s`, A
+    borrows again. Every answer is the one it gives unpreempted."""
+    eng = _engine(tiny_model_name, batch_wait_ms=0, max_batch_rows=16, tenant_batch_share=0.25,
+                  tenant_borrow_after_s=1.5)
+    from prometheus_client import REGISTRY
+
+    preempted = REGISTRY.get_sample_value("apprentice_inference_preempted_rows_total") or 0.0
+    try:
+        cfg = dict(n=12, max_new_tokens=120, temperature=1.0, seed=9)
+        ref = eng.submit(_request(eng, "borrower", tenant="A", **cfg)).result(timeout=120)
+        sched = eng._scheduler
+        long = eng.submit(_request(eng, "borrower", tenant="A", **cfg))
+        _wait(lambda: sched.admission.usage("A")[0] == 12)            # all 12 rows at once: 3x its share
+        short = eng.submit(_request(eng, "short one", tenant="B", max_new_tokens=4))
+        short.result(timeout=60)
+        assert not long.done                                           # B did not wait for A's rows
+        assert sched.admission.usage("A")[0] <= 4 or long.done         # A kept its share only ...
+        _wait(lambda: sched.admission.usage("A")[0] > 4 or long.done)  # ... until B had been idle a while
+        got = long.result(timeout=120)
+        assert [s.token_ids for s in got] == [s.token_ids for s in ref]
+        for a, b in zip(got, ref, strict=True):
+            assert a.logprobs_t1 == pytest.approx(b.logprobs_t1, abs=1e-3)
+        assert REGISTRY.get_sample_value("apprentice_inference_preempted_rows_total") - preempted >= 8
+        assert sched.admission.rows_in_flight == 0
+    finally:
+        eng.shutdown(timeout=5)
 
 
 def test_static_scheduler_is_still_selectable(tiny_model_name: str) -> None:

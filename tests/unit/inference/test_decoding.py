@@ -193,3 +193,131 @@ def test_samples_of_one_prompt_share_a_prefill_and_keep_their_own_seeds(tiny: An
     ref = generate(model, tok, [p], SamplingConfig(max_new_tokens=8, temperature=1.0, seed=42, n=3))[0]
     assert [got[i].token_ids for i in range(3)] == [r.token_ids for r in ref]
     assert len({tuple(got[i].token_ids) for i in range(3)}) > 1                 # distinct samples
+
+
+def test_a_preempted_row_resumes_with_the_answer_it_would_have_given(tiny: Any) -> None:
+    """Recompute preemption: rows evicted mid-answer (greedy, seeded with top-k, streamed with a stop
+    string) and added back later give the tokens, log-probs and streamed text they give unpreempted; the
+    rows left running are not disturbed, and an evicted row is never drawn twice."""
+    from services.inference.decoding import DecodeBatch
+
+    model, tok = tiny
+    ids = _prompts(tok, 3)
+    cfgs = [SamplingConfig(max_new_tokens=16), SamplingConfig(max_new_tokens=14, temperature=0.8, top_k=9, seed=4),
+            SamplingConfig(max_new_tokens=15, temperature=1.0, seed=21)]
+    alone = [_run(model, tok, [DecodeRow(p, c)])[0] for p, c in zip(ids, cfgs, strict=True)]
+    streamed: list[str] = []
+    rows = [DecodeRow(p, c) for p, c in zip(ids, cfgs, strict=True)]
+    rows[2].stream = True
+    rows[2].on_delta = lambda _ids, text: streamed.append(text)
+    got = _collect(rows)
+    batch = DecodeBatch(model, tok)
+    batch.add(rows)
+    for _ in range(4):
+        batch.step()
+    evicted = [rows[1], rows[2]]
+    held = [len(r.sample.token_ids) for r in evicted]
+    batch.evict(evicted)
+    assert batch.live == [rows[0]]
+    for _ in range(3):                                   # the others wait while row 0 goes on
+        batch.step()
+    assert [len(r.sample.token_ids) for r in evicted] == held
+    batch.add(evicted)                                   # back: prefill of prompt + tokens so far
+    while batch.live:
+        batch.step()
+    for i in range(3):
+        assert got[i].token_ids == alone[i].token_ids, i
+        assert got[i].logprobs == pytest.approx(alone[i].logprobs, abs=1e-4)
+        assert got[i].logprobs_t1 == pytest.approx(alone[i].logprobs_t1, abs=1e-4)
+    assert "".join(streamed) == got[2].text == alone[2].text
+
+    whole = DecodeBatch(model, tok)                      # every row out: the batch is empty, then resumes
+    again = [DecodeRow(ids[1], cfgs[1])]
+    out = _collect(again)
+    whole.add(again)
+    whole.step()
+    whole.evict(again)
+    assert not whole.live
+    whole.add(again)
+    while whole.live:
+        whole.step()
+    assert out[0].token_ids == alone[1].token_ids
+
+
+def test_a_repeated_prompt_joins_from_the_prompt_cache_with_the_same_answer(tiny: Any) -> None:
+    """The prompt cache: a prompt prefilled once joins later batches without a forward pass (alone, or
+    beside a new prompt that is prefilled), and every row gives the answer it gives uncached."""
+    from services.inference.decoding import DecodeBatch
+    from services.inference.prompt_cache import PromptCache
+
+    model, tok = tiny
+    ids = _prompts(tok, 3)
+    cfg = SamplingConfig(max_new_tokens=10, temperature=0.9, seed=13)
+    alone = [_run(model, tok, [DecodeRow(p, cfg)])[0] for p in ids]
+    cache = PromptCache(64 << 20)
+
+    first = DecodeBatch(model, tok, cache=cache)
+    rows = [DecodeRow(ids[0], cfg), DecodeRow(ids[1], cfg)]
+    got = _collect(rows)
+    first.add(rows)
+    while first.live:
+        first.step()
+    assert len(cache) == 2 and first.stats.cached_prompts == 0
+
+    second = DecodeBatch(model, tok, cache=cache)
+    rows2 = [DecodeRow(ids[1], cfg)]
+    got2 = _collect(rows2)
+    second.add(rows2)
+    assert second.stats.steps == 0 and second.stats.cached_prompts == 1     # no forward pass at all
+    rows3 = [DecodeRow(ids[2], cfg), DecodeRow(ids[0], cfg)]                 # one new, one cached
+    got3 = _collect(rows3)
+    second.add(rows3)
+    assert second.stats.steps == 1 and second.stats.cached_prompts == 2
+    while second.live:
+        second.step()
+    for g, ref in [(got[0], alone[0]), (got[1], alone[1]), (got2[0], alone[1]), (got3[0], alone[2]),
+                   (got3[1], alone[0])]:
+        assert g.token_ids == ref.token_ids
+        assert g.logprobs_t1 == pytest.approx(ref.logprobs_t1, abs=1e-4)
+    assert cache.hits == 2 and len(cache) == 3
+
+
+def test_the_prompt_cache_is_bounded_and_never_holds_a_preempted_rows_tokens(tiny: Any) -> None:
+    from services.inference.decoding import DecodeBatch
+    from services.inference.prompt_cache import PromptCache
+
+    model, tok = tiny
+    ids = _prompts(tok, 3)
+    probe = PromptCache(1 << 30)
+    b = DecodeBatch(model, tok, cache=probe)
+    b.add([DecodeRow(ids[0], SamplingConfig(max_new_tokens=1))])
+    one = probe.bytes                                      # the first prompt's prefill
+    cache = PromptCache(int(one * 2.5))                    # room for two prompts of about that size
+    b = DecodeBatch(model, tok, cache=cache)
+    for p in ids:
+        b.add([DecodeRow(p, SamplingConfig(max_new_tokens=1))])
+    assert len(cache) == 2 and cache.bytes <= cache.max_bytes
+    assert cache.get((0, tuple(ids[0]))) is None           # least recently used went first
+    row = DecodeRow(ids[0], SamplingConfig(max_new_tokens=6))
+    b = DecodeBatch(model, tok, cache=cache)
+    b.add([row])
+    b.step()
+    b.evict([row])
+    before = len(cache), cache.bytes
+    b.add([row])                                           # prompt + tokens so far: not a cache entry
+    assert (len(cache), cache.bytes) == before
+
+
+def test_a_reused_lora_slot_does_not_share_cache_entries_with_its_previous_adapter(tiny: Any) -> None:
+    from services.inference.multi_lora import AdapterWeights, LoraPool
+
+    model, _ = tiny
+    pool = LoraPool(model)
+    name = next(n for n, m in model.named_modules() if n.endswith("q_proj"))
+    m = dict(model.named_modules())[name]
+    w = AdapterWeights("a", {name: (torch.zeros(2, m.in_features), torch.zeros(m.out_features, 2))})
+    slot = pool.put(w)
+    key = pool.slot_key(slot)
+    pool.clear(slot)
+    again = pool.put(w)
+    assert again == slot and pool.slot_key(again) != key and pool.slot_key(0) == 0

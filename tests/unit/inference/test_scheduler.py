@@ -61,14 +61,50 @@ def test_the_tenant_served_first_goes_to_the_back() -> None:
 
 
 def test_one_tenant_keeps_out_of_the_others_share() -> None:
-    """A long request of tenant A cannot take the whole engine: B's short request starts at once."""
+    """While B has work, a long request of tenant A cannot take the whole engine: B's short request starts
+    at once."""
     a = _adm(max_rows=32, max_tokens=32_000, share=0.75)
+    a.push("B-short", "B", rows=1, row_tokens=40)
+    assert a.admit() == [("B-short", 1, 40)]
     a.push("A-long", "A", rows=16, row_tokens=2_000)      # wants 32,000 tokens
     (item, n, _), = a.admit()
     assert item == "A-long" and n == 12                  # 24,000 = its share
+    a.push("B-next", "B", rows=1, row_tokens=40)
+    assert a.admit() == [("B-next", 1, 40)]
+    assert a.usage("A") == (12, 24_000) and a.usage("B") == (2, 80)
+    assert a.over_share() == {}
+
+
+def test_a_lone_tenant_borrows_and_gives_the_excess_back_when_another_waits() -> None:
+    clock = Clock()
+    a = Admission(Budget(32, 32_000, 0.25, 5.0, borrow_after_s=2.0), clock=clock)
+    a.push("A-long", "A", rows=16, row_tokens=1_000)
+    assert a.admit() == [("A-long", 16, 1_000)]          # alone: 16 rows, twice its share of 8
+    assert a.over_share() == {}                          # no one waits
     a.push("B-short", "B", rows=1, row_tokens=40)
-    assert a.admit() == [("B-short", 1, 40)]
-    assert a.usage("A") == (12, 24_000) and a.usage("B") == (1, 40)
+    assert a.over_share() == {"A": (8, 8_000)}           # back to 8 rows / 8,000 tokens
+    for _ in range(8):                                   # the engine preempts 8 rows and requeues them
+        a.release("A", 1_000)
+    a.requeue("A-long", "A", 8, 1_000)
+    assert a.admit() == [("B-short", 1, 40)]             # A's rows wait: B has work
+    assert a.waiting() == ["A-long"] and a.over_share() == {}
+    a.release("B", 40)
+    clock.t = 1.0
+    assert a.admit() == []                               # B idle for 1 s only: A keeps its share
+    clock.t = 2.5
+    assert a.admit() == [("A-long", 8, 1_000)]           # B idle past borrow_after_s: A borrows again
+    assert a.usage("A") == (16, 16_000)
+
+
+def test_requeued_rows_go_first_in_their_tenants_queue() -> None:
+    a = _adm(max_rows=4, max_tokens=1_000)
+    a.push("x", "A", rows=2, row_tokens=10)
+    assert a.admit() == [("x", 2, 10)]
+    a.push("y", "A", rows=4, row_tokens=10)
+    a.release("A", 10)
+    a.requeue("x", "A", 1, 10)
+    assert a.waiting() == ["x", "y"]
+    assert a.admit() == [("x", 1, 10), ("y", 2, 10)]
 
 
 def test_a_row_larger_than_the_share_is_clamped_so_it_can_run() -> None:
