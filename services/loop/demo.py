@@ -161,9 +161,11 @@ class Demo:
                 raise RuntimeError(f"services did not become healthy: {health}; logs in {self.run_dir / 'logs'}")
             p("stack healthy: " + ", ".join(health), done=True)
             self.watcher = TopicWatcher(self.stack.common.kafka_bootstrap, self.stack.topics)
+            # RL rounds: a quarter of the KPI reports arrive late, as a product's outcome events do
             self.users = SimulatedUsers(self.task, self.stack.inference_target, seed=self.seed,
                                         token=self.stack.backend_token(self.task.tenant),
-                                        common=self.stack.client_common)
+                                        common=self.stack.client_common,
+                                        late_fraction=0.25 if self.algo in ("grpo", "both") else 0.0)
             self.evaluator = Evaluator(self.task, self.stack.inference_target, samples=self.budget.eval_samples,
                                        max_new_tokens=self.budget.max_new_tokens, common=self.stack.client_common)
             self._evaluate(0, deploy=None, started=time.monotonic())
@@ -184,7 +186,9 @@ class Demo:
         n = 4 if self.algo in ("grpo", "both") else 1
         questions = self.users.pick(self.budget.users_per_round)
         p(f"round {k}: {len(questions)} simulated users asking (n={n})")
+        late_before = self.users.late_reported
         exchanges = self.users.run(questions, max_new_tokens=self.budget.max_new_tokens, temperature=0.7, n=n)
+        late = self.users.late_reported - late_before
         ids = {e.interaction_id for e in exchanges}
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -195,7 +199,7 @@ class Demo:
             time.sleep(2)
         resolved = sum(e.resolved for e in exchanges)
         p(f"round {k}: deployment KPI {resolved}/{len(exchanges)} resolved", done=True)
-        return {"answers": len(exchanges), "resolved": resolved, "graded": len(graded),
+        return {"answers": len(exchanges), "resolved": resolved, "graded": len(graded), "late_kpi_reports": late,
                 "policy_versions": sorted({e.policy_version for e in exchanges})}
 
     def _served_version(self) -> str:

@@ -2,13 +2,17 @@
 
 Each simulated user asks one training question through `Inference.Generate`, reads the answer, and the
 backend reports the business KPI (`resolved` = the answer states the right fact) through
-`Feedback.Submit`; when the answer is wrong a human agent's correction follows, as free text. Held-out
-questions are never asked here.
+`Feedback.Submit`; when the answer is wrong a human agent's correction follows, as free text. A share of
+the KPI reports arrive late (`late_fraction`, after `late_s` seconds drawn uniformly), as a product's
+outcome events do: the grader must join them to interactions it has already seen. Held-out questions are
+never asked here.
 """
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +37,8 @@ class Exchange:
 
 class SimulatedUsers:
     def __init__(self, task: Task, inference_target: str, *, concurrency: int = 8, seed: int = 0,
-                 timeout_s: float = 300.0, token: str | None = None, common: CommonSettings | None = None) -> None:
+                 timeout_s: float = 300.0, token: str | None = None, common: CommonSettings | None = None,
+                 late_fraction: float = 0.0, late_s: tuple[float, float] = (5.0, 20.0)) -> None:
         """`token`: the key the simulated product backend presents (its tenant's backend key); None =
         this process's configured key. `common`: client settings (TLS CA) for the stack."""
         self.task = task
@@ -43,6 +48,10 @@ class SimulatedUsers:
         self.concurrency = concurrency
         self.rng = random.Random(seed)
         self.timeout_s = timeout_s
+        self.late_fraction, self.late_s = late_fraction, late_s
+        self._late: list[tuple[float, str, Fact, bool]] = []     # (due, interaction id, fact, resolved)
+        self._lock = threading.Lock()
+        self.late_reported = 0
 
     def pick(self, count: int) -> list[tuple[Fact, str]]:
         """`count` training questions, every fact as evenly as possible, in random order. A task with fewer
@@ -70,10 +79,20 @@ class SimulatedUsers:
         out = []
         for choice in resp.choices:
             resolved = check_answer(fact, choice.text).value >= 1.0
-            self._report(choice.interaction_id, fact, resolved)
+            self._report_or_hold(choice.interaction_id, fact, resolved)
             out.append(Exchange(fact.id, question, choice.interaction_id, choice.text, resolved,
                                 resp.policy_version, choice.token_count))
         return out
+
+    def _report_or_hold(self, interaction_id: str, fact: Fact, resolved: bool) -> None:
+        """Report the outcome now, or (a `late_fraction` share) hold it until `_report_late`."""
+        with self._lock:
+            late = self.rng.random() < self.late_fraction
+            due = time.monotonic() + self.rng.uniform(*self.late_s)
+            if late:
+                self._late.append((due, interaction_id, fact, resolved))
+        if not late:
+            self._report(interaction_id, fact, resolved)
 
     def _report(self, interaction_id: str, fact: Fact, resolved: bool) -> None:
         tenant = self.task.tenant
@@ -90,7 +109,18 @@ class SimulatedUsers:
         with ThreadPoolExecutor(self.concurrency) as pool:
             futs = [pool.submit(self.ask, f, q, max_new_tokens=max_new_tokens, temperature=temperature, n=n,
                                 seed=self.rng.randrange(1, 2**31)) for f, q in questions]
-            return [e for fut in futs for e in fut.result()]
+            out = [e for fut in futs for e in fut.result()]
+        self._report_late()
+        return out
+
+    def _report_late(self) -> None:
+        """The late KPI reports, each when it is due (the round's traffic is over; they trickle in)."""
+        with self._lock:
+            due, self._late = sorted(self._late, key=lambda x: x[0]), []
+        for at, interaction_id, fact, resolved in due:
+            time.sleep(max(0.0, at - time.monotonic()))
+            self._report(interaction_id, fact, resolved)
+            self.late_reported += 1
 
     def close(self) -> None:
         self.channel.close()

@@ -56,7 +56,8 @@ def verify(interaction_id: str, tenant: str, secret: bytes) -> bool:
     raw, dot, tag = interaction_id.partition(".")
     if not secret or not dot or not raw or not tag:
         return False
-    return hmac.compare_digest(tag, _tag(secret, raw, tenant))
+    # bytes, not str: compare_digest refuses non-ASCII strings, and a caller controls the tag
+    return hmac.compare_digest(tag.encode("utf-8", "surrogatepass"), _tag(secret, raw, tenant).encode())
 
 
 def is_signed(interaction_id: str) -> bool:

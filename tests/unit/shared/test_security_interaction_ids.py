@@ -110,3 +110,13 @@ def test_guard_tracking_is_bounded() -> None:
     for i in range(10):
         g.admit(f"i{i}", "a")
     assert len(g._usage) == 4
+
+
+def test_a_tag_with_non_ascii_characters_is_refused_not_an_error() -> None:
+    """A caller writes the id: a non-ASCII tag (the fuzzer's "0.\\x80") is a wrong tag, not a crash."""
+    key = b"k" * 32
+    good = ids.issue("acme", key)
+    raw = good.partition(".")[0]
+    for bad in ("0.\x80", f"{raw}.é", f"{raw}.\udcff", f"{raw}.{'ü' * 22}"):
+        assert ids.verify(bad, "acme", key) is False
+    assert ids.verify(good, "acme", key)
