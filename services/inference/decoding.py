@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from services.inference.prompt_cache import Key, Prefill, PromptCache
+from services.inference.prompt_cache import Key, Prefill, PromptCache, assemble
 from shared.generation import Sample, SamplingConfig
 from shared.generation import _eos_ids as eos_ids_of
 from shared.generation import _filter_logits as filter_top_k_top_p
@@ -317,65 +317,41 @@ class DecodeBatch:
         left-padded to the longest. Prompts in the prompt cache are copied, the others run in one forward
         pass; new prompts (`fresh`: not a preempted row's prompt + tokens so far) are cached after it."""
         device = self.device
-        keys = [self._cache_key(slot, ids) for slot, ids in prompts]
-        cached = [self.cache.get(k) if self.cache is not None and k is not None else None for k in keys]
+        cache = self.cache if forward is self.model else None      # a wrapper's prefills are its own
+        keys = [self._cache_key(slot, ids) if cache is not None else None for slot, ids in prompts]
+        cached = [cache.get(k) if cache is not None and k is not None else None for k in keys]
         miss = [u for u in range(len(prompts)) if cached[u] is None]
         width = max(len(ids) for _, ids in prompts)
         attn = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
         for u, (_, ids) in enumerate(prompts):
             attn[u, width - len(ids):] = 1
-        run: Any = None
         if miss:
             wm = max(len(prompts[u][1]) for u in miss)
             ids_m = torch.full((len(miss), wm), self.pad_id, dtype=torch.long)
             for j, u in enumerate(miss):
                 p = prompts[u][1]
                 ids_m[j, wm - len(p):] = torch.tensor(p, dtype=torch.long)
-            ids_m = ids_m.to(device)
             attn_m = attn[miss][:, width - wm:]
-            position_ids = (attn_m.cumsum(-1) - 1).clamp(min=0)                              # (M, Wm)
             slots = torch.tensor([prompts[u][0] for u in miss], dtype=torch.long, device=device)
             t0 = time.perf_counter()
             with self._route(slots):
-                out = forward(input_ids=ids_m, attention_mask=attn_m, position_ids=position_ids,
-                              past_key_values=None, use_cache=True, **self._extra)
+                out = forward(input_ids=ids_m.to(device), attention_mask=attn_m,
+                              position_ids=(attn_m.cumsum(-1) - 1).clamp(min=0), past_key_values=None,
+                              use_cache=True, **self._extra)
             self.stats.prefill_s += time.perf_counter() - t0
             self.stats.steps += 1
             run, logits_m = out.past_key_values, out.logits[:, -1, :].float()               # (M, V)
-            if self.cache is not None and _mergeable(run):
-                for j, u in enumerate(miss):
-                    key, n = keys[u], len(prompts[u][1])
-                    if u in fresh and key is not None:
-                        self.cache.put(key, Prefill(tuple((la.keys[j:j + 1, :, wm - n:].clone(),
-                                                           la.values[j:j + 1, :, wm - n:].clone())
-                                                          for la in run.layers), logits_m[j].clone()))
+            if len(miss) == len(prompts) and (cache is None or not _mergeable(run)):
+                return run, logits_m, attn
+            for j, u in enumerate(miss):
+                view = cached[u] = Prefill.view(run, logits_m, j, len(prompts[u][1]))
+                key = keys[u]
+                if cache is not None and u in fresh and key is not None and _mergeable(run):
+                    cache.put(key, view.copy())      # kept: a copy, not a view of this batch's cache
             if len(miss) == len(prompts):
                 return run, logits_m, attn
         self.stats.cached_prompts += len(prompts) - len(miss)
-        # some prompts came from the cache: assemble every prompt's rows, left-padded to `width`
-        from transformers.cache_utils import DynamicCache
-
-        src: Any = cached[next(u for u in range(len(prompts)) if cached[u] is not None)]
-        logits = torch.empty((len(prompts), src.logits.shape[0]), dtype=torch.float32, device=device)
-        past = DynamicCache()
-        layers = [(torch.zeros((len(prompts), *k.shape[1:2], width, k.shape[3]), dtype=k.dtype, device=device),
-                   torch.zeros((len(prompts), *v.shape[1:2], width, v.shape[3]), dtype=v.dtype, device=device))
-                  for k, v in src.layers]
-        row_of_miss = {u: j for j, u in enumerate(miss)}
-        for u, (_, ids) in enumerate(prompts):
-            n, hit = len(ids), cached[u]
-            if hit is not None:
-                logits[u] = hit.logits
-                for (dk, dv), (k, v) in zip(layers, hit.layers, strict=True):
-                    dk[u, :, width - n:], dv[u, :, width - n:] = k[0], v[0]
-            else:
-                j = row_of_miss[u]
-                logits[u] = logits_m[j]
-                wm = run.layers[0].keys.shape[2]
-                for (dk, dv), la in zip(layers, run.layers, strict=True):
-                    dk[u, :, width - n:], dv[u, :, width - n:] = la.keys[j, :, wm - n:], la.values[j, :, wm - n:]
-        for i, (k, v) in enumerate(layers):
-            past.update(k, v, i)
+        past, logits = assemble([c for c in cached if c is not None], width)
         return past, logits, attn
 
     def _cache_key(self, slot: int, ids: tuple[int, ...]) -> Key | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -26,6 +27,17 @@ class Prefill:
 
     layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     logits: torch.Tensor
+
+    @staticmethod
+    def view(past: Any, logits: torch.Tensor, row: int, length: int) -> Prefill:
+        """Row `row` of a left-padded prefill (a cache with `.layers` of (B, kv, W, d) keys and values,
+        logits (B, V)), its last `length` columns: views, no copy."""
+        width = int(past.layers[0].keys.shape[2])
+        return Prefill(tuple((la.keys[row:row + 1, :, width - length:], la.values[row:row + 1, :, width - length:])
+                             for la in past.layers), logits[row])
+
+    def copy(self) -> Prefill:
+        return Prefill(tuple((k.clone(), v.clone()) for k, v in self.layers), self.logits.clone())
 
     @property
     def length(self) -> int:
@@ -71,3 +83,22 @@ class PromptCache:
     def clear(self) -> None:
         self._items.clear()
         self.bytes = 0
+
+
+def assemble(prefills: list[Prefill], width: int) -> tuple[Any, torch.Tensor]:
+    """Prefills of different lengths --> one cache, each row right-aligned (left-padded with zeros) to
+    `width` columns, and their last logits (U, V): the shape a batched prefill of those prompts has."""
+    from transformers.cache_utils import DynamicCache
+
+    first = prefills[0]
+    logits = torch.stack([p.logits for p in prefills])
+    past = DynamicCache()
+    for i, (k0, v0) in enumerate(first.layers):
+        k = k0.new_zeros((len(prefills), k0.shape[1], width, k0.shape[3]))
+        v = v0.new_zeros((len(prefills), v0.shape[1], width, v0.shape[3]))
+        for u, p in enumerate(prefills):
+            pk, pv = p.layers[i]
+            k[u, :, width - pk.shape[2]:] = pk[0]
+            v[u, :, width - pv.shape[2]:] = pv[0]
+        past.update(k, v, i)
+    return past, logits
