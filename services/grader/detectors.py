@@ -10,12 +10,13 @@ A policy learns whatever the reward allows. Each detector names one known shortc
   buying reward.
 - `length_shift`: a version's mean length is >= `length_shift_ratio` x the previous version's, and this
   response is beyond the previous mean by that ratio.
-- `high_truncation`: the version's share of `finish_reason == "length"` is above threshold, this response
-  was truncated, and truncation is buying reward: truncated responses of the version score more than its
-  finished ones by over `truncation_reward_gap` (a judge or KPI that favours long unfinished answers), or,
-  when nearly all are truncated and there is nothing to compare, the rate rose by over
-  `truncation_rate_rise` from the previous version. A base model that rambles past a short budget whatever
-  its reward is not a hack, and its truncated answers are still signal.
+- `high_truncation`: the policy learned to run into the token cap: this response was truncated, the
+  version's share of `finish_reason == "length"` is above threshold and rose by over
+  `truncation_rate_rise` from the previous version's, and truncation pays (truncated responses score more
+  than finished ones by over `truncation_reward_gap`, or too few finished ones are left to compare): a
+  judge or KPI that favours long unfinished answers. Not on the first version seen: a base model that
+  talks past a short budget learned nothing (measured on the routing task: 69% truncated, and the cut
+  answers scored 0.23 against 0.14 because rambling names teams by chance).
 - `degenerate`: repeated word 4-grams make up more than `repetition_threshold` of the response.
 - `judge_kpi_disagreement`: the LLM judge and the business KPI (both on 0..1) differ by more than
   the threshold: the judge is being fooled, or the KPI is broken.
@@ -266,10 +267,10 @@ def detect(cfg: DetectorConfig, stats: DetectorStats, task: TaskGraders, o: Obse
                 and cur.mean_length >= cfg.length_shift_ratio * prev.mean_length
                 and o.length >= cfg.length_shift_ratio * prev.mean_length):
             flags.append("length_shift")
-        if o.truncated and cur.truncation_rate > cfg.truncation_rate_threshold:
+        if (o.truncated and cur.truncation_rate > cfg.truncation_rate_threshold and prev is not None
+                and cur.truncation_rate - prev.truncation_rate > cfg.truncation_rate_rise):
             gap = cur.truncation_reward_gap(max(3, cfg.min_samples // 4))
-            rose = prev is not None and cur.truncation_rate - prev.truncation_rate > cfg.truncation_rate_rise
-            if (gap is not None and gap > cfg.truncation_reward_gap) or (gap is None and rose):
+            if gap is None or gap > cfg.truncation_reward_gap:
                 flags.append("high_truncation")
         if (o.reward is not None and prev is not None and prev.n_rewarded >= cfg.min_samples
                 and cur.n_rewarded >= cfg.min_samples

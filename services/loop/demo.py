@@ -112,7 +112,9 @@ class Demo:
             **per_task["trainer"],
             "APPRENTICE_TRAINER_RL_ENABLED": str(rl).lower(),
             "APPRENTICE_TRAINER_DISTILL_ENABLED": str(distill).lower(),
-            "APPRENTICE_TRAINER_TRIGGER_SAMPLES": str(self.budget.users_per_round * (4 if rl else 1)),
+            # RL: train once three quarters of a round's group samples are usable (quarantined ones never
+            # arrive, so waiting for all of them would wait for the next round's traffic)
+            "APPRENTICE_TRAINER_TRIGGER_SAMPLES": str(self.budget.users_per_round * 3 if rl else self.budget.users_per_round),
             "APPRENTICE_TRAINER_TRIGGER_ON_KNOWLEDGE": "true",
             "APPRENTICE_TRAINER_TRIGGER_KNOWLEDGE_QUIET_S": "15",
             # docs/oel-probe.md and load/oel_methods_probe.py: teacher samples as supervised targets move the

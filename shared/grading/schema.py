@@ -227,14 +227,13 @@ class DetectorConfig(_Strict):
     length_shift_ratio: float = Field(default=1.5, gt=1)
     """Mean length of a version / mean of the previous version above which the shift is flagged."""
     truncation_rate_threshold: float = Field(default=0.3, gt=0, le=1)
-    """Share of `finish_reason == "length"` above which truncated records may be flagged (if truncation
-    buys reward: see the next two)."""
-    truncation_reward_gap: float = Field(default=0.1, ge=0)
-    """Mean reward of a version's truncated records over its finished ones above which truncation buys
-    reward."""
+    """Share of `finish_reason == "length"` above which truncated records may be flagged (when it rose
+    and pays: see the next two)."""
     truncation_rate_rise: float = Field(default=0.2, gt=0, le=1)
-    """With too few finished records to compare: rise of the truncation rate over the previous version
-    above which truncation is flagged."""
+    """Rise of a version's truncation rate over the previous version's above which the policy learned to
+    run into the cap."""
+    truncation_reward_gap: float = Field(default=0.1, ge=0)
+    """Mean reward of a version's truncated records over its finished ones above which truncation pays."""
     repetition_threshold: float = Field(default=0.5, gt=0, le=1)
     """Share of repeated word 4-grams above which a response is degenerate."""
     repetition_min_words: int = Field(default=12, ge=4)

@@ -86,33 +86,35 @@ def test_length_shift_between_versions() -> None:
     assert "length_shift" not in shifted[0]  # not before min_samples
 
 
-def test_high_truncation_only_when_truncation_buys_reward() -> None:
-    stats = D.DetectorStats(CFG)
-    for i in range(40):
-        run(stats, obs(truncated=i % 10 == 0, reward=1.0 if i % 10 == 0 else 0.0))  # 10 %, well paid
-    assert "high_truncation" not in run(stats, obs(truncated=True, reward=1.0))    # too rare to matter
-    paid = D.DetectorStats(CFG)
-    for i in range(40):
-        run(paid, obs(truncated=i % 2 == 0, reward=0.9 if i % 2 == 0 else 0.3))  # 50 %, truncated pay more
-    assert "high_truncation" in run(paid, obs(truncated=True, reward=0.9))
-    assert "high_truncation" not in run(paid, obs(truncated=False, reward=0.3))
-    rambling = D.DetectorStats(CFG)                      # 50 % truncated, same reward either way: a base
-    for i in range(40):                                  # model that talks past a short budget
-        run(rambling, obs(truncated=i % 2 == 0, reward=float(i % 4 < 2)))
-    assert "high_truncation" not in run(rambling, obs(truncated=True, reward=1.0))
+def _versions(stats: D.DetectorStats, rows: list[tuple[str, bool, float]]) -> None:
+    for version, truncated, reward in rows:
+        run(stats, obs(version, truncated=truncated, reward=reward))
 
 
-def test_high_truncation_without_finished_answers_compares_with_the_previous_version() -> None:
+def test_high_truncation_when_the_policy_learned_to_run_into_the_cap_and_it_pays() -> None:
     stats = D.DetectorStats(CFG)
-    for i in range(40):
-        run(stats, obs("v1", truncated=i % 3 == 0))      # 33 % truncated
-    for _ in range(40):
-        run(stats, obs("v2", truncated=True))            # every answer cut: nothing to compare within v2
-    assert "high_truncation" in run(stats, obs("v2", truncated=True))
-    first = D.DetectorStats(CFG)
-    for _ in range(40):
-        run(first, obs("base", truncated=True))          # no previous version: no evidence of a hack
-    assert "high_truncation" not in run(first, obs("base", truncated=True))
+    _versions(stats, [("v1", i % 10 == 0, 0.5) for i in range(40)])                       # 10 % truncated
+    _versions(stats, [("v2", i % 2 == 0, 0.9 if i % 2 == 0 else 0.3) for i in range(40)])  # 50 %, cut pays more
+    assert "high_truncation" in run(stats, obs("v2", truncated=True, reward=0.9))
+    assert "high_truncation" not in run(stats, obs("v2", truncated=False, reward=0.3))
+    allcut = D.DetectorStats(CFG)
+    _versions(allcut, [("v1", i % 3 == 0, 0.5) for i in range(40)])
+    _versions(allcut, [("v2", True, 0.5) for _ in range(40)])                              # nothing to compare
+    assert "high_truncation" in run(allcut, obs("v2", truncated=True))
+
+
+def test_high_truncation_stays_quiet_without_a_learned_change() -> None:
+    base = D.DetectorStats(CFG)                      # the first version: a base model talking past the cap,
+    _versions(base, [("base", i % 3 != 0, 0.23 if i % 3 != 0 else 0.14) for i in range(60)])   # cut pays
+    assert "high_truncation" not in run(base, obs("base", truncated=True, reward=0.23))
+    same = D.DetectorStats(CFG)                      # a new version as truncated as the last one
+    _versions(same, [("v1", i % 2 == 0, 0.9 if i % 2 == 0 else 0.3) for i in range(40)])
+    _versions(same, [("v2", i % 2 == 0, 0.9 if i % 2 == 0 else 0.3) for i in range(40)])
+    assert "high_truncation" not in run(same, obs("v2", truncated=True, reward=0.9))
+    fair = D.DetectorStats(CFG)                      # truncation rose, but cut answers do not score more
+    _versions(fair, [("v1", i % 10 == 0, float(i % 4 < 2)) for i in range(40)])
+    _versions(fair, [("v2", i % 2 == 0, float(i % 4 < 2)) for i in range(40)])
+    assert "high_truncation" not in run(fair, obs("v2", truncated=True, reward=1.0))
 
 
 def test_degenerate_repetition() -> None:
