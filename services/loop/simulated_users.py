@@ -106,10 +106,17 @@ class SimulatedUsers:
 
     def run(self, questions: Sequence[tuple[Fact, str]], *, max_new_tokens: int, temperature: float,
             n: int = 1) -> list[Exchange]:
-        with ThreadPoolExecutor(self.concurrency) as pool:
+        pool = ThreadPoolExecutor(self.concurrency)
+        try:
             futs = [pool.submit(self.ask, f, q, max_new_tokens=max_new_tokens, temperature=temperature, n=n,
                                 seed=self.rng.randrange(1, 2**31)) for f, q in questions]
             out = [e for fut in futs for e in fut.result()]
+        except BaseException:
+            # Ctrl-C / SIGTERM mid-round: the users not yet served never ask (a `with` block would wait for
+            # the whole round's traffic before the demo could stop its stack)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         self._report_late()
         return out
 
