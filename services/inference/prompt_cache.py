@@ -40,10 +40,6 @@ class Prefill:
         return Prefill(tuple((k.clone(), v.clone()) for k, v in self.layers), self.logits.clone())
 
     @property
-    def length(self) -> int:
-        return int(self.layers[0][0].shape[2])
-
-    @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers) + self.logits.nbytes
 
@@ -79,10 +75,6 @@ class PromptCache:
             self.bytes -= old.nbytes
         self._items[key] = prefill
         self.bytes += size
-
-    def clear(self) -> None:
-        self._items.clear()
-        self.bytes = 0
 
 
 def assemble(prefills: list[Prefill], width: int) -> tuple[Any, torch.Tensor]:
