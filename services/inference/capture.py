@@ -116,9 +116,11 @@ class CaptureSink:
         self._step(wait=0.0)
 
     def _step(self, wait: float) -> None:
-        self._spool_queued(wait)
+        # Block on the queue, not in librdkafka: a submitted event is spooled as soon as it arrives (a caller
+        # waits on its ticket), and delivery reports are served every 5 ms while records are in flight.
+        self._spool_queued(min(wait, 0.005) if self._inflight else wait)
         self._pump()
-        self._producer.poll(0.005 if self._inflight else 0.0)
+        self._producer.poll(0)
         self._recover_failures()
         self._update_gauges()
         if self._queue.empty() and self.spool.depth == 0:
