@@ -121,6 +121,7 @@ class DecodeRow:
     on_finish: Callable[[Sample], None] | None = None
     cancelled: Callable[[], bool] = lambda: False
     adapter: int = 0                       # LoRA slot in the batch router (0 = base weights)
+    cache_salt: str = ""                   # prompt-cache namespace (the tenant): no entry is shared across salts
     # --- state ---
     generator: torch.Generator | None = None   # a seeded row's draws so far, kept while it is preempted
     sample: Sample = field(default_factory=Sample)
@@ -286,12 +287,15 @@ class DecodeBatch:
         forward = forward or self.model
         device = self.device
 
-        # 1) the distinct (adapter, prompt) pairs, prefilled (or taken from the prompt cache) as one block
+        # 1) the distinct (adapter, cache salt, prompt) triples, prefilled (or taken from the prompt cache) as
+        # one block
         assert self.router is not None or not any(r.adapter for r in live), "rows with adapters need a router"
-        index: dict[tuple[int, tuple[int, ...]], int] = {}
-        of_row = [index.setdefault((r.adapter, tuple(r.prompt_ids + r.sample.token_ids)), len(index)) for r in live]
-        fresh = {index[(r.adapter, tuple(r.prompt_ids))] for r in live if not r.sample.token_ids}
-        past, logits, attn = self._prefill(list(index), fresh, forward)
+        index: dict[tuple[int, str, tuple[int, ...]], int] = {}
+        of_row = [index.setdefault((r.adapter, r.cache_salt, tuple(r.prompt_ids + r.sample.token_ids)), len(index))
+                  for r in live]
+        fresh = {index[(r.adapter, r.cache_salt, tuple(r.prompt_ids))] for r in live if not r.sample.token_ids}
+        past, logits, attn = self._prefill([(a, ids) for a, _, ids in index], [salt for _, salt, _ in index],
+                                           fresh, forward)
         if len(index) < len(live):                           # one row per sample: share the prompt's cache
             sel = torch.tensor(of_row, device=device)
             past.batch_select_indices(sel)
@@ -311,14 +315,15 @@ class DecodeBatch:
         if group.rows:
             self._merge(group)
 
-    def _prefill(self, prompts: list[tuple[int, tuple[int, ...]]], fresh: set[int],
+    def _prefill(self, prompts: list[tuple[int, tuple[int, ...]]], salts: list[str], fresh: set[int],
                  forward: Callable[..., Any]) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """(adapter slot, token ids) pairs --> (cache (U, kv, W, d) per layer, last logits (U, V), mask (U, W)),
         left-padded to the longest. Prompts in the prompt cache are copied, the others run in one forward
         pass; new prompts (`fresh`: not a preempted row's prompt + tokens so far) are cached after it."""
         device = self.device
         cache = self.cache if forward is self.model else None      # a wrapper's prefills are its own
-        keys = [self._cache_key(slot, ids) if cache is not None else None for slot, ids in prompts]
+        keys = [self._cache_key(slot, salt, ids) if cache is not None else None
+                for (slot, ids), salt in zip(prompts, salts, strict=True)]
         cached = [cache.get(k) if cache is not None and k is not None else None for k in keys]
         miss = [u for u in range(len(prompts)) if cached[u] is None]
         width = max(len(ids) for _, ids in prompts)
@@ -354,13 +359,13 @@ class DecodeBatch:
         past, logits = assemble([c for c in cached if c is not None], width)
         return past, logits, attn
 
-    def _cache_key(self, slot: int, ids: tuple[int, ...]) -> Key | None:
-        """The prompt cache's key for a prompt under adapter `slot`: None when the slot's adapter has no
-        stable identity (a router without `slot_key`)."""
+    def _cache_key(self, slot: int, salt: str, ids: tuple[int, ...]) -> Key | None:
+        """The prompt cache's key for a prompt under adapter `slot` and a row's `cache_salt`: None when the
+        slot's adapter has no stable identity (a router without `slot_key`)."""
         if slot == 0:
-            return (0, ids)
+            return (salt, 0, ids)
         identity = getattr(self.router, "slot_key", None)
-        return (identity(slot), ids) if identity is not None else None
+        return (salt, identity(slot), ids) if identity is not None else None
 
     @torch.inference_mode()
     def step(self, forward: Callable[..., Any] | None = None) -> int:

@@ -5,7 +5,9 @@ whole batch at once and shares one prefill between identical prompts. Traffic re
 n > 1 across calls, popular questions, eval sets), so the continuous engine keeps recent prefills and
 joins a repeated prompt without a forward pass: its keys and values are copied into the joining group.
 
-Keys are (adapter identity, prompt token ids): an adapter's identity changes whenever its LoRA slot is
+Keys are (salt, adapter identity, prompt token ids). The salt is the requesting tenant: a hit answers
+faster than a miss, so an entry shared across tenants would tell one tenant what another recently asked
+(the timing side channel of shared prefix caches). An adapter's identity changes whenever its LoRA slot is
 reused (services/inference/multi_lora.py `slot_key`), and a cache belongs to one set of full weights (one
 backbone). Bounded by bytes, least recently used out first. No threads: the scheduler thread owns it.
 """
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-Key = tuple[int, tuple[int, ...]]
+Key = tuple[str, int, tuple[int, ...]]
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,7 @@ class ContinuousScheduler:
         for i in range(n):
             r.rows.append(DecodeRow(
                 prompt_ids=req.prompt_ids, params=req.sampling, sample_index=i, stream=req.stream,
+                cache_salt=r.tenant,
                 on_delta=functools.partial(h.push_delta, i),
                 on_finish=functools.partial(self._row_finished, r, i), cancelled=h.cancelled))
         tokens = max(1, min(len(req.prompt_ids) + max(0, req.sampling.max_new_tokens), eng.context_window))

@@ -297,7 +297,7 @@ def test_the_prompt_cache_is_bounded_and_never_holds_a_preempted_rows_tokens(tin
     for p in ids:
         b.add([DecodeRow(p, SamplingConfig(max_new_tokens=1))])
     assert len(cache) == 2 and cache.bytes <= cache.max_bytes
-    assert cache.get((0, tuple(ids[0]))) is None           # least recently used went first
+    assert cache.get(("", 0, tuple(ids[0]))) is None       # least recently used went first
     row = DecodeRow(ids[0], SamplingConfig(max_new_tokens=6))
     b = DecodeBatch(model, tok, cache=cache)
     b.add([row])
@@ -321,3 +321,20 @@ def test_a_reused_lora_slot_does_not_share_cache_entries_with_its_previous_adapt
     pool.clear(slot)
     again = pool.put(w)
     assert again == slot and pool.slot_key(again) != key and pool.slot_key(0) == 0
+
+
+def test_the_prompt_cache_never_serves_one_tenants_prefill_to_another(tiny: Any) -> None:
+    """A hit is faster than a miss: a prefill shared across tenants would let one tenant learn what another
+    asked. Each tenant (the row's cache salt) has its own entries."""
+    from services.inference.decoding import DecodeBatch
+    from services.inference.prompt_cache import PromptCache
+
+    model, tok = tiny
+    p = _prompts(tok, 1)[0]
+    cache = PromptCache(64 << 20)
+    b = DecodeBatch(model, tok, cache=cache)
+    b.add([DecodeRow(p, SamplingConfig(max_new_tokens=1), cache_salt="acme")])
+    b.add([DecodeRow(p, SamplingConfig(max_new_tokens=1), cache_salt="globex")])
+    assert b.stats.cached_prompts == 0 and b.stats.steps == 2 and len(cache) == 2
+    b.add([DecodeRow(p, SamplingConfig(max_new_tokens=1), cache_salt="acme")])
+    assert b.stats.cached_prompts == 1 and b.stats.steps == 2
