@@ -86,11 +86,10 @@ class SimulatedUsers:
 
     def _report_or_hold(self, interaction_id: str, fact: Fact, resolved: bool) -> None:
         """Report the outcome now, or (a `late_fraction` share) hold it until `_report_late`."""
-        with self._lock:
-            late = self.rng.random() < self.late_fraction
-            due = time.monotonic() + self.rng.uniform(*self.late_s)
+        with self._lock:     # no draw at all without late reports: the question order stays as it was
+            late = self.late_fraction > 0 and self.rng.random() < self.late_fraction
             if late:
-                self._late.append((due, interaction_id, fact, resolved))
+                self._late.append((time.monotonic() + self.rng.uniform(*self.late_s), interaction_id, fact, resolved))
         if not late:
             self._report(interaction_id, fact, resolved)
 
