@@ -8,6 +8,7 @@ whom on which port) is written once.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 import uuid
@@ -28,8 +29,36 @@ if TYPE_CHECKING:
 METRICS_SERVICES = ("inference", "grader", "extractor", "trainer", "weights")
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux: 32768 by default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port that is free now and stays free until a service binds it: chosen below the kernel's range for
+    outgoing connections (a port picked there can be taken by any client's connection, e.g. a Kafka client of
+    the same stack, before its service binds it: seen once as "cannot bind the metrics port"), and never
+    one this process handed out already."""
+    low = _ephemeral_low()
+    start = 22000 if low > 23000 else 1024     # 19092-21092: private brokers of the tests
+    for _ in range(200):
+        port = random.randrange(start, low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as s:                  # a crowded range: what the kernel picks
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
