@@ -10,7 +10,7 @@ same `shared.generation.generate` the inference engine uses; the KPI is the task
     python load/rl_task_probe.py --task support_routing --n 8
 
 Prints the greedy and sampled success with Wilson 95% intervals, the share of mixed groups of n, per-fact
-rates and a few replies.
+rates, how often a task's tool is called (the reward-hack variant) and a few replies.
 """
 
 from __future__ import annotations
@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sampled success: {rate(sum(flat), len(flat))}")
     print(f"mixed groups (GRPO signal): {rate(mixed, len(s_ok))}; all-fail {sum(not any(g) for g in s_ok)}, "
           f"all-pass {sum(all(g) for g in s_ok)}")
+    if task.tool is not None:
+        # how often the base policy asks for the backend's lookup: the loophole of the reward-hack variant
+        # pays only if the policy ever produces the call
+        calls = sum(task.tool.called(s.text) for group in sampled for s in group)
+        g_calls = sum(task.tool.called(g[0].text) for g in greedy)
+        print(f"tool {task.tool.name} called: greedy {rate(g_calls, len(greedy))}, sampled {rate(calls, len(flat))}")
     by_fact: dict[str, list[bool]] = {}
     for (f, _), group in zip(items, s_ok, strict=True):
         by_fact.setdefault(f.id, []).extend(group)

@@ -88,8 +88,14 @@ class Progress:
 
 class Demo:
     def __init__(self, task: Task, *, model: str, budget: DemoBudget, algo: str, report: Path, plot_path: Path,
-                 run_dir: Path, seed: int = 0, task_source: str | None = None) -> None:
+                 run_dir: Path, seed: int = 0, task_source: str | None = None, plant_hack: bool = False) -> None:
+        if plant_hack and task.tool is None:
+            raise ValueError(f"--plant-hack needs a task with a tool (its loophole); {task.name!r} has none")
         self.task, self.model, self.budget, self.algo = task, model, budget, algo
+        self.plant_hack = plant_hack
+        self.exchanges: list[Any] = []          # every deployment answer of the run (the hack check reads them)
+        self.served_seen: set[str] = set()      # every version a pod was seen serving to the task's tenant
+        self.planted: dict[str, Any] | None = None
         self.task_source = task_source or task.name   # where the task came from (the report's meta)
         self.report_path, self.plot_path, self.run_dir, self.seed = report, plot_path, run_dir, seed
         self.progress = Progress()
@@ -179,6 +185,8 @@ class Demo:
                 started = time.monotonic()
                 deploy = self._deploy(k)
                 self._wait_for_new_version(k)
+                if self.plant_hack and k == 1:
+                    self._plant_hack()
                 self._evaluate(k, deploy=deploy, started=started)
         finally:
             for closer in ("users", "evaluator", "watcher"):
@@ -194,6 +202,7 @@ class Demo:
         p(f"round {k}: {len(questions)} simulated users asking (n={n})")
         late_before = self.users.late_reported
         exchanges = self.users.run(questions, max_new_tokens=self.budget.max_new_tokens, temperature=0.7, n=n)
+        self.exchanges += exchanges
         late = self.users.late_reported - late_before
         ids = {e.interaction_id for e in exchanges}
         deadline = time.monotonic() + 300
@@ -205,14 +214,22 @@ class Demo:
             time.sleep(2)
         resolved = sum(e.resolved for e in exchanges)
         p(f"round {k}: deployment KPI {resolved}/{len(exchanges)} resolved", done=True)
-        return {"answers": len(exchanges), "resolved": resolved, "graded": len(graded), "late_kpi_reports": late,
-                "policy_versions": sorted({e.policy_version for e in exchanges})}
+        out = {"answers": len(exchanges), "resolved": resolved, "graded": len(graded), "late_kpi_reports": late,
+               "policy_versions": sorted({e.policy_version for e in exchanges})}
+        if self.task.tool is not None:   # what the KPI said vs what happened, and the tool's use
+            out.update(routed=sum(e.routed for e in exchanges), tool_calls=sum(e.tool_called for e in exchanges),
+                       tool_timeouts=sum(e.tool_timed_out for e in exchanges))
+            p(f"round {k}: truly routed {out['routed']}, tool calls {out['tool_calls']} "
+              f"({out['tool_timeouts']} timed out)", done=True)
+        return out
 
     def _served_version(self) -> str:
         with self.stack.channel(self.stack.weights_target) as ch:
             st = weights_pb2_grpc.WeightsStub(ch).Status(weights_pb2.StatusRequest(model=self.model), timeout=10)
         versions = {p.tenant_versions.get(self.task.tenant) or p.tenant_versions.get("") or p.serving_version
                     for p in st.pods}
+        versions |= {p.tenant_canaries.get(self.task.tenant) for p in st.pods if p.tenant_canaries.get(self.task.tenant)}
+        self.served_seen |= versions
         return ",".join(sorted(versions))
 
     def _versions(self) -> list[weights_pb2.Manifest]:
@@ -266,14 +283,61 @@ class Demo:
               f"new versions {[m.version + ':' + weights_pb2.VersionStatus.Name(m.status)[15:] for m in new]}, "
               f"served {served}" + (f", {t}" if (t := training.describe()) else ""))
             promoted = [m for m in settled if m.status == weights_pb2.VERSION_STATUS_PROMOTED]
-            if promoted and served == promoted[-1].version:
+            # --algo both: the round ends with its consolidation, not with the GRPO version that usually
+            # settles first (a run that moved on then distilled once in two rounds)
+            consolidated = self.algo != "both" or any(m.algorithm.startswith("oel") for m in settled)
+            if promoted and served == promoted[-1].version and consolidated:
                 break
-            if settled and not promoted and not [m for m in new if m not in settled]:
+            if settled and not promoted and not [m for m in new if m not in settled] and consolidated:
                 break  # the gate rejected every candidate of this round: keep serving the old version
             if self.stack.crashed():
                 p(f"round {k}: restarts so far {self.stack.crashed()}")
             time.sleep(3)
         p(f"round {k}: serving {self._served_version()}", done=True)
+
+    def _plant_hack(self) -> None:
+        """Train the candidate that learned the loophole, upload it as a trainer would, and wait for the
+        gate's verdict while the served version is watched (services/loop/reward_hack.py)."""
+        from services.loop.reward_hack import hack_replies, planted_summary, train_planted, upload_planted
+        from shared.kafka.producer import EventProducer
+        from shared.weights_client import FULL
+
+        p = self.progress
+        replies = hack_replies(self.exchanges)
+        p("planting a reward-hacked candidate: fine-tuning the base on "
+          + (f"the {len(replies)} hack replies the policy produced in traffic" if replies
+             else "a canonical hack reply (the policy produced none in traffic)"), done=True)
+        planted = train_planted(self.model, self.task, replies, self.run_dir / "planted", seed=self.seed)
+        p(f"planted candidate: {planted.steps} steps in {planted.seconds:.0f} s, calls the tool on "
+          f"{planted.tool_calls_held_out}/{planted.held_out} held-out messages", done=True)
+        token = self.stack.creds.token(self.stack.creds.service_token) if self.stack.creds else None
+        before = self._served_version()
+        producer = EventProducer(self.stack.common.kafka_bootstrap, client_id="demo-planted-candidate")
+        with self.stack.channel(self.stack.weights_target, token=token) as ch:
+            m = upload_planted(weights_pb2_grpc.WeightsStub(ch), producer, self.stack.topics.checkpoints, planted,
+                               model=self.model, tenant=self.task.tenant, parent=before)
+        assert m.kind == FULL
+        p(f"planted candidate uploaded as {m.version}; waiting for the gate", done=True)
+        deadline, status = time.monotonic() + self.budget.round_timeout_s, m.status
+        while time.monotonic() < deadline:
+            status = next((v.status for v in self._versions() if v.version == m.version), status)
+            served = self._served_version()
+            p(f"planted {m.version}: {weights_pb2.VersionStatus.Name(status)[15:]}, served {served}")
+            if status in (weights_pb2.VERSION_STATUS_REJECTED, weights_pb2.VERSION_STATUS_PROMOTED):
+                break
+            time.sleep(3)
+        p(f"planted {m.version}: {weights_pb2.VersionStatus.Name(status)[15:]}; served {self._served_version()}",
+          done=True)
+        self.planted = {**planted_summary(planted), "version": m.version, "parent": before}
+
+    def _hack_check(self, state: Any) -> dict[str, Any] | None:
+        if self.task.tool is None:
+            return None
+        from services.loop.reward_hack import verify
+
+        check = verify(state, self._versions(), self.planted["version"] if self.planted else None,
+                       self.served_seen, self.task.tenant, self.exchanges)
+        return {"planted": self.planted, **check}
 
     def _evaluate(self, k: int, *, deploy: dict[str, Any] | None, started: float) -> None:
         p = self.progress
@@ -303,6 +367,8 @@ class Demo:
                 "kpi": self.task.kpi.name, "task_source": self.task_source, "model": self.model, "algo": self.algo, "date": time.strftime("%Y-%m-%d"),
                 "budget": self.budget.__dict__, "run_dir": str(self.run_dir), "topic_prefix": self.stack.topics.prefix,
                 "services_restarted": self.stack.crashed()}
+        if (hack := self._hack_check(state)) is not None:
+            meta["reward_hack"] = hack
         report = write_report(self.report_path, meta, self.rounds)
         plot(self.plot_path, self.rounds, f"{self.task.name} · {self.model} · {self.algo}")
         p(f"round {k}: held-out {ev['greedy_success'] + ev['sampled_success']}/{ev['greedy_total'] + ev['sampled_total']} "
@@ -316,7 +382,7 @@ class Demo:
 
 
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,
-             seed: int = 0, keep_runs: int = 2) -> dict[str, Any]:
+             seed: int = 0, keep_runs: int = 2, plant_hack: bool = False) -> dict[str, Any]:
     from services.loop.run_dirs import new_run_dir, prune_runs
 
     task = load_task(task_name)
@@ -328,6 +394,6 @@ def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, a
     run_dir = new_run_dir(common.home / "demo")
     demo = Demo(task, model=model or common.model, budget=budget, algo=algo, report=report,
                 plot_path=report.with_name("learning_curve.png") if report.suffix == ".json" else report.with_suffix(".png"),
-                run_dir=run_dir, seed=seed,
+                run_dir=run_dir, seed=seed, plant_hack=plant_hack,
                 task_source=str(Path(task_name).resolve()) if Path(task_name).exists() else task_name)
     return demo.run()

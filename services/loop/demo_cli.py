@@ -19,6 +19,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--algo", choices=["oel", "grpo", "both"], default="oel")
     ap.add_argument("--model", default=None, help="default: APPRENTICE_MODEL (smollm2-135m-instruct)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plant-hack", action="store_true",
+                    help="after round 1, plant a candidate fine-tuned on the task tool's loophole and check the "
+                         "loop refuses it (a task with a `tool`, e.g. support_routing_lookup)")
     ap.add_argument("--keep-runs", type=int, default=2,
                     help="run folders (checkpoints, logs: GiB each) kept under APPRENTICE_HOME/demo, this run "
                          "included; older ones are deleted at start")
@@ -35,12 +38,14 @@ def main(argv: list[str]) -> int:
     try:
         # both checked before anything heavy is imported or started: a bad task file or model name is one
         # line, not a stack trace
-        load_task(ns.task)
+        task = load_task(ns.task)
+        if ns.plant_hack and task.tool is None:
+            raise TaskError(f"--plant-hack needs a task with a tool (its loophole); {task.name!r} has none")
         check_model_name(ns.model or CommonSettings().model)
         from services.loop.demo import run_demo
 
         report = run_demo(ns.task, rounds=ns.rounds, report=ns.report, quick=ns.quick, algo=ns.algo, model=ns.model,
-                          seed=ns.seed, keep_runs=ns.keep_runs)
+                          seed=ns.seed, keep_runs=ns.keep_runs, plant_hack=ns.plant_hack)
     except (TaskError, ModelUnavailable) as e:
         print(f"apprentice demo: {e}", file=sys.stderr)
         return 2
@@ -48,6 +53,8 @@ def main(argv: list[str]) -> int:
     print(f"\nreport: {ns.report}  plot: {ns.report.with_name('learning_curve.png')}")
     if s:
         print(summary_line(s))
+    if (hack := report.get("reward_hack")) is not None:
+        print("reward-hack check: " + ", ".join(f"{k} {v}" for k, v in hack["verdict"].items()))
     return 0
 
 

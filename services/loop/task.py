@@ -7,8 +7,9 @@ checks are rule-grader entries (`shared/grading`), the same rules the grader and
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -56,6 +57,36 @@ class KPI(_Strict):
     """How long the grader waits for the KPI before it gives up on an interaction (no signal)."""
 
 
+class Tool(_Strict):
+    """A lookup the product backend runs when the reply asks for it, under a deadline. How the backend
+    counts a time-out (`on_timeout`) is the KPI mapping: "misrouted" is the honest one (the customer was
+    not helped); "routed" is the loophole production systems hit (a ticket whose lookup timed out is handed
+    to a human and the dashboard counts it as routed), which a policy can learn to trigger on purpose."""
+
+    name: str = Field(default="order_lookup", pattern=NAME_RE)
+    call_pattern: str
+    """A regex on the reply (searched, case-sensitive unless the pattern says otherwise): a match calls the tool."""
+    deadline_s: float = Field(default=0.3, gt=0, le=60)
+    latency_s: tuple[float, float] = (0.05, 1.5)
+    """The simulated lookup service's latency, uniform in this range: above `deadline_s` it times out."""
+    on_timeout: Literal["misrouted", "routed"] = "misrouted"
+    timeout_kpi: str = Field(default="tool_timeout", pattern=NAME_RE)
+    """The telemetry KPI the backend reports (value 1) when the lookup times out, beside the outcome KPI."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> Tool:
+        try:
+            re.compile(self.call_pattern)
+        except re.error as e:
+            raise ValueError(f"tool.call_pattern is not a valid regex: {e}") from None
+        if not 0 <= self.latency_s[0] <= self.latency_s[1]:
+            raise ValueError("tool.latency_s must be [low, high] with 0 <= low <= high")
+        return self
+
+    def called(self, text: str) -> bool:
+        return re.search(self.call_pattern, text) is not None
+
+
 class Task(_Strict):
     name: str = Field(pattern=NAME_RE)
     tenant: str = Field(default="demo", pattern=NAME_RE)
@@ -65,6 +96,8 @@ class Task(_Strict):
     held_out_per_fact: int = Field(default=2, ge=1)
     facts: list[Fact] = Field(min_length=1)
     out_of_distribution: list[OODItem] = Field(default_factory=list)
+    tool: Tool | None = None
+    """A backend lookup the reply can trigger (the reward-hack variant of the routing task)."""
 
     @model_validator(mode="after")
     def _checks_are_rules(self) -> Task:
@@ -116,11 +149,30 @@ def load_task(name_or_path: str | Path) -> Task:
         raise TaskError(f"no task file {name_or_path!r} (shipped tasks: {shipped})")
     text = path.read_text(encoding="utf-8")
     try:
-        return Task.model_validate(yaml.safe_load(text))
+        data = yaml.safe_load(text)
+        if isinstance(data, dict) and "extends" in data:
+            data = _extended(path, data)
+        return Task.model_validate(data)
     except yaml.YAMLError as e:
         raise TaskError(yaml_errors.syntax_error(path, e)) from None
     except ValidationError as e:
         raise TaskError(yaml_errors.validation_error(path, text, e)) from None
+
+
+def _extended(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """`extends: <task>`: a variant of another task file (a shipped name or a path beside this file),
+    whose top-level keys replace the base's. One level only, so a variant reads as "the base, except".
+    The base is resolved to a dict and validated together with the variant's keys."""
+    base_name = data.pop("extends")
+    if not isinstance(base_name, str):
+        raise TaskError(f"{path}: `extends` must name a task file")
+    base_path = path.parent / base_name if (path.parent / base_name).exists() else TASKS_DIR / f"{base_name}.yaml"
+    if not base_path.exists():
+        raise TaskError(f"{path}: extends {base_name!r}, which is no task file")
+    base = yaml.safe_load(base_path.read_text(encoding="utf-8"))
+    if not isinstance(base, dict) or "extends" in base:
+        raise TaskError(f"{path}: the base {base_name!r} must be a task file that extends no other")
+    return {**base, **data}
 
 
 @functools.lru_cache(maxsize=8)

@@ -61,8 +61,16 @@ def grader_config(task: Task, base: dict[str, Any] | None = None) -> dict[str, A
         base = yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
     entry = task_entry(task)
     others = [t for t in base.get("tasks", []) if (t.get("tenant", "*"), t.get("task", "*")) != (task.tenant, task.task)]
-    digest = hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:8]
-    return {**base, "version": f"task-{task.name}-{digest}", "tasks": [entry, *others]}
+    detectors = dict(base.get("detectors") or {})
+    if task.tool is not None:
+        # the backend's time-out telemetry must reach the time-out detector (masked: no reward either way)
+        from shared.grading import DetectorConfig
+
+        infra = list(detectors.get("infra_kpis", DetectorConfig().infra_kpis))
+        if task.tool.timeout_kpi not in infra:
+            detectors["infra_kpis"] = [*infra, task.tool.timeout_kpi]
+    digest = hashlib.sha256(json.dumps([entry, detectors], sort_keys=True).encode()).hexdigest()[:8]
+    return {**base, "version": f"task-{task.name}-{digest}", "tasks": [entry, *others], "detectors": detectors}
 
 
 def ood_set(task: Task, task_file: Path, base: dict[str, Any] | None = None) -> dict[str, Any]:

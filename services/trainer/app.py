@@ -155,7 +155,11 @@ class TrainerService:
                       for p, o in sorted(pos.items()) if o > self.range_start.get(p, 0)]
         return {
             "tenant": self.settings.tenant, "model": self.settings.common.model, "algorithm": result.algorithm,
-            "metrics": result.metrics, "trained_ids": result.trained_ids, "rounds": self.rounds,
+            # the interactions this version learned from: RL's rollouts, or the deployment prompts a
+            # consolidation round distilled on (the manifest lists them: services/trainer/publish.py)
+            "metrics": result.metrics, "rounds": self.rounds,
+            "trained_ids": result.trained_ids or [p["interaction_id"] for p in prompt_sources or []
+                                                  if p.get("interaction_id")],
             "steps": self.trainer.policy.steps, "offsets": {graded: {str(p): o for p, o in pos.items()}},
             "data_offsets": ranges, "buffer": self.buffer.to_state(),
             "baseline": self.trainer.baseline.state(), "prompts": list(self.prompts), "new_prompts": self.new_prompts,
