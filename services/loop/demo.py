@@ -274,22 +274,14 @@ class Demo:
         training.start()
         while time.monotonic() < deadline:
             new = [m for m in self._versions() if m.version not in before]
-            settled = [m for m in new if m.status in (weights_pb2.VERSION_STATUS_PROMOTED,
-                                                      weights_pb2.VERSION_STATUS_REJECTED)]
             self._review_knowledge()
             kb = self.watcher.snapshot().knowledge.get(f"{self.task.tenant}/{self.task.task}")
             served = self._served_version()
             p(f"round {k}: knowledge v{kb.version if kb else 0} ({len(kb.items) if kb else 0} items), "
               f"new versions {[m.version + ':' + weights_pb2.VersionStatus.Name(m.status)[15:] for m in new]}, "
               f"served {served}" + (f", {t}" if (t := training.describe()) else ""))
-            promoted = [m for m in settled if m.status == weights_pb2.VERSION_STATUS_PROMOTED]
-            # --algo both: the round ends with its consolidation, not with the GRPO version that usually
-            # settles first (a run that moved on then distilled once in two rounds)
-            consolidated = self.algo != "both" or any(m.algorithm.startswith("oel") for m in settled)
-            if promoted and served == promoted[-1].version and consolidated:
+            if round_settled(self.algo, new, served):
                 break
-            if settled and not promoted and not [m for m in new if m not in settled] and consolidated:
-                break  # the gate rejected every candidate of this round: keep serving the old version
             if self.stack.crashed():
                 p(f"round {k}: restarts so far {self.stack.crashed()}")
             time.sleep(3)
@@ -379,6 +371,19 @@ class Demo:
             s = report["summary"]
             p(f"round {k} vs 0: {s['heldout_diff']:+.0%} (95% CI {s['heldout_diff_ci95'][0]:+.0%} to "
               f"{s['heldout_diff_ci95'][1]:+.0%})", done=True)
+
+
+def round_settled(algo: str, new: list[weights_pb2.Manifest], served: str) -> bool:
+    """A round is over once its newest promoted version serves, or the gate refused every new candidate.
+    With `--algo both` it also needs its consolidation (an `oel*` version) settled: the GRPO version usually
+    settles first, and a demo that moved on then distilled once in two rounds."""
+    settled = [m for m in new if m.status in (weights_pb2.VERSION_STATUS_PROMOTED, weights_pb2.VERSION_STATUS_REJECTED)]
+    if algo == "both" and not any(m.algorithm.startswith("oel") for m in settled):
+        return False
+    promoted = [m for m in settled if m.status == weights_pb2.VERSION_STATUS_PROMOTED]
+    if promoted:
+        return served == promoted[-1].version
+    return bool(settled) and len(settled) == len(new)   # every candidate refused: the old version keeps serving
 
 
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,

@@ -168,3 +168,23 @@ def test_the_planted_candidate_learns_the_hack_reply_and_is_saved_as_a_full_vers
     assert few.source == "canonical" and few.hack_replies == [CANONICAL_HACK]
     assert more.final_loss < few.final_loss                  # the reply is being learned
     assert {e.path for e in file_entries(more.files)} >= {"config.json", "model.safetensors"}
+
+
+def test_a_both_round_waits_for_its_consolidation_and_a_refused_round_ends() -> None:
+    from services.loop.demo import round_settled
+
+    P, R, C = (weights_pb2.VERSION_STATUS_PROMOTED, weights_pb2.VERSION_STATUS_REJECTED,
+               weights_pb2.VERSION_STATUS_CANDIDATE)
+    grpo = weights_pb2.Manifest(version="v1", status=P, algorithm="grpo")
+    oel = weights_pb2.Manifest(version="v2", status=C, algorithm="oel_sft")
+    assert round_settled("grpo", [grpo], "v1") and not round_settled("grpo", [grpo], "base")
+    assert not round_settled("both", [grpo, oel], "v1")             # the consolidation is still at the gate
+    oel.status = P
+    assert not round_settled("both", [grpo, oel], "v1") and round_settled("both", [grpo, oel], "v2")
+    oel.status = R
+    assert round_settled("both", [grpo, oel], "v1")                  # refused: v1 keeps serving
+    refused = [weights_pb2.Manifest(version="v3", status=R, algorithm="grpo"),
+               weights_pb2.Manifest(version="v4", status=C, algorithm="grpo")]
+    assert not round_settled("grpo", refused, "v1")
+    refused[1].status = R
+    assert round_settled("grpo", refused, "v1")
