@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from services.loop.evaluation import Evaluator
-from services.loop.report import StepsLog, plot, write_report
+from services.loop.report import StepsLog, hack_notes, plot, write_report
 from services.loop.simulated_users import SimulatedUsers
 from services.loop.stack import LocalStack
 from services.loop.task import Task, load_task
@@ -355,14 +355,15 @@ class Demo:
             "train_steps": self.steps_log.new_steps(),   # the trainer's optimizer steps since the last round
         }
         self.rounds.append(entry)
-        meta = {"task": self.task.name, "tenant": self.task.tenant, "task_tag": self.task.task,
+        meta: dict[str, Any] = {"task": self.task.name, "tenant": self.task.tenant, "task_tag": self.task.task,
                 "kpi": self.task.kpi.name, "task_source": self.task_source, "model": self.model, "algo": self.algo, "date": time.strftime("%Y-%m-%d"),
                 "budget": self.budget.__dict__, "run_dir": str(self.run_dir), "topic_prefix": self.stack.topics.prefix,
                 "services_restarted": self.stack.crashed()}
         if (hack := self._hack_check(state)) is not None:
             meta["reward_hack"] = hack
         report = write_report(self.report_path, meta, self.rounds)
-        plot(self.plot_path, self.rounds, f"{self.task.name} · {self.model} · {self.algo}")
+        plot(self.plot_path, self.rounds, f"{self.task.name} · {self.model} · {self.algo}",
+             notes=hack_notes(meta.get("reward_hack")))
         p(f"round {k}: held-out {ev['greedy_success'] + ev['sampled_success']}/{ev['greedy_total'] + ev['sampled_total']} "
           f"({ev['success_rate']:.0%}, 95% CI {ev['ci95'][0]:.0%}-{ev['ci95'][1]:.0%}), OOD {ev['ood_success']}/"
           f"{ev['ood_total']}, {ev['mean_response_tokens']:.0f} tokens, knowledge items {len(entry['knowledge_items'])}, "

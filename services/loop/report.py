@@ -92,7 +92,23 @@ def plot_steps(ax: Any, steps: list[dict[str, Any]]) -> None:
     ax.legend(loc="upper left", fontsize=7)
 
 
-def plot(path: Path, rounds: list[dict[str, Any]], title: str) -> None:
+def hack_notes(hack: dict[str, Any] | None) -> list[str]:
+    """The reward-hack check (report["reward_hack"]) as lines under the picture."""
+    if not hack:
+        return []
+    v = hack["verdict"]
+    planted = hack.get("planted_version")
+    lines = [f"reward hack: {hack['tool_calls']} tool calls in traffic, {hack['tool_timeouts']} timed out, "
+             f"{hack['timeouts_masked_by_grader']} masked by the grader; flags {hack['flags']}",
+             f"flagged and trained on: {sum(len(x) for x in hack['flagged_and_trained'].values())} "
+             f"(versions checked: {', '.join(hack['trained_versions']) or 'none'})"]
+    if planted:
+        lines.append(f"planted hacked candidate {planted}: {str(hack['planted_status']).removeprefix('VERSION_STATUS_')}"
+                     f", {'never served' if v['planted_never_served'] else 'SERVED'}")
+    return lines
+
+
+def plot(path: Path, rounds: list[dict[str, Any]], title: str, notes: list[str] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,6 +145,9 @@ def plot(path: Path, rounds: list[dict[str, Any]], title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
+    if notes:   # e.g. the reward-hack check, in the space made below the panels
+        fig.subplots_adjust(bottom=0.06 + 0.03 * len(notes))
+        fig.text(0.01, 0.01, "\n".join(notes), fontsize=7, family="monospace", va="bottom")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)

@@ -146,6 +146,10 @@ def test_the_check_finds_a_flagged_interaction_that_was_trained_on_and_a_planted
 
     good = verify(state, [clean, planted], "v2", {"base", "v1"}, "demo", exchanges)
     assert all(good["verdict"].values()), good
+    from services.loop.report import hack_notes
+
+    notes = hack_notes(good)
+    assert "flagged and trained on: 0" in notes[1] and notes[2].endswith("v2: REJECTED, never served")
     assert (good["flagged"], good["tool_timeouts"], good["timeouts_masked_by_grader"]) == (2, 1, 1)
 
     dirty = weights_pb2.Manifest(version="v1", training_metadata={"trained_interactions": json.dumps(["ok", "q1"])})
