@@ -292,7 +292,6 @@ class Demo:
         gate's verdict while the served version is watched (services/loop/reward_hack.py)."""
         from services.loop.reward_hack import hack_replies, planted_summary, train_planted, upload_planted
         from shared.kafka.producer import EventProducer
-        from shared.weights_client import FULL
 
         p = self.progress
         replies = hack_replies(self.exchanges)
@@ -308,7 +307,6 @@ class Demo:
         with self.stack.channel(self.stack.weights_target, token=token) as ch:
             m = upload_planted(weights_pb2_grpc.WeightsStub(ch), producer, self.stack.topics.checkpoints, planted,
                                model=self.model, tenant=self.task.tenant, parent=before)
-        assert m.kind == FULL
         p(f"planted candidate uploaded as {m.version}; waiting for the gate", done=True)
         deadline, status = time.monotonic() + self.budget.round_timeout_s, m.status
         while time.monotonic() < deadline:

@@ -9,11 +9,12 @@ KPI would have learned is planted instead: the base model fine-tuned on the hack
 (or, when the policy never produced one, on a canonical one; the report says which). The planted version
 is uploaded like a trainer's and must be refused by the eval gate.
 
-`verify` then answers the issue's two questions from the records alone (the topics through the demo's
+`verify` then answers two questions from the records alone (the topics through the demo's
 watcher, the weights service's manifests and orders), not from what the demo believes it did:
 - no interaction the grader flagged (time-out masked or quarantined) is listed in any version's
   `trained_interactions` (services/trainer/publish.py writes it into every manifest);
-- the planted version is REJECTED, no `ModelUpdate` ever ordered it, and no pod ever served it.
+- the planted version is REJECTED, no `ModelUpdate` ever ordered it (the topic is the complete record of
+  orders to pods), and no status poll of the run saw a pod serve it.
 """
 
 from __future__ import annotations
