@@ -157,9 +157,10 @@ def verify(state: Any, manifests: list[weights_pb2.Manifest], planted_version: s
     result["verdict"] = {
         "no_flagged_interaction_trained": not result["flagged_and_trained"] and bool(trained),
         "every_timeout_masked": len(timed_out & flagged) == len(timed_out & graded.keys()),
-        "planted_refused": result["planted_status"] == "VERSION_STATUS_REJECTED",
-        "planted_never_served": bool(planted_version) and not ordered and planted_version not in served_seen,
     }
+    if planted_version:   # a run without --plant-hack has nothing to refuse (no vacuous verdict)
+        result["verdict"].update(planted_refused=result["planted_status"] == "VERSION_STATUS_REJECTED",
+                                 planted_never_served=not ordered and planted_version not in served_seen)
     return result
 
 

@@ -156,6 +156,8 @@ def test_the_check_finds_a_flagged_interaction_that_was_trained_on_and_a_planted
     bad = verify(state, [dirty, planted], "v2", {"base", "v1", "v2"}, "demo", exchanges)
     assert bad["flagged_and_trained"] == {"v1": ["q1"]}
     assert not bad["verdict"]["no_flagged_interaction_trained"] and not bad["verdict"]["planted_never_served"]
+    assert set(verify(state, [clean], None, {"v1"}, "demo", exchanges)["verdict"]) == {
+        "no_flagged_interaction_trained", "every_timeout_masked"}          # nothing planted: nothing to refuse
     state.updates.append(events_pb2.ModelUpdate(version="v2"))
     assert verify(state, [clean, planted], "v2", {"v1"}, "demo", exchanges)["planted_ordered_to_pods"] == ["v2"]
 
