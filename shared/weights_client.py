@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import hashlib
 import itertools
+import json
 import os
 import shutil
 import threading
@@ -23,6 +24,9 @@ from shared.proto.apprentice.v1 import weights_pb2
 
 CHUNK = 1 << 20  # 1 MiB: large enough for throughput, small enough for gRPC's default message limits
 FULL, LORA = "full", "lora"
+TRAINED_INTERACTIONS = "trained_interactions.json"
+"""A version's provenance file: the sorted ids of the interactions it learned from (JSON list), written
+by the trainer into every checkpoint, so it is uploaded, checksummed and kept with the weights."""
 
 
 class WeightsIntegrityError(RuntimeError):
@@ -41,6 +45,32 @@ def file_entries(src_dir: Path) -> list[weights_pb2.FileEntry]:
     files = sorted(p for p in Path(src_dir).rglob("*") if p.is_file())
     return [weights_pb2.FileEntry(path=str(p.relative_to(src_dir)), size=p.stat().st_size, sha256=sha256_file(p))
             for p in files]
+
+
+def write_trained_interactions(weights_dir: Path, ids: list[str]) -> int:
+    """Write `TRAINED_INTERACTIONS` (sorted, unique ids) into a version's folder; returns the count."""
+    ordered = sorted(set(ids))
+    Path(weights_dir).mkdir(parents=True, exist_ok=True)
+    (Path(weights_dir) / TRAINED_INTERACTIONS).write_text(json.dumps(ordered), encoding="utf-8")
+    return len(ordered)
+
+
+def read_version_file(stub: Any, model: str, version: str, path: str, *, max_bytes: int = 64 << 20,
+                      timeout: float = 60.0) -> bytes:
+    """One small file of a stored version (`Weights.Download` with `path`), checked against the manifest's
+    size and sha256: a provenance file is evidence, so a corrupted copy must fail, not be believed."""
+    manifest = stub.Get(weights_pb2.GetVersionRequest(model=model, version=version), timeout=timeout)
+    entry = next((f for f in manifest.files if f.path == path), None)
+    if entry is None:
+        raise FileNotFoundError(f"{model} {version} has no file {path!r}")
+    if entry.size > max_bytes:
+        raise ValueError(f"{model} {version} {path}: {entry.size} bytes, over the limit of {max_bytes}")
+    buf = bytearray()
+    for chunk in stub.Download(weights_pb2.DownloadRequest(model=model, version=version, path=path), timeout=timeout):
+        buf += chunk.data
+    if len(buf) != entry.size or hashlib.sha256(buf).hexdigest() != entry.sha256:
+        raise WeightsIntegrityError(f"{model} {version} {path}: the bytes received do not match the manifest")
+    return bytes(buf)
 
 
 # --- upload / download ------------------------------------------------------------------------------

@@ -96,6 +96,7 @@ class Demo:
         self.exchanges: list[Any] = []          # every deployment answer of the run (the hack check reads them)
         self.served_seen: set[str] = set()      # every version a pod was seen serving to the task's tenant
         self.planted: dict[str, Any] | None = None
+        self.trained_cache: dict[str, list[str]] = {}  # version -> its trained interactions (immutable)
         self.task_source = task_source or task.name   # where the task came from (the report's meta)
         self.report_path, self.plot_path, self.run_dir, self.seed = report, plot_path, run_dir, seed
         self.progress = Progress()
@@ -323,9 +324,12 @@ class Demo:
     def _hack_check(self, state: Any) -> dict[str, Any] | None:
         if self.task.tool is None:
             return None
-        from services.loop.reward_hack import verify
+        from services.loop.reward_hack import trained_lists, verify
 
-        check = verify(state, self._versions(), self.planted["version"] if self.planted else None,
+        manifests = self._versions()
+        with self.stack.channel(self.stack.weights_target) as ch:
+            trained = trained_lists(weights_pb2_grpc.WeightsStub(ch), manifests, self.trained_cache)
+        check = verify(state, manifests, trained, self.planted["version"] if self.planted else None,
                        self.served_seen, self.task.tenant, self.exchanges)
         return {"planted": self.planted, **check}
 

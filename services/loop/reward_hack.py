@@ -12,7 +12,8 @@ is uploaded like a trainer's and must be refused by the eval gate.
 `verify` then answers two questions from the records alone (the topics through the demo's
 watcher, the weights service's manifests and orders), not from what the demo believes it did:
 - no interaction the grader flagged (time-out masked or quarantined) is listed in any version's
-  `trained_interactions` (services/trainer/publish.py writes it into every manifest);
+  `trained_interactions.json` (the trainer writes it into every checkpoint, so it is uploaded and
+  checksummed with the weights: services/trainer/checkpoint.py; `trained_lists` reads it back);
 - the planted version is REJECTED, no `ModelUpdate` ever ordered it (the topic is the complete record of
   orders to pods), and no status poll of the run saw a pod serve it.
 """
@@ -125,16 +126,27 @@ def upload_planted(stub: Any, producer: Any, checkpoints_topic: str, planted: Pl
     return manifest
 
 
-def verify(state: Any, manifests: list[weights_pb2.Manifest], planted_version: str | None,
-           served_seen: set[str], tenant: str, exchanges: list[Exchange]) -> dict[str, Any]:
-    """The check of the module docstring, from the watcher's `LoopState` and the store's manifests."""
+def trained_lists(stub: Any, manifests: list[weights_pb2.Manifest],
+                  cache: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+    """version -> the interactions it trained on, read from each version's provenance file (checksummed
+    against the manifest). Versions are immutable, so `cache` keeps what was read once."""
+    from shared.weights_client import TRAINED_INTERACTIONS, read_version_file
+
+    cache = {} if cache is None else cache
+    for m in manifests:
+        if m.version not in cache and any(f.path == TRAINED_INTERACTIONS for f in m.files):
+            cache[m.version] = json.loads(read_version_file(stub, m.model, m.version, TRAINED_INTERACTIONS))
+    return {m.version: cache[m.version] for m in manifests if m.version in cache}
+
+
+def verify(state: Any, manifests: list[weights_pb2.Manifest], trained: dict[str, list[str]],
+           planted_version: str | None, served_seen: set[str], tenant: str,
+           exchanges: list[Exchange]) -> dict[str, Any]:
+    """The check of the module docstring, from the watcher's `LoopState`, the store's manifests and the
+    versions' trained-interaction lists (`trained_lists`)."""
     graded = {i: g for i, g in state.graded.items() if g.envelope.tenant == tenant}
     flagged = {i for i, g in graded.items() if is_flagged(g)}
     flags = Counter(f for g in graded.values() for f in g.flags)
-    trained: dict[str, list[str]] = {}
-    for m in manifests:
-        if "trained_interactions" in m.training_metadata:
-            trained[m.version] = json.loads(m.training_metadata["trained_interactions"])
     overlap = {v: sorted(flagged.intersection(ids)) for v, ids in trained.items()}
     timed_out = {e.interaction_id for e in exchanges if e.tool_timed_out}
     planted = next((m for m in manifests if m.version == planted_version), None)

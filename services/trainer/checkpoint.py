@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.weights_client import write_trained_interactions
+
 LATEST = "LATEST"
 PUBLISHED = "published.json"
 
@@ -99,6 +101,8 @@ class CheckpointStore:
         tmp = self.dir / f".tmp-{ckpt_id}"
         tmp.mkdir(parents=True)
         state["kind"] = policy.save_weights(tmp / "weights")
+        # provenance travels with the weights: uploaded, checksummed and kept with the version
+        write_trained_interactions(tmp / "weights", list(state.get("trained_ids", [])))
         policy.save_training_state(tmp / "training.pt")
         (tmp / "state.json").write_text(json.dumps(state, sort_keys=True))
         _fsync_tree(tmp)

@@ -18,7 +18,7 @@ from services.trainer.checkpoint import Checkpoint
 from shared.events import deterministic_id, make_envelope
 from shared.kafka.producer import EventProducer
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, weights_pb2
-from shared.weights_client import LORA, upload_version
+from shared.weights_client import LORA, TRAINED_INTERACTIONS, upload_version
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +31,15 @@ def manifest_digest(manifest: weights_pb2.Manifest) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-TRAINED_IDS_LISTED = 4096
-"""Up to this many trained interaction ids are listed in the manifest (a digest and the count always are)."""
-
-
-def trained_ids_metadata(ids: list[str]) -> dict[str, str]:
-    """The interactions a version took gradients from, as manifest metadata: an auditor checks from the
-    weights service's records alone that no interaction the grader flagged was trained on. The list is
-    sorted (the digest does not depend on batch order); beyond `TRAINED_IDS_LISTED` ids only the count and
-    the sha256 of the newline-joined list are kept, so a manifest stays small."""
-    ordered = sorted(set(ids))
-    meta = {"trained_interactions_count": str(len(ordered)),
-            "trained_interactions_sha256": hashlib.sha256("\n".join(ordered).encode()).hexdigest()}
-    if len(ordered) <= TRAINED_IDS_LISTED:
-        meta["trained_interactions"] = json.dumps(ordered)
-    return meta
+def trained_ids_metadata(ckpt: Checkpoint) -> dict[str, str]:
+    """Where the version's provenance is: the count of interactions it learned from, and the version file
+    that lists them (`TRAINED_INTERACTIONS`, its sha256 in the manifest's file list). The list itself stays
+    out of the manifest, which every `Weights.List` returns for every version."""
+    path = ckpt.weights_dir / TRAINED_INTERACTIONS
+    if not path.exists():      # a checkpoint written before the file existed
+        return {}
+    return {"trained_interactions_count": str(len(json.loads(path.read_text(encoding="utf-8")))),
+            "trained_interactions_file": TRAINED_INTERACTIONS}
 
 
 def data_offsets(ckpt: Checkpoint, group: str) -> list[common_pb2.TopicOffsets]:
@@ -85,7 +79,7 @@ class Publisher:
                     "checkpoint_id": ckpt.id, "trainer_seq": str(st["seq"]), "optimizer_steps": str(st.get("steps", 0)),
                     "knowledge_versions": json.dumps(st.get("consolidated_knowledge", {}), sort_keys=True),
                     "trainer_settings": json.dumps(st.get("settings", {}), sort_keys=True),
-                    **trained_ids_metadata(list(st.get("trained_ids", []))),
+                    **trained_ids_metadata(ckpt),
                 },
                 data_offsets=offsets, algorithm=st.get("algorithm", ""), train_metrics=metrics, tenant=self.tenant,
                 base_version="base" if st["kind"] == LORA else "",

@@ -18,8 +18,8 @@ from services.loop.simulated_users import Exchange, OrderService, SimulatedUsers
 from services.loop.task import TaskError, load_task
 from services.loop.task_config import grader_config
 from services.loop.watch import LoopState
-from services.trainer.publish import TRAINED_IDS_LISTED, trained_ids_metadata
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, weights_pb2
+from shared.weights_client import TRAINED_INTERACTIONS, file_entries
 
 
 def test_the_variant_is_the_routing_task_plus_a_tool_and_the_strict_one_differs_only_in_the_mapping() -> None:
@@ -113,12 +113,56 @@ def test_the_grader_config_of_a_tool_task_masks_the_tools_timeout_kpi() -> None:
     assert "infra_kpis" not in grader_config(load_task("support_routing"))["detectors"]
 
 
-def test_manifests_list_the_trained_ids_sorted_with_a_digest_and_only_the_digest_beyond_the_cap() -> None:
-    meta = trained_ids_metadata(["b", "a", "b"])
-    assert json.loads(meta["trained_interactions"]) == ["a", "b"] and meta["trained_interactions_count"] == "2"
-    assert meta["trained_interactions_sha256"] == hashlib.sha256(b"a\nb").hexdigest()
-    big = trained_ids_metadata([f"i{k}" for k in range(TRAINED_IDS_LISTED + 1)])
-    assert "trained_interactions" not in big and big["trained_interactions_count"] == str(TRAINED_IDS_LISTED + 1)
+def test_a_checkpoint_carries_its_trained_interactions_and_the_manifest_points_to_them(tmp_path: Path) -> None:
+    from services.trainer.checkpoint import CheckpointStore
+    from services.trainer.publish import trained_ids_metadata
+
+    class _Policy:
+        def save_weights(self, d: Path) -> str:
+            d.mkdir(parents=True)
+            (d / "model.safetensors").write_bytes(b"w")
+            return "full"
+
+        def save_training_state(self, path: Path) -> None:
+            path.write_bytes(b"t")
+
+    ckpt = CheckpointStore(tmp_path).write(_Policy(), {"trained_ids": ["b", "a", "b"]})
+    assert json.loads((ckpt.weights_dir / TRAINED_INTERACTIONS).read_text()) == ["a", "b"]
+    assert trained_ids_metadata(ckpt) == {"trained_interactions_count": "2",
+                                          "trained_interactions_file": TRAINED_INTERACTIONS}
+    assert TRAINED_INTERACTIONS in {e.path for e in file_entries(ckpt.weights_dir)}   # uploaded and checksummed
+
+
+class _Store:
+    """Get + Download of one version file, as `Weights` answers them (the wire is the demo's)."""
+
+    def __init__(self, data: bytes, sha: str) -> None:
+        self.data, self.sha = data, sha
+        self.downloads = 0
+
+    def Get(self, request: Any, timeout: float) -> weights_pb2.Manifest:  # noqa: N802
+        return weights_pb2.Manifest(model=request.model, version=request.version, files=[
+            weights_pb2.FileEntry(path=TRAINED_INTERACTIONS, size=len(self.data), sha256=self.sha)])
+
+    def Download(self, request: Any, timeout: float) -> Any:  # noqa: N802
+        self.downloads += 1
+        return iter([weights_pb2.DownloadChunk(path=request.path, data=self.data[:3]),
+                     weights_pb2.DownloadChunk(path=request.path, data=self.data[3:])])
+
+
+def test_trained_lists_are_read_once_per_version_and_a_corrupted_copy_is_refused() -> None:
+    from services.loop.reward_hack import trained_lists
+    from shared.weights_client import WeightsIntegrityError
+
+    data = json.dumps(["a", "b"]).encode()
+    good = _Store(data, hashlib.sha256(data).hexdigest())
+    m = weights_pb2.Manifest(model="m", version="v1", files=[weights_pb2.FileEntry(path=TRAINED_INTERACTIONS)])
+    bare = weights_pb2.Manifest(model="m", version="v0")
+    cache: dict[str, list[str]] = {}
+    assert trained_lists(good, [m, bare], cache) == {"v1": ["a", "b"]}
+    assert trained_lists(good, [m, bare], cache) == {"v1": ["a", "b"]} and good.downloads == 1
+    with pytest.raises(WeightsIntegrityError):
+        trained_lists(_Store(data, hashlib.sha256(b"other").hexdigest()), [m])
 
 
 def _graded(iid: str, *, flags: tuple[str, ...] = (), quarantined: bool = False,
@@ -140,11 +184,11 @@ def test_the_check_finds_a_flagged_interaction_that_was_trained_on_and_a_planted
     state = LoopState(graded={"t1": _graded("t1", flags=("tool_timeout",)), "q1": _graded("q1", quarantined=True),
                               "ok": _graded("ok"), "x": _graded("x", flags=("tool_timeout",), tenant="other")})
     assert is_flagged(state.graded["t1"]) and is_flagged(state.graded["q1"]) and not is_flagged(state.graded["ok"])
-    clean = weights_pb2.Manifest(version="v1", training_metadata={"trained_interactions": json.dumps(["ok"])})
+    clean = weights_pb2.Manifest(version="v1")
     planted = weights_pb2.Manifest(version="v2", status=weights_pb2.VERSION_STATUS_REJECTED)
     exchanges = [_exchange("t1", timed_out=True), _exchange("ok")]
 
-    good = verify(state, [clean, planted], "v2", {"base", "v1"}, "demo", exchanges)
+    good = verify(state, [clean, planted], {"v1": ["ok"]}, "v2", {"base", "v1"}, "demo", exchanges)
     assert all(good["verdict"].values()), good
     from services.loop.report import hack_notes
 
@@ -152,14 +196,14 @@ def test_the_check_finds_a_flagged_interaction_that_was_trained_on_and_a_planted
     assert "flagged and trained on: 0" in notes[1] and notes[2].endswith("v2: REJECTED, never served")
     assert (good["flagged"], good["tool_timeouts"], good["timeouts_masked_by_grader"]) == (2, 1, 1)
 
-    dirty = weights_pb2.Manifest(version="v1", training_metadata={"trained_interactions": json.dumps(["ok", "q1"])})
-    bad = verify(state, [dirty, planted], "v2", {"base", "v1", "v2"}, "demo", exchanges)
+    bad = verify(state, [clean, planted], {"v1": ["ok", "q1"]}, "v2", {"base", "v1", "v2"}, "demo", exchanges)
     assert bad["flagged_and_trained"] == {"v1": ["q1"]}
     assert not bad["verdict"]["no_flagged_interaction_trained"] and not bad["verdict"]["planted_never_served"]
-    assert set(verify(state, [clean], None, {"v1"}, "demo", exchanges)["verdict"]) == {
+    assert set(verify(state, [clean], {"v1": ["ok"]}, None, {"v1"}, "demo", exchanges)["verdict"]) == {
         "no_flagged_interaction_trained", "every_timeout_masked"}          # nothing planted: nothing to refuse
     state.updates.append(events_pb2.ModelUpdate(version="v2"))
-    assert verify(state, [clean, planted], "v2", {"v1"}, "demo", exchanges)["planted_ordered_to_pods"] == ["v2"]
+    assert verify(state, [clean, planted], {"v1": ["ok"]}, "v2", {"v1"}, "demo",
+                  exchanges)["planted_ordered_to_pods"] == ["v2"]
 
 
 def test_the_planted_candidate_learns_the_hack_reply_and_is_saved_as_a_full_version(tmp_path: Path,
