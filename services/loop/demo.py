@@ -184,8 +184,11 @@ class Demo:
             self._evaluate(0, deploy=None, started=time.monotonic())
             for k in range(1, self.budget.rounds + 1):
                 started = time.monotonic()
+                # the versions before this round's traffic: a small round may train and promote before its
+                # deployment phase ends (all graded), and that version is this round's
+                before = {m.version for m in self._versions()}
                 deploy = self._deploy(k)
-                self._wait_for_new_version(k)
+                self._wait_for_new_version(k, before)
                 if self.plant_hack and k == 1:
                     self._plant_hack()
                 self._evaluate(k, deploy=deploy, started=started)
@@ -265,10 +268,9 @@ class Demo:
         self.progress(f"reviewer approved {approved} proposed knowledge item(s) of {key}", done=True)
         return approved
 
-    def _wait_for_new_version(self, k: int) -> None:
-        """Until a version newer than the served one is promoted and served (or rejected by the gate)."""
+    def _wait_for_new_version(self, k: int, before: set[str]) -> None:
+        """Until a version not in `before` is promoted and served (or every new one rejected by the gate)."""
         p = self.progress
-        before = {m.version for m in self._versions()}
         deadline = time.monotonic() + self.budget.round_timeout_s
         training = TrainingProgress(self.stack.ports.metrics["trainer"], meter=progress_enabled(),
                                     planned_steps=int(self.budget.trainer_env.get("APPRENTICE_TRAINER_DISTILL_STEPS", 4)))
