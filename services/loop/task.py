@@ -166,8 +166,8 @@ def _extended(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     base_name = data.pop("extends")
     if not isinstance(base_name, str):
         raise TaskError(f"{path}: `extends` must name a task file")
-    base_path = path.parent / base_name if (path.parent / base_name).exists() else TASKS_DIR / f"{base_name}.yaml"
-    if not base_path.exists():
+    base_path = path.parent / base_name if (path.parent / base_name).is_file() else TASKS_DIR / f"{base_name}.yaml"
+    if not base_path.is_file():
         raise TaskError(f"{path}: extends {base_name!r}, which is no task file")
     base = yaml.safe_load(base_path.read_text(encoding="utf-8"))
     if not isinstance(base, dict) or "extends" in base:

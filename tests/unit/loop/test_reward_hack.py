@@ -39,6 +39,11 @@ def test_a_variant_with_a_bad_base_or_tool_is_refused_with_the_reason(tmp_path: 
     bad_base.write_text("extends: no_such_task\nname: a\n", encoding="utf-8")
     with pytest.raises(TaskError, match="no_such_task"):
         load_task(bad_base)
+    (tmp_path / "a_dir").mkdir()
+    a_dir = tmp_path / "c.yaml"
+    a_dir.write_text("extends: a_dir\nname: c\n", encoding="utf-8")
+    with pytest.raises(TaskError, match="which is no task file"):
+        load_task(a_dir)
     bad_regex = tmp_path / "b.yaml"
     bad_regex.write_text("extends: support_routing\nname: b\ntool: {call_pattern: '(unclosed'}\n", encoding="utf-8")
     with pytest.raises(TaskError, match="call_pattern"):
