@@ -81,7 +81,7 @@ def _common(*, attempts: int | None, deadline_s: float | None, first_s: float, m
 
     kw: dict[str, Any] = {
         "stop": stops,
-        "wait": wait_exponential_jitter(initial=first_s, max=max_s, jitter=first_s / 2),
+        "wait": wait_exponential_jitter(multiplier=first_s, max=max_s, jitter=first_s / 2),
         "retry": retry_if_exception(_predicate(retry_on)),
         "before_sleep": before_sleep,
         "reraise": True,
@@ -125,7 +125,7 @@ class Backoff:
     restarts an operator reads in the log)."""
 
     def __init__(self, first_s: float = 0.5, max_s: float = 30.0, *, jitter: bool = True) -> None:
-        self._wait = wait_exponential_jitter(initial=first_s, max=max_s, jitter=first_s / 2 if jitter else 0.0)
+        self._wait = wait_exponential_jitter(multiplier=first_s, max=max_s, jitter=first_s / 2 if jitter else 0.0)
         self._state = RetryCallState(retry_object=Retrying(), fn=None, args=(), kwargs={})
         self.failures = 0
 
