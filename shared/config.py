@@ -3,18 +3,90 @@
 Each service composes `CommonSettings` into its own settings class (env prefix
 `APPRENTICE_<SERVICE>_`). No torch import here: configs must load fast and validate before any heavy
 work starts.
+
+The same thing has the same name in every service: the own gRPC address is `port`/`host`, another
+service's address is `<service>_endpoint`. A setting that is renamed keeps its old name for one release
+through `renamed(...)` (settings classes) or `renamed_env(...)` (a variable a CLI reads itself).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+def _deprecated(old: str, new: str, *, shadowed: bool = False) -> None:
+    """One DeprecationWarning (for tests and `-W error`) and one log line (for operators, who never see
+    DeprecationWarnings: Python hides them outside `__main__`)."""
+    message = f"{old} is deprecated and will be removed in the next release: use {new}"
+    if shadowed:
+        message += f" ({new} is set too and wins)"
+    warnings.warn(message, DeprecationWarning, stacklevel=4)
+    log.warning(message)
+
+
+def _env_value(name: str, environ: Mapping[str, str]) -> str | None:
+    """`name` in `environ`, matched without regard to case (as pydantic-settings reads variables); None when
+    unset or empty (compose's `${VAR:-}`: an empty old name carries nothing over)."""
+    upper = name.upper()
+    for key, value in environ.items():
+        if key.upper() == upper and value != "":
+            return value
+    return None
+
+
+def renamed(**old_to_new: str) -> Any:
+    """A `model_validator(mode="before")` for a settings class whose fields were renamed: the old name,
+    as a constructor keyword or as its environment variable (the class's env prefix + the old name), still
+    sets the new field, with a DeprecationWarning and a log warning naming the new one. The new name wins
+    when both are given.
+
+        class ExtractorSettings(BaseSettings):
+            model_config = SettingsConfigDict(env_prefix="APPRENTICE_EXTRACTOR_", extra="ignore")
+            port: int = 50053
+            _old_names = renamed(grpc_port="port")
+    """
+    def accept_old_names(cls: type[BaseSettings], data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        prefix = str(cls.model_config.get("env_prefix") or "")
+        for old, new in old_to_new.items():
+            if old in data:
+                value, was, now = data.pop(old), f"{cls.__name__}({old}=...)", f"{cls.__name__}({new}=...)"
+            else:
+                value, was, now = _env_value(prefix + old, os.environ), (prefix + old).upper(), (prefix + new).upper()
+                if value is None:
+                    continue
+            _deprecated(was, now, shadowed=new in data)
+            data.setdefault(new, value)
+        return data
+
+    return model_validator(mode="before")(accept_old_names)
+
+
+def renamed_env(new: str, old: str, default: str, environ: Mapping[str, str] | None = None) -> str:
+    """The value of the variable `new`; else of its deprecated name `old` (with the same warnings as
+    `renamed`); else `default`. For variables a command reads itself rather than through settings."""
+    env = os.environ if environ is None else environ
+    value = _env_value(new, env)
+    if value is not None:
+        return value
+    value = _env_value(old, env)
+    if value is None:
+        return default
+    _deprecated(old, new)
+    return value
 
 
 def default_home() -> Path:

@@ -24,9 +24,13 @@ from typing import Any
 
 ENDPOINTS_FILE = "endpoints.json"
 
-GRPC_TARGET_VARS = {"weights": "APPRENTICE_WEIGHTS_ENDPOINT", "extractor": "APPRENTICE_EXTRACTOR_TARGET",
+GRPC_TARGET_VARS = {"weights": "APPRENTICE_WEIGHTS_ENDPOINT", "extractor": "APPRENTICE_EXTRACTOR_ENDPOINT",
                     "inference": "APPRENTICE_TARGET"}
 """The variable each client reads for a service's gRPC target (the weights and knowledge CLIs, examples)."""
+
+DEPRECATED_CLIENT_VARS = {"APPRENTICE_EXTRACTOR_ENDPOINT": "APPRENTICE_EXTRACTOR_TARGET"}
+"""Old names of client variables (still read, shared/config.py `renamed_env`): one the user set still wins
+over the stack's record."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,8 @@ def apply_stack_endpoints(home: Path, environ: MutableMapping[str, str] | None =
         return None
     for name, value in endpoints.client_env().items():
         if name == "APPRENTICE_AUTH_TOKEN_FILE" and env.get("APPRENTICE_AUTH_TOKEN"):
+            continue
+        if name in DEPRECATED_CLIENT_VARS and DEPRECATED_CLIENT_VARS[name] in env:
             continue
         env.setdefault(name, value)
     return endpoints

@@ -1,4 +1,7 @@
-"""`apprentice dashboard` (also `apprentice serve dashboard`): serve the operator dashboard until SIGTERM/SIGINT."""
+"""`apprentice dashboard` (also `apprentice serve dashboard`): serve the operator dashboard until SIGTERM/SIGINT.
+
+The dashboard has no metrics endpoint of its own (it reads the other services'), so it runs with
+`metrics_port=0`."""
 
 from __future__ import annotations
 
@@ -39,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = DashboardSettings(**{k: v for k, v in (("port", ns.port), ("host", ns.host)) if v is not None})
     configure_logging("dashboard", settings.common.log_level, settings.common.log_json)
-    from services.dashboard.app import run
+    from services.dashboard.app import DashboardServer
+    from shared.service import run_service
 
-    return run(settings)
+    return run_service(DashboardServer(settings), metrics_port=0)
 
 
 if __name__ == "__main__":

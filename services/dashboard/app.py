@@ -1,4 +1,5 @@
-"""Wiring: the Starlette app (pages, JSON endpoints, operator actions), the topic reader, the HTTP listener.
+"""Wiring: the Starlette app (pages, JSON endpoints, operator actions), the topic reader, the HTTP listener;
+`DashboardServer` is the service's handle (shared/service.py).
 
 Pages are server-side Jinja2 templates that draw themselves from small JSON endpoints, fetched again
 every `refresh_s` seconds (`static/dashboard.js`, charts by the vendored Chart.js):
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -304,24 +304,53 @@ def build(settings: DashboardSettings, *, start_reader: bool = True) -> tuple[Da
     return Dashboard(settings, keyring, backends, graded, updates, reader), reader
 
 
-def run(settings: DashboardSettings) -> int:
-    """Serve until SIGTERM / SIGINT."""
-    from shared.grpc_util import service_host
-    from shared.http_listener import HttpServer
+class DashboardServer:
+    """The dashboard's handle (shared/service.py): the topic reader and the HTTP listener over a
+    `Dashboard`; `port` and `url` once started. It never stops by itself (a failing reader shows on
+    the health page and retries)."""
 
-    host = service_host(settings.host, settings.common)
-    dashboard, reader = build(settings)
-    if dashboard.keyring.enabled and settings.common.tls_cert is None and not is_loopback(host):
-        log.warning("dashboard: keys configured but no TLS certificate: operator keys would cross the network "
-                    "in clear text; set APPRENTICE_TLS_CERT / APPRENTICE_TLS_KEY or bind 127.0.0.1")
-    server = HttpServer(dashboard.asgi, host, settings.port, settings.common, name="dashboard",
-                        port_var="APPRENTICE_DASHBOARD_PORT", grace_s=settings.grace_s).start()
-    print(f"apprentice dashboard: {server.url}/", flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
-    server.stop(settings.grace_s)
-    if reader is not None:
-        reader.stop()
-    return 0
+    def __init__(self, settings: DashboardSettings) -> None:
+        self.settings = settings
+        self.dashboard: Dashboard | None = None
+        self.reader: TopicReader | None = None
+        self.http: Any = None
+        self.port = 0
+        self.url = ""
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        from shared.grpc_util import service_host
+        from shared.http_listener import HttpServer
+
+        s = self.settings
+        host = service_host(s.host, s.common)
+        try:
+            self.dashboard, self.reader = build(s)
+            if self.dashboard.keyring.enabled and s.common.tls_cert is None and not is_loopback(host):
+                log.warning("dashboard: keys configured but no TLS certificate: operator keys would cross the "
+                            "network in clear text; set APPRENTICE_TLS_CERT / APPRENTICE_TLS_KEY or bind 127.0.0.1")
+            self.http = HttpServer(self.dashboard.asgi, host, s.port, s.common, name="dashboard",
+                                   port_var="APPRENTICE_DASHBOARD_PORT", grace_s=s.grace_s).start()
+        except BaseException:
+            self.stop(grace=0)
+            raise
+        self.port, self.url = self.http.port, self.http.url
+        print(f"apprentice dashboard: {self.url}/", flush=True)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once `stop()` ran."""
+        return self._stopped.wait(timeout)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Let in-flight requests finish within `grace` (default: `grace_s`), then stop the reader."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self.http is not None:
+            self.http.stop(self.settings.grace_s if grace is None else grace)
+        if self.reader is not None:
+            self.reader.stop()
+
+    @property
+    def exit_code(self) -> int:
+        return 0

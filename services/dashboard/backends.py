@@ -43,8 +43,8 @@ class Targets:
         """Explicit settings first, then the running stack's record under APPRENTICE_HOME, then defaults."""
         rec = read_endpoints(s.common.home)
         grpc_t = {**DEFAULT_GRPC, **(rec.grpc if rec else {})}
-        for name, value in (("weights", s.weights_target), ("extractor", s.knowledge_target),
-                            ("inference", s.inference_target)):
+        for name, value in (("weights", s.weights_endpoint), ("extractor", s.extractor_endpoint),
+                            ("inference", s.inference_endpoint)):
             if value:
                 grpc_t[name] = value
         ports = {**DEFAULT_METRICS, **(rec.metrics if rec else {})}

@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from shared.config import CommonSettings
+from shared.config import CommonSettings, renamed
 
 
 class DashboardSettings(BaseSettings):
@@ -22,13 +22,13 @@ class DashboardSettings(BaseSettings):
     port: int = 8080
     """HTTP port; 0 picks a free port (tests)."""
 
-    weights_target: str = ""
+    weights_endpoint: str = ""
     """The weights service's gRPC address; "" = the running stack's record (endpoints.json), else 127.0.0.1:50052."""
 
-    knowledge_target: str = ""
-    """The extractor's knowledge gRPC address; "" = the stack's record, else 127.0.0.1:50053."""
+    extractor_endpoint: str = ""
+    """The extractor's (Knowledge) gRPC address; "" = the stack's record, else 127.0.0.1:50053."""
 
-    inference_target: str = ""
+    inference_endpoint: str = ""
     """The inference service's gRPC address (health only); "" = the stack's record, else 127.0.0.1:50051."""
 
     operator_token_file: Path | None = None
@@ -59,6 +59,9 @@ class DashboardSettings(BaseSettings):
 
     grace_s: float = 5.0
     """Graceful stop: in-flight requests get this long."""
+
+    _old_names = renamed(weights_target="weights_endpoint", knowledge_target="extractor_endpoint",
+                         inference_target="inference_endpoint")
 
     @field_validator("metrics_ports", mode="before")
     @classmethod

@@ -1,9 +1,8 @@
-"""`apprentice serve extractor`: parse settings, configure logging and metrics, run until SIGTERM/SIGINT."""
+"""`apprentice serve extractor`: parse settings, configure logging, run until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
 import argparse
-import signal
 
 from shared.startup import exit_on_startup_error
 
@@ -18,19 +17,13 @@ def main(argv: list[str] | None = None) -> int:
     settings = ExtractorSettings()
     from shared.grpc_util import service_host
     from shared.logs import configure_logging
-    from shared.metrics import start_metrics_server
+    from shared.service import run_service
 
     configure_logging("extractor", settings.common.log_level, settings.common.log_json)
-    start_metrics_server(settings.metrics_port, service_host(settings.grpc_host, settings.common))
+    metrics_host = service_host(settings.host, settings.common)
     from services.extractor.app import ExtractorApp
 
-    app = ExtractorApp(settings)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: app.request_stop())
-    app.start()
-    app.wait()
-    app.stop()
-    return 0
+    return run_service(ExtractorApp(settings), metrics_port=settings.metrics_port, metrics_host=metrics_host)
 
 
 if __name__ == "__main__":

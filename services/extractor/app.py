@@ -1,5 +1,5 @@
 """Wiring: graded topic --> sessions --> extraction --> knowledge snapshots on the compacted topic, plus the
-Knowledge gRPC server and metrics.
+Knowledge gRPC server (server.py); `ExtractorApp` is the service's handle (shared/service.py).
 
 Delivery: at least once with idempotent effects. A poll's records join open sessions; closed sessions are
 extracted, applied and published (flush = durable); only then are offsets committed, and never past the
@@ -80,6 +80,10 @@ def _position(rec: Any) -> tuple[str, int, int]:
 
 
 class ExtractorApp:
+    """The extractor's handle (shared/service.py): the knowledge store behind the Knowledge gRPC server,
+    and the consumer thread that extracts from the graded topic. `wait` ends only on `stop()` (a failing
+    poll is retried: its records are redelivered)."""
+
     def __init__(self, settings: ExtractorSettings, llm: ExtractorLLM | None = None, *,
                  embedder: Embedder | None = None, count_tokens: TokenCounter | None = None,
                  clock: Callable[[], float] = time.monotonic, screen: InjectionScreen | None = None) -> None:
@@ -114,6 +118,7 @@ class ExtractorApp:
         self.port = 0
         self._committed: dict[tuple[str, int], int] = {}
         self._stop = threading.Event()
+        self._closed = False
         self._thread: threading.Thread | None = None
 
     # --- durability ------------------------------------------------------------------------------------
@@ -134,20 +139,24 @@ class ExtractorApp:
         return len(snaps)
 
     # --- life cycle ----------------------------------------------------------------------------------------
-    def start(self, *, consume: bool = True) -> int:
-        """Rebuild, serve gRPC, then (optionally) consume in a background thread. Returns the gRPC port."""
-        ensure_topics(self.settings.common.kafka_bootstrap, self.topics)
-        self.rebuild()
-        self.server, self.port, self.health = create_knowledge_server(
-            self.store, self.settings.grpc_port, self.settings.grpc_host, common=self.settings.common,
-            audit=AuditLog(self.producer, self.topics, source="extractor"))
-        self.server.start()
-        set_serving(self.health, [SERVICE])
-        if consume:
-            self.open_consumer()
-            self._thread = threading.Thread(target=self._run, name="extractor-consumer", daemon=True)
-            self._thread.start()
-        return self.port
+    def start(self, *, consume: bool = True) -> None:
+        """Rebuild, serve gRPC (`port` is the bound port), then (optionally) consume in a background
+        thread. A failure on the way closes what was opened and re-raises."""
+        try:
+            ensure_topics(self.settings.common.kafka_bootstrap, self.topics)
+            self.rebuild()
+            self.server, self.port, self.health = create_knowledge_server(
+                self.store, self.settings.port, self.settings.host, common=self.settings.common,
+                audit=AuditLog(self.producer, self.topics, source="extractor"))
+            self.server.start()
+            set_serving(self.health, [SERVICE])
+            if consume:
+                self.open_consumer()
+                self._thread = threading.Thread(target=self._run, name="extractor-consumer", daemon=True)
+                self._thread.start()
+        except BaseException:
+            self.stop(grace=0)
+            raise
 
     def open_consumer(self) -> EventConsumer:
         if self.consumer is None:
@@ -166,12 +175,17 @@ class ExtractorApp:
                 log.exception("extractor poll failed; retrying")
                 self._stop.wait(1.0)
 
-    def stop(self) -> None:
+    def stop(self, grace: float | None = None) -> None:
+        """Stop consuming (the batch in progress ends first), drain gRPC within `grace` (default:
+        `grace_s`), close the clients; a second call does nothing."""
         self._stop.set()
+        if self._closed:
+            return
+        self._closed = True
         if self._thread is not None:
             self._thread.join(timeout=30)
         if self.server is not None:
-            graceful_stop(self.server, self.health, self.settings.grace_s)
+            graceful_stop(self.server, self.health, self.settings.grace_s if grace is None else grace)
         if self.consumer is not None:
             self.consumer.close()
             self.consumer = None
@@ -267,9 +281,10 @@ class ExtractorApp:
             self.consumer.commit_offsets(safe)
             self._committed.update(safe)
 
-    def wait(self) -> None:
-        """Block until stop() (used by __main__)."""
-        self._stop.wait()
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once `stop()` was called."""
+        return self._stop.wait(timeout)
 
-    def request_stop(self) -> None:
-        self._stop.set()
+    @property
+    def exit_code(self) -> int:
+        return 0

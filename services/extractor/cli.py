@@ -9,8 +9,9 @@
 its injection-screen flags; approving or pinning a flagged item needs `--override-screen`. Reads name
 the tenant (the KEY's, or `--tenant`); without keys or as a service, listing every tenant shows nothing.
 
-Talks to a running extractor over gRPC (`--target`, default APPRENTICE_EXTRACTOR_TARGET, else the running
-stack's as `apprentice up` recorded it, else 127.0.0.1:50053). `list` and `show` fall back to reading the compacted knowledge topic when no extractor
+Talks to a running extractor over gRPC (`--endpoint`, default APPRENTICE_EXTRACTOR_ENDPOINT, else the running
+stack's as `apprentice up` recorded it, else 127.0.0.1:50053; `--target` and APPRENTICE_EXTRACTOR_TARGET
+are the deprecated names). `list` and `show` fall back to reading the compacted knowledge topic when no extractor
 answers (or with `--from-topic`); changes always go through the extractor, the single writer.
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
 import sys
 import textwrap
 from datetime import UTC, datetime
@@ -96,8 +96,11 @@ def format_list(snaps: list[events_pb2.KnowledgeSnapshot]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="apprentice knowledge", description="Show and curate the knowledge bases.")
-    p.add_argument("--target", default=os.environ.get("APPRENTICE_EXTRACTOR_TARGET", "127.0.0.1:50053"),
-                   help="host:port of the extractor's Knowledge service")
+    from shared.config import renamed_env
+
+    p.add_argument("--endpoint", "--target", dest="endpoint",
+                   default=renamed_env("APPRENTICE_EXTRACTOR_ENDPOINT", "APPRENTICE_EXTRACTOR_TARGET", "127.0.0.1:50053"),
+                   help="host:port of the extractor's Knowledge service (--target: the deprecated name)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
     sub = p.add_subparsers(dest="cmd")
     ls = sub.add_parser("list", help="the bases and their latest versions")
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if cmd in ("list", "show") and getattr(args, "from_topic", False):
         return _print_offline(cmd, args)
-    channel = open_channel(args.target)
+    channel = open_channel(args.endpoint)
     stub = knowledge_pb2_grpc.KnowledgeStub(channel)
     try:
         def named(key: str) -> tuple[tuple[str, str], ...]:
@@ -195,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     except grpc.RpcError as e:
         code = e.code()
         if code == grpc.StatusCode.UNAVAILABLE and cmd in ("list", "show"):
-            print(f"(no extractor at {args.target}; reading the knowledge topic)", file=sys.stderr)
+            print(f"(no extractor at {args.endpoint}; reading the knowledge topic)", file=sys.stderr)
             return _print_offline(cmd, args)
         print(f"apprentice knowledge {cmd}: {code.name}: {e.details()}", file=sys.stderr)
         return 1

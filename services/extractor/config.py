@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from shared.config import CommonSettings
+from shared.config import CommonSettings, renamed
 
 
 class ExtractorSettings(BaseSettings):
@@ -19,15 +19,19 @@ class ExtractorSettings(BaseSettings):
     common: CommonSettings = Field(default_factory=CommonSettings)
 
     # --- serving -------------------------------------------------------------------------------------
-    grpc_port: int = 50053
+    port: int = 50053
     """`apprentice.v1.Knowledge` port (docs/architecture.md §2); 0 picks a free port (tests)."""
 
-    grpc_host: str = ""
+    host: str = ""
+    """Interface the gRPC server (and the metrics endpoint) binds; "" = every interface with keys
+    configured, loopback without."""
+
     metrics_port: int = 9103
     """Prometheus `/metrics`; 0 disables it."""
 
-    target: str = "127.0.0.1:50053"
-    """Where `apprentice knowledge ...` finds a running extractor."""
+    endpoint: str = "127.0.0.1:50053"
+    """Where `apprentice knowledge ...` finds a running extractor (services/extractor/cli.py reads the same
+    variable, APPRENTICE_EXTRACTOR_ENDPOINT)."""
 
     group_id: str = "extractor"
     """Kafka consumer group on the graded topic (prefixed with APPRENTICE_TOPIC_PREFIX). One writer per knowledge key: run one replica per
@@ -42,7 +46,7 @@ class ExtractorSettings(BaseSettings):
     finds this consistency matters); `openai`: any OpenAI-compatible chat endpoint; `local`: the model
     named by APPRENTICE_MODEL loaded in this process (offline development)."""
 
-    inference_target: str = "127.0.0.1:50051"
+    inference_endpoint: str = "127.0.0.1:50051"
     """host:port of the Inference service (`llm=inference`)."""
 
     openai_base_url: str = "http://127.0.0.1:8000/v1"
@@ -159,6 +163,9 @@ class ExtractorSettings(BaseSettings):
     """Kafka `max.poll.interval.ms` of the consumer. The consumer keeps polling (partitions paused) while
     the extractor LLM is working, so a slow LLM does not need a larger value; tests lower it to show that.
     The session timeout is kept at or below it (librdkafka requires it)."""
+
+    _old_names = renamed(grpc_port="port", grpc_host="host", target="endpoint",
+                         inference_target="inference_endpoint")
 
     @field_validator("require_approval_tenants", "auto_approve_tenants", mode="before")
     @classmethod

@@ -57,7 +57,7 @@ def make_llm(settings: ExtractorSettings) -> ExtractorLLM:
     if settings.llm == "inference":
         from services.extractor.llm_inference import InferenceLLM
 
-        return InferenceLLM(settings.inference_target, model=settings.common.model,
+        return InferenceLLM(settings.inference_endpoint, model=settings.common.model,
                             timeout_s=settings.request_timeout_s)
     if settings.llm == "openai":
         from services.extractor.llm_openai import OpenAICompatibleLLM

@@ -25,11 +25,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from services.grader.runtime import make_runtime  # heavy: only after the config is known to be good
     from shared.grpc_util import service_host
-    from shared.metrics import start_metrics_server
+    from shared.service import run_service
 
-    runtime = make_runtime(settings.runtime, settings, config)
-    start_metrics_server(settings.metrics_port, service_host("", settings.common))
-    return runtime.run()
+    metrics_host = service_host("", settings.common)
+    return run_service(make_runtime(settings.runtime, settings, config), metrics_port=settings.metrics_port,
+                       metrics_host=metrics_host)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,6 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, EventT
 
 from services.grader import metrics as M
-from services.grader.changelog import ensure_internal_topics
 from services.grader.commit_offsets import committable
 from services.grader.config import GraderSettings
 from services.grader.detectors import DetectorStats
@@ -94,7 +93,6 @@ from services.grader.judge_groups import due as judge_due
 from services.grader.limits import limits_of, oversize
 from services.grader.poison import POISON_STAGE, Failure, classify, run_bisecting
 from services.grader.routing import DEADLETTER_HEADERS, GRADED_HEADERS, dead_letter, route
-from services.grader.runtime import GraderRuntime
 from services.grader.stall import StallTracker
 from services.grader.state import SEQ_KEY_PREFIX, PendingState, decode_seq, encode_seq, seq_key
 from shared.grading import GraderConfig
@@ -753,25 +751,3 @@ def find_event_ids(bootstrap: str, topic: str, wanted: set[str], since: float,
     finally:
         c.close()
     return found
-
-
-
-class FaustRuntime(GraderRuntime):
-    """The faust app run by a faust Worker (signals, logging and the event loop are faust's)."""
-
-    def __init__(self, settings: GraderSettings, config: GraderConfig) -> None:
-        self.settings = settings
-        self.grader = GraderApp(settings, config)
-
-    def run(self) -> int:
-        # The internal topics exist before faust subscribes: created by faust itself while it starts, the
-        # join topic was sometimes missing from the first assignment ("Ignoring missing topic"), and
-        # this worker then graded nothing until some later rebalance.
-        ensure_internal_topics(self.settings)
-        worker = faust.Worker(self.grader.app, loglevel=self.settings.log_level, quiet=True,
-                              redirect_stdouts=False, override_logging=False)
-        try:
-            worker.execute_from_commandline()
-        except SystemExit as e:
-            return int(e.code or 0)
-        return 0

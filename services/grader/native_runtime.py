@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from confluent_kafka import Message
 
@@ -47,7 +47,6 @@ from services.grader.join import Joiner, encode_bundles, partition_for
 from services.grader.judge_client import JudgeBackend
 from services.grader.limits import limits_of
 from services.grader.routing import DEADLETTER_HEADERS, GRADED_HEADERS
-from services.grader.runtime import GraderRuntime
 from services.grader.stage import AfterCommit, TxnStage
 from services.grader.state import SEQ_KEY_PREFIX, PendingState
 from services.grader.store import StateStore
@@ -153,42 +152,62 @@ def _crash(point: str) -> None:
     os._exit(137)
 
 
-class NativeRuntime(GraderRuntime):
+class NativeRuntime:
+    """The native grader's handle (shared/service.py). The stages run on a worker thread and the main
+    thread only waits, so that a stop signal is acted on at once: a signal handler runs on the main thread
+    between bytecodes, and a main thread blocked in a Kafka call (a commit waiting out a failing broker,
+    30 s per try) would not see it. The worker ending by itself (a fatal client error, a failed stage)
+    ends `wait` with exit code 1."""
+
     def __init__(self, settings: GraderSettings, config: GraderConfig, *, judge: JudgeBackend | None = None) -> None:
         self.settings = settings
         self.config = config
         self.joiner = Joiner(config, DetectorStats(config.detectors), retention_s=settings.retention_s,
                              orphan_feedback_s=settings.orphan_feedback_s, limits=limits_of(settings))
         self.judge = judge
-        self.stop = threading.Event()
+        self.stopping = threading.Event()
         self.failed = False
         self.code = 0
         """Exit status: 1 after a fatal client error or a stage that stopped on an error."""
+        self._identity: Any = None
+        self._worker: threading.Thread | None = None
+        self._closed = False
 
-    def run(self) -> int:
+    def start(self) -> None:
         s = self.settings
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop.set())
         ensure_internal_topics(s)
-        identity = claim_identity(s.app_id, s.instance_id, s.datadir)
-        log.info("native grader starting", extra={"app_id": s.app_id, "worker": identity.name})
-        # The stages run on a worker thread and the main thread only waits, so that a stop signal is
-        # acted on at once: a signal handler runs on the main thread between bytecodes, and a main thread
-        # blocked in a Kafka call (a commit waiting out a failing broker, 30 s per try) would not see it.
-        worker = threading.Thread(target=self._work, args=(identity.name,), name="grader", daemon=True)
-        worker.start()
-        while not self.stop.wait(0.5):
-            pass
-        worker.join(s.shutdown_grace_s)
-        if worker.is_alive():
-            # Safe: what the batch in progress wrote is in an open transaction, which the broker (or this
-            # worker's restart, under the same transactional id) aborts; it is processed again then.
-            log.error("the batch in progress did not end within the shutdown grace; exiting now, as after "
-                      "kill -9", extra={"seconds": s.shutdown_grace_s})
-            logging.shutdown()
-            os._exit(self.code)
-        identity.release()
+        self._identity = claim_identity(s.app_id, s.instance_id, s.datadir)
+        log.info("native grader starting", extra={"app_id": s.app_id, "worker": self._identity.name})
+        self._worker = threading.Thread(target=self._work, args=(self._identity.name,), name="grader", daemon=True)
+        self._worker.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the worker stopped or was told to."""
+        return self.stopping.wait(timeout)
+
+    @property
+    def exit_code(self) -> int:
         return self.code
+
+    def stop(self, grace: float | None = None) -> None:
+        """Let the batch in progress end within `grace` (default: `shutdown_grace_s`); past it the process
+        exits at once, as after kill -9."""
+        self.stopping.set()
+        if self._closed:
+            return
+        self._closed = True
+        grace = self.settings.shutdown_grace_s if grace is None else grace
+        if self._worker is not None:
+            self._worker.join(grace)
+            if self._worker.is_alive():
+                # Safe: what the batch in progress wrote is in an open transaction, which the broker (or
+                # this worker's restart, under the same transactional id) aborts; it is processed again then.
+                log.error("the batch in progress did not end within the shutdown grace; exiting now, as after "
+                          "kill -9", extra={"seconds": grace})
+                logging.shutdown()
+                os._exit(self.code)
+        if self._identity is not None:
+            self._identity.release()
 
     def _work(self, member: str) -> None:
         """The grade stage (and the judge stage's thread) until `stop`; `code` says how it ended."""
@@ -201,7 +220,7 @@ class NativeRuntime(GraderRuntime):
                 judge_thread = threading.Thread(target=self._run_judge, args=(member,), name="judge",
                                                 daemon=True)
                 judge_thread.start()
-            grade.run(self.stop)
+            grade.run(self.stopping)
             code = 1 if self.failed else 0
         except FatalClientError as e:
             log.error("native grader stopping: a Kafka client is fenced or failed for good; exiting for a "
@@ -210,7 +229,7 @@ class NativeRuntime(GraderRuntime):
             log.exception("native grader stopped on an error")
         finally:
             self.code = code
-            self.stop.set()
+            self.stopping.set()
             closing = grade
             if not _within(CLOSE_S, lambda: _shut(judge_thread, closing)):
                 log.error("the Kafka clients did not close in time; exiting now", extra={"seconds": CLOSE_S})
@@ -223,13 +242,13 @@ class NativeRuntime(GraderRuntime):
         try:
             stage = JudgeStage(self.settings, self.joiner, member, backend=self.judge)
             try:
-                stage.run(self.stop)
+                stage.run(self.stopping)
             finally:
                 stage.close()
         except Exception:
             log.exception("judge stage stopped on an error; stopping the worker")
             self.failed = True
-            self.stop.set()
+            self.stopping.set()
 
 
 def _shut(judge_thread: threading.Thread | None, grade: GradeStage | None) -> None:

@@ -1,24 +1,22 @@
-"""GraderSettings + GraderConfig --> a running grader: the two runtimes behind one small interface.
+"""GraderSettings + GraderConfig --> a running grader: the two runtimes behind one handle.
 
-`native` (native_runtime.py, the default) and `faust` (app.py) run the same stages with the same pure
-core (routing, join state machine, graders, detectors, judge groups) over the same topics; they differ
-in how records move and how exactly-once effect is reached (README.md, "Runtimes").
+`native` (native_runtime.py, the default) and `faust` (faust_runtime.py over app.py) run the same stages
+with the same pure core (routing, join state machine, graders, detectors, judge groups) over the same
+topics; they differ in how records move and how exactly-once effect is reached (README.md, "Runtimes").
+Both are a `shared.service.ServiceHandle`: `__main__` runs either with `run_service`, which owns the
+signals and the metrics endpoint.
 """
 
 from __future__ import annotations
 
-import abc
-
 from services.grader.config import GraderSettings
 from shared.grading import GraderConfig
+from shared.service import ServiceHandle
 
 RUNTIMES = ("native", "faust")
 
-
-class GraderRuntime(abc.ABC):
-    @abc.abstractmethod
-    def run(self) -> int:
-        """Process until SIGTERM / SIGINT (or a fatal error); return the process exit status."""
+GraderRuntime = ServiceHandle
+"""A runtime is the grader's handle: start / wait / stop / exit_code (shared/service.py)."""
 
 
 def make_runtime(name: str, settings: GraderSettings, config: GraderConfig) -> GraderRuntime:
@@ -28,7 +26,7 @@ def make_runtime(name: str, settings: GraderSettings, config: GraderConfig) -> G
 
         return NativeRuntime(settings, config)
     if name == "faust":
-        from services.grader.app import FaustRuntime
+        from services.grader.faust_runtime import FaustRuntime
 
         return FaustRuntime(settings, config)
     raise ValueError(f"unknown grader runtime {name!r} (known: {', '.join(RUNTIMES)})")

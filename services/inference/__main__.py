@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 from shared.startup import exit_on_startup_error
@@ -21,13 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {k: v for k, v in (("port", ns.port), ("engine", ns.engine)) if v is not None}
     settings = InferenceSettings(**overrides)
     configure_logging("inference", settings.common.log_level, settings.common.log_json)
-    from services.inference.server import serve
+    from services.inference.server import InferenceApp
+    from shared.grpc_util import service_host
+    from shared.service import run_service
 
-    app = serve(settings)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: app.stop())
-    app.wait()
-    return 0
+    metrics_host = service_host(settings.host, settings.common, extra_keys=settings.legacy_key_entries())
+    return run_service(InferenceApp(settings), metrics_port=settings.metrics_port, metrics_host=metrics_host)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Wiring: gRPC (Inference, Feedback, health, reflection) + engine + capture + hot swap + metrics.
+"""The inference service's handle (shared/service.py): engine + capture + hot swap + the gRPC server
+(servicers.py) and the OpenAI-compatible HTTP API (openai_api/), and the request steps both doors share.
 
 Request path (one handler thread per call): authenticate -> validate -> route to a version -> submit
 to the engine -> wait (deadline-aware; a cancelled call cancels its generation) -> respond. Capture is
@@ -7,16 +8,14 @@ an enqueue after the answer is built; Kafka never sits on this path.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator
 from datetime import UTC
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -57,14 +56,11 @@ from shared.grpc_util import (
     Unavailable,
     create_server,
     graceful_stop,
-    grpc_errors,
     metadata_value,
     remaining_s,
-    service_host,
     set_serving,
 )
 from shared.logs import trace_id_var
-from shared.metrics import start_metrics_server
 from shared.proto.apprentice.v1 import inference_pb2, inference_pb2_grpc
 from shared.security import interaction_ids
 from shared.security.identity import current_identity
@@ -82,53 +78,12 @@ class Completion(NamedTuple):
 
 
 SERVICE_NAMES = ("apprentice.v1.Inference", "apprentice.v1.Feedback")
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _code_of(e: BaseException) -> str:
-    if isinstance(e, ServiceError):
-        return e.code.name
-    if isinstance(e, grpc.RpcError) and hasattr(e, "code"):
-        return e.code().name
-    return "INTERNAL"
-
-
-def observed(method: str) -> Callable[[F], F]:
-    """Count calls by status code and time them (unary and server-streaming handlers)."""
-    def wrap(fn: F) -> F:
-        import inspect
-
-        if inspect.isgeneratorfunction(fn):
-            @functools.wraps(fn)
-            def gen(self: Any, request: Any, context: Any) -> Any:
-                t0, code = time.perf_counter(), "OK"
-                try:
-                    yield from fn(self, request, context)
-                except BaseException as e:
-                    code = "CANCELLED" if isinstance(e, GeneratorExit) else _code_of(e)
-                    raise
-                finally:
-                    metrics.REQUESTS.labels(method=method, code=code).inc()
-                    metrics.LATENCY.labels(method=method).observe(time.perf_counter() - t0)
-            return gen  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def unary(self: Any, request: Any, context: Any) -> Any:
-            t0, code = time.perf_counter(), "OK"
-            try:
-                return fn(self, request, context)
-            except BaseException as e:
-                code = _code_of(e)
-                raise
-            finally:
-                metrics.REQUESTS.labels(method=method, code=code).inc()
-                metrics.LATENCY.labels(method=method).observe(time.perf_counter() - t0)
-        return unary  # type: ignore[return-value]
-    return wrap
 
 
 class InferenceApp:
-    """The service: owns the engine, the capture sink, the version manager and the gRPC server."""
+    """The service's handle: owns the engine, the capture sink, the version manager and the gRPC server.
+    `start()` binds and loads, then reports SERVING; `stop()` drains; health, not the handle, reports a
+    failed engine (NOT_SERVING: load balancers route around the pod), so `wait` ends only on `stop()`."""
 
     def __init__(self, settings: InferenceSettings, engine: Engine | None = None) -> None:
         self.settings = settings
@@ -155,23 +110,26 @@ class InferenceApp:
         self.quotas = TenantQuotas.from_settings(settings)
 
     # --- life cycle -------------------------------------------------------------------------------
-    def start(self) -> int:
-        """Listen at once (health NOT_SERVING), load the model, follow updates, then report SERVING.
-        A failure on the way stops whatever was already started and re-raises."""
+    def start(self) -> None:
+        """Listen at once (health NOT_SERVING), load the model, follow updates, then report SERVING
+        (`port` is the bound gRPC port). A failure on the way stops whatever was already started and
+        re-raises."""
         try:
-            return self._start()
+            self._start()
         except BaseException:
             self.stop(grace=0)
             raise
 
-    def _start(self) -> int:
+    def _start(self) -> None:
         s = self.settings
         if s.api_keys:
             log.warning("APPRENTICE_INFERENCE_API_KEYS is deprecated: use backend entries in APPRENTICE_AUTH_KEYS")
+        if s.fault_delay_s > 0:
+            log.warning("fault injection on: every generation request is delayed by %.1f s "
+                        "(APPRENTICE_INFERENCE_FAULT_DELAY_S; tests and chaos drills only)", s.fault_delay_s)
         self.server, self.port, self.health = create_server(
             s.port, self._register, SERVICE_NAMES, host=s.host, max_workers=s.grpc_workers, common=s.common,
             extra_keys=s.legacy_key_entries())
-        start_metrics_server(s.metrics_port, service_host(s.host, s.common, extra_keys=s.legacy_key_entries()))
         set_serving(self.health, SERVICE_NAMES, serving=False)
         self.server.start()
         log.info("inference listening", extra={"port": self.port, "engine": s.engine, "model": self.model})
@@ -204,7 +162,6 @@ class InferenceApp:
         self.ready.set()
         threading.Thread(target=self._watch_engine, name="engine-health", daemon=True).start()
         log.info("inference serving", extra={"port": self.port, "versions": self.engine.loaded_versions()})
-        return self.port
 
     def stop(self, grace: float | None = None) -> None:
         """Graceful: NOT_SERVING, refuse new calls, let in-flight ones finish, flush capture."""
@@ -240,10 +197,17 @@ class InferenceApp:
                 log.critical("engine unhealthy: reporting NOT_SERVING")
                 return
 
-    def wait(self) -> None:
-        self._stopped.wait()
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once `stop()` ran (the service never stops by itself: see the class)."""
+        return self._stopped.wait(timeout)
+
+    @property
+    def exit_code(self) -> int:
+        return 0
 
     def _register(self, server: grpc.Server) -> None:
+        from services.inference.servicers import FeedbackServicer, InferenceServicer
+
         inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(self), server)
         inference_pb2_grpc.add_FeedbackServicer_to_server(FeedbackServicer(self), server)
 
@@ -427,12 +391,6 @@ class InferenceApp:
         return inference_pb2.FeedbackAck(event_id=event.envelope.event_id, accepted=True)
 
 
-def _usage(p: PreparedRequest, samples: list[Any]) -> inference_pb2.Usage:
-    completion = sum(len(s.token_ids) for s in samples)
-    return inference_pb2.Usage(prompt_tokens=len(p.prompt_ids), completion_tokens=completion,
-                               total_tokens=len(p.prompt_ids) + completion)
-
-
 def _injected_delay(seconds: float, context: Any) -> None:
     """`fault_delay_s` (tests, chaos drills): hold the request like a slow pod would, but never past the
     caller's deadline, after which the engine answers DEADLINE_EXCEEDED at once."""
@@ -453,61 +411,8 @@ def _wait_result(handle: RequestHandle, context: Any) -> list[Any]:
         raise ServiceError(str(e)) from e
 
 
-class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, app: InferenceApp) -> None:
-        self.app = app
-
-    @grpc_errors
-    @observed("Generate")
-    def Generate(self, request: inference_pb2.GenerateRequest, context: Any) -> inference_pb2.GenerateResponse:
-        t0 = time.perf_counter()
-        p = self.app.prepare(request, context)
-        c = self.app.complete(p, context, t0)
-        return inference_pb2.GenerateResponse(
-            choices=[inference_pb2.Choice(interaction_id=iid, text=s.text, finish_reason=s.finish_reason,
-                                          token_count=len(s.token_ids), index=i)
-                     for i, (s, iid) in enumerate(zip(c.samples, c.ids, strict=True))],
-            policy_version=c.version, usage=_usage(p, c.samples), session_id=p.session_id)
-
-    @grpc_errors
-    @observed("GenerateStream")
-    def GenerateStream(self, request: inference_pb2.GenerateRequest, context: Any) -> Iterator[inference_pb2.GenerateChunk]:
-        t0 = time.perf_counter()
-        p = self.app.prepare(request, context)
-        version, ids, events = self.app.stream(p, context, t0)
-        n = p.sampling.n
-        samples: dict[int, Any] = {}
-        with contextlib.closing(events):      # closed early (client gone): the generation is cancelled
-            for ev in events:
-                if isinstance(ev, Delta):
-                    yield inference_pb2.GenerateChunk(index=ev.index, interaction_id=ids[ev.index], text=ev.text,
-                                                      token_ids=ev.token_ids, policy_version=version,
-                                                      session_id=p.session_id)
-                elif isinstance(ev, ChoiceDone):
-                    samples[ev.index] = ev.sample
-                    chunk = inference_pb2.GenerateChunk(index=ev.index, interaction_id=ids[ev.index],
-                                                        finish_reason=ev.sample.finish_reason,
-                                                        policy_version=version, session_id=p.session_id)
-                    if len(samples) == n:
-                        chunk.usage.CopyFrom(_usage(p, [samples[i] for i in range(n)]))
-                    yield chunk
-
-
-class FeedbackServicer(inference_pb2_grpc.FeedbackServicer):
-    def __init__(self, app: InferenceApp) -> None:
-        self.app = app
-
-    @grpc_errors
-    @observed("Feedback.Submit")
-    def Submit(self, request: inference_pb2.FeedbackRequest, context: Any) -> inference_pb2.FeedbackAck:
-        return self.app.submit_feedback(request, context)
-
-
 def serve(settings: InferenceSettings) -> InferenceApp:
-    """Start the service (used by __main__ and tests); call `.stop()` to shut it down."""
+    """A started InferenceApp (tests and tools that serve in-process); `.stop()` shuts it down."""
     app = InferenceApp(settings)
-    if settings.fault_delay_s > 0:
-        log.warning("fault injection on: every generation request is delayed by %.1f s "
-                    "(APPRENTICE_INFERENCE_FAULT_DELAY_S; tests and chaos drills only)", settings.fault_delay_s)
     app.start()
     return app

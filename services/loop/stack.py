@@ -89,7 +89,7 @@ class Ports:
         from services.weights.config import WeightsSettings
 
         inf, wts, ext = InferenceSettings(), WeightsSettings(), ExtractorSettings()
-        return cls(inference=inf.port, weights=wts.port, extractor=ext.grpc_port,
+        return cls(inference=inf.port, weights=wts.port, extractor=ext.port,
                    metrics={"inference": inf.metrics_port, "grader": GraderSettings().metrics_port,
                             "extractor": ext.metrics_port, "trainer": TrainerSettings().metrics_port,
                             "weights": wts.metrics_port}, http=inf.http_port, dashboard=DashboardSettings().port)
@@ -127,20 +127,20 @@ def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str
                       "APPRENTICE_INFERENCE_WEIGHTS_ENDPOINT": weights},
         "weights": {"APPRENTICE_WEIGHTS_PORT": str(ports.weights)},
         "grader": {"APPRENTICE_GRADER_INFERENCE_ENDPOINT": inference},
-        "extractor": {"APPRENTICE_EXTRACTOR_GRPC_PORT": str(ports.extractor),
-                      "APPRENTICE_EXTRACTOR_INFERENCE_TARGET": inference, "APPRENTICE_EXTRACTOR_TARGET": knowledge},
+        "extractor": {"APPRENTICE_EXTRACTOR_PORT": str(ports.extractor),
+                      "APPRENTICE_EXTRACTOR_INFERENCE_ENDPOINT": inference, "APPRENTICE_EXTRACTOR_ENDPOINT": knowledge},
         "trainer": {"APPRENTICE_TRAINER_WEIGHTS_ENDPOINT": weights},
         "dashboard": {"APPRENTICE_DASHBOARD_PORT": str(ports.dashboard),
-                      "APPRENTICE_DASHBOARD_WEIGHTS_TARGET": weights,
-                      "APPRENTICE_DASHBOARD_KNOWLEDGE_TARGET": knowledge,
-                      "APPRENTICE_DASHBOARD_INFERENCE_TARGET": inference,
+                      "APPRENTICE_DASHBOARD_WEIGHTS_ENDPOINT": weights,
+                      "APPRENTICE_DASHBOARD_EXTRACTOR_ENDPOINT": knowledge,
+                      "APPRENTICE_DASHBOARD_INFERENCE_ENDPOINT": inference,
                       "APPRENTICE_DASHBOARD_METRICS_PORTS": ",".join(f"{n}={p}" for n, p in ports.metrics.items())},
     }
     if bind_host is not None:
         env["dashboard"]["APPRENTICE_DASHBOARD_HOST"] = bind_host
         env["inference"]["APPRENTICE_INFERENCE_HOST"] = bind_host
         env["weights"]["APPRENTICE_WEIGHTS_HOST"] = bind_host
-        env["extractor"]["APPRENTICE_EXTRACTOR_GRPC_HOST"] = bind_host
+        env["extractor"]["APPRENTICE_EXTRACTOR_HOST"] = bind_host
     for name, port in ports.metrics.items():
         env[name][f"APPRENTICE_{name.upper()}_METRICS_PORT"] = str(port)
     return env

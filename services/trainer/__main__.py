@@ -26,13 +26,16 @@ def main(argv: list[str] | None = None) -> int:
         print(one_line("trainer", e), file=sys.stderr, flush=True)
         return EXIT_STARTUP_ERROR
     from services.trainer import distributed
-    from services.trainer.app import follower, serve
+    from services.trainer.app import TrainerApp, follower
+    from shared.grpc_util import service_host
     from shared.logs import configure_logging
+    from shared.service import run_service
 
     configure_logging("trainer", settings.common.log_level, settings.common.log_json)
     if distributed.init_from_env() and distributed.rank() > 0:
-        return follower(settings)
-    return serve(settings)
+        return follower(settings)     # no metrics, no signals of its own: rank 0 tells it when to stop
+    return run_service(TrainerApp(settings), metrics_port=settings.metrics_port,
+                       metrics_host=service_host("", settings.common))
 
 
 if __name__ == "__main__":

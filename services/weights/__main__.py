@@ -22,9 +22,12 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(settings.common.torch_threads)
-    from services.weights.server import run
+    from services.weights.server import RunningServer
+    from shared.grpc_util import service_host
+    from shared.service import run_service
 
-    return run(settings)
+    return run_service(RunningServer(settings), metrics_port=settings.metrics_port,
+                       metrics_host=service_host(settings.host, settings.common))
 
 
 if __name__ == "__main__":

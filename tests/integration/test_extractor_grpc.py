@@ -32,7 +32,7 @@ ACME = (("x-apprentice-tenant", "acme"),)
 
 @pytest.fixture
 def running(topics: Topics, kafka_bootstrap: str, tiny_model_name: str) -> Iterator[tuple[ExtractorApp, knowledge_pb2_grpc.KnowledgeStub]]:
-    settings = ExtractorSettings(grpc_port=0, grpc_host="127.0.0.1", metrics_port=0, session_gap_s=0.0,
+    settings = ExtractorSettings(port=0, host="127.0.0.1", metrics_port=0, session_gap_s=0.0,
                                  group_id=f"extractor-{uuid.uuid4().hex[:6]}", max_new_tokens=16,
                                  require_approval_tenants=["acme"], grace_s=1.0)
     app = ExtractorApp(settings, LocalLLM(tiny_model_name), count_tokens=approx_tokens)
@@ -101,15 +101,15 @@ def test_approve_reject_pin_edit_change_the_training_view(running: tuple, topics
     assert (summary.key, summary.version, summary.training_count, summary.rejected_count) == (KEY, s4.version, 2, 1)
 
     # the CLI prints it readably, and can approve
-    out = cli_run(["--target", f"127.0.0.1:{app.port}", "show", KEY])
+    out = cli_run(["--endpoint", f"127.0.0.1:{app.port}", "show", KEY])
     assert f"{KEY}  version {s4.version}" in out and "[PINNED  ]" in out and "Warranty: 24 months for every device." in out
     assert "approval: required" in out and "by correction" in out
     assert "pinned by anonymous:anonymous" in out and "created by unknown:?" in out      # provenance shown
-    cli_out = cli_run(["--target", f"127.0.0.1:{app.port}", "approve", KEY, b, "--operator", "cli-user"])
+    cli_out = cli_run(["--endpoint", f"127.0.0.1:{app.port}", "approve", KEY, b, "--operator", "cli-user"])
     assert f"approved {b}" in cli_out
     assert len(stub.Get(knowledge_pb2.GetKnowledgeRequest(key=KEY, training_view=True), metadata=ACME).items) == 3
-    assert "no knowledge bases visible" in cli_run(["--target", f"127.0.0.1:{app.port}", "list"])
-    listing = cli_run(["--target", f"127.0.0.1:{app.port}", "list", "--tenant", "acme"])
+    assert "no knowledge bases visible" in cli_run(["--endpoint", f"127.0.0.1:{app.port}", "list"])
+    listing = cli_run(["--endpoint", f"127.0.0.1:{app.port}", "list", "--tenant", "acme"])
     assert KEY in listing and "required" in listing
     offline = cli_run(["show", KEY, "--from-topic"])
     assert f"version {s4.version + 1}" in offline

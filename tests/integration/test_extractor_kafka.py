@@ -37,7 +37,7 @@ def tiny_llm(tiny_model_name: str) -> LocalLLM:
 
 
 def make_app(llm: LocalLLM, group: str, **overrides: object) -> ExtractorApp:
-    kw: dict[str, object] = dict(grpc_port=0, metrics_port=0, group_id=group, session_gap_s=0.0, max_new_tokens=24,
+    kw: dict[str, object] = dict(port=0, metrics_port=0, group_id=group, session_gap_s=0.0, max_new_tokens=24,
                                  rate_limit_per_s=100, rate_burst=100)
     settings = ExtractorSettings(**{**kw, **overrides})
     return ExtractorApp(settings, llm, count_tokens=approx_tokens)

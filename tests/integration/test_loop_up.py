@@ -56,7 +56,7 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
     env = {**os.environ, "APPRENTICE_HOME": str(home), "APPRENTICE_MODEL": tiny_model_name,
            "APPRENTICE_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "APPRENTICE_INFERENCE_PORT": str(ports.inference), "APPRENTICE_WEIGHTS_PORT": str(ports.weights),
-           "APPRENTICE_EXTRACTOR_GRPC_PORT": str(ports.extractor), "APPRENTICE_INFERENCE_POD_ID": "pod-up",
+           "APPRENTICE_EXTRACTOR_PORT": str(ports.extractor), "APPRENTICE_INFERENCE_POD_ID": "pod-up",
            "APPRENTICE_INFERENCE_HTTP_PORT": str(ports.http), "APPRENTICE_DASHBOARD_PORT": str(ports.dashboard),
            **{f"APPRENTICE_{n.upper()}_METRICS_PORT": str(p) for n, p in ports.metrics.items()}}
 

@@ -44,7 +44,7 @@ class Service:
 SERVICES = {
     "inference": Service("inference", "APPRENTICE_INFERENCE_PORT", "APPRENTICE_INFERENCE_METRICS_PORT"),
     "weights": Service("weights", "APPRENTICE_WEIGHTS_PORT", "APPRENTICE_WEIGHTS_METRICS_PORT"),
-    "extractor": Service("extractor", "APPRENTICE_EXTRACTOR_GRPC_PORT", "APPRENTICE_EXTRACTOR_METRICS_PORT"),
+    "extractor": Service("extractor", "APPRENTICE_EXTRACTOR_PORT", "APPRENTICE_EXTRACTOR_METRICS_PORT"),
     "grader": Service("grader", None, "APPRENTICE_GRADER_METRICS_PORT"),
     "trainer": Service("trainer", None, "APPRENTICE_TRAINER_METRICS_PORT"),
 }

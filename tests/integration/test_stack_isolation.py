@@ -55,7 +55,7 @@ class Stack:
         cfg.write_text(CONFIG)
         self.grader = GraderProcess(grader_env(self.topics.prefix, bootstrap, cfg, home), home / "grader.log")
         monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", self.topics.prefix)
-        self.extractor = ExtractorApp(ExtractorSettings(grpc_port=0, metrics_port=0, session_gap_s=0.0,
+        self.extractor = ExtractorApp(ExtractorSettings(port=0, metrics_port=0, session_gap_s=0.0,
                                                         llm_items=False), count_tokens=approx_tokens)
 
     def start(self) -> None:

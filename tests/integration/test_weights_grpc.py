@@ -14,7 +14,8 @@ import grpc
 import pytest
 
 from services.weights.config import WeightsSettings
-from services.weights.server import DOWNLOAD_BYTES, RunningServer, start
+from services.weights.metrics import DOWNLOAD_BYTES
+from services.weights.server import RunningServer, start
 from shared import weights_client
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 from shared.weights_client import (

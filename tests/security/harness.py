@@ -269,7 +269,7 @@ def start_knowledge(model_name: str, *, consume: bool = False, **overrides: Any)
     from services.extractor.curation import approx_tokens
     from services.extractor.llm_local import LocalLLM
 
-    kw: dict[str, Any] = dict(grpc_port=0, grpc_host="127.0.0.1", metrics_port=0, session_gap_s=0.0,
+    kw: dict[str, Any] = dict(port=0, host="127.0.0.1", metrics_port=0, session_gap_s=0.0,
                               group_id=f"extractor-{uuid.uuid4().hex[:6]}", max_new_tokens=8, grace_s=1.0)
     kw.update(overrides)
     app = ExtractorApp(ExtractorSettings(**kw), LocalLLM(model_name), count_tokens=approx_tokens)

@@ -21,7 +21,7 @@ KEYS = f"operator:alice={OPERATOR},backend:shop@shop={BACKEND}"
 
 def dashboard(tmp_path: Path, keys: str = KEYS) -> Dashboard:
     common = CommonSettings(auth_keys=keys, home=tmp_path, model="m")
-    settings = DashboardSettings(common=common, weights_target="127.0.0.1:1", knowledge_target="127.0.0.1:1")
+    settings = DashboardSettings(common=common, weights_endpoint="127.0.0.1:1", extractor_endpoint="127.0.0.1:1")
     app, _ = build(settings, start_reader=False)
     return app
 

@@ -41,7 +41,7 @@ def _env(home: Path, port: int | None = None, **extra: str) -> dict[str, str]:
         for svc in cli_main.SERVICES:
             env[f"APPRENTICE_{svc.upper()}_METRICS_PORT"] = str(port)
             env[f"APPRENTICE_{svc.upper()}_PORT"] = str(port)
-        env.update(APPRENTICE_INFERENCE_HTTP_PORT=str(port), APPRENTICE_EXTRACTOR_GRPC_PORT=str(port),
+        env.update(APPRENTICE_INFERENCE_HTTP_PORT=str(port), APPRENTICE_EXTRACTOR_PORT=str(port),
                    APPRENTICE_KAFKA_BOOTSTRAP=f"127.0.0.1:{port}")
     return env
 

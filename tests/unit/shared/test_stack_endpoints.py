@@ -43,7 +43,7 @@ def test_round_trip_and_client_env(tmp_path: Path) -> None:
     assert ep.client_env() == {
         "APPRENTICE_KAFKA_BOOTSTRAP": "127.0.0.1:19092", "APPRENTICE_TOPIC_PREFIX": "run-x.",
         "APPRENTICE_MODEL": "tiny-random", "APPRENTICE_WEIGHTS_ENDPOINT": "127.0.0.1:40052",
-        "APPRENTICE_EXTRACTOR_TARGET": "127.0.0.1:40053", "APPRENTICE_TARGET": "127.0.0.1:40051",
+        "APPRENTICE_EXTRACTOR_ENDPOINT": "127.0.0.1:40053", "APPRENTICE_TARGET": "127.0.0.1:40051",
         "APPRENTICE_TLS_CA": "/s/ca.pem", "APPRENTICE_AUTH_TOKEN_FILE": "/s/operator.token"}
 
 
@@ -54,8 +54,15 @@ def test_explicit_variables_win(tmp_path: Path) -> None:
     assert env["APPRENTICE_WEIGHTS_ENDPOINT"] == "10.0.0.1:1"       # set by the user: kept
     assert env["APPRENTICE_TOPIC_PREFIX"] == ""                     # set, even empty: kept
     assert "APPRENTICE_AUTH_TOKEN_FILE" not in env                  # a key given inline: no token file added
-    assert env["APPRENTICE_EXTRACTOR_TARGET"] == "127.0.0.1:40053"  # unset: filled from the record
+    assert env["APPRENTICE_EXTRACTOR_ENDPOINT"] == "127.0.0.1:40053"  # unset: filled from the record
     assert env["APPRENTICE_KAFKA_BOOTSTRAP"] == "127.0.0.1:19092"
+
+
+def test_a_deprecated_client_variable_the_user_set_wins_over_the_record(tmp_path: Path) -> None:
+    write_endpoints(tmp_path, _endpoints(os.getpid()))
+    env = {"APPRENTICE_EXTRACTOR_TARGET": "10.0.0.2:3"}
+    apply_stack_endpoints(tmp_path, env)
+    assert "APPRENTICE_EXTRACTOR_ENDPOINT" not in env          # the CLI then reads the old name (renamed_env)
 
 
 def test_stale_missing_or_corrupt_records_are_ignored(tmp_path: Path) -> None:
