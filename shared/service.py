@@ -6,10 +6,21 @@ endpoint and the SIGTERM/SIGINT handling. The handle itself never installs signa
 the metrics endpoint, so tests and the local stack can start any service in-process, several at once,
 and stop it with `stop()`.
 
-    handle = InferenceService(settings)      # builds, binds nothing yet
+    handle = InferenceApp(settings)          # builds, binds nothing yet
     handle.start()                           # returns once it serves (ports bound, consumers joined)
     ...
     handle.stop(grace=5.0)                   # graceful, idempotent
+
+The handles: inference `InferenceApp` (services/inference/server.py), weights `RunningServer`
+(services/weights/server.py), extractor `ExtractorApp` (services/extractor/app.py), trainer `TrainerApp`
+(services/trainer/app.py; torchrun's ranks > 0 run `follower` instead, without metrics or signals of
+their own), dashboard `DashboardServer` (services/dashboard/app.py; no metrics endpoint: port 0), grader
+`NativeRuntime` (services/grader/native_runtime.py) and `FaustRuntime` (services/grader/faust_runtime.py).
+
+faust's Worker wants to own the event loop and the signals (asyncio installs loop signal handlers only
+on the main thread). `FaustRuntime` therefore runs the whole faust side, loop included, on a thread of
+its own, with a Worker that installs no signal handlers; its `stop()` schedules on that loop what the
+Worker's own SIGTERM handler would have done. `run_service` then drives it like any other handle.
 """
 
 from __future__ import annotations
@@ -43,51 +54,34 @@ class ServiceHandle(Protocol):
         """The process's exit status once stopped: 0 after a requested stop, non-zero after a failure."""
 
 
-class StartInterrupted(SystemExit):
-    """Raised inside `handle.start()` by a SIGTERM/SIGINT that arrives while the service is starting (a
-    model load, a topic rebuild can take minutes): the start unwinds through its own clean-up (`finally`,
-    `except BaseException`) instead of finishing a start nobody wants. A SystemExit, so that the
-    `except Exception` of code it passes through does not swallow it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(128 + signum)
-        self.signum = signum
-
-
 def run_service(handle: ServiceHandle, *, metrics_port: int, metrics_host: str = "127.0.0.1",
                 grace: float | None = None, poll_s: float = 0.5) -> int:
     """Serve `handle` until SIGTERM/SIGINT or until it stops by itself; return its exit code.
 
     Order: signal handlers, then the metrics endpoint (`metrics_port` 0 = none; a taken port is a
-    startup error, before anything else binds), then `handle.start()`. A signal during the start
-    interrupts it (StartInterrupted; the exit status is then 128 + the signal, as a shell reports a
-    process a signal ended) and a second one kills the process at once. After the start, the signal
-    handler only sets an event: the stop itself runs on the main thread, outside the handler, so a slow
-    graceful stop never runs inside a signal frame."""
+    startup error, raised before anything else binds), then `handle.start()`.
+
+    Signals: the first SIGTERM/SIGINT asks for a graceful stop; the handler only sets an event, and
+    the stop itself runs on the main thread, outside the handler, so a slow graceful stop never runs
+    inside a signal frame. One that arrives while the service is still starting (a model load, a topic
+    rebuild) takes effect once `start()` returns: a start is never cut in the middle, so no half-built
+    state is left to clean up. A second signal, at any time, ends the process at once (the default
+    action is restored after the first), for the operator who will not wait; supervisors escalate to
+    SIGKILL after their own grace anyway."""
     from shared.metrics import start_metrics_server
 
     requested = threading.Event()
-    starting = True
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info("stop requested", extra={"signal": signal.Signals(signum).name})
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
         requested.set()
-        if starting:
-            for sig in SIGNALS:
-                signal.signal(sig, signal.SIG_DFL)
-            raise StartInterrupted(signum)
+        log.info("stop requested (a second signal exits at once)", extra={"signal": signal.Signals(signum).name})
 
     previous = {sig: signal.signal(sig, on_signal) for sig in SIGNALS}
     try:
         start_metrics_server(metrics_port, metrics_host)
-        try:
-            handle.start()
-            starting = False
-        except StartInterrupted as e:
-            starting = False
-            log.info("stopped while starting")
-            handle.stop(grace)      # what the start left running (nothing, unless it had just returned)
-            return e.code if isinstance(e.code, int) else 1
+        handle.start()
         try:
             while not requested.is_set():
                 if handle.wait(poll_s):

@@ -1,0 +1,123 @@
+"""One service skeleton (shared/service.py): every service's core object is a `ServiceHandle`, every
+`__main__` runs it with `run_service`, and nothing below `__main__` installs signal handlers or starts
+the metrics endpoint (so a test or the local stack can run any service in-process and stop it).
+
+The handles are built for real (no model loaded, nothing bound: that happens in `start`) and stopped
+without a start, which a handle must allow (`run_service` and the handles' own failed starts do it)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.service import ServiceHandle
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICES = ("inference", "weights", "extractor", "trainer", "dashboard", "grader")
+
+
+def _common(tmp: Path) -> dict[str, Any]:
+    return {"model": "tiny-random", "home": tmp, "kafka_bootstrap": "127.0.0.1:1", "topic_prefix": "handles."}
+
+
+def _inference(tmp: Path) -> Any:
+    from services.inference.config import InferenceSettings
+    from services.inference.server import InferenceApp
+
+    return InferenceApp(InferenceSettings(port=0, metrics_port=0, http_port=0, spool_dir=tmp / "spool",
+                                          download_dir=tmp / "versions", common=_common(tmp)))
+
+
+def _weights(tmp: Path) -> Any:
+    from services.weights.config import WeightsSettings
+    from services.weights.server import RunningServer
+
+    return RunningServer(WeightsSettings(port=0, metrics_port=0, store_dir=tmp / "store", common=_common(tmp)),
+                         consume=False)
+
+
+def _extractor(tmp: Path) -> Any:
+    from services.extractor.app import ExtractorApp
+    from services.extractor.config import ExtractorSettings
+    from services.extractor.curation import approx_tokens
+    from shared.injection_screen import InjectionScreen
+
+    return ExtractorApp(ExtractorSettings(port=0, metrics_port=0, common=_common(tmp)),
+                        count_tokens=approx_tokens, screen=InjectionScreen(()))
+
+
+def _trainer(tmp: Path) -> Any:
+    from services.trainer.app import TrainerApp
+    from services.trainer.config import TrainerSettings
+
+    return TrainerApp(TrainerSettings(metrics_port=0, common=_common(tmp)))
+
+
+def _dashboard(tmp: Path) -> Any:
+    from services.dashboard.app import DashboardServer
+    from services.dashboard.config import DashboardSettings
+
+    return DashboardServer(DashboardSettings(port=0, common=_common(tmp)))
+
+
+def _grader(runtime: str) -> Callable[[Path], Any]:
+    def build(tmp: Path) -> Any:
+        from services.grader.config import GraderSettings
+        from services.grader.runtime import make_runtime
+        from shared.grading import load_grader_config
+
+        settings = GraderSettings(runtime=runtime, metrics_port=0, common=_common(tmp))
+        return make_runtime(runtime, settings, load_grader_config(settings.config_path))
+    return build
+
+
+HANDLES = {"inference": _inference, "weights": _weights, "extractor": _extractor, "trainer": _trainer,
+           "dashboard": _dashboard, "grader-native": _grader("native"), "grader-faust": _grader("faust")}
+
+
+@pytest.mark.parametrize("name", list(HANDLES))
+def test_every_service_exposes_a_service_handle(name: str, tmp_path: Path) -> None:
+    handle = HANDLES[name](tmp_path)
+    assert isinstance(handle, ServiceHandle), f"{type(handle).__name__} is not a ServiceHandle"
+    assert handle.wait(0) is False                  # not stopped before a start
+    handle.stop(grace=0)          # allowed without a start, and twice
+    handle.stop(grace=0)
+    assert handle.exit_code == 0
+
+
+def test_an_object_missing_a_part_of_the_handle_is_not_one() -> None:
+    class NoExitCode:
+        def start(self) -> None: ...
+        def wait(self, timeout: float | None = None) -> bool: return True
+        def stop(self, grace: float | None = None) -> None: ...
+
+    assert not isinstance(NoExitCode(), ServiceHandle)
+
+
+def _calls(path: Path) -> set[str]:
+    """Dotted names of everything `path` calls (`signal.signal`, `run_service`, ...)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            f = node.func
+            parts = []
+            while isinstance(f, ast.Attribute):
+                parts.append(f.attr)
+                f = f.value
+            if isinstance(f, ast.Name):
+                parts.append(f.id)
+            names.add(".".join(reversed(parts)))
+    return names
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_main_alone_owns_signals_and_metrics(name: str) -> None:
+    main = REPO / "services" / name / "__main__.py"
+    assert "run_service" in _calls(main), f"{main} does not call run_service"
+    for path in sorted((REPO / "services" / name).rglob("*.py")):
+        owned = _calls(path) & {"signal.signal", "start_metrics_server", "loop.add_signal_handler"}
+        assert not owned, f"{path.relative_to(REPO)} calls {sorted(owned)}: only run_service (from __main__) may"
