@@ -35,6 +35,7 @@ from services.inference.host_cache import HostCache
 from services.inference.routing import OPERATOR, InvalidOrder, RoutingTable, Slot
 from shared.events import UndecodableEvent, timestamp
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
+from shared.retry import Backoff
 from shared.security.channels import open_channel
 from shared.validation import decode_record
 
@@ -283,6 +284,7 @@ class UpdateFollower:
         group = self.settings.common.topics.group_id(f"inference-{self.settings.pod_id}-{uuid.uuid4().hex[:8]}")
         consumer = EventConsumer(self.settings.common.kafka_bootstrap, group, [topic],
                                  extra_config={"log_level": 3})
+        backoff = Backoff(1.0, 5.0)
         try:
             while not self._stop.is_set():
                 try:
@@ -292,9 +294,10 @@ class UpdateFollower:
                     msgs = consumer.poll_batch(max_records=1, timeout=0.5)
                     if msgs:
                         msgs += consumer.poll_batch(max_records=199, timeout=0)
+                    backoff.reset()
                 except Exception:  # noqa: BLE001 - keep following; the broker may come back
                     log.exception("model-updates poll failed")
-                    time.sleep(1.0)
+                    self._stop.wait(backoff.next())
                     continue
                 if not msgs:
                     if consumer.assignment():
