@@ -145,7 +145,8 @@ def test_step_budget_and_graded_inputs(tiny) -> None:  # noqa: ANN001
 
 def test_rl_config_presets() -> None:
     s = TrainerSettings(algorithm="dapo")
-    assert RLConfig.from_settings(s) == RLConfig.preset("dapo", batch_size=16, micro_batch_size=4)
+    assert RLConfig.from_settings(s) == RLConfig(algorithm="dapo", eps_high=0.28, drop_equal_groups=True,
+                                                 overlong_buffer=0.2, batch_size=16, micro_batch_size=4)
     assert RLConfig.from_settings(TrainerSettings(algorithm="gspo")).eps_high == 4e-4
     assert not RLConfig.from_settings(TrainerSettings(algorithm="dr_grpo")).scale_rewards
     with pytest.raises(ValueError, match="unknown RL algorithm"):
