@@ -364,8 +364,8 @@ class GraderApp:
     # Each agent batch runs under poison.run_bisecting, never raising. No exception may reach faust's
     # agent supervisor: it restarts the agent, but the batch in hand is gone (taken from the stream,
     # never delivered to this worker again, while later records are processed and committed), so its
-    # records would be lost: the intermittent loss of a batch's records in test_grader_restart (issue
-    # #4), reproduced by making `settle`'s look-up in the graded topic fail once, as a Kafka call timing
+    # records would be lost: the intermittent loss of a batch's records once seen in
+    # tests/integration/test_grader_restart.py, reproduced by making `settle`'s look-up in the graded topic fail once, as a Kafka call timing
     # out under load does. Retrying is safe: routing is idempotent downstream, and a grade batch that
     # failed is settled again before it is applied again. A batch that fails the same way twice because
     # of one record is split until that record is found and dead-lettered (a record the broker refuses

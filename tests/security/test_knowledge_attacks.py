@@ -1,4 +1,4 @@
-"""The trust-boundaries issue's attacks on knowledge (points 6 and 3's knowledge reads), replayed against
+"""Attacks on knowledge (SECURITY.md §4: injected corrections, cross-tenant knowledge reads), replayed against
 the real services on loopback (inference, extractor; keys and TLS as deployed) and the real broker. Each
 one must fail now:
 

@@ -1,4 +1,4 @@
-"""Special tokens from users are text (trust-boundaries issue, point 7), replayed against the real inference
+"""Special tokens from users are text (SECURITY.md §4), replayed against the real inference
 service (keys and TLS as deployed, the tiny model with SmolLM2's tokenizer) and on every other path where
 user or knowledge text enters a chat template (the extractor's prompt, the grader's judge prompt).
 
