@@ -1,8 +1,9 @@
 """GraderSettings + GraderConfig --> a running grader: the two runtimes behind one small interface.
 
-`native` (native_runtime.py, the default) and `faust` (app.py) run the same stages with the same pure
-core (routing, join state machine, graders, detectors, judge groups) over the same topics; they differ
-in how records move and how exactly-once effect is reached (README.md, "Runtimes").
+`faust` (app.py, the default: config.py `runtime`) and `native` (native_runtime.py, supported and tested
+alike) run the same stages with the same pure core (routing, join state machine, graders, detectors,
+judge groups) over the same topics; they differ in how records move and how the exactly-once effect is
+reached (README.md, "Runtimes", and "Which runtime is the default, and why").
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import abc
 from services.grader.config import GraderSettings
 from shared.grading import GraderConfig
 
-RUNTIMES = ("native", "faust")
+RUNTIMES = ("faust", "native")
+"""The default first."""
 
 
 class GraderRuntime(abc.ABC):
