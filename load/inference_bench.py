@@ -189,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                 if ns.only in (None, "gateway"):
                     from services.inference.config import InferenceSettings
                     from services.inference.engines import create_engine
+                    from shared.config import CommonSettings
 
-                    engine = create_engine("transformers", InferenceSettings(common={"model": ns.model}))
+                    engine = create_engine("transformers", InferenceSettings(common=CommonSettings(model=ns.model)))
                     engine.start()
                     a50, a95, b50, b95 = gateway(engine, c, ns.rounds, ns.max_new_tokens)
                     engine.shutdown(5)

@@ -105,7 +105,8 @@ def end_to_end(texts: list[str], n: int, max_new: int, model: str) -> None:
             with InferenceClient(f"127.0.0.1:{app.port}") as c:
                 for _ in range(3):
                     c.generate("warm up", max_new_tokens=max_new, tenant="kept")
-                keep, redact = [], []
+                keep: list[float] = []
+                redact: list[float] = []
                 for i in range(n):
                     text = texts[i % len(texts)] + f" (request {i})"
                     for tenant, out in (("kept", keep), ("acme", redact)) if i % 2 else (("acme", redact), ("kept", keep)):

@@ -167,7 +167,8 @@ def play_frozenlake(servicer: InTestInference, seed: int, max_steps: int = 3) ->
 
     env = ta.make("FrozenLake-v0-raw", size=3, num_holes=2)
     env.reset(num_players=1, seed=seed)
-    session, steps, done = f"frozenlake-{seed}", [], False
+    session, done = f"frozenlake-{seed}", False
+    steps: list[tuple[str, str]] = []
     rewards: dict[int, float] = {}
     while not done and len(steps) < max_steps:
         _pid, obs = env.get_observation()

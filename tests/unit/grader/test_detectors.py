@@ -62,7 +62,8 @@ def test_length_exploit_fires_when_reward_follows_length() -> None:
     long_flags = run(stats, obs(length=390, reward=0.97))
     short_flags = run(stats, obs(length=20, reward=0.05))
     assert "length_exploit" in long_flags and "length_exploit" not in short_flags
-    assert stats.current("demo", "support", "v1").length_reward_corr > 0.9
+    current = stats.current("demo", "support", "v1")
+    assert current is not None and current.length_reward_corr > 0.9
     del flags
 
 

@@ -16,6 +16,7 @@ from services.inference.config import InferenceSettings
 from services.inference.engines import create_engine
 from services.inference.engines.base import GenerationRequest, UnknownVersion, VersionFiles
 from services.inference.engines.vllm_engine import behaviour_logprob
+from shared.config import CommonSettings
 from shared.generation import SamplingConfig, _filter_logits, encode_prompt, render_chat
 
 
@@ -52,7 +53,7 @@ def test_vllm_behaviour_logprob_equals_the_filtered_distribution(temperature: fl
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_name: str) -> Any:
-    s = InferenceSettings(batch_wait_ms=30, common={"model": tiny_model_name})
+    s = InferenceSettings(batch_wait_ms=30, common=CommonSettings(model=tiny_model_name))
     eng = create_engine("transformers", s)
     eng.start()
     yield eng

@@ -35,9 +35,11 @@ def test_fused_token_logprobs_value_and_grad(head_trainable: bool) -> None:
     ref = torch.log_softmax(h @ W.T, -1).gather(1, t[:, None])[:, 0]
     (ref * g).sum().backward()
     assert torch.allclose(out, ref, atol=1e-5)
+    assert gh is not None and h.grad is not None
     assert torch.allclose(gh, h.grad, atol=1e-5)
     assert (gW is None) == (not head_trainable)
     if head_trainable:
+        assert gW is not None and W.grad is not None
         assert torch.allclose(gW, W.grad, atol=1e-5)
 
 
@@ -54,8 +56,10 @@ def test_fused_topk_kl_matches_reference_value_and_grad(reverse: bool, head_trai
     ref = fn(h @ W.T, ht @ Wt.T, 17)
     (ref * g).sum().backward()
     assert torch.allclose(out, ref, atol=1e-5)
+    assert gh is not None and h.grad is not None
     assert torch.allclose(gh, h.grad, atol=1e-4)
     if head_trainable:
+        assert gW is not None and W.grad is not None
         assert torch.allclose(gW, W.grad, atol=1e-4)
 
 

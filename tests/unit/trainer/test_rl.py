@@ -17,6 +17,7 @@ from services.trainer.logprobs import score
 from services.trainer.rl import RLConfig, RunningBaseline, compute_advantages
 from services.trainer.rollouts import Rollout
 from services.trainer.rounds import Trainer
+from shared.config import CommonSettings
 from tests.unit.trainer.factories import graded
 
 
@@ -30,7 +31,7 @@ def tiny(tiny_model_name: str):  # noqa: ANN201
 def make_trainer(tiny, **kw) -> Trainer:  # noqa: ANN001
     model, tok = tiny
     kw.setdefault("lr", 1e-3)
-    s = TrainerSettings(common={"model": "tiny-random"}, tenant="acme", batch_size=kw.pop("batch_size", 16),
+    s = TrainerSettings(common=CommonSettings(model="tiny-random"), tenant="acme", batch_size=kw.pop("batch_size", 16),
                         micro_batch_size=kw.pop("micro_batch_size", 4), **kw)
     return Trainer(s, model=copy.deepcopy(model), tokenizer=tok)
 

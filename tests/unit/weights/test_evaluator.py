@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,6 +20,9 @@ from services.weights.store import WeightStore
 from shared.proto.apprentice.v1 import weights_pb2
 
 from .conftest import upload_dir
+
+if TYPE_CHECKING:
+    import torch
 
 HELDOUT = """
 name: tiny-heldout
@@ -35,7 +39,7 @@ items:
 """
 
 
-def write_variant(tmp: Path, name: str, change: Callable[[object], None] | None) -> Path:
+def write_variant(tmp: Path, name: str, change: Callable[[torch.Tensor], object] | None) -> Path:
     import torch
 
     from shared.models import load_model
