@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     from services.inference.engines import create_engine
     from services.inference.engines.base import GenerationRequest, VersionFiles
     from shared.config import CommonSettings
-    from shared.generation import SamplingConfig, encode_prompt, render_chat
+    from shared.decoding.params import SamplingConfig
+    from shared.generation import encode_prompt, render_chat
     from shared.models import load_model
     from shared.weights_client import save_version_files
 

@@ -119,7 +119,7 @@ def run(engine: Any, prompts: list[list[int]], version: str, max_new: int, tempe
     """Submit every prompt at once on `version`; (samples, generated tokens/s, seconds). Asserts that each
     choice has one behaviour and one T=1 log-prob per token, and counts the choices checked in `tally`."""
     from services.inference.engines.base import GenerationRequest
-    from shared.generation import SamplingConfig
+    from shared.decoding.params import SamplingConfig
 
     cfg = SamplingConfig(max_new_tokens=max_new, temperature=temperature, seed=1 if temperature else None)
     t0 = time.perf_counter()

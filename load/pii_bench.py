@@ -66,7 +66,7 @@ def capture_step(texts: list[str], tok: Any) -> None:
     from services.inference.config import InferenceSettings
     from services.inference.privacy import CapturePrivacy
     from services.inference.requests import interaction_event, prepare
-    from shared.generation import Sample
+    from shared.decoding.params import Sample
     from shared.pii.policy import Redactor
     from shared.proto.apprentice.v1 import common_pb2, inference_pb2
 

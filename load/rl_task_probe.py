@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from services.loop.stats import wilson
     from services.loop.task import check_answer, load_task
-    from shared.generation import SamplingConfig, generate, render_chat
+    from shared.decoding.params import SamplingConfig
+    from shared.generation import generate, render_chat
     from shared.models import load_model
 
     torch.set_num_threads(ns.threads)

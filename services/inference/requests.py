@@ -15,8 +15,8 @@ from typing import Any
 
 from services.inference.config import InferenceSettings
 from shared.chat_template import encode_chat, encode_text
+from shared.decoding.params import SamplingConfig
 from shared.events import deterministic_id, make_envelope
-from shared.generation import SamplingConfig
 from shared.grpc_util import (
     TENANT_METADATA,
     InvalidRequest,

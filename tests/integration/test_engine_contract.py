@@ -29,7 +29,8 @@ from services.inference.config import EngineName, InferenceSettings
 from services.inference.engines import create_engine
 from services.inference.engines.base import BASE_VERSION, GenerationRequest, UnknownVersion, VersionFiles
 from shared.config import CommonSettings
-from shared.generation import SamplingConfig, encode_prompt, render_chat
+from shared.decoding.params import SamplingConfig
+from shared.generation import encode_prompt, render_chat
 
 pytestmark = [pytest.mark.integration]
 

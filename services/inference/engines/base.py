@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.generation import Sample, SamplingConfig
+from shared.decoding.params import Sample, SamplingConfig
 
 BASE_VERSION = "base"
 

@@ -15,7 +15,8 @@ from services.inference.config import InferenceSettings
 from services.inference.engines import create_engine
 from services.inference.engines.base import ChoiceDone, Delta, GenerationRequest
 from shared.config import CommonSettings
-from shared.generation import SamplingConfig, encode_prompt, render_chat
+from shared.decoding.params import SamplingConfig
+from shared.generation import encode_prompt, render_chat
 
 
 def _engine(tiny_model_name: str, **settings: Any) -> Any:

@@ -28,7 +28,8 @@ from services.inference.engines.base import GenerationRequest, RequestHandle, Ve
 from services.inference.engines.transformers_engine import TransformersEngine
 from services.inference.multi_lora import save_adapter
 from shared.config import CommonSettings
-from shared.generation import SamplingConfig, encode_prompt, render_chat
+from shared.decoding.params import SamplingConfig
+from shared.generation import encode_prompt, render_chat
 
 TENANTS = [f"t{k}" for k in range(8)]
 BUDGET = 3                                          # adapters resident at once: fewer than tenants

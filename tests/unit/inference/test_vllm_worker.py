@@ -17,7 +17,7 @@ from services.inference.engines.vllm_worker import (
     wrapped_modules,
     wrappers_load_their_base,
 )
-from shared.generation import Sample
+from shared.decoding.params import Sample
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 

@@ -103,7 +103,9 @@ def tiny(tiny_model_name: str):  # noqa: ANN201
 def test_scorer_matches_sequence_logprobs_and_recorded_behaviour(tiny) -> None:  # noqa: ANN001
     """π_θ recomputed by the trainer (right-padded batch, fused head) equals what inference records as
     `response_logprobs_t1` (left-padded, KV-cached decode) up to float noise: on-policy IS ratios are 1."""
-    from shared.generation import SamplingConfig, encode_prompt, generate, render_chat, sequence_logprobs
+    from shared.decoding.logprobs import sequence_logprobs
+    from shared.decoding.params import SamplingConfig
+    from shared.generation import encode_prompt, generate, render_chat
 
     model, tok = tiny
     assert supports_fused_head(model)
