@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +33,9 @@ from services.inference import metrics
 from services.inference.config import InferenceSettings
 from services.inference.engines.base import BASE_VERSION, Engine, VersionFiles
 from services.inference.host_cache import HostCache
-from services.inference.routing import OPERATOR, InvalidOrder, RoutingTable, Slot
+from services.inference.routing import RoutingTable
 from shared.events import UndecodableEvent, timestamp
+from shared.orders import OPERATOR, InvalidOrder, Slot
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.retry import Backoff
 from shared.security.channels import open_channel
@@ -119,7 +121,7 @@ class VersionManager:
     def converge(self, target: RoutingTable) -> None:
         """Make the table equal `target` (heartbeat catch-up), keeping rollback history."""
         with self._apply_lock:
-            slots = {t: Slot(s.promoted, s.canary, s.fraction, self.table.slots.get(t, Slot()).history)
+            slots = {t: replace(s, history=self.table.slots.get(t, Slot()).history)
                      for t, s in target.slots.items()}
             self._reconcile(RoutingTable(slots), {})
 
@@ -247,7 +249,7 @@ class VersionManager:
         table = self.table
         canaries = table.tenant_canaries()
         op = table.slots.get(OPERATOR, Slot(promoted=BASE_VERSION))
-        c_version, c_fraction = (op.canary, op.fraction) if op.canary else next(iter(sorted(canaries.values())),
+        c_version, c_fraction = (op.canary, op.canary_fraction) if op.canary else next(iter(sorted(canaries.values())),
                                                                                ("", 0.0))
         with self._counts_lock:
             counts = list(self._canary_counts.get(c_version, [0, 0]))
@@ -391,7 +393,7 @@ class Heartbeater:
 
 def _same(a: RoutingTable, b: RoutingTable) -> bool:
     def view(t: RoutingTable) -> dict[str, tuple[str, str, float]]:
-        return {k: (s.promoted, s.canary, round(s.fraction, 6)) for k, s in t.slots.items()}
+        return {k: (s.promoted, s.canary, round(s.canary_fraction, 6)) for k, s in t.slots.items()}
     return view(a) == view(b)
 
 

@@ -34,11 +34,11 @@ from services.weights.gate import (
     integrity_result,
     verdict,
 )
-from services.weights.manifests import BASE
 from services.weights.metrics import EVAL_SECONDS, EVALS
 from services.weights.store import WeightStore
 from shared.grading import grade_rule, parse_rule_spec
 from shared.grpc_util import FailedPrecondition
+from shared.orders import BASE
 from shared.progress import progress
 from shared.proto.apprentice.v1 import weights_pb2
 

@@ -23,8 +23,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from services.weights.manifests import BASE, ModelState
+from services.weights.manifests import ModelState
 from shared.grpc_util import PermissionDenied, ResourceExhausted
+from shared.orders import BASE
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.security.identity import Identity, Role
 

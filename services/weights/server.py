@@ -21,7 +21,7 @@ from services.weights.audit_trail import Trail
 from services.weights.blobstore import make_blob_store
 from services.weights.config import WeightsSettings
 from services.weights.evaluator import Evaluator
-from services.weights.manifests import BASE, VERSION_RE
+from services.weights.manifests import VERSION_RE
 from services.weights.metrics import DOWNLOAD_BYTES, ORDERS, PODS, UPLOAD_BYTES, UPLOADS
 from services.weights.names import validate_model, validate_pod_id, validate_tenant, validate_version
 from services.weights.orders import OrderDesk
@@ -45,6 +45,7 @@ from shared.grpc_util import (
     set_serving,
 )
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer
+from shared.orders import BASE
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.retry import Backoff, call
 from shared.security.identity import acting_as, current_identity

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from shared.decoding.params import Sample, SamplingConfig
+from shared.orders import BASE
 
-BASE_VERSION = "base"
+BASE_VERSION = BASE
 
 
 class EngineError(RuntimeError):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from services.weights.manifests import ModelState, Slot
+from services.weights.manifests import ModelState
 from services.weights.retention import versions_to_keep
 from services.weights.store import WeightStore
+from shared.orders import Slot
 from shared.proto.apprentice.v1 import weights_pb2
 
 from .conftest import UploadFn
