@@ -44,8 +44,9 @@ def generate(model: Any, tok: Any, prompts: Sequence[str | Sequence[int]],
     if len(per_prompt) != len(prompts):
         raise ValueError(f"{len(per_prompt)} sampling configs for {len(prompts)} prompts")
     ids = [encode_prompt(tok, pr) if isinstance(pr, str) else list(pr) for pr in prompts]
-    result: list[list[Sample]] = [[Sample() for _ in range(max(1, c.n))] for c in per_prompt]
-    rows = [DecodeRow(ids[p], cfg, sample_index=s, on_finish=lambda smp, p=p, s=s: result[p].__setitem__(s, smp))
-            for p, cfg in enumerate(per_prompt) for s in range(max(1, cfg.n))]
-    decode_batch(model, tok, rows)
+    rows = [(p, DecodeRow(ids[p], cfg, sample_index=s)) for p, cfg in enumerate(per_prompt) for s in range(max(1, cfg.n))]
+    decode_batch(model, tok, [r for _, r in rows])
+    result: list[list[Sample]] = [[] for _ in prompts]
+    for p, r in rows:
+        result[p].append(r.sample)        # finished: every row ends in decode_batch
     return result
