@@ -89,9 +89,10 @@ down:
 protos:
 	$(BIN)/python protos/generate.py
 
-lint:
+# Needs only the venv (no Kafka): CI runs it before `make test`.
+lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy shared services
+	$(BIN)/mypy shared services tests load
 
 clean:
 	rm -rf .apprentice

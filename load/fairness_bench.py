@@ -3,7 +3,7 @@
 1. short-under-load: p99 latency of short requests (2-8 new tokens, greedy, 10 s deadline) from tenant B,
    one after another, while tenant A keeps two requests of n=16 x `--long-tokens` in flight, against the
    same short requests on the idle engine (half measured before the load, half after). target <= 3x
-   The same scenario on the static scheduler is reported for reference (the issue's symptom: timeouts).
+   The same scenario on the static scheduler is reported for reference (its symptom: timeouts).
 2. throughput: completion tokens/s of `--clients` closed-loop clients of one tenant sending requests of
    mixed lengths (`--min-new`..`--max-new` tokens, seeded sampling, identical request lists), continuous
    batching against the static scheduler (`APPRENTICE_INFERENCE_SCHEDULER=static`); rounds alternate
@@ -115,7 +115,7 @@ def short_latencies(c: InferenceClient, n: int) -> tuple[list[float], int]:
 
 class LongLoad:
     """Tenant A: `streams` unary requests of n=16 x `tokens` always in flight (each resubmitted when it ends),
-    as in the issue (two such requests from one client)."""
+    the load that starved short requests on the static scheduler (two such requests from one client)."""
 
     def __init__(self, server: Server, tokens: int, streams: int = 2, settle_s: float = 2.0) -> None:
         self.server, self.tokens, self.settle_s = server, tokens, settle_s

@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from services.inference.client import InferenceClient  # noqa: E402
 from services.inference.engines.base import GenerationRequest  # noqa: E402
 from services.inference.testing import collect, private_broker, start_inference  # noqa: E402
-from shared.generation import SamplingConfig, encode_prompt, render_chat  # noqa: E402
+from shared.decoding.params import SamplingConfig  # noqa: E402
+from shared.generation import encode_prompt, render_chat  # noqa: E402
 from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
 from shared.proto.apprentice.v1 import events_pb2  # noqa: E402
 from shared.topics import Topics  # noqa: E402
@@ -189,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                 if ns.only in (None, "gateway"):
                     from services.inference.config import InferenceSettings
                     from services.inference.engines import create_engine
+                    from shared.config import CommonSettings
 
-                    engine = create_engine("transformers", InferenceSettings(common={"model": ns.model}))
+                    engine = create_engine("transformers", InferenceSettings(common=CommonSettings(model=ns.model)))
                     engine.start()
                     a50, a95, b50, b95 = gateway(engine, c, ns.rounds, ns.max_new_tokens)
                     engine.shutdown(5)

@@ -27,14 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     from services.inference.config import InferenceSettings
     from services.inference.engines import create_engine
     from services.inference.engines.base import GenerationRequest, VersionFiles
-    from shared.generation import SamplingConfig, encode_prompt, render_chat
+    from shared.config import CommonSettings
+    from shared.decoding.params import SamplingConfig
+    from shared.generation import encode_prompt, render_chat
     from shared.models import load_model
     from shared.weights_client import save_version_files
 
     assert ns.device == "cpu" or torch.cuda.is_available(), "no CUDA device"
     engines = {}
     for name, dev in (("cpu", "cpu"), ("cuda", ns.device)):
-        e = create_engine("transformers", InferenceSettings(device=dev, max_batch_rows=64, common={"model": ns.model}))
+        e = create_engine("transformers", InferenceSettings(device=dev, max_batch_rows=64, common=CommonSettings(model=ns.model)))
         e.start()
         engines[name] = e
     tok = engines["cuda"].tokenizer
@@ -75,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     one_by_one = 0.0
     tokens_1 = 0
-    for p in ids[:8]:
-        out, dt = run("cuda", [p], max_new=ns.max_new_tokens)
+    for prompt in ids[:8]:
+        out, dt = run("cuda", [prompt], max_new=ns.max_new_tokens)
         one_by_one += dt
         tokens_1 += len(out[0][0].token_ids)
     batched, dt_b = run("cuda", ids, max_new=ns.max_new_tokens)

@@ -119,7 +119,7 @@ def run(engine: Any, prompts: list[list[int]], version: str, max_new: int, tempe
     """Submit every prompt at once on `version`; (samples, generated tokens/s, seconds). Asserts that each
     choice has one behaviour and one T=1 log-prob per token, and counts the choices checked in `tally`."""
     from services.inference.engines.base import GenerationRequest
-    from shared.generation import SamplingConfig
+    from shared.decoding.params import SamplingConfig
 
     cfg = SamplingConfig(max_new_tokens=max_new, temperature=temperature, seed=1 if temperature else None)
     t0 = time.perf_counter()
@@ -161,13 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     from services.inference.config import InferenceSettings
     from services.inference.engines import create_engine
     from services.inference.engines.base import VersionFiles
+    from shared.config import CommonSettings
     from shared.generation import encode_prompt, render_chat
 
     model_dir = resolve_model(ns.model)
     settings = InferenceSettings(engine="vllm", dtype="bfloat16", context_window=2048,
                                  vllm_gpu_memory_utilization=ns.gpu_memory_utilization,
                                  vllm_enforce_eager=ns.eager, vllm_attention_backend=ns.attention_backend,
-                                 common={"model": model_dir})
+                                 common=CommonSettings(model=model_dir))
     engine = create_engine("vllm", settings)
     t0 = time.perf_counter()
     engine.start()

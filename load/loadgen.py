@@ -59,6 +59,7 @@ from load.loadgen_transports import (  # noqa: E402
 )
 from services.loop.task import check_answer, load_task  # noqa: E402
 from shared.config import CommonSettings  # noqa: E402
+from shared.retry import call  # noqa: E402
 
 T = TypeVar("T")
 
@@ -169,9 +170,7 @@ class LoadGenerator:
     def _call(self, kind: str, tenant: str, fn: Callable[..., T], version: Callable[[T], str] | None = None) -> T | None:
         """`fn(timeout=, wait=)` until it succeeds, fails fatally, or `retry_s` is spent; every attempt is
         recorded. None when the call failed for good."""
-        first = time.time()
-        backoff = 0.2
-        while True:
+        def once() -> T:
             t0 = time.time()
             try:
                 resp = fn(timeout=self.timeout_s, wait=self.retry_s > 0)
@@ -179,17 +178,19 @@ class LoadGenerator:
                 with self.stats.lock:
                     self.stats.attempts.append(Attempt(kind, tenant, t0, time.time(), e.code))
                     self.stats.errors[e.code] += 1
-                if e.code in FATAL or time.time() + backoff - first > self.retry_s:
-                    with self.stats.lock:
-                        self.stats.failed[kind] += 1
-                    return None
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
+                raise
             with self.stats.lock:
                 self.stats.attempts.append(Attempt(kind, tenant, t0, time.time(), "OK",
                                                    version(resp) if version else ""))
             return resp
+
+        try:   # no attempt starts after `retry_s`
+            return call(once, retry_on=lambda e: isinstance(e, CallError) and e.code not in FATAL, what=kind,
+                        attempts=None, deadline_s=self.retry_s, first_s=0.2, max_s=2.0)
+        except CallError:
+            with self.stats.lock:
+                self.stats.failed[kind] += 1
+            return None
 
     def one(self, scheduled: float | None = None) -> None:
         """One Generate (and maybe its feedback later). `scheduled`: the perf_counter time the request

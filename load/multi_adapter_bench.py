@@ -41,7 +41,8 @@ from services.inference.engines import create_engine  # noqa: E402
 from services.inference.engines.base import GenerationRequest, VersionFiles  # noqa: E402
 from services.inference.multi_lora import load_adapter_weights, save_adapter  # noqa: E402
 from shared.config import CommonSettings  # noqa: E402
-from shared.generation import SamplingConfig, encode_prompt, render_chat  # noqa: E402
+from shared.decoding.params import SamplingConfig  # noqa: E402
+from shared.generation import encode_prompt, render_chat  # noqa: E402
 
 PROMPTS = [f"Customer {i}: my order #{4000 + 17 * i} has not arrived yet. What should I do?" for i in range(12)]
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     from services.trainer.config import TrainerSettings
     from services.trainer.distill import DistillConfig, DistillExample
     from services.trainer.rounds import Trainer
-    from shared.generation import encode_prompt, generate, render_chat, sequence_logprobs
+    from shared.decoding.logprobs import sequence_logprobs
+    from shared.generation import encode_prompt, generate, render_chat
     from shared.models import load_model
 
     task = load_task("support_desk")

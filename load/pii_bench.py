@@ -66,7 +66,7 @@ def capture_step(texts: list[str], tok: Any) -> None:
     from services.inference.config import InferenceSettings
     from services.inference.privacy import CapturePrivacy
     from services.inference.requests import interaction_event, prepare
-    from shared.generation import Sample
+    from shared.decoding.params import Sample
     from shared.pii.policy import Redactor
     from shared.proto.apprentice.v1 import common_pb2, inference_pb2
 
@@ -105,7 +105,8 @@ def end_to_end(texts: list[str], n: int, max_new: int, model: str) -> None:
             with InferenceClient(f"127.0.0.1:{app.port}") as c:
                 for _ in range(3):
                     c.generate("warm up", max_new_tokens=max_new, tenant="kept")
-                keep, redact = [], []
+                keep: list[float] = []
+                redact: list[float] = []
                 for i in range(n):
                     text = texts[i % len(texts)] + f" (request {i})"
                     for tenant, out in (("kept", keep), ("acme", redact)) if i % 2 else (("acme", redact), ("kept", keep)):

@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from services.loop.stats import wilson
     from services.loop.task import check_answer, load_task
-    from shared.generation import SamplingConfig, generate, render_chat
+    from shared.decoding.params import SamplingConfig
+    from shared.generation import generate, render_chat
     from shared.models import load_model
 
     torch.set_num_threads(ns.threads)
@@ -81,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         g_calls = sum(task.tool.called(g[0].text) for g in greedy)
         print(f"tool {task.tool.name} called: greedy {rate(g_calls, len(greedy))}, sampled {rate(calls, len(flat))}")
     by_fact: dict[str, list[bool]] = {}
-    for (f, _), group in zip(items, s_ok, strict=True):
-        by_fact.setdefault(f.id, []).extend(group)
+    for (f, _), oks in zip(items, s_ok, strict=True):
+        by_fact.setdefault(f.id, []).extend(oks)
     print("per fact (sampled): " + ", ".join(f"{k} {sum(v)}/{len(v)}" for k, v in by_fact.items()))
     for (f, q), group, ok in list(zip(items, sampled, s_ok, strict=True))[: ns.show]:
         print(f"  [{f.id}] {q!r}")

@@ -88,12 +88,16 @@ def trl_grpo(args: argparse.Namespace, base: Any, tok: Any, prompts: list[list[i
                      max_grad_norm=1.0, report_to=[], use_cpu=args.device == "cpu", bf16=args.device != "cpu",
                      gradient_accumulation_steps=1, num_iterations=1, logging_steps=10**9, save_strategy="no",
                      seed=args.seed)
-    trainer = GRPOTrainer(model=copy.deepcopy(base), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+    def no_reward(completions: list[Any], **kw: Any) -> list[float | None]:
+        return [0.0] * len(completions)
+
+    trainer = GRPOTrainer(model=copy.deepcopy(base), reward_funcs=no_reward,
                           args=cfg, train_dataset=Dataset.from_dict({"prompt": ["x"] * B}), processing_class=tok,
                           peft_config=lora_config(args) if args.finetune == "lora" else None)
-    trainer.create_optimizer()
+    optimizer = trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1
     model, dev = trainer.model, trainer.accelerator.device
+    assert model is not None  # the trainer holds the (LoRA-wrapped) copy of `base`
     P, C = max(map(len, prompts)), max(map(len, comps))
     pad = tok.pad_token_id
     pid = torch.full((B, P), pad)
@@ -113,8 +117,8 @@ def trl_grpo(args: argparse.Namespace, base: Any, tok: Any, prompts: list[list[i
         loss = trainer.compute_loss(model, inputs)
         trainer.accelerator.backward(loss)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
-        trainer.optimizer.step()
-        trainer.optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     step.trainer, step.inputs = trainer, inputs  # type: ignore[attr-defined]
     return step
 

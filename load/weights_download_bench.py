@@ -31,20 +31,25 @@ from __future__ import annotations
 import argparse
 import hashlib
 import multiprocessing as mp
+import multiprocessing.queues
+import multiprocessing.synchronize
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TARGET = 0.5
 
 
-def _serve(store_dir: str, chunk_size: int, port_q: mp.Queue, stop: mp.Event) -> None:  # type: ignore[type-arg]
+def _serve(store_dir: str, chunk_size: int, port_q: multiprocessing.queues.Queue[int],
+           stop: multiprocessing.synchronize.Event) -> None:
     os.environ["APPRENTICE_TOPIC_PREFIX"] = "bench-unused."
     from services.weights.config import WeightsSettings
     from services.weights.server import start
@@ -161,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     times: dict[str, list[float]] = {}
 
-    def timed(name: str, fn: object, *a: object, **kw: object) -> None:
+    def timed(name: str, fn: Callable[..., object], *a: object, **kw: object) -> None:
         t0 = time.perf_counter()
-        fn(*a, **kw)  # type: ignore[operator]
+        fn(*a, **kw)
         times.setdefault(name, []).append(time.perf_counter() - t0)
 
     try:
@@ -187,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             assert got == big.size, f"stream returned {got} of {big.size} bytes"
 
         for i in range(args.repeats):
+            rows: list[tuple[Any, ...]]  # (name, function, positional arguments..., keyword arguments)
             rows = [("raw copy", _copy, blobs, tmp / "c", {"durable": False}),
                     ("raw copy + fsync", _copy, blobs, tmp / "c", {"durable": True}),
                     ("Download (pod path)", download_version, client, "bench", m.version, tmp / "d",

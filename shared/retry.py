@@ -28,7 +28,7 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_after_attempt,
-    stop_after_delay,
+    stop_before_delay,
     stop_never,
     wait_exponential_jitter,
 )
@@ -64,7 +64,7 @@ def _common(*, attempts: int | None, deadline_s: float | None, first_s: float, m
     if attempts is not None:
         stops = stops | stop_after_attempt(attempts)
     if deadline_s is not None:
-        stops = stops | stop_after_delay(deadline_s)
+        stops = stops | stop_before_delay(deadline_s)   # no attempt starts past the deadline
     if attempts is None and deadline_s is None and stop is None:
         stops = stop_never
 
@@ -98,9 +98,9 @@ def _common(*, attempts: int | None, deadline_s: float | None, first_s: float, m
 def retrying(*, retry_on: RetryOn, what: str, attempts: int | None = 5, deadline_s: float | None = None,
              first_s: float = 0.2, max_s: float = 5.0, stop: threading.Event | None = None,
              log: logging.Logger | None = None) -> Retrying:
-    """A blocking retry loop: up to `attempts` tries (None = no limit) and/or `deadline_s` seconds, waits
-    growing from `first_s` to `max_s`; only exceptions matching `retry_on` are retried, the last one is
-    re-raised. A set `stop` ends a wait at once and re-raises the last error without another attempt."""
+    """A blocking retry loop: up to `attempts` tries (None = no limit) and/or no try started later than
+    `deadline_s` seconds after the first, waits growing from `first_s` to `max_s` (0 = none); only
+    exceptions matching `retry_on` are retried, the last one is re-raised. A set `stop` ends a wait at once and re-raises the last error without another attempt."""
     return Retrying(**_common(attempts=attempts, deadline_s=deadline_s, first_s=first_s, max_s=max_s,
                               retry_on=retry_on, stop=stop, log=log, what=what))
 

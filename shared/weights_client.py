@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shared.proto.apprentice.v1 import weights_pb2
+from shared.retry import call
 
 CHUNK = 1 << 20  # 1 MiB: large enough for throughput, small enough for gRPC's default message limits
 FULL, LORA = "full", "lora"
@@ -508,12 +509,14 @@ class _FileFetch:
         import grpc
 
         e, pos = self.entry, start
-        for attempt in range(self.attempts):
-            call = self.source.Download(weights_pb2.DownloadRequest(
+
+        def once() -> None:
+            nonlocal pos
+            stream = self.source.Download(weights_pb2.DownloadRequest(
                 model=self.model, version=self.version, path=e.path, offset=pos, length=end - pos,
                 chunk_size=self.chunk_size), timeout=self.timeout)
             try:
-                for chunk in call:
+                for chunk in stream:
                     if pos >= end or self._abort.is_set():
                         break  # a server that predates `length` streams on; or another range failed
                     if chunk.offset != pos:
@@ -533,12 +536,12 @@ class _FileFetch:
                 raise WeightsIntegrityError(
                     f"{self.model}@{self.version}/{e.path}: the server's stream ended at byte {pos} of "
                     f"[{start}, {end}); the file cannot match its manifest (size {e.size}, sha256 {e.sha256})")
-            except grpc.RpcError as err:
-                if attempt == self.attempts - 1 or _is_permanent(err):
-                    raise
             finally:
-                call.cancel()  # a no-op once the stream ended; frees the server when we stopped early
-        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+                stream.cancel()  # a no-op once the stream ended; frees the server when we stopped early
+
+        # a broken stream resumes from `pos`; another range's failure (`_abort`) ends the waiting at once
+        call(once, retry_on=lambda err: isinstance(err, grpc.RpcError) and not _is_permanent(err),
+             what=f"download of {e.path}", attempts=self.attempts, first_s=0.2, max_s=2.0, stop=self._abort)
 
 
 def _is_permanent(err: Any) -> bool:

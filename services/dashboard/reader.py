@@ -17,6 +17,7 @@ from shared.config import CommonSettings
 from shared.events import UndecodableEvent
 from shared.kafka.consumer import EventConsumer
 from shared.proto.apprentice.v1 import events_pb2
+from shared.retry import Backoff
 from shared.validation import decode_record
 
 log = logging.getLogger(__name__)
@@ -44,15 +45,17 @@ class TopicReader:
     def _run(self) -> None:
         consumer = EventConsumer(self.common.kafka_bootstrap, self.group, list(self._topics),
                                  auto_offset_reset="earliest", security=self.common)
+        backoff = Backoff(2.0, 10.0)
         try:
             while not self._stop.is_set():
                 try:
                     batch = consumer.poll_batch(max_records=1000, timeout=0.5)
                     self.error = ""
+                    backoff.reset()
                 except Exception as e:  # noqa: BLE001 - a broker outage shows on the health page; keep trying
                     self.error = str(e)
                     log.warning("dashboard reader: %s", e)
-                    self._stop.wait(2.0)
+                    self._stop.wait(backoff.next())
                     continue
                 for m in batch:
                     msg_type, fold = self._topics[str(m.topic())]

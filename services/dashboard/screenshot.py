@@ -2,6 +2,7 @@
 
     python -m services.dashboard.screenshot [--out dashboard.png] [--waves 5]
     python -m services.dashboard.screenshot --stack RUN_DIR --out docs/demo/dashboard.png --page learning,versions
+        (writes docs/demo/dashboard-learning.png and docs/demo/dashboard-versions.png)
 
 Without `--stack`: a private stack with the tiny model and a few waves of simulated traffic with KPI
 feedback and corrections. With `--stack`: the running stack whose home is RUN_DIR (a demo's run folder or

@@ -37,6 +37,7 @@ from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, Even
 from shared.kafka.busy import WorkAbandoned
 from shared.kafka.decode import decode_batch
 from shared.proto.apprentice.v1 import events_pb2
+from shared.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -168,12 +169,14 @@ class ExtractorApp:
         return self.consumer
 
     def _run(self) -> None:
+        backoff = Backoff(1.0, 5.0)
         while not self._stop.is_set():
             try:
                 self.poll_once()
+                backoff.reset()
             except Exception:  # noqa: BLE001 - keep consuming; uncommitted records are redelivered
                 log.exception("extractor poll failed; retrying")
-                self._stop.wait(1.0)
+                self._stop.wait(backoff.next())
 
     def stop(self, grace: float | None = None) -> None:
         """Stop consuming (the batch in progress ends first), drain gRPC within `grace` (default:

@@ -20,6 +20,7 @@ from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse, LLMUna
 from services.extractor.parser import parse_items
 from services.extractor.prompt import build_prompt
 from services.extractor.trajectories import Trajectory, least_trusted
+from shared.retry import call
 
 log = logging.getLogger(__name__)
 
@@ -113,21 +114,18 @@ class Extractor:
                           seed=traj.seed)
 
     def _complete(self, requests: list[LLMRequest]) -> list[LLMResponse]:
-        for attempt in range(1, self.cfg.retries + 1):
+        def once() -> list[LLMResponse]:
             if self.limiter is not None:
                 self.limiter.acquire(len(requests))
-            try:
-                self.calls += len(requests)
-                out = self.llm.complete(requests)
-                if len(out) != len(requests):
-                    raise LLMUnavailable(f"{self.llm.name} answered {len(out)} of {len(requests)} requests")
-                return out
-            except LLMUnavailable as e:
-                if attempt == self.cfg.retries:
-                    raise
-                log.warning("extractor LLM unavailable, retrying", extra={"attempt": attempt, "error": str(e)})
-                time.sleep(self.cfg.retry_backoff_s * attempt)
-        raise AssertionError("unreachable")
+            self.calls += len(requests)
+            out = self.llm.complete(requests)
+            if len(out) != len(requests):
+                raise LLMUnavailable(f"{self.llm.name} answered {len(out)} of {len(requests)} requests")
+            return out
+
+        b = self.cfg.retry_backoff_s   # waits b, 2b, 4b ... capped at 8b; the last LLMUnavailable is raised
+        return call(once, retry_on=LLMUnavailable, what=f"extractor LLM {self.llm.name}",
+                    attempts=max(1, self.cfg.retries), first_s=b, max_s=8 * b, log=log)
 
     def extract(self, trajectories: Sequence[Trajectory],
                 previous: Callable[[str], Sequence[str]]) -> list[Extracted]:

@@ -29,7 +29,8 @@ class LocalLLM(ExtractorLLM):
 
     def complete(self, requests: Sequence[LLMRequest]) -> list[LLMResponse]:
         from shared.chat_template import encode_chat
-        from shared.generation import SamplingConfig, generate
+        from shared.decoding.params import SamplingConfig
+        from shared.generation import generate
 
         model, tok = self._load()
         # trajectory text and previous items are content: special tokens in them stay text

@@ -1,6 +1,6 @@
 """Trajectory + previous knowledge --> the OEL extraction prompt (chat messages).
 
-Follows the structure of OEL's experience-update prompt (microsoft/LMOps `oel/`, textgame setting): the
+Follows the structure of OEL's experience-update prompt (the OEL authors' public code in microsoft/LMOps, its text-game setting): the
 multi-round history as `Round{t}_Input` / `Round{t}_Output`, the final result and the feedback, then the
 previous experience, and a request for 1-2 concise, general, non-repeating `- EXPERIENCE ITEM:` lines.
 The wording is adapted from games to assistant work (rules, facts and strategies of the task).

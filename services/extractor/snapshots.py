@@ -16,6 +16,7 @@ from shared.events import UndecodableEvent
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
+from shared.retry import call
 from shared.validation import decode_record
 
 log = logging.getLogger(__name__)
@@ -70,13 +71,15 @@ def read_snapshots(bootstrap: str, topic: str, *, timeout: float = 30.0) -> list
 
 def _watermarks(c: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
     """(low, high) offsets; retries while a fresh topic's partitions have no leader yet."""
-    while True:
-        try:
-            return c.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic()))
-        except KafkaException as e:
-            if time.monotonic() >= deadline or not e.args[0].retriable() and e.args[0].code() not in _TRANSIENT:
-                raise
-            time.sleep(0.2)
+    def transient(e: BaseException) -> bool:
+        return isinstance(e, KafkaException) and (e.args[0].retriable() or e.args[0].code() in _TRANSIENT)
+
+    def once() -> tuple[int, int]:
+        low, high = c.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic()))
+        return low, high
+
+    return call(once, retry_on=transient, what=f"watermarks of {tp.topic}[{tp.partition}]", attempts=None,
+                deadline_s=max(0.0, deadline - time.monotonic()), first_s=0.2, max_s=1.0)
 
 
 _TRANSIENT = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,

@@ -24,7 +24,7 @@ DEFAULT_DOMAIN = "general"
 
 
 def knowledge_key(tenant: str, task: str) -> str:
-    """The knowledge base a record belongs to (DESIGN conventions: "<tenant>/<domain>")."""
+    """The knowledge base a record belongs to: "<tenant>/<domain>" (`split_key` reverses it)."""
     return f"{tenant or DEFAULT_TENANT}/{task.strip() or DEFAULT_DOMAIN}"
 
 
@@ -178,11 +178,10 @@ class Trajectory:
     domain: str
     session_id: str
     turns: list[Turn]
-    new_refs: frozenset[str] = frozenset()   # turns not yet applied to the base (set by the caller)
 
     @property
     def key(self) -> str:
-        return f"{self.tenant}/{self.domain}"
+        return knowledge_key(self.tenant, self.domain)
 
     @property
     def outcome_turn(self) -> Turn | None:

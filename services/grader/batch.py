@@ -19,15 +19,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.grader import metrics as M
-from services.grader.join import (
-    TICK,
-    BadJoinRecord,
-    Joiner,
-    Rejected,
-    decode_bundle,
-    letter_value,
-    partition_for,
-)
+from services.grader.bundles import BadJoinRecord, decode_bundle, partition_for
+from services.grader.join import TICK, Joiner, Rejected, letter_value
 from services.grader.limits import oversize
 from services.grader.routing import dead_letter, route
 from services.grader.state import SEQ_KEY_PREFIX, PendingState

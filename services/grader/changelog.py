@@ -27,6 +27,7 @@ from services.grader.config import GraderSettings
 from shared.kafka.admin import admin
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import librdkafka_config
+from shared.retry import call
 
 log = logging.getLogger(__name__)
 
@@ -115,14 +116,10 @@ def wait_for_resolved_end(bootstrap: str, topic: str, partitions: list[int], tim
     deadline = time.monotonic() + timeout_s
     tps = [TopicPartition(topic, p) for p in partitions]
     while True:
-        try:
-            ends = {level: _latest(client, tps, level, deadline)
-                    for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED)}
-        except KafkaException as e:
-            if not _not_ready(e) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-            continue
+        ends = call(lambda: {level: _latest(client, tps, level, deadline)
+                             for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED)},
+                    retry_on=_not_ready_error, what=f"end offsets of {topic}", attempts=None,
+                    deadline_s=max(0.0, deadline - time.monotonic()), first_s=0.2, max_s=1.0)
         stable, high = ends[IsolationLevel.READ_COMMITTED], ends[IsolationLevel.READ_UNCOMMITTED]
         open_ = [p for p in partitions if stable[p] < high[p]]
         if not open_:
@@ -145,17 +142,17 @@ def _not_ready(e: KafkaException) -> bool:
     return bool(e.args[0].retriable()) or e.args[0].code() in _NOT_READY
 
 
+def _not_ready_error(e: BaseException) -> bool:
+    return isinstance(e, KafkaException) and _not_ready(e)
+
+
 def _has_records(c: Consumer, tp: TopicPartition, deadline: float) -> bool:
     """Whether the partition holds anything, asking again while its leader is not known yet (a topic
     created moments ago)."""
-    while True:
-        try:
-            low, high = c.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic()))
-            return bool(high > low)
-        except KafkaException as e:
-            if not _not_ready(e) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    low, high = call(lambda: c.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic())),
+                     retry_on=_not_ready_error, what=f"watermarks of {tp.topic}/{tp.partition}", attempts=None,
+                     deadline_s=max(0.0, deadline - time.monotonic()), first_s=0.2, max_s=1.0)
+    return bool(high > low)
 
 
 _NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}

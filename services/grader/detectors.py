@@ -113,20 +113,6 @@ def judge_kpi_gap(task: TaskGraders, components: Sequence[events_pb2.RewardCompo
 
 # --- rolling statistics per (tenant, task, policy version) ----------------------------------------
 
-def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """r = cov(x, y) / (sd(x) sd(y)); 0 when either is constant."""
-    n = len(xs)
-    if n < 2:
-        return 0.0
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    if sxx <= 0 or syy <= 0:
-        return 0.0
-    return sxy / math.sqrt(sxx * syy)
-
-
 @dataclass
 class VersionStats:
     """The last `window` records of one policy version, with running sums so that every statistic is

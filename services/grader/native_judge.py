@@ -20,8 +20,9 @@ from confluent_kafka import Message
 
 from services.grader import metrics as M
 from services.grader.batch import SOURCE
+from services.grader.bundles import encode_bundle, partition_for
 from services.grader.config import GraderSettings
-from services.grader.join import INTERACTION, Joiner, Rejected, encode_bundle, partition_for
+from services.grader.join import INTERACTION, Joiner, Rejected
 from services.grader.judge_client import JudgeBackend, judge_group, make_judge_backend
 from services.grader.judge_groups import JudgeGroup, add_member, due, judge_items
 from services.grader.routing import dead_letter

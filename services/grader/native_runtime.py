@@ -39,11 +39,12 @@ from confluent_kafka import Message
 
 from services.grader import metrics as M
 from services.grader.batch import BatchGrader, Outputs
+from services.grader.bundles import encode_bundles, partition_for
 from services.grader.changelog import ensure_internal_topics
 from services.grader.config import GraderSettings
 from services.grader.detectors import DetectorStats
 from services.grader.identity import claim_identity
-from services.grader.join import Joiner, encode_bundles, partition_for
+from services.grader.join import Joiner
 from services.grader.judge_client import JudgeBackend
 from services.grader.limits import limits_of
 from services.grader.routing import DEADLETTER_HEADERS, GRADED_HEADERS

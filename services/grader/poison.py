@@ -14,7 +14,7 @@ was retried forever, and nothing else was graded, for any tenant, also after a r
 
 `Bisector` is the native runtime's bookkeeping (services/grader/stage.py): the consumer gives it the
 records of each batch, it says how many to take. The faust runtime runs the same policy over the
-items in hand (`run_bisecting`).
+items in hand (`run_bisecting`). Waits between tries are shared/retry.py's `Backoff`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+from shared.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -137,36 +139,42 @@ class Bisector:
         self.limit, self._last, self._confirmed, self._window = self.batch_max, None, "", {}
 
 
+def _batch_backoff() -> Backoff:
+    """Waits between tries of a batch that failed (0.2 s doubling to 10 s), per chunk."""
+    return Backoff(first_s=0.2, max_s=10.0)
+
+
 async def run_bisecting(items: Sequence[T], attempt: Callable[[Sequence[T]], Awaitable[None]], *,
                         poison: Callable[[T, Failure], Awaitable[None]], stage: str,
                         on_error: Callable[[], None] | None = None,
                         describe: Callable[[BaseException], Failure] = classify,
-                        backoff_s: Callable[[int], float] = lambda n: min(10.0, 0.1 * 2 ** n)) -> None:
-    """Run `attempt(items)` until it succeeds (faust runtime, app.py). A record-caused failure that
-    repeats the same way splits the items in halves (run in order); a single item that fails so goes to
-    `poison` (which dead-letters it). Other failures are retried after `backoff_s(attempt number)`.
-    Cancellation (shutdown) passes through at every await."""
+                        backoff: Callable[[], Backoff] = _batch_backoff) -> None:
+    """Run `attempt(items)` until it succeeds (the faust runtime's agents: faust_route.py, faust_grade.py).
+    A record-caused failure that repeats the same way splits the items in halves (run in order); a
+    single item that fails so goes to `poison` (which dead-letters it). Other failures are retried after
+    the next wait of `backoff()` (shared/retry.py; one schedule per chunk). Cancellation (shutdown)
+    passes through at every await."""
     chunks: list[Sequence[T]] = [items]
     confirmed = ""
     while chunks:
         chunk = chunks.pop(0)
         last = ""
-        n = 0
+        waits = backoff()
         while True:
-            n += 1
             try:
                 await attempt(chunk)
                 break
             except Exception as e:  # noqa: BLE001 - the batch must never reach faust's supervisor
                 f = describe(e)
                 log.warning("batch failed; retrying it", exc_info=True,
-                            extra={"stage": stage, "attempt": n, "items": len(chunk), "failure": f.signature[:300]})
+                            extra={"stage": stage, "attempt": waits.failures + 1, "items": len(chunk),
+                                   "failure": f.signature[:300]})
                 if on_error is not None:
                     on_error()
                 if f.record_caused and f.signature in (last, confirmed):
                     confirmed = f.signature
                     if len(chunk) == 1:
-                        await _until_sent(poison, chunk[0], f, stage, backoff_s)
+                        await _until_sent(poison, chunk[0], f, stage, backoff())
                         break
                     half = len(chunk) // 2
                     log.warning("a batch failed twice the same way; splitting it",
@@ -174,18 +182,17 @@ async def run_bisecting(items: Sequence[T], attempt: Callable[[Sequence[T]], Awa
                     chunks[:0] = [chunk[:half], chunk[half:]]
                     break
                 last = f.signature if f.record_caused else ""
-                await asyncio.sleep(backoff_s(n))
+                await asyncio.sleep(waits.next())
 
 
 async def _until_sent(poison: Callable[[T, Failure], Awaitable[None]], item: T, f: Failure, stage: str,
-                      backoff_s: Callable[[int], float]) -> None:
-    n = 0
+                      waits: Backoff) -> None:
+    """`poison(item, f)` until it succeeds: the dead-letter topic itself may be unavailable for a while."""
     while True:
-        n += 1
         try:
             await poison(item, f)
             return
-        except Exception:  # noqa: BLE001 - the dead-letter topic itself may be unavailable for a while
-            log.exception("could not dead-letter a poison record; retrying", extra={"stage": stage, "attempt": n})
-            await asyncio.sleep(backoff_s(n))
-
+        except Exception:  # noqa: BLE001 - retried with the next wait of `waits`
+            log.exception("could not dead-letter a poison record; retrying",
+                          extra={"stage": stage, "attempt": waits.failures + 1})
+            await asyncio.sleep(waits.next())

@@ -1,8 +1,9 @@
 """GraderSettings + GraderConfig --> a running grader: the two runtimes behind one handle.
 
-`native` (native_runtime.py, the default) and `faust` (faust_runtime.py over app.py) run the same stages
-with the same pure core (routing, join state machine, graders, detectors, judge groups) over the same
-topics; they differ in how records move and how exactly-once effect is reached (README.md, "Runtimes").
+`faust` (faust_runtime.py over app.py, the default: config.py `runtime`) and `native` (native_runtime.py,
+supported and tested alike) run the same stages with the same pure core (routing, join state machine,
+graders, detectors, judge groups) over the same topics; they differ in how records move and how the
+exactly-once effect is reached (README.md, "Runtimes", and "Which runtime is the default, and why").
 Both are a `shared.service.ServiceHandle`: `__main__` runs either with `run_service`, which owns the
 signals and the metrics endpoint.
 """
@@ -13,7 +14,8 @@ from services.grader.config import GraderSettings
 from shared.grading import GraderConfig
 from shared.service import ServiceHandle
 
-RUNTIMES = ("native", "faust")
+RUNTIMES = ("faust", "native")
+"""The default first."""
 
 GraderRuntime = ServiceHandle
 """A runtime is the grader's handle: start / wait / stop / exit_code (shared/service.py)."""

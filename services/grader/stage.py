@@ -41,6 +41,7 @@ from services.grader.txn import FatalClientError, FatalErrors, TransactionAborte
 from shared.kafka.busy import WorkAbandoned
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import librdkafka_config
+from shared.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,8 @@ class TxnStage(abc.ABC):
                                 on_lost=self._on_revoke)
         self.bisect = Bisector(batch_max)
         self._stop = threading.Event()
-        self._retries = 0
+        self._backoff = Backoff(first_s=0.5, max_s=5.0)
+        """Waits between retries of a batch the cluster failed (shared/retry.py); reset by a success."""
 
     # --- what a stage does ----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -122,7 +124,7 @@ class TxnStage(abc.ABC):
         except Exception as e:  # noqa: BLE001 - every batch failure is undone and retried (or bisected)
             self._failed(msgs, e)
             return
-        self._retries = 0
+        self._backoff.reset()
         self.bisect.succeeded(_positions(msgs))
         if after is not None:
             after()
@@ -144,8 +146,7 @@ class TxnStage(abc.ABC):
         if self.bisect.failed(_positions(msgs), failure):
             self._dead_letter_poison(msgs[0], failure)
         elif not failure.record_caused:
-            self._retries += 1
-            self._stop.wait(min(5.0, 0.25 * 2 ** min(self._retries, 5)))
+            self._stop.wait(self._backoff.next())
 
     def _dead_letter_poison(self, msg: Message, failure: Failure) -> None:
         """The one record every batch failed on: a dead letter and the offset past it, in a transaction
@@ -165,7 +166,7 @@ class TxnStage(abc.ABC):
             log.error("could not dead-letter a poison record; retrying", extra={"stage": self.name, "error": str(e)})
             self.producer.abort()
             self.rewind()
-            self._stop.wait(1.0)
+            self._stop.wait(self._backoff.next())
             return
         self.consumer.seek(past)
         self.bisect.poisoned()

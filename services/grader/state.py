@@ -3,7 +3,7 @@
 The table maps interaction id -> `PendingState`: the interaction (raw protobuf bytes, as received), the
 feedback joined so far, judge results, the event ids already applied (idempotency), the last emitted
 revision and its digest, the window deadline, and the *emission marker* (`pending_seq`) that recovery
-uses to tell "emitted just before a crash" from "never emitted" (see services/grader/app.py).
+uses to tell "emitted just before a crash" from "never emitted" (see services/grader/faust_recovery.py).
 
 Encoding: b"GS1" + u32 header length + JSON header + length-prefixed blobs (interaction, then each
 feedback). Protobuf bytes travel untouched, so a state costs about one interaction record.
@@ -111,7 +111,7 @@ SEQ_KEY_PREFIX = "__confirmed__/"
 
 
 def seq_key(partition: int) -> str:
-    """Table key holding partition `partition`'s confirmed emission sequence (see app.py)."""
+    """Table key holding partition `partition`'s confirmed emission sequence (see faust_recovery.py)."""
     return f"{SEQ_KEY_PREFIX}{partition}"
 
 

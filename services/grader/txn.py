@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
+from shared.retry import retrying
 from shared.validation import KafkaHeaders
 
 log = logging.getLogger(__name__)
@@ -207,18 +208,22 @@ class TxnProducer:
             log.warning("could not abort the open transaction on close: %s", e.args[0])
 
     def _retry(self, op: Any, attempts: int = 5) -> None:
-        for i in range(attempts):
-            self.watchdog.enter(getattr(op, "__name__", "transaction step"))
-            try:
-                op()
-                return
-            except KafkaException as e:
-                err = e.args[0]
-                if err.fatal():
-                    self.fatal(err)
-                if not err.retriable() or i == attempts - 1:
+        """`op()` (one transactional call), again while Kafka says its error is retriable (shared/retry.py:
+        up to `attempts` tries, 0.2 s growing to 1 s apart); a fatal error is also recorded in `fatal`."""
+        name = getattr(op, "__name__", "transaction step")
+        for attempt in retrying(retry_on=_retriable, what=f"transaction step {name}", attempts=attempts,
+                                first_s=0.2, max_s=1.0, log=log):
+            with attempt:
+                self.watchdog.enter(name)
+                try:
+                    op()
+                except KafkaException as e:
+                    if e.args[0].fatal():
+                        self.fatal(e.args[0])
                     raise
-                log.warning("retrying a transaction step: %s", err)
-                time.sleep(0.2 * (i + 1))
-            finally:
-                self.watchdog.leave()
+                finally:
+                    self.watchdog.leave()
+
+
+def _retriable(e: BaseException) -> bool:
+    return isinstance(e, KafkaException) and bool(e.args[0].retriable())

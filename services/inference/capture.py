@@ -30,6 +30,7 @@ from services.inference import metrics
 from services.inference.spool import Spool, SpoolRecord
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
+from shared.retry import Backoff
 from shared.validation import type_headers_for_topic
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class CaptureSink:
         self._failed = False
         self._last_ack = time.monotonic()
         self._backoff_until = 0.0
-        self._backoff = 0.5
+        self._backoff = Backoff(0.5, 10.0)   # between re-sends from the spool after a failed delivery
         self._last_alarm = 0.0
         self._full = False
         self.delivered = 0
@@ -175,7 +176,7 @@ class CaptureSink:
             self._last_ack = time.monotonic()
             self.spool.ack(seq)
             self.delivered += 1
-            self._backoff = 0.5
+            self._backoff.reset()
             metrics.CAPTURED.labels(topic=topic).inc()
             return
         if err.code() in _PERMANENT:
@@ -194,8 +195,7 @@ class CaptureSink:
             self._retry = None
             self.spool.rewind()
             self._failed = False
-            self._backoff_until = time.monotonic() + self._backoff
-            self._backoff = min(self._backoff * 2, 10.0)
+            self._backoff_until = time.monotonic() + self._backoff.next()
 
     def _update_gauges(self) -> None:
         stalled = self._inflight > 0 and time.monotonic() - self._last_ack > self.stall_s

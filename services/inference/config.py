@@ -141,7 +141,7 @@ class InferenceSettings(BaseSettings):
     prompt_cache_bytes: int = Field(default=256 << 20, ge=0)
     """Continuous scheduler: memory for recent prefills (keys, values and last logits of exact prompts,
     per tenant, set of weights and adapter), so a repeated prompt joins without a forward pass
-    (services/inference/prompt_cache.py). ~2 MB per 44-token prompt on SmolLM2-135M; 0 turns it off."""
+    (shared/decoding/prompt_cache.py). ~2 MB per 44-token prompt on SmolLM2-135M; 0 turns it off."""
 
     tenant_borrow_after_s: float = Field(default=2.0, ge=0.0)
     """Continuous scheduler: a tenant may hold more than `tenant_batch_share` once every other tenant has

@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +33,11 @@ from services.inference import metrics
 from services.inference.config import InferenceSettings
 from services.inference.engines.base import BASE_VERSION, Engine, VersionFiles
 from services.inference.host_cache import HostCache
-from services.inference.routing import OPERATOR, InvalidOrder, RoutingTable, Slot
+from services.inference.routing import RoutingTable
 from shared.events import UndecodableEvent, timestamp
+from shared.orders import OPERATOR, InvalidOrder, Slot
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
+from shared.retry import Backoff
 from shared.security.channels import open_channel
 from shared.validation import decode_record
 
@@ -118,7 +121,7 @@ class VersionManager:
     def converge(self, target: RoutingTable) -> None:
         """Make the table equal `target` (heartbeat catch-up), keeping rollback history."""
         with self._apply_lock:
-            slots = {t: Slot(s.promoted, s.canary, s.fraction, self.table.slots.get(t, Slot()).history)
+            slots = {t: replace(s, history=self.table.slots.get(t, Slot()).history)
                      for t, s in target.slots.items()}
             self._reconcile(RoutingTable(slots), {})
 
@@ -246,7 +249,7 @@ class VersionManager:
         table = self.table
         canaries = table.tenant_canaries()
         op = table.slots.get(OPERATOR, Slot(promoted=BASE_VERSION))
-        c_version, c_fraction = (op.canary, op.fraction) if op.canary else next(iter(sorted(canaries.values())),
+        c_version, c_fraction = (op.canary, op.canary_fraction) if op.canary else next(iter(sorted(canaries.values())),
                                                                                ("", 0.0))
         with self._counts_lock:
             counts = list(self._canary_counts.get(c_version, [0, 0]))
@@ -283,6 +286,7 @@ class UpdateFollower:
         group = self.settings.common.topics.group_id(f"inference-{self.settings.pod_id}-{uuid.uuid4().hex[:8]}")
         consumer = EventConsumer(self.settings.common.kafka_bootstrap, group, [topic],
                                  extra_config={"log_level": 3})
+        backoff = Backoff(1.0, 5.0)
         try:
             while not self._stop.is_set():
                 try:
@@ -292,9 +296,10 @@ class UpdateFollower:
                     msgs = consumer.poll_batch(max_records=1, timeout=0.5)
                     if msgs:
                         msgs += consumer.poll_batch(max_records=199, timeout=0)
+                    backoff.reset()
                 except Exception:  # noqa: BLE001 - keep following; the broker may come back
                     log.exception("model-updates poll failed")
-                    time.sleep(1.0)
+                    self._stop.wait(backoff.next())
                     continue
                 if not msgs:
                     if consumer.assignment():
@@ -388,7 +393,7 @@ class Heartbeater:
 
 def _same(a: RoutingTable, b: RoutingTable) -> bool:
     def view(t: RoutingTable) -> dict[str, tuple[str, str, float]]:
-        return {k: (s.promoted, s.canary, round(s.fraction, 6)) for k, s in t.slots.items()}
+        return {k: (s.promoted, s.canary, round(s.canary_fraction, 6)) for k, s in t.slots.items()}
     return view(a) == view(b)
 
 

@@ -69,12 +69,6 @@ class AdapterWeights:
         return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.modules.values())
 
 
-def linear_shapes(model: Any) -> dict[str, tuple[int, int]]:
-    """(in, out) of every nn.Linear of `model`, by module name: the layers an adapter may target."""
-    return {name: (m.in_features, m.out_features) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear)}
-
-
 def load_adapter_weights(path: Path, name: str, linears: dict[str, tuple[int, int]], *,
                          dtype: torch.dtype = torch.float32, max_rank: int = 0) -> AdapterWeights:
     """A peft LoRA adapter folder --> `AdapterWeights` for a base whose linear layers are `linears`.

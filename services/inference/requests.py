@@ -2,26 +2,32 @@
 
 Everything a caller can get wrong is checked here, each failure an `InvalidRequest` (INVALID_ARGUMENT)
 whose message names the field, the bound and the value received. No network, no engine state: the
-tokenizer and context window are passed in.
+tokenizer and context window are passed in. At the end, the two waits of a request on its way through
+the engine (`injected_delay`, `wait_result`), which turn deadlines and engine failures into call errors.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from services.inference.config import InferenceSettings
+from services.inference.engines.base import EngineError, RequestHandle
 from shared.chat_template import encode_chat, encode_text
+from shared.decoding.params import SamplingConfig
 from shared.events import deterministic_id, make_envelope
-from shared.generation import SamplingConfig
 from shared.grpc_util import (
     TENANT_METADATA,
     InvalidRequest,
     PermissionDenied,
+    ServiceError,
+    Unavailable,
     metadata_value,
+    remaining_s,
     require,
 )
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2
@@ -215,3 +221,23 @@ def feedback_event(req: inference_pb2.FeedbackRequest, tenant: str, pod: str,
     env = stamp_principal(make_envelope(tenant, source=f"inference/{pod}", event_id=event_id, occurred_at=when))
     return events_pb2.FeedbackEvent(envelope=env, interaction_id=req.interaction_id, kind=req.kind,
                                     value=req.value, comment=req.comment, kpi_name=req.kpi_name)
+
+
+def injected_delay(seconds: float, context: Any) -> None:
+    """`fault_delay_s` (tests, chaos drills): hold the request like a slow pod would, but never past the
+    caller's deadline, after which the engine answers DEADLINE_EXCEEDED at once."""
+    remaining = remaining_s(context)
+    wait = seconds if remaining is None else max(0.0, min(seconds, remaining))
+    time.sleep(wait)
+
+
+def wait_result(handle: RequestHandle, context: Any) -> list[Any]:
+    """The samples; an engine failure or an engine that outlives the call's deadline is an error."""
+    remaining = remaining_s(context)
+    try:
+        return handle.result(timeout=None if remaining is None else remaining + 5.0)
+    except TimeoutError:
+        handle.cancel()
+        raise Unavailable("generation did not finish before the deadline") from None
+    except EngineError as e:
+        raise ServiceError(str(e)) from e

@@ -1,43 +1,21 @@
 """ModelUpdate orders --> a routing table; (tenant, uniform draw) --> the version that serves a request.
 
 Pure state, no I/O (the version manager downloads and loads what a table needs, then publishes it).
-The table has one *slot* per tenant that owns versions, plus the operator slot `""` that applies to
-every tenant without a slot of its own (TEAM.md tenancy rule: a tenant-owned version serves only that
-tenant). Each slot has a promoted version and optionally a canary with the fraction of the slot's
-requests it serves.
-
-Orders (events.proto `ModelUpdate`), for slot t = update.tenant:
-- PROMOTE v:  t serves v; a canary of v in t ends (it graduated).
-- CANARY v f: f of t's requests go to v (f <= 0 ends the canary).
-- ROLLBACK v: t serves v (or `previous_version`, or what t served before, or the base); t's canary ends.
+What an order means for a slot (promote, canary, rollback) is shared/orders.py, the same rules the
+weights service keeps its state by; this module adds the pod's role: choosing a version per request
+(a canary serves its fraction of the slot's requests; the operator slot's canary does not reach
+tenants with a slot of their own), dropping empty tenant slots, and reverting a failed load.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
+from shared.orders import BASE, OPERATOR, Slot, apply_order, promoted_for
 from shared.proto.apprentice.v1 import events_pb2
 
-BASE = "base"
-OPERATOR = ""
-_VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-class InvalidOrder(ValueError):
-    """A ModelUpdate that cannot be applied (missing version, unknown action): logged and skipped."""
-
-
-@dataclass(frozen=True)
-class Slot:
-    promoted: str = ""             # "" in a tenant slot = inherit the operator slot's version
-    canary: str = ""
-    fraction: float = 0.0
-    history: tuple[str, ...] = ()  # previously promoted versions, newest last (rollback targets)
-
-    @property
-    def empty(self) -> bool:
-        return not self.promoted and not self.canary
+HISTORY_KEPT = 8
+"""Rollback history a pod keeps per slot (bounded memory on a long-lived pod)."""
 
 
 @dataclass(frozen=True)
@@ -48,15 +26,12 @@ class RoutingTable:
     def choose(self, tenant: str, u: float) -> tuple[str, bool]:
         """(version, is_canary) for a request of `tenant`, given a uniform draw u in [0, 1)."""
         own = self.slots.get(tenant) if tenant != OPERATOR else None
-        if own is not None:
-            if own.canary and u < own.fraction:
-                return own.canary, True
-            if own.promoted:
-                return own.promoted, False
+        if own is not None and own.canary and u < own.canary_fraction:
+            return own.canary, True
         op = self.slots.get(OPERATOR, Slot(promoted=BASE))
-        if own is None and op.canary and u < op.fraction:
+        if own is None and op.canary and u < op.canary_fraction:
             return op.canary, True
-        return op.promoted or BASE, False
+        return promoted_for(self.slots, tenant), False
 
     def versions(self) -> set[str]:
         """Every version some request may be routed to."""
@@ -72,42 +47,17 @@ class RoutingTable:
         return out
 
     def tenant_canaries(self) -> dict[str, tuple[str, float]]:
-        return {t: (s.canary, s.fraction) for t, s in self.slots.items() if s.canary}
+        return {t: (s.canary, s.canary_fraction) for t, s in self.slots.items() if s.canary}
 
     def slots_using(self, version: str) -> list[str]:
         return sorted(t for t, s in self.slots.items() if version in (s.promoted, s.canary))
 
     # --- orders -----------------------------------------------------------------------------------
     def apply(self, update: events_pb2.ModelUpdate) -> RoutingTable:
-        """The table after one order (a new object; this one is unchanged)."""
+        """The table after one order (a new object; this one is unchanged). Raises InvalidOrder."""
         t = update.tenant
-        for v in (update.version, update.previous_version):
-            if v and not _VERSION_RE.match(v):
-                raise InvalidOrder(f"version {v[:60]!r} is not a version name (letters, digits, '.', '_', '-')")
-        slot = self.slots.get(t, Slot(promoted=BASE if t == OPERATOR else ""))
-        action = update.action
-        if action == events_pb2.UPDATE_ACTION_PROMOTE:
-            if not update.version:
-                raise InvalidOrder("PROMOTE without a version")
-            history = slot.history + ((slot.promoted,) if slot.promoted and slot.promoted != update.version else ())
-            new = replace(slot, promoted=update.version, history=history[-8:])
-            if new.canary == update.version:
-                new = replace(new, canary="", fraction=0.0)
-        elif action == events_pb2.UPDATE_ACTION_CANARY:
-            if not update.version:
-                raise InvalidOrder("CANARY without a version")
-            f = min(max(update.canary_fraction, 0.0), 1.0)
-            new = replace(slot, canary=update.version if f > 0 else "", fraction=f if f > 0 else 0.0)
-        elif action == events_pb2.UPDATE_ACTION_ROLLBACK:
-            target = update.version or update.previous_version
-            past = list(slot.history)
-            if not target:
-                target = past.pop() if past else (BASE if t == OPERATOR else "")
-            elif target in past:
-                past = past[:past.index(target)]
-            new = Slot(promoted=target, history=tuple(past))
-        else:
-            raise InvalidOrder(f"unknown action {action}")
+        new = apply_order(self.slots.get(t, Slot(promoted=BASE if t == OPERATOR else "")), update)
+        new = replace(new, history=new.history[-HISTORY_KEPT:])
         slots = dict(self.slots)
         if t != OPERATOR and new.empty:
             slots.pop(t, None)
@@ -125,7 +75,7 @@ class RoutingTable:
                 s = replace(s, promoted=old.promoted if old.promoted not in failed else "", history=old.history)
             if s.canary in failed:
                 s = replace(s, canary=old.canary if old.canary not in failed else "",
-                            fraction=old.fraction if old.canary not in failed else 0.0)
+                            canary_fraction=old.canary_fraction if old.canary not in failed else 0.0)
             if t != OPERATOR and s.empty:
                 slots.pop(t, None)
             else:

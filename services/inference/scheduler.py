@@ -117,15 +117,6 @@ class Admission(Generic[T]):
         """Items with rows not yet admitted, oldest first per tenant."""
         return [w.item for q in self._queues.values() for w in q]
 
-    @property
-    def waiting_rows(self) -> int:
-        return sum(w.rows for q in self._queues.values() for w in q)
-
-    def reserved(self, item: T) -> int:
-        """Tokens one row of a queued `item` reserves (0 once every row was admitted)."""
-        w = self._where.get(item)
-        return 0 if w is None else w.row_tokens
-
     # --- budget ---------------------------------------------------------------------------------------
     @property
     def rows_in_flight(self) -> int:

@@ -46,9 +46,11 @@ from services.inference.quotas import Lease, QuotaExceeded, TenantQuotas
 from services.inference.requests import (
     PreparedRequest,
     feedback_event,
+    injected_delay,
     interaction_event,
     prepare,
     resolve_tenant,
+    wait_result,
 )
 from services.inference.spool import Spool
 from shared.grpc_util import (
@@ -62,6 +64,7 @@ from shared.grpc_util import (
 )
 from shared.logs import trace_id_var
 from shared.proto.apprentice.v1 import inference_pb2, inference_pb2_grpc
+from shared.retry import call
 from shared.security import interaction_ids
 from shared.security.identity import current_identity
 
@@ -237,34 +240,35 @@ class InferenceApp:
 
     def submit(self, p: PreparedRequest, context: Any, stream: bool,
                pin: tuple[str, bool] | None = None) -> tuple[RequestHandle, str, bool]:
-        """Route and queue; a version swapped out between routing and queueing is re-routed once.
+        """Route and queue; a version swapped out between routing and queueing is routed again (3 tries).
         `pin` = (version, canary): serve that version instead of routing (an HTTP request naming one)."""
         assert self.manager is not None
         if self.settings.fault_delay_s > 0:
-            _injected_delay(self.settings.fault_delay_s, context)
+            injected_delay(self.settings.fault_delay_s, context)
         remaining = remaining_s(context)
         deadline = time.monotonic() + remaining if remaining is not None else None
         lease = self._admit(p)                    # tenant quotas: RESOURCE_EXHAUSTED with retry_after_s
-        for attempt in range(3):
-            version, canary = pin if pin is not None else self.manager.route(p.tenant)
-            req = GenerationRequest(request_id=str(uuid.uuid4()), prompt_ids=p.prompt_ids, sampling=p.sampling,
-                                    version=version, stream=stream, deadline=deadline, tenant=p.tenant)
-            try:
-                handle = self.engine.submit(req)
-            except UnknownVersion:
-                if attempt == 2:
-                    lease.release()
-                    raise Unavailable(f"version {version} is being swapped; retry") from None
-                continue
-            except BaseException as e:
-                lease.release()
-                if isinstance(e, EngineStopped):
-                    raise Unavailable(str(e)) from e
-                raise
-            handle.add_done_callback(lambda h: lease.release(h.generated_tokens))
-            context.add_callback(handle.cancel)   # client cancelled or deadline passed: stop generating
-            return handle, version, canary
-        raise AssertionError("unreachable")
+        manager, routed = self.manager, []
+
+        def queue() -> RequestHandle:
+            routed.append(pin if pin is not None else manager.route(p.tenant))
+            return self.engine.submit(GenerationRequest(
+                request_id=str(uuid.uuid4()), prompt_ids=p.prompt_ids, sampling=p.sampling,
+                version=routed[-1][0], stream=stream, deadline=deadline, tenant=p.tenant))
+
+        try:
+            handle = call(queue, retry_on=UnknownVersion, what="routing", attempts=3, first_s=0.0, max_s=0.0)
+        except BaseException as e:
+            lease.release()
+            if isinstance(e, UnknownVersion):
+                raise Unavailable(f"version {routed[-1][0]} is being swapped; retry") from None
+            if isinstance(e, EngineStopped):
+                raise Unavailable(str(e)) from e
+            raise
+        version, canary = routed[-1]
+        handle.add_done_callback(lambda h: lease.release(h.generated_tokens))
+        context.add_callback(handle.cancel)   # client cancelled or deadline passed: stop generating
+        return handle, version, canary
 
     def _admit(self, p: PreparedRequest) -> Lease:
         try:
@@ -314,22 +318,26 @@ class InferenceApp:
 
     def _generate(self, p: PreparedRequest, context: Any,
                   pin: tuple[str, bool] | None) -> tuple[list[Any], str, bool]:
-        for attempt in range(2):
+        routed: list[str] = []
+
+        def once() -> tuple[RequestHandle, list[Any], str, bool]:
             handle, version, canary = self.submit(p, context, stream=False, pin=pin)
+            routed.append(version)
             try:
-                samples = _wait_result(handle, context)
-            except UnknownVersion:
-                if attempt == 0:
-                    continue          # swapped out before it started: route again
-                raise Unavailable(f"version {version} is being swapped; retry") from None
+                return handle, wait_result(handle, context), version, canary
             except ServiceError:
                 self.account([], version, canary, ok=False)
                 raise
-            self.account(samples, version, canary, ok=True)
-            if handle.first_token_at is not None:
-                metrics.TIME_TO_FIRST_TOKEN.observe(handle.first_token_at - handle.submitted_at)
-            return samples, version, canary
-        raise AssertionError("unreachable")
+
+        try:   # swapped out before it started: routed again, once
+            handle, samples, version, canary = call(once, retry_on=UnknownVersion, what="generation", attempts=2,
+                                                    first_s=0.0, max_s=0.0)
+        except UnknownVersion:
+            raise Unavailable(f"version {routed[-1]} is being swapped; retry") from None
+        self.account(samples, version, canary, ok=True)
+        if handle.first_token_at is not None:
+            metrics.TIME_TO_FIRST_TOKEN.observe(handle.first_token_at - handle.submitted_at)
+        return samples, version, canary
 
     def stream(self, p: PreparedRequest, context: Any, t0: float,
                pin: tuple[str, bool] | None = None) -> tuple[str, list[str], Generator[Delta | ChoiceDone, None, None]]:
@@ -389,26 +397,6 @@ class InferenceApp:
         if not ticket.wait(self.settings.capture_ack_timeout_s):    # acknowledged = on disk
             raise Unavailable("the feedback could not be recorded right now; retry with the same occurred_at")
         return inference_pb2.FeedbackAck(event_id=event.envelope.event_id, accepted=True)
-
-
-def _injected_delay(seconds: float, context: Any) -> None:
-    """`fault_delay_s` (tests, chaos drills): hold the request like a slow pod would, but never past the
-    caller's deadline, after which the engine answers DEADLINE_EXCEEDED at once."""
-    remaining = remaining_s(context)
-    wait = seconds if remaining is None else max(0.0, min(seconds, remaining))
-    time.sleep(wait)
-
-
-def _wait_result(handle: RequestHandle, context: Any) -> list[Any]:
-    """The samples; an engine failure or an engine that outlives the call's deadline is an error."""
-    remaining = remaining_s(context)
-    try:
-        return handle.result(timeout=None if remaining is None else remaining + 5.0)
-    except TimeoutError:
-        handle.cancel()
-        raise Unavailable("generation did not finish before the deadline") from None
-    except EngineError as e:
-        raise ServiceError(str(e)) from e
 
 
 def serve(settings: InferenceSettings) -> InferenceApp:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shared.retry import Backoff
+
 if TYPE_CHECKING:
     from services.loop.stack import Ports
     from shared.config import CommonSettings
@@ -40,7 +42,7 @@ class Child:
     started_at: float = 0.0
     started_wall: float = 0.0          # wall clock of the last start (status, chaos timelines)
     restarts: int = 0
-    backoff: float = BACKOFF_START_S
+    backoff: Backoff = field(default_factory=lambda: Backoff(BACKOFF_START_S, BACKOFF_MAX_S, jitter=False))
     next_start: float = 0.0
     exits: list[int] = field(default_factory=list)
 
@@ -56,15 +58,15 @@ class Child:
         """Restart a dead child once its back-off has passed."""
         if self.proc is not None and self.proc.poll() is None:
             if now - self.started_at > HEALTHY_AFTER_S:
-                self.backoff = BACKOFF_START_S
+                self.backoff.reset()
             return
         if self.proc is not None:
             code = self.proc.returncode
             self.exits.append(code)
-            log.warning("service exited", extra={"service": self.name, "code": code, "restart_in_s": self.backoff})
+            delay = self.backoff.next()
+            log.warning("service exited", extra={"service": self.name, "code": code, "restart_in_s": delay})
             self.proc = None
-            self.next_start = now + self.backoff
-            self.backoff = min(self.backoff * 2, BACKOFF_MAX_S)
+            self.next_start = now + delay
             return
         if now >= self.next_start:
             self.restarts += 1 if self.started_at else 0

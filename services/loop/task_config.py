@@ -29,7 +29,6 @@ import yaml
 
 from services.loop.task import Task, TaskError
 
-CONFIG_FILES = ("task.yaml", "grader.yaml", "heldout.yaml", "ood.yaml")
 _RESERVED_GRADER_NAMES = ("corrected", "thumbs")
 
 

@@ -37,6 +37,7 @@ from shared.events import UndecodableEvent
 from shared.kafka.deadletter import DeadLetterPublisher
 from shared.kafka.producer import EventProducer
 from shared.proto.apprentice.v1 import events_pb2
+from shared.retry import Backoff
 from shared.validation import decode_record
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class TrainerService:
                                  time.time())
         self.unpublished: Checkpoint | None = ckpt if ckpt is not None and ckpt.id not in self.store.published() else None
         self._next_publish_try = 0.0
+        self._publish_backoff = Backoff(s.publish_retry_s, 2 * s.publish_retry_s)
 
     # --- state --------------------------------------------------------------------------------------
     def _restore(self, ckpt: Checkpoint) -> None:
@@ -297,11 +299,12 @@ class TrainerService:
             manifest = self.publisher.publish(ckpt, parent)
         except Exception as e:  # noqa: BLE001 - any transport failure is retried; the checkpoint is safe on disk
             M.PUBLISH_FAILURES.inc()
-            self._next_publish_try = now + self.settings.publish_retry_s
+            self._next_publish_try = now + self._publish_backoff.next()
             log.warning("publish failed, will retry: %s", e, extra={"checkpoint": ckpt.id})
             return False
         from services.trainer.publish import manifest_digest
 
+        self._publish_backoff.reset()
         self.store.mark_published(ckpt.id, manifest.version, manifest_digest(manifest))
         self.buffer.advance(manifest.version)
         self.unpublished = None

@@ -234,6 +234,7 @@ class TrainerSettings(BaseSettings):
     """Upload each new version to the Weights service and announce it on the checkpoints topic."""
 
     publish_retry_s: float = 5.0
+    """First wait before publishing again after a failed publish; later waits grow to twice it (shared/retry.py)."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainerSettings:

@@ -32,7 +32,8 @@ from services.trainer.logprobs import score, supports_fused_head, teacher_view
 from services.trainer.policy import Policy
 from services.trainer.steplog import StepHook
 from shared.chat_template import encode_chat, encode_text
-from shared.generation import SamplingConfig, generate
+from shared.decoding.params import SamplingConfig
+from shared.generation import generate
 from shared.progress import progress
 
 METHODS = ("rkl_topk", "gkd", "sft_filtered")

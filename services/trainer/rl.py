@@ -66,19 +66,6 @@ class RLConfig:
                    is_cap=s.is_cap, batch_size=s.batch_size, micro_batch_size=s.micro_batch_size,
                    ppo_epochs=s.ppo_epochs)
 
-    @classmethod
-    def preset(cls, algorithm: str, **overrides: Any) -> RLConfig:
-        """The paper defaults of one variant (what TrainerSettings resolves to), plus overrides."""
-        base: dict[str, Any] = {"algorithm": algorithm}
-        if algorithm == "dapo":
-            base.update(eps_high=0.28, drop_equal_groups=True, overlong_buffer=0.2)
-        elif algorithm == "gspo":
-            base.update(eps_low=3e-4, eps_high=4e-4)
-        elif algorithm == "dr_grpo":
-            base.update(scale_rewards=False)
-        base.update(overrides)
-        return cls(**base)
-
 
 class RunningBaseline:
     """Per-task EMA of rewards for single-sample traffic; its weight saturates at 1/(1 − decay)."""

@@ -4,7 +4,6 @@ service loop (`apprentice serve trainer`), so both run exactly the same code.
     trainer = Trainer(TrainerSettings(...))                # loads the base model, LoRA by default
     r = trainer.rl_round(graded_or_rollouts)               # GRPO family, per settings.algorithm
     r = trainer.consolidation_round(examples, items)       # OEL consolidation, per settings.distill_method
-    trainer.save_version(folder)                           # the version files for Weights.Upload
 
 Rounds are deterministic for a given settings.seed and inputs (seeded sampling, fixed batch order).
 """
@@ -162,8 +161,3 @@ class Trainer:
         finally:
             del teacher
         return RoundResult(OEL_ALGORITHMS[cfg.method], metrics)
-
-    # --- output -----------------------------------------------------------------------------------------
-    def save_version(self, dest: Path | str) -> str:
-        """Write the version files (LoRA adapter or full weights, safetensors). Returns the kind."""
-        return self.policy.save_weights(Path(dest))

@@ -34,11 +34,11 @@ from services.weights.gate import (
     integrity_result,
     verdict,
 )
-from services.weights.manifests import BASE
 from services.weights.metrics import EVAL_SECONDS, EVALS
 from services.weights.store import WeightStore
 from shared.grading import grade_rule, parse_rule_spec
 from shared.grpc_util import FailedPrecondition
+from shared.orders import BASE
 from shared.progress import progress
 from shared.proto.apprentice.v1 import weights_pb2
 
@@ -75,37 +75,6 @@ def nonfinite_tensors(files_dir: Path) -> tuple[list[str], int]:
     return bad, total
 
 
-class _LastLogitsOnly:
-    """The model, asked for the last position's logits only (`logits_to_keep=1`).
-
-    `shared.generation.generate` reads only the last position, but a plain forward pass computes the
-    vocabulary projection for every prompt position at prefill: rows x prompt tokens x 49,152 logits
-    (300 MB for the default sets in one batch), computed and thrown away.
-    """
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.config = model.config
-        self.generation_config = getattr(model, "generation_config", None)
-
-    def parameters(self) -> Any:
-        return self.model.parameters()
-
-    def __call__(self, **kwargs: Any) -> Any:
-        return self.model(logits_to_keep=1, **kwargs)
-
-    @staticmethod
-    def wrap(model: Any) -> Any:
-        import inspect
-
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft forwards kwargs
-        try:
-            accepts = "logits_to_keep" in inspect.signature(inner.forward).parameters
-        except (TypeError, ValueError):
-            accepts = False
-        return _LastLogitsOnly(model) if accepts else model
-
-
 @dataclass(frozen=True)
 class ModelScores:
     heldout: float      # mean rule score over items with signal; NaN when none had signal
@@ -121,21 +90,22 @@ def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, ma
     import torch
 
     from shared.chat_template import encode_chat
-    from shared.generation import generate, sequence_logprobs
+    from shared.decoding.logprobs import sequence_logprobs
+    from shared.generation import generate
 
     def greedy(chats: list[list[dict[str, str]]]) -> list[Any]:
         """Greedy answers, batched: one batch of all prompts runs each decode step (which reads every
         weight once) once instead of once per batch; when they do not fit in one batch, prompts of
-        similar length share one (less left padding). Answers do not depend on the batching."""
+        similar length share one (less left padding). Answers do not depend on the batching. The decode
+        loop computes the last position's logits only (shared/decoding/forward.py)."""
         prompts = [encode_chat(tok, c).ids for c in chats]    # the ids inference would serve
         order = sorted(range(len(prompts)), key=lambda j: len(prompts[j]))
-        fast = _LastLogitsOnly.wrap(model)
         out: list[Any] = [None] * len(prompts)
         # a bar on a terminal only (`apprentice serve weights` in one; never in a log file): shared/progress.py
         with progress(total=len(prompts), desc="eval gate", unit="prompt", leave=False) as bar:
             for i in range(0, len(order), batch_size):
                 idx = order[i:i + batch_size]
-                for j, smp in zip(idx, generate(fast, tok, [prompts[j] for j in idx], max_new_tokens=max_new_tokens,
+                for j, smp in zip(idx, generate(model, tok, [prompts[j] for j in idx], max_new_tokens=max_new_tokens,
                                                 temperature=0.0), strict=True):
                     out[j] = smp[0]
                 bar.update(len(idx))

@@ -20,9 +20,9 @@ from urllib.parse import quote, unquote
 
 from google.protobuf import json_format
 
+from shared.orders import Slot, promoted_for
 from shared.proto.apprentice.v1 import weights_pb2
 
-BASE = "base"
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 NUMBERED_RE = re.compile(r"^v(\d+)$")
 
@@ -36,19 +36,6 @@ def atomic_write(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-@dataclass
-class Slot:
-    """What one tenant slot serves ("" = the operator slot that applies to every tenant)."""
-
-    promoted: str = ""
-    """The version this slot serves; "" = not set (a tenant slot follows the operator slot "")."""
-    history: list[str] = field(default_factory=list)
-    """Previously promoted versions, oldest first: the rollback targets."""
-    canary: str = ""
-    canary_fraction: float = 0.0
-    canary_started_at: float = 0.0
 
 
 @dataclass
@@ -70,11 +57,7 @@ class ModelState:
 
     def serving_for(self, tenant: str) -> str:
         """The version `tenant`'s requests get: its own slot's, else the operator slot's, else base."""
-        own = self.slots.get(tenant)
-        if own is not None and own.promoted:
-            return own.promoted
-        default = self.slots.get("")
-        return default.promoted if default is not None and default.promoted else BASE
+        return promoted_for(self.slots, tenant)
 
     def note_handled(self, event_id: str, keep: int = 1000) -> None:
         if event_id not in self.handled_events:
@@ -87,7 +70,7 @@ class ModelState:
     @classmethod
     def from_json(cls, data: bytes) -> ModelState:
         raw = json.loads(data)
-        slots = {k: Slot(**v) for k, v in raw.pop("slots", {}).items()}
+        slots = {k: Slot(**{**v, "history": tuple(v.get("history", ()))}) for k, v in raw.pop("slots", {}).items()}
         return cls(slots=slots, **raw)
 
 

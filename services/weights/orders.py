@@ -6,9 +6,9 @@ that miss an order catch up from `HeartbeatAck.desired` (see `desired`).
 
 Tenant slots: a version belongs to the tenant whose data trained it (`Manifest.tenant`), so promoting it
 changes that tenant's slot only; `""` is the operator slot every other tenant follows.
-Order semantics (shared with inference's routing table, services/inference/routing.py), for slot t:
-PROMOTE v: t serves v, and a canary of v in t ends (it graduated); CANARY v f: f of t's requests go to v;
-ROLLBACK v: t serves v and t's canary ends.
+What an order does to a slot is shared/orders.py `apply_order`, the rules every inference pod applies
+to its routing table too: the desk's new state is the order it sends, applied to the slot (computed
+before the order is sent, saved after it is durable). This module decides which orders to issue.
 
 Each order is recorded on the audit topic (audit_trail.py) before it is published; a refused promote
 or canary (gate, rolled back, integrity) is recorded as refused. `force` overrides the eval gate's
@@ -20,15 +20,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from services.weights import audit_trail
 from services.weights.audit_trail import Trail
 from services.weights.gate import integrity_of
-from services.weights.manifests import BASE, ModelState
+from services.weights.manifests import ModelState
 from services.weights.pods import PodRegistry
 from services.weights.store import WeightStore
 from shared.events import deterministic_id, make_envelope
 from shared.grpc_util import FailedPrecondition, require
+from shared.orders import BASE, apply_order
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 
 log = logging.getLogger(__name__)
@@ -64,18 +66,13 @@ class OrderDesk:
         with self.store.transaction():
             m = self.store.get(model, version)
             state = self.store.state(model)
-            slot = state.slot(m.tenant)
             previous = state.serving_for(m.tenant)
             self._recheck_integrity(m, "promote")  # it may have been checked since _admit, outside the lock
             self.audit.allowed(audit_trail.PROMOTE, model, version, tenant=m.tenant, reason=reason, details={
                 "force": str(force).lower(), "previous": previous, "slot": m.tenant or "*",
                 "status": S.VersionStatus.Name(m.status)})
+            # history gains `previous`; a canary of this version graduated, another version's keeps running
             update = self._send(state, events_pb2.UPDATE_ACTION_PROMOTE, m, previous, reason)
-            if previous != version and (not slot.history or slot.history[-1] != previous):
-                slot.history.append(previous)
-            slot.promoted = version
-            if slot.canary == version:  # the canary graduated; another version's canary keeps running
-                slot.canary, slot.canary_fraction = "", 0.0
             self.store.save_state(state)
             self._restatus(state, [version, previous],
                            f"promoted{' (forced)' if force else ''}: {reason}" if reason else "")
@@ -96,9 +93,9 @@ class OrderDesk:
             self.audit.allowed(audit_trail.CANARY, model, version, tenant=m.tenant, reason=reason, details={
                 "fraction": f"{fraction:g}", "serving": current, "slot": m.tenant or "*",
                 "replaces_canary": slot.canary if slot.canary != version else ""})
-            update = self._send(state, events_pb2.UPDATE_ACTION_CANARY, m, current, reason, fraction)
             ended_canary = slot.canary if slot.canary != version else ""
-            slot.canary, slot.canary_fraction, slot.canary_started_at = version, fraction, time.time()
+            update = self._send(state, events_pb2.UPDATE_ACTION_CANARY, m, current, reason, fraction)
+            state.slots[m.tenant] = replace(state.slot(m.tenant), canary_started_at=time.time())
             self.store.save_state(state)
             self._restatus(state, [version, ended_canary], f"canary at {fraction:.0%}: {reason}" if reason else "")
         return self._ack(update)
@@ -137,10 +134,8 @@ class OrderDesk:
             self.audit.allowed(audit_trail.ROLLBACK, model, target, tenant=tenant, reason=reason, details={
                 "previous": previous, "replaced": ",".join(replaced), "slot": tenant or "*",
                 "explicit_version": str(bool(version)).lower()})
+            # the slot serves `target`, its history from target's last occurrence on goes, its canary ends
             update = self._send(state, events_pb2.UPDATE_ACTION_ROLLBACK, tm, previous, reason, slot_key=tenant)
-            if target in slot.history:
-                del slot.history[len(slot.history) - 1 - slot.history[::-1].index(target):]
-            slot.promoted, slot.canary, slot.canary_fraction = target, "", 0.0
             self.store.save_state(state)
             self._restatus(state, [target, *replaced], f"rollback: {reason}" if reason else "rolled back",
                            rolled_back=True)
@@ -252,10 +247,12 @@ class OrderDesk:
         raise FailedPrecondition(message)
 
     def _pop_previous(self, model: str, state: ModelState, tenant: str, current: str) -> str:
-        slot = state.slot(tenant)
-        while slot.history:
-            candidate = slot.history.pop()
+        """The newest history entry that can be served again; it and the entries after it leave the history."""
+        history = list(state.slot(tenant).history)
+        while history:
+            candidate = history.pop()
             if candidate != current and (candidate == BASE or self.store.manifests.exists(model, candidate)):
+                state.slots[tenant] = replace(state.slot(tenant), history=tuple(history))
                 return candidate
         raise FailedPrecondition(f"{model}: tenant {tenant or '*'!r} has no previous version to roll back to "
                                  f"(serving {current!r}); name one with --version")
@@ -272,7 +269,9 @@ class OrderDesk:
     def _send(self, state: ModelState, action: events_pb2.UpdateAction, m: weights_pb2.Manifest, previous: str, reason: str,
               fraction: float = 0.0, *, slot_key: str | None = None) -> events_pb2.ModelUpdate:
         update = self._order(action, m, m.tenant if slot_key is None else slot_key, previous, reason, fraction)
+        new = apply_order(state.slot(update.tenant), update)  # raises InvalidOrder before anything is sent
         self.publish(update)
+        state.slots[update.tenant] = new
         state.last_order_id = update.envelope.event_id
         state.last_order_at = time.time()
         state.last_order_slot = update.tenant

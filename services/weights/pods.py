@@ -3,7 +3,7 @@
 A pod *converges* when, for every tenant slot with a promoted version, it serves that version to the
 slot's requests, and it canaries exactly the ordered canaries. A pod is *lagging* when it has not
 converged for longer than the order deadline (counted from the later of the last order and the moment
-it was first seen off target), or when it went silent: the failure the issue asks to make loud.
+it was first seen off target), or when it went silent: a failure that must be loud (an error log and the lagging-pods gauge), not silent.
 
 How a heartbeat is read (the contract with inference pods, see PodHeartbeat in weights.proto):
 - version served to tenant t = tenant_versions[t], else tenant_versions[""], else serving_version;
@@ -23,8 +23,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from services.weights.manifests import BASE, ModelState
+from services.weights.manifests import ModelState
 from shared.grpc_util import PermissionDenied, ResourceExhausted
+from shared.orders import BASE
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.security.identity import Identity, Role
 

@@ -40,6 +40,7 @@ from shared.grpc_util import (
 )
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer, ensure_topics
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
+from shared.retry import Backoff, call
 from shared.security.identity import acting_as
 from shared.validation import decode_record
 
@@ -193,6 +194,7 @@ class WeightsService:
         consumer = EventConsumer(s.common.kafka_bootstrap, self.topics.group_id(s.consumer_group),
                                  [self.topics.checkpoints])
         dead = DeadLetterPublisher(self.producer, self.topics.deadletter, source="weights")
+        backoff = Backoff(1.0, 5.0)
         try:
             while not self._stop.is_set():
                 try:
@@ -203,9 +205,10 @@ class WeightsService:
                         if self._stop.is_set():
                             return  # uncommitted: redelivered to the next owner
                     consumer.commit(msgs)
+                    backoff.reset()
                 except Exception:  # noqa: BLE001 - the broker may come back; handlers are idempotent
                     log.exception("checkpoints consumer error; retrying")
-                    self._stop.wait(1.0)
+                    self._stop.wait(backoff.next())
         finally:
             consumer.close()
 
@@ -215,24 +218,20 @@ class WeightsService:
         except UndecodableEvent as e:
             dead.publish(msg, stage="weights.decode", reason=str(e), error_type="UndecodableEvent")
             return
-        delay = 1.0
-        while not self._stop.is_set():
-            try:
-                self.policy.on_checkpoint(ev)   # the gate times and counts itself (metrics.py)
-                return
-            except (Unavailable, DeliveryError) as e:  # transient (Kafka): retry the same event
-                log.warning("checkpoint handling will be retried: %s", e)
-                self._stop.wait(delay)
-                delay = min(delay * 2, 30.0)
-            except (NotFound, InvalidRequest, FailedPrecondition) as e:
-                dead.publish(msg, stage="weights.checkpoint", reason=str(e), error_type=type(e).__name__,
-                             tenant=ev.envelope.tenant or "unknown")
-                return
-            except Exception as e:  # noqa: BLE001 - a bug must not stall the stream; keep the record
-                log.exception("checkpoint handling failed")
-                dead.publish(msg, stage="weights.checkpoint", reason=f"{type(e).__name__}: {e}",
-                             error_type=type(e).__name__, tenant=ev.envelope.tenant or "unknown")
-                return
+        try:
+            # transient (Kafka) errors: the same event again until it succeeds or the service stops
+            call(lambda: self.policy.on_checkpoint(ev),   # the gate times and counts itself (metrics.py)
+                 retry_on=(Unavailable, DeliveryError), what="checkpoint handling", attempts=None,
+                 first_s=1.0, max_s=30.0, stop=self._stop, log=log)
+        except (Unavailable, DeliveryError):
+            return  # stopping: the record stays uncommitted and is redelivered
+        except (NotFound, InvalidRequest, FailedPrecondition) as e:
+            dead.publish(msg, stage="weights.checkpoint", reason=str(e), error_type=type(e).__name__,
+                         tenant=ev.envelope.tenant or "unknown")
+        except Exception as e:  # noqa: BLE001 - a bug must not stall the stream; keep the record
+            log.exception("checkpoint handling failed")
+            dead.publish(msg, stage="weights.checkpoint", reason=f"{type(e).__name__}: {e}",
+                         error_type=type(e).__name__, tenant=ev.envelope.tenant or "unknown")
 
 
 class RunningServer:

@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from services.weights import audit_trail
-from services.weights.manifests import BASE, VERSION_RE
+from services.weights.manifests import VERSION_RE
 from services.weights.metrics import DOWNLOAD_BYTES, UPLOAD_BYTES, UPLOADS
 from services.weights.names import validate_model, validate_pod_id, validate_tenant, validate_version
 from services.weights.store import validate_header
 from services.weights.wire import encode_chunk
 from shared.grpc_util import FailedPrecondition, NotFound, PermissionDenied, grpc_errors, require
+from shared.orders import BASE
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 from shared.security.identity import acting_as, current_identity
 

@@ -6,8 +6,6 @@ secures all of them:
 
 - `librdkafka_config(...)` -> dict merged into confluent-kafka `Producer` / `Consumer` / `AdminClient`
   configs (`security.protocol`, `sasl.*`, `ssl.*`);
-- `aiokafka_kwargs(...)` -> keyword arguments for aiokafka clients (`security_protocol`, `sasl_*`,
-  `ssl_context`);
 - `faust_credentials(...)` -> faust's `broker_credentials` (faust passes them to aiokafka).
 
 Each takes the settings explicitly (`CommonSettings`, or an already resolved `KafkaSecurity`); with none
@@ -88,16 +86,6 @@ class KafkaSecurity:
             ctx.load_cert_chain(str(self.ssl_cert), str(self.ssl_key))
         return ctx
 
-    def aiokafka(self) -> dict[str, Any]:
-        """aiokafka client keyword arguments."""
-        kwargs: dict[str, Any] = {"security_protocol": self.protocol}
-        if self.sasl:
-            kwargs.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username,
-                          sasl_plain_password=self.password)
-        if self.tls:
-            kwargs["ssl_context"] = self.ssl_context()
-        return kwargs
-
     def faust(self) -> CredentialsT | None:
         """faust's `broker_credentials` (None for PLAINTEXT: faust's default, no authentication)."""
         import faust
@@ -128,11 +116,6 @@ def resolve(source: SecuritySource = None) -> KafkaSecurity:
 def librdkafka_config(source: SecuritySource = None) -> dict[str, Any]:
     """Security keys to merge into a confluent-kafka client config."""
     return resolve(source).librdkafka()
-
-
-def aiokafka_kwargs(source: SecuritySource = None) -> dict[str, Any]:
-    """Security keyword arguments for an aiokafka client."""
-    return resolve(source).aiokafka()
 
 
 def faust_credentials(source: SecuritySource = None) -> CredentialsT | None:

@@ -42,16 +42,8 @@ class Identity:
         return self.role is Role.OPERATOR
 
     @property
-    def is_service(self) -> bool:
-        return self.role is Role.SERVICE
-
-    @property
     def is_anonymous(self) -> bool:
         return self.role is Role.ANONYMOUS
-
-    def may_act_for(self, tenant: str) -> bool:
-        """A backend key only for its own tenant; every other role for any tenant."""
-        return self.role is not Role.BACKEND or tenant == self.tenant
 
     def to_principal(self) -> common_pb2.Principal:
         return common_pb2.Principal(key_id=self.key_id, role=self.role.value, tenant=self.tenant)

@@ -169,9 +169,6 @@ class KeyRing:
                 return e.identity
         return None
 
-    def identities(self) -> list[Identity]:
-        return [e.identity for e in self._entries()]
-
 
 def read_secret(value: str, file: Path | None) -> str:
     """A secret from an environment value or, when that is empty, a mounted file (re-read on every call,

@@ -3,7 +3,7 @@
 Methods not listed here are refused (deny by default), except the public ones: gRPC health checks (load
 balancers and probes call them without credentials) and reflection (it only describes the public protos).
 Per-tenant rules (a backend key only for its own tenant) and argument-dependent rules (`force=true` needs
-an operator) are checked by the handlers, with `Identity.may_act_for` and the role.
+an operator) are checked by the handlers, from the caller's `Identity` (shared/security/identity.py).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,7 @@ def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
 
         for page, element in (("versions", "promoted"), ("hacking", "hacking"), ("health", "service-weights")):
             browser.find_element(By.ID, f"nav-{page}").click()
-            _wait(f"the {page} page drawn", lambda el=element: browser.find_elements(By.ID, el), 15, every=0.2)
+            _wait(f"the {page} page drawn", partial(browser.find_elements, By.ID, element), 15, every=0.2)
         _wait("every service healthy on the health page", lambda: all(
             "healthy" in browser.find_element(By.ID, f"service-{n}").text
             for n in ("inference", "grader", "extractor", "trainer", "weights")), 20)

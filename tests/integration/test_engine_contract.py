@@ -25,10 +25,12 @@ from typing import Any
 import pytest
 import torch
 
-from services.inference.config import InferenceSettings
+from services.inference.config import EngineName, InferenceSettings
 from services.inference.engines import create_engine
 from services.inference.engines.base import BASE_VERSION, GenerationRequest, UnknownVersion, VersionFiles
-from shared.generation import SamplingConfig, encode_prompt, render_chat
+from shared.config import CommonSettings
+from shared.decoding.params import SamplingConfig
+from shared.generation import encode_prompt, render_chat
 
 pytestmark = [pytest.mark.integration]
 
@@ -78,9 +80,9 @@ def model_dir(which: str, tiny_dir: Path) -> str:
     return str(tiny_dir) if which == "tiny" else str(resolve_model_dir(SMOLLM2))
 
 
-def settings_for(model: str, engine: str, **kw: Any) -> InferenceSettings:
+def settings_for(model: str, engine: EngineName, **kw: Any) -> InferenceSettings:
     kw.setdefault("vllm_enforce_eager", True)
-    return InferenceSettings(engine=engine, common={"model": model, "torch_threads": 0}, **kw)
+    return InferenceSettings(engine=engine, common=CommonSettings(model=model, torch_threads=0), **kw)
 
 
 @pytest.fixture(scope="module", params=CASES)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -36,8 +37,14 @@ def tiny_llm(tiny_model_name: str) -> LocalLLM:
     return llm
 
 
-def make_app(llm: LocalLLM, group: str, **overrides: object) -> ExtractorApp:
-    kw: dict[str, object] = dict(port=0, metrics_port=0, group_id=group, session_gap_s=0.0, max_new_tokens=24,
+def _latest(app: ExtractorApp) -> events_pb2.KnowledgeSnapshot:
+    snap = app.store.latest(KEY)
+    assert snap is not None
+    return snap
+
+
+def make_app(llm: LocalLLM, group: str, **overrides: Any) -> ExtractorApp:
+    kw: dict[str, Any] = dict(port=0, metrics_port=0, group_id=group, session_gap_s=0.0, max_new_tokens=24,
                                  rate_limit_per_s=100, rate_burst=100)
     settings = ExtractorSettings(**{**kw, **overrides})
     return ExtractorApp(settings, llm, count_tokens=approx_tokens)
@@ -89,7 +96,7 @@ def test_versions_rebuild_and_idempotent_redelivery(topics: Topics, kafka_bootst
         graded(session="s1", iid="i1", correction="The warranty lasts 24 months."),
         graded(session="s2", iid="i2", question="How do I return an item?", correction="Use form R-12 within 30 days."),
     ])
-    drive(app, lambda: len(app.store.latest(KEY).items if app.store.latest(KEY) else []) >= 2)
+    drive(app, lambda: (s := app.store.latest(KEY)) is not None and len(s.items) >= 2)
     on_topic = snapshots(kafka_bootstrap, topics)
     assert [s.version for s in on_topic] == list(range(1, len(on_topic) + 1))     # 1, 2, ... per change
     last = on_topic[-1]
@@ -108,7 +115,7 @@ def test_versions_rebuild_and_idempotent_redelivery(topics: Topics, kafka_bootst
     assert app2.store.latest(KEY) == last
     produce(kafka_bootstrap, topics.graded, [graded(session="s3", iid="i3", question="Billing?",
                                                     correction="Billing questions go to extension 4417.")])
-    drive(app2, lambda: app2.store.latest(KEY).version > last.version)
+    drive(app2, lambda: _latest(app2).version > last.version)
     after = snapshots(kafka_bootstrap, topics)
     assert after[-1].version == last.version + 1 and len(after[-1].items) == len(last.items) + 1
     app2.stop()
@@ -121,8 +128,8 @@ def test_versions_rebuild_and_idempotent_redelivery(topics: Topics, kafka_bootst
     # a higher revision of an applied interaction (late feedback) is new information
     produce(kafka_bootstrap, topics.graded, [graded(session="s1", iid="i1", revision=2, success=True, reward=1.0,
                                                     correction="Warranty: 24 months, batteries 6 months.")])
-    drive(app3, lambda: app3.store.latest(KEY).version == after[-1].version + 1)
-    assert ("i1", 2) in {(p.interaction_id, p.revision) for p in app3.store.latest(KEY).processed}
+    drive(app3, lambda: _latest(app3).version == after[-1].version + 1)
+    assert ("i1", 2) in {(p.interaction_id, p.revision) for p in _latest(app3).processed}
     app3.stop()
 
 

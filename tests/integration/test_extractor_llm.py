@@ -47,7 +47,8 @@ class InTestInference(inference_pb2_grpc.InferenceServicer):
         self._lock = threading.Lock()
 
     def Generate(self, request: inference_pb2.GenerateRequest, context: Any) -> inference_pb2.GenerateResponse:  # noqa: N802
-        from shared.generation import SamplingConfig, generate, render_chat
+        from shared.decoding.params import SamplingConfig
+        from shared.generation import generate, render_chat
 
         sp = request.sampling
         cfg = SamplingConfig(max_new_tokens=sp.max_new_tokens or 64, temperature=sp.temperature, top_p=sp.top_p or 1.0,
@@ -163,11 +164,13 @@ def play_frozenlake(servicer: InTestInference, seed: int, max_steps: int = 3) ->
     interaction of one session, the last one graded with the environment's reward."""
     import textarena as ta
 
-    from shared.generation import SamplingConfig, generate, render_chat
+    from shared.decoding.params import SamplingConfig
+    from shared.generation import generate, render_chat
 
     env = ta.make("FrozenLake-v0-raw", size=3, num_holes=2)
     env.reset(num_players=1, seed=seed)
-    session, steps, done = f"frozenlake-{seed}", [], False
+    session, done = f"frozenlake-{seed}", False
+    steps: list[tuple[str, str]] = []
     rewards: dict[int, float] = {}
     while not done and len(steps) < max_steps:
         _pid, obs = env.get_observation()

@@ -3,7 +3,7 @@ two points where an emission is in doubt, then a restart; windows that must stil
 
 In every case each (interaction, revision) must reach the graded topic exactly once, nothing may be
 missing, and the join state must survive (a feedback event after the restart revises a record graded
-before the crash instead of grading it afresh). services/grader/native_runtime.py and app.py say why.
+before the crash instead of grading it afresh). services/grader/README.md ("Exactly-once effect") says why.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -35,6 +36,65 @@ from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
 
 pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+IDLE_S = 90.0
+"""A wait fails after this long without progress (a grader's log or the records read did not grow)."""
+
+
+def wait_while_progressing(done: Callable[[], T | None], progress: Callable[[], Hashable], *, what: str,
+                           idle_s: float = IDLE_S, step: Callable[[], None] = lambda: time.sleep(0.5),
+                           tail: Callable[[], str] = lambda: "", max_s: float = 1800.0) -> T:
+    """`done()` once it is not None. Waits as long as `progress()` keeps changing (a log that grows,
+    records that arrive): a loaded machine makes a grader slow, not stuck. Fails with `what` and `tail()`
+    only after `idle_s` seconds in which `progress()` did not change, or after `max_s` in all (a process
+    that keeps logging without ever getting there). `step()` runs between looks (a sleep, or polling
+    a reader, which is then part of the progress)."""
+    start = changed = time.monotonic()
+    last = progress()
+    while True:
+        result = done()
+        if result is not None:
+            return result
+        step()
+        now, seen = time.monotonic(), progress()
+        if seen != last:
+            last, changed = seen, now
+        elif now - changed > idle_s:
+            pytest.fail(f"{what}: no progress for {idle_s:.0f} s (progress: {seen!r})\n{tail()}")
+        if now - start > max_s:
+            pytest.fail(f"{what}: not reached in {max_s:.0f} s although it kept making progress\n{tail()}")
+
+
+def log_size(*graders: GraderProcess) -> tuple[int, ...]:
+    return tuple(g.log_path.stat().st_size if g.log_path.exists() else 0 for g in graders)
+
+
+def tails(*graders: GraderProcess) -> str:
+    return "\n".join(f"--- {g.log_path.name}\n{g.log_tail()}" for g in graders)
+
+
+def exit_code(g: GraderProcess, *others: GraderProcess, reader: TopicReader | None = None,
+              what: str = "the grader's exit") -> int:
+    """The exit status of `g`, waiting while it (or `others`) logs, or `reader` receives records."""
+    assert g.proc is not None
+    proc = g.proc
+    seen = (lambda: len(reader.records)) if reader is not None else (lambda: 0)
+    step = (lambda: reader.poll(0.3)) if reader is not None else (lambda: time.sleep(0.5))
+    return wait_while_progressing(proc.poll, lambda: (seen(), *log_size(g, *others)), what=what, step=step,
+                                  tail=lambda: tails(g, *others))
+
+
+def records_until(reader: TopicReader, pred: Callable[[list], bool], *graders: GraderProcess, what: str,
+                  parse: Callable[[bytes], object] | None = None) -> list:
+    """The records of `reader` (parsed) once `pred` holds, waiting while records arrive or a grader logs."""
+    def done() -> list | None:
+        parsed = [parse(m.value()) if parse else m for m in reader.records]
+        return parsed if pred(parsed) else None
+
+    return wait_while_progressing(done, lambda: (len(reader.records), *log_size(*graders)), what=what,
+                                  step=lambda: reader.poll(0.3), tail=lambda: tails(*graders))
 
 CONFIG = """
 version: restart-1
@@ -86,9 +146,10 @@ class Run:
         env["APPRENTICE_LOG_JSON"] = "true"
         return GraderProcess(env, self.home / f"grader-{self.starts}.log").start()
 
-    def check_exactly_once(self, reader: TopicReader, timeout: float = 90.0) -> list:
-        recs = reader.wait_for(lambda rs: {r.interaction.interaction_id for r in rs} >= self.expected,
-                               timeout, parse=graded)
+    def check_exactly_once(self, reader: TopicReader, *graders: GraderProcess) -> list:
+        """Waits while `graders` make progress (records arrive, their logs grow)."""
+        records_until(reader, lambda rs: {r.interaction.interaction_id for r in rs} >= self.expected, *graders,
+                      what=f"every one of {len(self.expected)} interactions graded", parse=graded)
         reader.poll(3.0)  # anything late would be a duplicate
         recs = [graded(m.value()) for m in reader.records]
         seen = {r.interaction.interaction_id for r in recs}
@@ -99,14 +160,16 @@ class Run:
         return recs
 
 
-    def revise_after_restart(self, reader: TopicReader, rec: events_pb2.GradedInteraction) -> None:
+    def revise_after_restart(self, reader: TopicReader, rec: events_pb2.GradedInteraction,
+                             *graders: GraderProcess) -> None:
         """Feedback for an interaction graded before the crash: revision 2, proof that its state (revision
         1, content digest) came back from the changelog."""
         iid = rec.interaction.interaction_id
         p = EventProducer(self.bootstrap)
         p.produce(self.topics.feedback, iid, feedback(iid, kind="thumbs", value=1.0))
         p.flush()
-        recs = reader.wait_for(lambda rs: len(by_interaction(rs, iid)) >= 2, 60, parse=graded)
+        recs = records_until(reader, lambda rs: len(by_interaction(rs, iid)) >= 2, *graders,
+                             what="revision 2 after the restart", parse=graded)
         assert [r.revision for r in by_interaction(recs, iid)] == [1, 2]
 
 
@@ -140,15 +203,15 @@ def test_kill9_mid_stream_loses_and_duplicates_nothing(run: Run, runtime: str) -
         # let the worker join its group and recover (empty) tables
         reader.wait_for(lambda rs: False, 8 if runtime == "faust" else 3)
         producer.start()
-        reader.wait_for(lambda rs: len(rs) >= 500, 60)
+        records_until(reader, lambda rs: len(rs) >= 500, g, what="500 records graded before the kill")
         g.kill9()
         emitted_before = len(reader.records)
         assert producer.is_alive(), "the stream ended before the kill: make it longer"
         g = run.grader(runtime)
         producer.join(120)
-        recs = run.check_exactly_once(reader)
+        recs = run.check_exactly_once(reader, g)
         assert len(recs) == len(run.expected) == 3600 and emitted_before >= 500
-        run.revise_after_restart(reader, recs[0])
+        run.revise_after_restart(reader, recs[0], g)
     finally:
         producer.join(120)
         g.stop()
@@ -159,21 +222,20 @@ def test_kill9_mid_stream_loses_and_duplicates_nothing(run: Run, runtime: str) -
     # The first worker commits every 0.02 s, so it has usually committed offsets when it crashes: then the
     # restarted faust consumer used to leave some join records unread for good (108-115 of 600 interactions
     # never graded, in 1 of 2 runs). The stall watchdog (stall.py, 3 s here) re-reads such partitions from
-    # their committed offset; the commit no longer skips an unacknowledged record (app.py, point 4).
+    # their committed offset; the commit no longer skips an unacknowledged record (faust_patches.py, C5).
     # Since both: 12 of 12 runs of this case passed.
     ("after_state", "re_emitted"),
     ("after_emit", "already_emitted")])
 def test_faust_abrupt_exit_at_an_in_doubt_point_recovers_exactly_once(run: Run, point: str, outcome: str) -> None:
-    """faust: the emission marker is settled by looking in the graded topic (app.py)."""
+    """faust: the emission marker is settled by looking in the graded topic (faust_recovery.py)."""
     run.produce(n_rules=600, n_support=0)
     reader = TopicReader(run.bootstrap, run.topics.graded)
     fast_commits = {"commit_interval_s": "0.02"} if point == "after_state" else {}
     g = run.grader("faust", fault_injection=f"{point}:2", batch_max="50", **fast_commits)
     try:
-        assert g.proc is not None
-        assert g.proc.wait(90) == 137, g.log_tail()
+        assert exit_code(g, reader=reader, what=f"the injected exit at {point}") == 137, g.log_tail()
         g = run.grader("faust", stall_after_s="3")
-        recs = run.check_exactly_once(reader)
+        recs = run.check_exactly_once(reader, g)
         logs = log_lines(g.log_path, "settled in-doubt")
         assert logs, f"no recovery of in-doubt emissions logged:\n{g.log_tail()}"
         in_doubt, already = logs[0]["in_doubt"], logs[0]["already_emitted"]
@@ -182,7 +244,7 @@ def test_faust_abrupt_exit_at_an_in_doubt_point_recovers_exactly_once(run: Run, 
             assert already == in_doubt  # every in-doubt record was found in the graded topic
         else:
             assert already == 0  # none had been sent: all re-emitted
-        run.revise_after_restart(reader, recs[0])
+        run.revise_after_restart(reader, recs[0], g)
     finally:
         g.stop()
         reader.close()
@@ -197,7 +259,7 @@ def test_faust_batch_that_fails_is_retried_not_dropped(run: Run) -> None:
     reader = TopicReader(run.bootstrap, run.topics.graded)
     g = run.grader("faust", fault_injection="fail_after_state:2", batch_max="50")
     try:
-        run.check_exactly_once(reader)
+        run.check_exactly_once(reader, g)
         assert g.alive() and log_lines(g.log_path, "batch failed; retrying it"), g.log_tail()
         [settled] = log_lines(g.log_path, "settled in-doubt")
         assert settled["in_doubt"] > 0 and settled["already_emitted"] == 0
@@ -216,11 +278,10 @@ def test_native_abrupt_exit_inside_and_after_a_transaction_recovers_exactly_once
     raw = TopicReader(run.bootstrap, run.topics.graded, isolation="read_uncommitted")
     g = run.grader("native", fault_injection=f"{point}:2", batch_max="50")
     try:
-        assert g.proc is not None
-        assert g.proc.wait(90) == 137, g.log_tail()
+        assert exit_code(g, reader=reader, what=f"the injected exit at {point}") == 137, g.log_tail()
         crashed_log = g.log_path
         g = run.grader("native")
-        recs = run.check_exactly_once(reader)
+        recs = run.check_exactly_once(reader, g)
         raw.poll(3.0)
         copies = Counter(graded(m.value()).envelope.event_id for m in raw.records)
         if point == "after_state":  # the aborted batch's records were really written, and are not seen
@@ -230,7 +291,7 @@ def test_native_abrupt_exit_inside_and_after_a_transaction_recovers_exactly_once
         restored = log_lines(g.log_path, "restored state from the changelog")
         assert restored and sum(r["keys"] for r in restored) > 0, g.log_tail()
         assert "fault injection" in crashed_log.read_text()
-        run.revise_after_restart(reader, recs[0])
+        run.revise_after_restart(reader, recs[0], g)
     finally:
         g.stop()
         reader.close()
@@ -249,18 +310,18 @@ def test_native_two_workers_share_the_work_and_one_is_killed(run: Run) -> None:
     try:
         reader.wait_for(lambda rs: False, 4)
         producer.start()
-        reader.wait_for(lambda rs: len(rs) >= 600, 60)
+        records_until(reader, lambda rs: len(rs) >= 600, a, b, what="600 records graded before the kill")
         assert producer.is_alive(), "the stream ended before the kill: make it longer"
         a.kill9()
         producer.join(120)
-        recs = run.check_exactly_once(reader, timeout=150)
+        recs = run.check_exactly_once(reader, b)
         assert len(recs) == 2400
         restores = log_lines(b.log_path, "restored state from the changelog")
         # the survivor ends up holding every partition, a's with their committed state (one restore when the
         # broker first gave a everything, two when the first assignment was split: either way all six)
         restored = set().union(*(set(json.loads(str(r["partitions"]))) for r in restores))
         assert restored == set(range(6)) and sum(r["keys"] for r in restores) > 0, b.log_tail()
-        run.revise_after_restart(reader, recs[0])
+        run.revise_after_restart(reader, recs[0], b)
     finally:
         producer.join(120)
         a.stop()
@@ -278,14 +339,13 @@ def test_native_worker_whose_clients_are_fenced_exits_for_a_restart(run: Run) ->
     b = None
     try:
         run.produce(n_rules=100, n_support=0)
-        run.check_exactly_once(reader)  # a works
+        run.check_exactly_once(reader, a)  # a works
         b = run.grader("native", instance_id="twin")
-        assert a.proc is not None
-        assert a.proc.wait(60) == 1, a.log_tail()
+        assert exit_code(a, b, what="the fenced worker's exit") == 1, a.log_tail()
         assert "fenced" in a.log_path.read_text(errors="replace").lower(), a.log_tail()
         assert b.alive(), b.log_tail()
         run.produce(n_rules=100, n_support=0)
-        assert len(run.check_exactly_once(reader)) == 200, b.log_tail()
+        assert len(run.check_exactly_once(reader, b)) == 200, b.log_tail()
     finally:
         a.stop()
         if b is not None:
@@ -307,12 +367,12 @@ def test_windows_still_expire_after_a_restart_without_new_records(kafka_bootstra
         for it in (waiting, marker):
             p.produce(run.topics.interactions, it.session_id, it)
         p.flush()
-        reader.wait_for(lambda rs: any(r.interaction.interaction_id == marker.interaction_id for r in rs), 60,
-                        parse=graded)
+        records_until(reader, lambda rs: any(r.interaction.interaction_id == marker.interaction_id for r in rs), g,
+                      what="the marker graded", parse=graded)
         g.stop()  # graceful: offsets committed, nothing left to replay
         g = run.grader(runtime)
-        recs = reader.wait_for(lambda rs: any(r.interaction.interaction_id == waiting.interaction_id for r in rs),
-                               60, parse=graded)
+        recs = records_until(reader, lambda rs: any(r.interaction.interaction_id == waiting.interaction_id
+                                                    for r in rs), g, what="the open window closed", parse=graded)
         [rec] = [r for r in recs if r.interaction.interaction_id == waiting.interaction_id]
         assert (rec.revision, rec.has_signal, rec.no_signal_reason) == (1, False, "window_expired")
     finally:

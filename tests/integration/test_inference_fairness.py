@@ -52,7 +52,7 @@ def test_short_request_completes_while_a_long_one_from_another_tenant_runs(app: 
         try:
             next(long)                                             # acme's 16 rows are decoding
             t0 = time.monotonic()
-            r = b.generate("hi", max_new_tokens=4, timeout=10)    # the 2-token-class call
+            r = b.generate("hi", max_new_tokens=4, timeout=10)    # a short call of the 2-token class
             latency = time.monotonic() - t0
             assert r.choices[0].token_count > 0 and r.choices[0].finish_reason in ("length", "stop")
             finished = 0

@@ -24,15 +24,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import httpx
 import openai
+import pydantic
 import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionTokenLogprob
+from openai.types.chat.chat_completion import Choice
 from prometheus_client import REGISTRY
 
-from services.inference.client import InferenceClient
+from services.inference.client import InferenceClient, MessagesLike
 from services.inference.testing import collect, start_inference
 from shared.grpc_util import PortInUse
 from shared.kafka.admin import delete_topics, ensure_topics
@@ -46,7 +49,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 NODE_DIR = REPO / "tests" / "node"
 FEEDBACK_CAP = 4
-MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello?"}]
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
@@ -80,7 +83,7 @@ class Door:
 
     def sdk(self, tenant: str = "acme") -> openai.OpenAI:
         return openai.OpenAI(base_url=self.base_url, api_key=self.key(tenant), max_retries=0,
-                             http_client=httpx.Client(verify=self.trust))
+                             http_client=httpx.Client(verify=self.trust))  # type: ignore[arg-type]  # the SDK accepts an httpx client; its annotation names only httpx2's
 
     def http(self, key: str | None = None) -> httpx.Client:
         headers = {"authorization": f"Bearer {key}"} if key else {}
@@ -129,6 +132,17 @@ def _interactions(bootstrap: str, ns: Topics, ids: list[str]) -> dict[str, event
     return {e.interaction_id: e for e in got if e.interaction_id in ids}
 
 
+def _apprentice(r: pydantic.BaseModel) -> Any:
+    """The server's `apprentice` extension of an SDK response (a field the SDK keeps as an extra)."""
+    assert r.model_extra is not None
+    return r.model_extra["apprentice"]
+
+
+def _tokens(c: Choice) -> list[ChatCompletionTokenLogprob]:
+    assert c.logprobs is not None and c.logprobs.content is not None
+    return c.logprobs.content
+
+
 def _populated(e: events_pb2.Interaction) -> set[str]:
     return {f.name for f, _ in e.ListFields()} | {f"envelope.{f.name}" for f, _ in e.envelope.ListFields()}
 
@@ -139,14 +153,15 @@ def test_sync_chat_n_logprobs_is_captured_like_grpc(door: Door, kafka_bootstrap:
         model=door.model, messages=MESSAGES, n=3, temperature=0.8, seed=7, max_tokens=12, logprobs=True,
         top_logprobs=1, user="sess-http", extra_body={"task": "support"})
     r = raw.parse()
-    ext = r.model_extra["apprentice"]
+    ext = _apprentice(r)
     ids = ext["interaction_ids"]
     assert r.id == ids[0] and len(set(ids)) == 3 and raw.headers["x-apprentice-interaction-ids"] == ",".join(ids)
     assert raw.headers["x-apprentice-policy-version"] == ext["policy_version"] == r.system_fingerprint == "base"
     assert ext["session_id"] == "sess-http" and [c.index for c in r.choices] == [0, 1, 2]
-    assert r.usage.completion_tokens == sum(len(c.logprobs.content) for c in r.choices) > 0
+    assert r.usage is not None and r.usage.completion_tokens == sum(len(_tokens(c)) for c in r.choices) > 0
     with door.grpc() as g:
-        gr = g.generate(MESSAGES, max_new_tokens=12, temperature=0.8, seed=7, n=3, session_id="sess-grpc",
+        # MESSAGES: plain role/content dicts, typed as the SDK's message params
+        gr = g.generate(cast(MessagesLike, MESSAGES), max_new_tokens=12, temperature=0.8, seed=7, n=3, session_id="sess-grpc",
                         task="support")
     grpc_ids = [c.interaction_id for c in gr.choices]
     events = _interactions(kafka_bootstrap, ns, ids + grpc_ids)
@@ -154,7 +169,7 @@ def test_sync_chat_n_logprobs_is_captured_like_grpc(door: Door, kafka_bootstrap:
     assert len({events[i].group_id for i in ids}) == 1
     for c, iid in zip(r.choices, ids, strict=True):
         e = events[iid]
-        tokens = c.logprobs.content
+        tokens = _tokens(c)
         assert e.envelope.tenant == "acme" and e.session_id == "sess-http" and e.task == "support"
         assert e.envelope.principal.key_id == "acme-backend" and e.envelope.principal.role == "backend"
         assert e.response_text == c.message.content and e.finish_reason == c.finish_reason
@@ -170,13 +185,13 @@ def test_sync_chat_n_logprobs_is_captured_like_grpc(door: Door, kafka_bootstrap:
 def test_async_client_concurrent_calls_and_stream(door: Door, kafka_bootstrap: str, ns: Topics) -> None:
     async def main() -> tuple[list[Any], str, list[str]]:
         async with openai.AsyncOpenAI(base_url=door.base_url, api_key=door.key("globex"), max_retries=0,
-                                      http_client=httpx.AsyncClient(verify=door.trust)) as c:
+                                      http_client=httpx.AsyncClient(verify=door.trust)) as c:  # type: ignore[arg-type]  # the SDK accepts an httpx client; its annotation names only httpx2's
             rs = await asyncio.gather(*(c.chat.completions.create(
                 model=door.model, messages=[{"role": "user", "content": f"question {i}"}], max_tokens=4)
                 for i in range(4)))
             stream = await c.chat.completions.create(model=door.model, messages=MESSAGES, max_tokens=6,
                                                      stream=True)
-            text, ids = "", []
+            text, ids = "", list[str]()
             async for chunk in stream:
                 ids = ids or (chunk.model_extra or {}).get("apprentice", {}).get("interaction_ids", [])
                 text += "".join(ch.delta.content or "" for ch in chunk.choices)
@@ -197,7 +212,7 @@ def test_streaming_chat_with_usage_adds_up_to_the_captured_answers(door: Door, k
         stream_options={"include_usage": True}, logprobs=True)
     ids = raw.headers["x-apprentice-interaction-ids"].split(",")
     chunks = list(raw.parse())
-    assert chunks[0].model_extra["apprentice"]["interaction_ids"] == ids and all(c.id == ids[0] for c in chunks)
+    assert _apprentice(chunks[0])["interaction_ids"] == ids and all(c.id == ids[0] for c in chunks)
     assert {ch.delta.role for ch in chunks[0].choices} == {"assistant"}
     text = {0: "", 1: ""}
     finish: dict[int, str] = {}
@@ -207,9 +222,10 @@ def test_streaming_chat_with_usage_adds_up_to_the_captured_answers(door: Door, k
             text[ch.index] += ch.delta.content or ""
             if ch.finish_reason:
                 finish[ch.index] = ch.finish_reason
+                assert ch.logprobs is not None and ch.logprobs.content is not None
                 logprobs[ch.index] = [t.logprob for t in ch.logprobs.content]
     usage = chunks[-1]
-    assert usage.choices == [] and usage.usage.completion_tokens == sum(len(v) for v in logprobs.values()) > 0
+    assert usage.choices == [] and usage.usage is not None and usage.usage.completion_tokens == sum(len(v) for v in logprobs.values()) > 0
     events = _interactions(kafka_bootstrap, ns, ids)
     for i, iid in enumerate(ids):
         e = events[iid]
@@ -222,10 +238,11 @@ def test_text_completions_whole_and_streamed(door: Door, kafka_bootstrap: str, n
     r = client.completions.create(model=door.model, prompt="Once upon a time", max_tokens=5, logprobs=1,
                                   temperature=0.7, seed=11)
     lp = r.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None and r.usage is not None
     assert r.object == "text_completion" and len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens
     assert lp.top_logprobs is not None and all(list(d) == [t] for d, t in zip(lp.top_logprobs, lp.tokens, strict=True))
     streamed = list(client.completions.create(model=door.model, prompt="Twice", max_tokens=4, stream=True))
-    sid = streamed[0].model_extra["apprentice"]["interaction_ids"][0]
+    sid = _apprentice(streamed[0])["interaction_ids"][0]
     events = _interactions(kafka_bootstrap, ns, [r.id, sid])
     e = events[r.id]
     assert e.raw_prompt and e.prompt_text == "Once upon a time" and e.response_text == r.choices[0].text
@@ -310,7 +327,7 @@ def test_authentication_errors_and_other_statuses(door: Door) -> None:
         assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=door.base_url, api_key="wrong", max_retries=0,
-                      http_client=httpx.Client(verify=door.trust)).models.list()
+                      http_client=httpx.Client(verify=door.trust)).models.list()  # type: ignore[arg-type]  # the SDK accepts an httpx client; its annotation names only httpx2's
     with pytest.raises(openai.PermissionDeniedError):
         door.sdk().chat.completions.create(model=door.model, messages=MESSAGES, extra_body={"tenant": "globex"})
     with pytest.raises(openai.BadRequestError):
@@ -390,15 +407,17 @@ def test_503_while_loading_dev_mode_port_conflict_and_graceful_drain(
         kafka_bootstrap: str, ns: Topics, tiny_model_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from services.inference.config import InferenceSettings
     from services.inference.server import InferenceApp
+    from shared.config import CommonSettings
+    from shared.pii.policy import PiiPolicy
 
     for name in SECURITY_VARS:
         monkeypatch.delenv(name, raising=False)
     port = free_port()
     app = InferenceApp(InferenceSettings(
         port=0, metrics_port=0, http_port=port, host="127.0.0.1", spool_dir=tmp_path / "spool",
-        heartbeat_interval_s=0, follow_updates=False, grace_s=30, pii_policy="keep",
-        common={"model": tiny_model_name, "kafka_bootstrap": kafka_bootstrap, "topic_prefix": ns.prefix,
-                "home": tmp_path}))
+        heartbeat_interval_s=0, follow_updates=False, grace_s=30, pii_policy=PiiPolicy.KEEP,
+        common=CommonSettings(model=tiny_model_name, kafka_bootstrap=kafka_bootstrap, topic_prefix=ns.prefix,
+                              home=tmp_path)))
     # the model load is held until a request has seen the loading window (a warm process loads the tiny
     # model and the PII detector in well under the time of one HTTP round trip)
     loaded = threading.Event()
@@ -432,7 +451,7 @@ def test_503_while_loading_dev_mode_port_conflict_and_graceful_drain(
             # no keys configured: any key (the SDK needs one) acts as the anonymous local developer
             dev = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="local", max_retries=0)
             r2 = dev.chat.completions.create(model=tiny_model_name, messages=MESSAGES, max_tokens=2)
-            assert r2.model_extra["apprentice"]["interaction_ids"][0] == r2.id
+            assert _apprentice(r2)["interaction_ids"][0] == r2.id
 
             # a second server cannot take the port (no SO_REUSEPORT sharing of traffic)
             with pytest.raises(PortInUse, match="HTTP port"):

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from confluent_kafka import Message
 from prometheus_client import REGISTRY
 
 from shared.kafka import EventConsumer, EventProducer
@@ -73,7 +74,7 @@ def test_an_error_reaches_the_caller_and_a_stop_abandons_the_wait(topics: Topics
             c.call_while_polling(lambda: release.wait(30), stop=stop)
         release.set()
         _produce(kafka_bootstrap, topics.deadletter, 2)              # partitions were resumed both times
-        got = []
+        got: list[Message] = []
         deadline = time.monotonic() + 20
         while len(got) < 2 and time.monotonic() < deadline:
             got += c.poll_batch(50, 0.5)

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -49,61 +48,6 @@ def test_produce_and_consume_through_shared_helpers(kafka_bootstrap: str, topics
     for s in ("s0", "s1", "s2"):
         ids = [g.interaction_id for g in got if g.session_id == s]
         assert ids == sorted(ids, key=lambda x: int(x[1:]))
-
-
-CRASHING_CONSUMER = textwrap.dedent("""
-    import os, sys
-    from shared.events import decode
-    from shared.idempotency import ProcessedEvents
-    from shared.kafka import EventConsumer
-    from shared.proto.apprentice.v1 import events_pb2
-
-    bootstrap, topic, db_path, crash = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "crash"
-    store = ProcessedEvents(db_path)
-    store.db.execute("CREATE TABLE IF NOT EXISTS effects (event_id TEXT, text TEXT)")
-    consumer = EventConsumer(bootstrap, "g-effect", [topic])
-    received = []
-    for _ in range(20):
-        batch = consumer.poll_batch(timeout=1.0)
-        for m in batch:
-            ev = decode(events_pb2.Interaction, m.value())
-            received.append(ev.envelope.event_id)
-            store.apply_once(ev.envelope.event_id, lambda db, ev=ev: db.execute(
-                "INSERT INTO effects VALUES (?, ?)", (ev.envelope.event_id, ev.response_text)))
-        if len(received) >= 10:
-            break
-    print(len(received), flush=True)
-    if crash:
-        os._exit(9)   # effect applied, offsets never committed
-    consumer.commit_offsets({(p.topic, p.partition): p.offset for p in consumer.raw.position(consumer.assignment())})
-    consumer.close()
-""")
-
-
-def test_commit_after_effect_redelivers_and_effect_applies_once(kafka_bootstrap: str, topics: Topics,
-                                                                tmp_path: Path) -> None:
-    producer = EventProducer(kafka_bootstrap)
-    for i in range(10):
-        producer.produce(topics.interactions, f"s{i}", _interaction(i))
-    producer.flush()
-    script = tmp_path / "consumer.py"
-    script.write_text(CRASHING_CONSUMER)
-    db = tmp_path / "effects.db"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-
-    def run(mode: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(script), kafka_bootstrap, topics.interactions, str(db), mode],
-                              capture_output=True, text=True, env=env, timeout=timeout)
-
-    first = run("crash")
-    assert first.returncode == 9 and first.stdout.strip() == "10", first.stderr[-2000:]
-    second = run("commit")  # killed before commit --> everything is delivered again
-    assert second.returncode == 0 and second.stdout.strip() == "10", second.stderr[-2000:]
-
-    import sqlite3
-
-    effects = sqlite3.connect(db).execute("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM effects").fetchone()
-    assert effects == (10, 10)  # 20 deliveries, 10 effects
 
 
 def test_garbage_bytes_become_a_dead_letter_and_the_consumer_goes_on(kafka_bootstrap: str, topics: Topics) -> None:

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal, TypeVar
 
 import grpc
 import pytest
@@ -31,9 +32,10 @@ from tests.integration.weights_evalsets import small_eval_sets
 pytestmark = pytest.mark.integration
 MODEL = "tiny-random"
 A = events_pb2
+T = TypeVar("T")
 
 
-def wait_for(cond: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
+def wait_for(cond: Callable[[], T | Literal[False] | None], timeout: float = 30.0, what: str = "condition") -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = cond()
@@ -287,8 +289,9 @@ def test_retention_keeps_promoted_and_pinned(make_server: Callable[..., RunningS
     blobs = set(server.service.store.blobs.list())
     for v in names():
         assert all(f.sha256 in blobs for f in stub.Get(weights_pb2.GetVersionRequest(model=MODEL, version=v)).files)
-    nan_blob = next(f.sha256 for f in server.service.store.manifests.load(MODEL, "v1").files
-                    if f.path == "model.safetensors")
+    v1 = server.service.store.manifests.load(MODEL, "v1")
+    assert v1 is not None
+    nan_blob = next(f.sha256 for f in v1.files if f.path == "model.safetensors")
     assert nan_blob in blobs  # still referenced by v1/v5
 
 

@@ -1,7 +1,7 @@
 """Authentication, authorisation, TLS and binding on the real servers (Weights, Knowledge, Inference with
 the tiny model) on loopback, started with the environment `apprentice up` gives them.
 
-Attacks of the trust-boundaries issue covered here: an anonymous client promoting with force and rolling
+Attacks covered here (SECURITY.md §4): an anonymous client promoting with force and rolling
 back on the Weights port; anonymous Knowledge edits; every gRPC server bound 0.0.0.0 without TLS; metrics
 on 0.0.0.0; tenant B's key sending feedback on tenant A's interaction; a feedback flood on one
 interaction. Each test fails on a server without the security layer (it answered OK to anyone, in clear).

@@ -1,4 +1,4 @@
-"""Special tokens from users are text (trust-boundaries issue, point 7), replayed against the real inference
+"""Special tokens from users are text (SECURITY.md §4), replayed against the real inference
 service (keys and TLS as deployed, the tiny model with SmolLM2's tokenizer) and on every other path where
 user or knowledge text enters a chat template (the extractor's prompt, the grader's judge prompt).
 
@@ -16,7 +16,8 @@ import pytest
 
 from services.inference.testing import collect
 from shared.chat_template import control_token_ids, encode_chat
-from shared.generation import SamplingConfig, encode_prompt, generate, render_chat
+from shared.decoding.params import SamplingConfig
+from shared.generation import encode_prompt, generate, render_chat
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2, inference_pb2_grpc
 from tests.security.conftest import SecureStack
 from tests.security.harness import TENANT_A

@@ -1,4 +1,4 @@
-"""The trust-boundaries issue's attacks on the Weights service (point 9), replayed against the real server
+"""Attacks on the Weights service (SECURITY.md §4, the Weights rows), replayed against the real server
 on loopback, secured as a deployment is (keys, TLS), with the real broker. Each one must fail now:
 
 - an anonymous client uploads a NaN checkpoint, the gate refuses it, Promote(force=true) serves it to every
@@ -116,7 +116,7 @@ def approve(server: RunningServer, version: str) -> None:
 # --- 1. the NaN checkpoint --------------------------------------------------------------------------
 def test_nan_checkpoint_cannot_be_forced_into_service(server: RunningServer, who: Callers, topics: Topics,
                                                       kafka_bootstrap: str, checkpoints: dict[str, Path]) -> None:
-    # the issue's anonymous client is refused before any handler runs
+    # the anonymous client of the attack is refused before any handler runs
     for call in (lambda: upload_version(who.anonymous, header(), checkpoints["nan"]),
                  lambda: who.anonymous.Promote(W.PromoteRequest(model=MODEL, version="v1", force=True)),
                  lambda: who.anonymous.Rollback(W.RollbackRequest(model=MODEL))):
@@ -184,7 +184,7 @@ def test_forged_heartbeats_neither_roll_back_a_canary_nor_flood_the_registry(
     for stub in (who.operator, who.backend):
         assert rpc_error(partial(stub.Heartbeat, beat("p", requests=1, errors=1))).code() == \
             grpc.StatusCode.PERMISSION_DENIED
-    # the issue's forged report, now even with a service key: one failed request is not evidence
+    # the attack's forged report, now even with a service key: one failed request is not evidence
     who.service.Heartbeat(beat("pod-0", requests=1, errors=1, last_error="boom"))
     assert canary() == "v2"
     e = rpc_error(lambda: who.service.Heartbeat(beat("pod-1", requests=1, errors=3)))

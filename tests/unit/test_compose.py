@@ -149,8 +149,8 @@ def test_dashboard_prometheus_and_grafana_services() -> None:
 
 def test_file_conforms_to_the_compose_specification_schema() -> None:
     """Where no Compose client runs (CI), the Compose Specification's own JSON schema checks every key
-    and type: tests/data/compose-spec.json is `schema/compose-spec.json` of the compose-spec project
-    (Apache-2.0, commit 170098b, June 2026)."""
+    and type: tests/data/compose-spec.json is the Compose Specification's published JSON schema (the
+    compose-spec project, Apache-2.0, commit 170098b, June 2026)."""
     import json
 
     import jsonschema

@@ -121,10 +121,6 @@ class InferenceClient:
         return self._inference.Generate(self.request(messages, **kwargs), timeout=self._deadline(timeout),
                                         metadata=self._metadata)
 
-    def generate_text(self, messages: MessagesLike | None = None, **kwargs: Any) -> str:
-        """The first choice's text."""
-        return self.generate(messages, **kwargs).choices[0].text
-
     def generate_stream(self, messages: MessagesLike | None = None, *, timeout: float | None = None,
                         **kwargs: Any) -> Iterator[inference_pb2.GenerateChunk]:
         """Chunks as they are generated; the last one of each choice has finish_reason, the final one usage.

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.generation import Sample, SamplingConfig
+from shared.decoding.params import Sample, SamplingConfig
+from shared.orders import BASE
 
-BASE_VERSION = "base"
+BASE_VERSION = BASE
 
 
 class EngineError(RuntimeError):

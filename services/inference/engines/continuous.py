@@ -8,7 +8,7 @@ The transformers engine's default scheduler, on its one scheduler thread. Each l
    and fail those whose adapter could not be loaded;
 3. preempt: a tenant that borrowed more than its share while alone gives the excess back when another
    tenant waits (its rows with the fewest tokens so far leave their batch unfinished and wait again,
-   first in their tenant's queue; services/inference/decoding.py `evict`);
+   first in their tenant's queue; shared/decoding/batch.py `evict`);
 4. admit rows: each admitted group is prefilled and merged into its backbone's running `DecodeBatch`. A
    request whose LoRA adapter is not resident is not eligible yet (its load runs in the background), so
    it waits without holding back anyone else's rows;
@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from services.inference import metrics
-from services.inference.decoding import DecodeBatch, DecodeRow
 from services.inference.engines.base import EngineError, RequestHandle
-from services.inference.prompt_cache import PromptCache
 from services.inference.scheduler import Admission, Budget
-from shared.generation import Sample
+from shared.decoding.batch import DecodeBatch
+from shared.decoding.params import Sample
+from shared.decoding.prompt_cache import PromptCache
+from shared.decoding.rows import DecodeRow
 
 if TYPE_CHECKING:
     from services.inference.engines.transformers_engine import Backbone, Policy, TransformersEngine, _Queued

@@ -43,7 +43,7 @@ from services.inference.engines.base import (
     VersionFiles,
 )
 from services.inference.multi_lora import LoraPool
-from services.inference.prompt_cache import PromptCache
+from shared.decoding.prompt_cache import PromptCache
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class TransformersEngine(Engine):
     def start(self) -> None:
         import torch
 
-        from services.inference.decoding import eos_ids_of
+        from shared.decoding.text import eos_ids_of
         from shared.models import load_model
 
         if self.settings.common.torch_threads > 0:
@@ -258,7 +258,8 @@ class TransformersEngine(Engine):
         self._run_tasks()
 
     def _run_batch(self, batch: list[_Queued]) -> None:
-        from services.inference.decoding import DecodeRow, decode_batch
+        from shared.decoding.batch import decode_batch
+        from shared.decoding.rows import DecodeRow
 
         policy = batch[0].policy
         bb = policy.backbone

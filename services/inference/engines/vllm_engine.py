@@ -21,7 +21,7 @@ Versions:
 Log-probs (events.proto fields 14/15; the same meaning as the transformers engine):
 - `logprobs_t1`: vLLM's default `logprobs_mode="raw_logprobs"` returns log softmax of the raw logits,
   i.e. temperature 1, unfiltered: exact.
-- `logprobs` (behaviour): computed by `behaviour_logprob` from the top-K raw log-probs vLLM returns per
+- `logprobs` (behaviour): computed by `behaviour_logprob` (shared/decoding/logprobs.py) from the top-K raw log-probs vLLM returns per
   token (K = `vllm_logprobs_topk`). Exact for greedy, for T = 1 without top-k/top-p, and for any T with
   top-k <= K and no top-p (the filtered support is inside the top K, and renormalising is invariant to
   the constant that separates raw log-probs from logits). Otherwise (top-p, or T != 1 without top-k)
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import threading
 import time
@@ -51,7 +50,8 @@ from services.inference.engines.base import (
     UnknownVersion,
     VersionFiles,
 )
-from shared.generation import Sample
+from shared.decoding.logprobs import behaviour_logprob
+from shared.decoding.params import Sample
 
 log = logging.getLogger(__name__)
 
@@ -77,42 +77,6 @@ def check_vllm_version(version: str) -> None:
     if found != SUPPORTED_VLLM:
         raise RuntimeError(f"the vllm engine is written for vLLM {SUPPORTED_VLLM[0]}.{SUPPORTED_VLLM[1]}.x, "
                            f"found {version} ({INSTALL_HINT})")
-
-
-def behaviour_logprob(token: int, raw: Mapping[int, float], temperature: float, top_k: int, top_p: float) -> float:
-    """log p_behaviour(token) from raw (T = 1) log-probs of a candidate set that contains `token`.
-
-    p_behaviour = softmax(filter_top_k_top_p(logits / T)) restricted to `raw`'s tokens:
-    1) scale: s_i = raw_i / T (raw_i = logit_i - logZ, and softmax ignores the shared constant);
-    2) keep the top_k largest (if top_k > 0);
-    3) keep the smallest prefix, by decreasing probability, whose mass reaches top_p (if top_p < 1);
-    4) renormalise over what is kept. Greedy (T = 0) is a point mass: 0.0.
-    """
-    if temperature <= 0:
-        return 0.0
-    if token not in raw:
-        raise KeyError(f"token {token} missing from the candidate log-probs")
-    if temperature == 1.0 and top_k <= 0 and top_p >= 1.0:
-        return raw[token]             # nothing filtered: the raw log-prob is already over the whole vocabulary
-    ranked = sorted(raw.items(), key=lambda kv: kv[1], reverse=True)
-    scaled = [(t, lp / temperature) for t, lp in ranked]
-    if top_k > 0:
-        scaled = scaled[:top_k]
-    m = scaled[0][1]
-    log_z = m + math.log(sum(math.exp(s - m) for _, s in scaled))
-    if 0 < top_p < 1:
-        kept, mass = [], 0.0
-        for t, s in scaled:
-            if mass >= top_p:
-                break
-            kept.append((t, s))
-            mass += math.exp(s - log_z)
-        scaled = kept
-        log_z = m + math.log(sum(math.exp(s - m) for _, s in scaled))
-    for t, s in scaled:
-        if t == token:
-            return s - log_z
-    return float("-inf")  # the token was outside the (approximate) filtered support
 
 
 class VLLMEngine(Engine):

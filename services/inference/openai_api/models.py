@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.inference.openai_api.errors import ModelNotFound
-from services.inference.routing import BASE, OPERATOR, RoutingTable
+from services.inference.routing import RoutingTable
+from shared.orders import BASE, OPERATOR
 from shared.security.identity import Identity, Role
 
 OWNER = "apprentice"

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.generation import Sample
+from shared.decoding.params import Sample
 
 LOGPROB_FLOOR = -9999.0
 """JSON has no -inf; a log-prob below this (a token the filter had excluded) is sent as this value."""

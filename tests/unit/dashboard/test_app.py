@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 from starlette.testclient import TestClient
 
 from services.dashboard.app import Dashboard, build
@@ -20,7 +21,7 @@ KEYS = f"operator:alice={OPERATOR},backend:shop@shop={BACKEND}"
 
 
 def dashboard(tmp_path: Path, keys: str = KEYS) -> Dashboard:
-    common = CommonSettings(auth_keys=keys, home=tmp_path, model="m")
+    common = CommonSettings(auth_keys=SecretStr(keys), home=tmp_path, model="m")
     settings = DashboardSettings(common=common, weights_endpoint="127.0.0.1:1", extractor_endpoint="127.0.0.1:1")
     app, _ = build(settings, start_reader=False)
     return app

@@ -6,7 +6,7 @@ from services.dashboard.views import knowledge_view, versions_view
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, weights_pb2
 
 
-def manifest(version: str, parent: str, created: int, status: int, heldout: float, ood: float,
+def manifest(version: str, parent: str, created: int, status: weights_pb2.VersionStatus, heldout: float, ood: float,
              hacking: float) -> weights_pb2.Manifest:
     m = weights_pb2.Manifest(model="m", version=version, parent_version=parent, algorithm="oel", kind="full",
                              status=status, data_offsets=[common_pb2.TopicOffsets(

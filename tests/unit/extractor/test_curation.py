@@ -11,7 +11,7 @@ from shared.proto.apprentice.v1 import events_pb2
 S = events_pb2.ItemStatus
 
 
-def item(text: str, status: int = S.ITEM_STATUS_APPROVED, age: int = 0, tokens: int = 10, helpful: int = 0,
+def item(text: str, status: events_pb2.ItemStatus = S.ITEM_STATUS_APPROVED, age: int = 0, tokens: int = 10, helpful: int = 0,
          harmful: int = 0) -> events_pb2.KnowledgeItem:
     it = events_pb2.KnowledgeItem(item_id=item_id(text), text=text, status=status, token_count=tokens,
                                   helpful=helpful, harmful=harmful)

@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -158,8 +159,9 @@ def test_factory_and_settings_validation(monkeypatch: pytest.MonkeyPatch) -> Non
     assert make_llm(ExtractorSettings(llm="openai", openai_model="m")).name == "openai"
     with pytest.raises(ValueError, match="OPENAI_MODEL"):
         ExtractorSettings(llm="openai")
+    unknown: Any = "nonsense"                   # not one of the Literal's values: refused at run time
     with pytest.raises(ValueError):
-        ExtractorSettings(llm="nonsense")
+        ExtractorSettings(llm=unknown)
     with pytest.raises(ValueError, match="both"):
         ExtractorSettings(require_approval_tenants=["a"], auto_approve_tenants=["a"])
     monkeypatch.setenv("APPRENTICE_EXTRACTOR_REQUIRE_APPROVAL", "true")

@@ -68,7 +68,7 @@ def test_versions_provenance_and_auto_approve() -> None:
     # a paraphrase from another interaction merges provenance instead of adding an item
     t2 = traj(graded(iid="i2", session="s2"))
     snap2, v2 = st.apply("acme/support", [Extracted(t2, [Candidate("quote the warranty as 24 months!", "llm:m@v1", ["i2"])])])
-    assert snap2.version == 2 and v2[0].outcome == "merged" and len(snap2.items) == 1
+    assert snap2 is not None and snap2.version == 2 and v2[0].outcome == "merged" and len(snap2.items) == 1
     assert list(snap2.items[0].source_interaction_ids) == ["i1", "i2"]
     assert [(p.action, p.principal.role, list(p.interaction_ids)) for p in snap2.items[0].provenance][-1] == \
         ("merged", "", ["i2"])                                  # that source recorded no caller
@@ -78,7 +78,7 @@ def test_versions_provenance_and_auto_approve() -> None:
 def test_require_approval_keeps_new_items_out_of_the_training_view() -> None:
     st = store(Topic(), approval=True)
     snap, _ = st.apply("acme/support", [Extracted(traj(graded()), [Candidate("Quote the warranty as 24 months.", "x", ["i1"])])])
-    assert snap.require_approval and snap.items[0].status == S.ITEM_STATUS_PROPOSED
+    assert snap is not None and snap.require_approval and snap.items[0].status == S.ITEM_STATUS_PROPOSED
     assert len(training_view(snap).items) == 0
     approved = st.act("acme/support", snap.items[0].item_id, "approve", "olga")
     assert approved.version == 2 and approved.items[0].edited_by == "olga"
@@ -90,6 +90,7 @@ def test_actions_reject_pin_edit_and_errors() -> None:
     st = store(Topic())
     cands = [Candidate("Quote the warranty as 24 months.", "x", ["i1"]), Candidate("Returns need form R-12 always.", "x", ["i1"])]
     snap, _ = st.apply("acme/support", [Extracted(traj(graded()), cands)])
+    assert snap is not None
     a, b = (it.item_id for it in snap.items)
     s2 = st.act("acme/support", a, "reject", "olga")
     s3 = st.act("acme/support", b, "pin", "olga")
@@ -110,7 +111,7 @@ def test_actions_reject_pin_edit_and_errors() -> None:
     # the rejected rule is not proposed again
     again, verdicts = st.apply("acme/support", [Extracted(traj(graded(iid="i9", session="s9")),
                                                           [Candidate("quote the warranty as 24 months", "x", ["i9"])])])
-    assert verdicts[0].outcome == "merged" and again.items[0].status == S.ITEM_STATUS_REJECTED
+    assert verdicts[0].outcome == "merged" and again is not None and again.items[0].status == S.ITEM_STATUS_REJECTED
     assert st.get("acme/support", 1).version == 1 and st.get("acme/support").version == again.version
 
 
@@ -140,12 +141,12 @@ def test_helpful_harmful_counters_follow_the_knowledge_version_in_context() -> N
     st = store(Topic())
     v1, _ = st.apply("acme/support", [Extracted(traj(graded()), [Candidate("Quote the warranty as 24 months.", "x", ["i1"],
                                                                            AGENT)])])
-    assert v1.items[0].status == S.ITEM_STATUS_APPROVED      # counted only while it may reach training
+    assert v1 is not None and v1.items[0].status == S.ITEM_STATUS_APPROVED      # counted only while it may reach training
     wins = traj(graded(iid="w", session="a", success=True, reward=1.0, knowledge_version="acme/support@1"))
     loss = traj(graded(iid="l", session="b", success=False, reward=-1.0, knowledge_version="v1"))
     other = traj(graded(iid="o", session="c", success=True, reward=1.0, knowledge_version="beta/x@1"))
     snap, _ = st.apply("acme/support", [Extracted(wins, []), Extracted(loss, []), Extracted(other, [])])
-    assert (snap.items[0].helpful, snap.items[0].harmful) == (1, 1)
+    assert snap is not None and (snap.items[0].helpful, snap.items[0].harmful) == (1, 1)
     assert parse_knowledge_version("acme/support:3", "acme/support") == 3
     assert parse_knowledge_version("", "acme/support") is None
 
@@ -153,10 +154,11 @@ def test_helpful_harmful_counters_follow_the_knowledge_version_in_context() -> N
 def test_token_cap_evicts_oldest_but_not_pinned() -> None:
     st = store(Topic(), max_tokens=12)   # ~4 chars per token: each rule is 8-9 tokens, pinned ones do not count
     first, _ = st.apply("k/d", [Extracted(traj(graded(iid="a", session="a")), [Candidate("The very first rule about refunds.", "x", ["a"])])])
+    assert first is not None
     st.act("k/d", first.items[0].item_id, "pin")
     st.apply("k/d", [Extracted(traj(graded(iid="b", session="b")), [Candidate("Second rule about shipping costs.", "x", ["b"])])])
     snap, _ = st.apply("k/d", [Extracted(traj(graded(iid="c", session="c")), [Candidate("Third rule about gift cards now.", "x", ["c"])])])
-    assert [it.text for it in snap.items] == ["The very first rule about refunds.", "Third rule about gift cards now."]
+    assert snap is not None and [it.text for it in snap.items] == ["The very first rule about refunds.", "Third rule about gift cards now."]
     assert "evicted by the token cap" in snap.change
 
 

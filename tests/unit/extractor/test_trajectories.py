@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.extractor.prompt import MARKER, NO_PREVIOUS, build_prompt
-from services.extractor.trajectories import SessionBuffer, knowledge_key
+from services.extractor.trajectories import SessionBuffer, Trajectory, knowledge_key
 from tests.unit.extractor.factories import graded
 
 
@@ -88,7 +88,7 @@ def test_max_turns_closes_early_and_safe_offsets_never_pass_an_open_session() ->
 
 
 def test_trajectory_identity_and_seed_are_deterministic() -> None:
-    def make() -> object:
+    def make() -> Trajectory:
         buf = SessionBuffer(gap_s=0, max_turns=8)
         buf.add(graded(iid="x", revision=3))
         return buf.ready()[0][0]

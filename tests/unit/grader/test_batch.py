@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from services.grader.batch import BatchGrader, Outputs
+from services.grader.bundles import encode_bundle, partition_for
 from services.grader.detectors import DetectorStats
-from services.grader.join import INTERACTION, TICK, Joiner, encode_bundle, partition_for
+from services.grader.join import INTERACTION, TICK, Joiner
 from services.grader.store import StateStore
 from services.grader.testing import feedback, interaction
 from shared.grading import parse_grader_config

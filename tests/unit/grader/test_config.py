@@ -25,10 +25,16 @@ def test_most_specific_task_entry_wins() -> None:
     cfg = parse_grader_config({"version": "1", "tasks": [
         {"tenant": "*", "task": "*", "graders": g}, {"tenant": "a", "task": "*", "graders": g},
         {"tenant": "*", "task": "x", "graders": g}, {"tenant": "a", "task": "x", "graders": g}]})
-    assert (cfg.for_task("a", "x").tenant, cfg.for_task("a", "x").task) == ("a", "x")
-    assert (cfg.for_task("a", "y").tenant, cfg.for_task("a", "y").task) == ("a", "*")
-    assert (cfg.for_task("b", "x").tenant, cfg.for_task("b", "x").task) == ("*", "x")
-    assert (cfg.for_task("b", "y").tenant, cfg.for_task("b", "y").task) == ("*", "*")
+
+    def entry(tenant: str, task: str) -> tuple[str, str]:
+        m = cfg.for_task(tenant, task)
+        assert m is not None
+        return m.tenant, m.task
+
+    assert entry("a", "x") == ("a", "x")
+    assert entry("a", "y") == ("a", "*")
+    assert entry("b", "x") == ("*", "x")
+    assert entry("b", "y") == ("*", "*")
     assert parse_grader_config({"version": "1", "tasks": [{"tenant": "a", "task": "x", "graders": g}]}) \
         .for_task("b", "x") is None
 

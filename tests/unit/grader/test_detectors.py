@@ -33,14 +33,16 @@ def comps(judge: float, kpi: float) -> list[events_pb2.RewardComponent]:
             events_pb2.RewardComponent(name="resolved", value=kpi, weight=1, has_signal=True)]
 
 
-def test_pearson_hand_computed() -> None:
+def test_length_reward_correlation_hand_computed() -> None:
     # x = 1,2,3; y = 2,4,7: mx = 2, my = 13/3; Sxy = 5, Sxx = 2, Syy = 38/3 -> r = 5 / sqrt(76/3)
-    assert D.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / (76 / 3) ** 0.5)
     s = D.VersionStats(window=10)
     for x, y in ((1, 2), (2, 4), (3, 7)):
         s.add(x, y, False)
-    assert s.length_reward_corr == pytest.approx(D.pearson([1, 2, 3], [2, 4, 7]))
-    assert D.pearson([1, 1, 1], [1, 2, 3]) == 0.0
+    assert s.length_reward_corr == pytest.approx(5 / (76 / 3) ** 0.5)
+    flat = D.VersionStats(window=10)
+    for y in (1, 2, 3):
+        flat.add(1, y, False)
+    assert flat.length_reward_corr == 0.0
 
 
 def test_rolling_window_forgets_old_records() -> None:
@@ -60,7 +62,8 @@ def test_length_exploit_fires_when_reward_follows_length() -> None:
     long_flags = run(stats, obs(length=390, reward=0.97))
     short_flags = run(stats, obs(length=20, reward=0.05))
     assert "length_exploit" in long_flags and "length_exploit" not in short_flags
-    assert stats.current("demo", "support", "v1").length_reward_corr > 0.9
+    current = stats.current("demo", "support", "v1")
+    assert current is not None and current.length_reward_corr > 0.9
     del flags
 
 

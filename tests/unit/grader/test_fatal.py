@@ -7,10 +7,10 @@ in the chaos test). These pin down the detection; test_grader_restart.py shows a
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from services.grader.stage import _usable
-from services.grader.txn import FatalClientError, FatalErrors
+from services.grader.txn import FatalClientError, FatalErrors, TxnProducer
 
 
 class _Msg:
@@ -51,3 +51,61 @@ def test_error_callback_keeps_the_first_fatal_error_and_ignores_the_rest() -> No
     errors(KafkaError(KafkaError._FATAL, "second report"))
     with pytest.raises(FatalClientError, match="grade consumer: fenced by a newer instance"):
         errors.raise_if_any()
+
+
+class _Watchdog:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def enter(self, op: str) -> None:
+        self.calls.append(f"enter {op}")
+
+    def leave(self) -> None:
+        self.calls.append("leave")
+
+
+def _producer_shell() -> TxnProducer:
+    """A TxnProducer without its librdkafka client: what `_retry` uses (watchdog, fatal)."""
+    p = TxnProducer.__new__(TxnProducer)
+    p.watchdog = _Watchdog()  # type: ignore[assignment]
+    p.fatal = FatalErrors("producer t")
+    return p
+
+
+def test_transaction_steps_are_retried_while_kafka_says_retriable() -> None:
+    p = _producer_shell()
+    tries: list[int] = []
+
+    def begin_transaction() -> None:
+        tries.append(1)
+        if len(tries) < 3:
+            raise KafkaException(KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading", retriable=True))
+
+    p._retry(begin_transaction)
+    assert len(tries) == 3
+    assert p.watchdog.calls == ["enter begin_transaction", "leave"] * 3  # type: ignore[attr-defined]
+
+
+def test_a_transaction_step_is_not_retried_past_a_non_retriable_or_fatal_error() -> None:
+    p = _producer_shell()
+    tries: list[int] = []
+
+    def commit_transaction() -> None:
+        tries.append(1)
+        raise KafkaException(KafkaError(KafkaError.PRODUCER_FENCED, "fenced by a newer instance", fatal=True))
+
+    with pytest.raises(KafkaException):
+        p._retry(commit_transaction)
+    assert len(tries) == 1
+    with pytest.raises(FatalClientError, match="fenced"):
+        p.fatal.raise_if_any()  # recorded for the loop, which stops the worker
+
+    tries.clear()
+
+    def flaky() -> None:
+        tries.append(1)
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "slow", retriable=True))
+
+    with pytest.raises(KafkaException, match="slow"):
+        p._retry(flaky, attempts=3)
+    assert len(tries) == 3  # then the last error is the caller's

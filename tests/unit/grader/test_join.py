@@ -6,16 +6,14 @@ from datetime import UTC, datetime
 
 import pytest
 
+from services.grader.bundles import BadJoinRecord, decode_bundle, encode_bundle
 from services.grader.detectors import DetectorStats
 from services.grader.join import (
     FEEDBACK,
     INTERACTION,
     TICK,
-    BadJoinRecord,
     Joiner,
     Step,
-    decode_bundle,
-    encode_bundle,
     encode_judge,
     graded_event_id,
 )
@@ -227,7 +225,7 @@ def test_fast_murmur2_matches_kafkas() -> None:
 
     from aiokafka.partitioner import murmur2 as reference
 
-    from services.grader.join import murmur2
+    from services.grader.bundles import murmur2
 
     rng = random.Random(7)
     for n in range(70):
@@ -270,7 +268,7 @@ def test_due_times_follow_the_state() -> None:
 
 
 def test_bundles_are_split_to_stay_under_the_record_limit() -> None:
-    from services.grader.join import encode_bundles
+    from services.grader.bundles import encode_bundles
 
     items = [(f"k{i}".encode(), b"I" + b"x" * 3000) for i in range(100)]
     bundles = encode_bundles(items, 20_000)

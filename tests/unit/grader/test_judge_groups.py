@@ -43,5 +43,6 @@ def test_singles_and_non_relative_judges_are_judged_at_once_and_non_judged_tasks
 def test_group_codec_and_judge_items() -> None:
     g = JudgeGroup(12.5, [b"\x00\x01", b"abc"])
     assert JudgeGroup.decode(g.encode()) == g
+    assert JUDGED is not None
     [(key, value)] = judge_items(JUDGED.judges[0], [JudgeScore("iid-1", 0.7, True, "judge 7/10")])
     assert key == b"iid-1" and value.startswith(JUDGE) and judge_event_id("iid-1", "j").encode() in value

@@ -9,7 +9,8 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from confluent_kafka import KafkaError, KafkaException
 
-from services.grader.poison import Bisector, Failure, classify, run_bisecting
+from services.grader.poison import Bisector, Failure, _batch_backoff, classify, run_bisecting
+from shared.retry import Backoff
 
 TOO_BIG = Failure("MSG_SIZE_TOO_LARGE on graded", record_caused=True)
 BROKER_DOWN = Failure("_TRANSPORT: broker down", record_caused=False)
@@ -91,7 +92,7 @@ def test_run_bisecting_grades_every_good_item_and_poisons_only_the_bad_one() -> 
     async def poison(item: int, f: Failure) -> None:
         poisoned.append(item)
 
-    run(run_bisecting(list(range(20)), attempt, poison=poison, stage="t", backoff_s=lambda n: 0))
+    run(run_bisecting(list(range(20)), attempt, poison=poison, stage="t", backoff=lambda: Backoff(0.0, 0.0)))
     assert poisoned == [13] and done == [i for i in range(20) if i != 13]
 
 
@@ -106,8 +107,42 @@ def test_run_bisecting_retries_cluster_failures_without_splitting_or_poisoning()
     async def poison(item: int, f: Failure) -> None:
         raise AssertionError("nothing is poison here")
 
-    run(run_bisecting(list(range(8)), attempt, poison=poison, stage="t", backoff_s=lambda n: 0))
+    run(run_bisecting(list(range(8)), attempt, poison=poison, stage="t", backoff=lambda: Backoff(0.0, 0.0)))
     assert calls == [8, 8, 8, 8]
+
+
+def test_run_bisecting_waits_on_the_shared_backoff_schedule() -> None:
+    """Cluster failures wait the shared/retry.py schedule (0.2 s doubling to 10 s), one per chunk; a
+    poison item's dead-lettering that fails waits on a schedule of its own."""
+    made: list[Backoff] = []
+
+    class Recording(Backoff):
+        def __init__(self) -> None:
+            super().__init__(0.0, 0.0, jitter=False)
+            made.append(self)
+
+    fails = {"cluster": 2, "poison": 1}
+
+    async def attempt(chunk: Sequence[int]) -> None:
+        if fails["cluster"]:
+            fails["cluster"] -= 1
+            raise KafkaTimeoutError()
+        if 1 in chunk:
+            raise MessageSizeTooLargeError("record 1")
+
+    async def poison(item: int, f: Failure) -> None:
+        if fails["poison"]:
+            fails["poison"] -= 1
+            raise KafkaTimeoutError()
+
+    run(run_bisecting([0, 1], attempt, poison=poison, stage="t", backoff=Recording))
+    # [0, 1]: 2 cluster failures and a first record-caused one wait, the second splits it; [0] passes;
+    # [1] fails the confirmed way: poison at once; its dead letter fails once and waits
+    assert [b.failures for b in made] == [3, 0, 0, 1]
+    default = _batch_backoff()
+    first, second = default.next(), default.next()
+    assert 0.2 <= first <= 0.3 and 0.4 <= second <= 0.5  # + jitter of up to 0.1 s
+    assert all(default.next() <= 10.0 for _ in range(20))
 
 
 def test_run_bisecting_is_cancellable_while_it_retries() -> None:
@@ -120,7 +155,7 @@ def test_run_bisecting_is_cancellable_while_it_retries() -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(run_bisecting([1, 2], attempt, poison=poison, stage="t",
-                                                   backoff_s=lambda n: 3600.0))
+                                                   backoff=lambda: Backoff(3600.0, 3600.0)))
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

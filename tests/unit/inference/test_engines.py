@@ -15,8 +15,10 @@ import torch
 from services.inference.config import InferenceSettings
 from services.inference.engines import create_engine
 from services.inference.engines.base import GenerationRequest, UnknownVersion, VersionFiles
-from services.inference.engines.vllm_engine import behaviour_logprob
-from shared.generation import SamplingConfig, _filter_logits, encode_prompt, render_chat
+from shared.config import CommonSettings
+from shared.decoding.logprobs import behaviour_logprob, filter_top_k_top_p
+from shared.decoding.params import SamplingConfig
+from shared.generation import encode_prompt, render_chat
 
 
 def test_factory_knows_its_engines_and_imports_vllm_lazily() -> None:
@@ -39,7 +41,7 @@ def test_vllm_behaviour_logprob_equals_the_filtered_distribution(temperature: fl
     logits = torch.randn(1, 12, generator=g) * 2
     raw = torch.log_softmax(logits, -1)[0]                                  # what vLLM returns (T = 1)
     scaled = logits / temperature
-    ref = torch.log_softmax(_filter_logits(scaled, torch.tensor([top_k]), torch.tensor([top_p])), -1)[0]
+    ref = torch.log_softmax(filter_top_k_top_p(scaled, torch.tensor([top_k]), torch.tensor([top_p])), -1)[0]
     candidates = {i: float(raw[i]) for i in range(12)}                    # full support: must be exact
     for tok in range(12):
         got = behaviour_logprob(tok, candidates, temperature, top_k, top_p)
@@ -52,7 +54,7 @@ def test_vllm_behaviour_logprob_equals_the_filtered_distribution(temperature: fl
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_name: str) -> Any:
-    s = InferenceSettings(batch_wait_ms=30, common={"model": tiny_model_name})
+    s = InferenceSettings(batch_wait_ms=30, common=CommonSettings(model=tiny_model_name))
     eng = create_engine("transformers", s)
     eng.start()
     yield eng

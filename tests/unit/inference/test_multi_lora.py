@@ -91,8 +91,10 @@ def test_adapters_the_engine_cannot_serve_are_refused_with_the_reason(tiny: tupl
     with pytest.raises(AdapterError, match="rank 4 is above the engine's limit 2"):
         load_adapter_weights(good, "g", pool.linears, max_rank=2)
     cfg = json.loads((good / "adapter_config.json").read_text())
-    for change, reason in [({"use_dora": True}, "use_dora"), ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
-                           ({"peft_type": "IA3"}, "is not LoRA")]:
+    changes: list[tuple[dict[str, Any], str]] = [
+        ({"use_dora": True}, "use_dora"), ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+        ({"peft_type": "IA3"}, "is not LoRA")]
+    for change, reason in changes:
         bad = tmp_path / f"bad-{reason}"
         bad.mkdir()
         (bad / "adapter_model.safetensors").write_bytes((good / "adapter_model.safetensors").read_bytes())
@@ -118,7 +120,11 @@ def _wait(cond: Any, what: str, timeout: float = 20.0) -> None:
 
 
 def _make_resident(cache: AdapterCache, v: str) -> int:
-    _wait(lambda: (cache.commit(), cache.ready(v))[1], f"{v} resident")
+    def committed_and_ready() -> bool:
+        cache.commit()
+        return cache.ready(v)
+
+    _wait(committed_and_ready, f"{v} resident")
     return cache.slot(v)
 
 

@@ -12,7 +12,7 @@ from services.inference.openai_api.errors import ModelNotFound, error_response
 from services.inference.openai_api.responses import Served, TokenText, chat_completion, text_completion
 from services.inference.openai_api.schemas import SEED_SPACE, parse_chat, parse_completion, parse_feedback
 from services.inference.routing import RoutingTable
-from shared.generation import Sample
+from shared.decoding.params import Sample
 from shared.grpc_util import (
     InvalidRequest,
     NotFound,

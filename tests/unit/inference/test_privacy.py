@@ -12,7 +12,8 @@ from services.inference.config import InferenceSettings
 from services.inference.privacy import FAILED, CapturePrivacy
 from services.inference.requests import feedback_event, interaction_event, prepare
 from shared.chat_template import encode_chat
-from shared.generation import Sample, encode_prompt
+from shared.decoding.params import Sample
+from shared.generation import encode_prompt
 from shared.grpc_util import InvalidRequest
 from shared.pii.policy import Redactor
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2

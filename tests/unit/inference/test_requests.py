@@ -9,8 +9,8 @@ import pytest
 
 from services.inference.config import InferenceSettings
 from services.inference.requests import feedback_event, interaction_event, prepare, resolve_tenant
+from shared.decoding.params import Sample
 from shared.events import deterministic_id, timestamp
-from shared.generation import Sample
 from shared.grpc_util import InvalidRequest, PermissionDenied
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2
 from shared.security.identity import Identity, Role, acting_as

@@ -77,7 +77,7 @@ def test_one_tenant_keeps_out_of_the_others_share() -> None:
 
 def test_a_lone_tenant_borrows_and_gives_the_excess_back_when_another_waits() -> None:
     clock = Clock()
-    a = Admission(Budget(32, 32_000, 0.25, 5.0, borrow_after_s=2.0), clock=clock)
+    a: Admission[str] = Admission(Budget(32, 32_000, 0.25, 5.0, borrow_after_s=2.0), clock=clock)
     a.push("A-long", "A", rows=16, row_tokens=1_000)
     assert a.admit() == [("A-long", 16, 1_000)]          # alone: 16 rows, twice its share of 8
     assert a.over_share() == {}                          # no one waits

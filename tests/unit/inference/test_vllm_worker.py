@@ -17,7 +17,7 @@ from services.inference.engines.vllm_worker import (
     wrapped_modules,
     wrappers_load_their_base,
 )
-from shared.generation import Sample
+from shared.decoding.params import Sample
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
@@ -101,7 +101,7 @@ class SelfLoadingWrapped(LoRAWrapped):
 def test_wrappers_that_load_their_base_keep_checkpoint_names() -> None:
     assert not wrappers_load_their_base(vllm_like_llama())            # older layout: names are routed
     model = vllm_like_llama()
-    model.model.embed_tokens = SelfLoadingWrapped(nn.Embedding(10, 4))
+    model.get_submodule("model").embed_tokens = SelfLoadingWrapped(nn.Embedding(10, 4))
     assert wrappers_load_their_base(model)
     plain = nn.Module()
     plain.lin = nn.Linear(2, 2)

@@ -5,10 +5,11 @@ records the requests (the wire is covered by the demo's end-to-end test)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 from services.loop.simulated_users import SimulatedUsers
 from services.loop.task import load_task
+from shared.proto.apprentice.v1 import inference_pb2_grpc
 
 
 class _Recorder:
@@ -23,7 +24,7 @@ def test_late_kpi_reports_arrive_after_the_traffic_and_not_before_they_are_due()
     task = load_task("support_routing")
     users = SimulatedUsers(task, "127.0.0.1:1", seed=3, late_fraction=0.5, late_s=(0.2, 0.4))
     rec = _Recorder()
-    users.feedback = rec
+    users.feedback = cast(inference_pb2_grpc.FeedbackStub, rec)   # in the stub's place: records each Submit
     try:
         fact = task.facts[0]
         t0 = time.monotonic()

@@ -9,7 +9,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -18,7 +18,7 @@ from services.loop.simulated_users import Exchange, OrderService, SimulatedUsers
 from services.loop.task import TaskError, load_task
 from services.loop.task_config import grader_config
 from services.loop.watch import LoopState
-from shared.proto.apprentice.v1 import common_pb2, events_pb2, weights_pb2
+from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2_grpc, weights_pb2
 from shared.weights_client import TRAINED_INTERACTIONS, file_entries
 
 
@@ -92,7 +92,9 @@ def test_a_timed_out_lookup_is_reported_as_telemetry_and_mapped_by_the_task(task
     task = task.model_copy(update={"tool": task.tool.model_copy(update={"latency_s": (1.0, 1.0), "deadline_s": 0.01})})
     users = SimulatedUsers(task, "127.0.0.1:1", seed=1)
     rec = _Recorder()
-    users.feedback, users.inference = rec, _Generated(["Please provide your order number.", "Billing"])
+    # in the stubs' places: records each Submit, answers Generate with the given texts
+    users.feedback = cast(inference_pb2_grpc.FeedbackStub, rec)
+    users.inference = cast(inference_pb2_grpc.InferenceStub, _Generated(["Please provide your order number.", "Billing"]))
     try:
         fact = task.fact_by_id("billing")
         hacked, honest = users.ask(fact, fact.questions[0], max_new_tokens=8, temperature=0.7, n=2)

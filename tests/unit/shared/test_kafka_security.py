@@ -21,7 +21,6 @@ from shared.kafka.local_broker import BrokerError, LocalBroker
 from shared.kafka.security import (
     PLAINTEXT,
     KafkaSecurity,
-    aiokafka_kwargs,
     faust_credentials,
     librdkafka_config,
 )
@@ -65,7 +64,6 @@ def test_plaintext_default_is_every_librarys_own_default() -> None:
     s = CommonSettings()
     assert s.kafka_security_protocol == "PLAINTEXT"
     assert librdkafka_config() == librdkafka_config(s) == {"security.protocol": "plaintext"}
-    assert aiokafka_kwargs() == {"security_protocol": "PLAINTEXT"}
     assert faust_credentials() is None
 
 
@@ -73,8 +71,6 @@ def test_sasl_scram_from_environment_reaches_every_client_library(monkeypatch: p
     _sasl_env(monkeypatch, sasl_password=SECRET, security_protocol="sasl_plaintext")  # case-insensitive
     assert librdkafka_config() == {"security.protocol": "sasl_plaintext", "sasl.mechanism": "SCRAM-SHA-512",
                                    "sasl.username": "svc", "sasl.password": SECRET}
-    assert aiokafka_kwargs() == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
-                                 "sasl_plain_username": "svc", "sasl_plain_password": SECRET}
     creds = faust_credentials()
     assert isinstance(creds, faust.SASLCredentials)
     assert (creds.protocol.value, creds.mechanism.value, creds.username, creds.password) == (
@@ -134,7 +130,7 @@ def test_tls_and_mutual_tls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     monkeypatch.setenv("APPRENTICE_KAFKA_SECURITY_PROTOCOL", "SSL")
     monkeypatch.setenv("APPRENTICE_KAFKA_SSL_CA", str(ca))
     assert librdkafka_config() == {"security.protocol": "ssl", "ssl.ca.location": str(ca)}
-    ctx = aiokafka_kwargs()["ssl_context"]
+    ctx = KafkaSecurity.from_settings(CommonSettings()).ssl_context()
     assert isinstance(ctx, ssl.SSLContext)
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname   # verification is never relaxed
     assert any(c["subject"] == ((("commonName", "kafka-ca"),),) for c in ctx.get_ca_certs())
@@ -146,7 +142,7 @@ def test_tls_and_mutual_tls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     monkeypatch.setenv("APPRENTICE_KAFKA_SSL_KEY", str(key))
     assert librdkafka_config()["ssl.certificate.location"] == str(cert)
     assert librdkafka_config()["ssl.key.location"] == str(key)
-    assert aiokafka_kwargs()["ssl_context"] is not None             # load_cert_chain accepted the pair
+    assert KafkaSecurity.from_settings(CommonSettings()).ssl_context() is not None  # load_cert_chain took the pair
 
     # SASL over TLS: faust gets SASL credentials carrying the TLS context
     _sasl_env(monkeypatch, security_protocol="SASL_SSL", sasl_password=SECRET)

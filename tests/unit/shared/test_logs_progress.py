@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -19,7 +20,7 @@ class _Tty(io.StringIO):
 
 
 @pytest.fixture(autouse=True)
-def _restore_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+def _restore_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("APPRENTICE_PROGRESS", raising=False)
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level

@@ -35,6 +35,26 @@ def test_reraises_the_last_error_when_attempts_run_out() -> None:
     assert op.calls == 3
 
 
+def test_no_attempt_starts_past_the_deadline() -> None:
+    op = Flaky(100)
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError):
+        call(op, retry_on=ConnectionError, what="op", attempts=None, deadline_s=0.5, first_s=0.3, max_s=0.3)
+    assert op.calls == 2                 # at 0 s and 0.3 s; a third would start at 0.6 s, past the deadline
+    assert time.monotonic() - t0 < 0.55
+
+
+def test_a_zero_deadline_never_retries_and_zero_waits_do_not_sleep() -> None:
+    op = Flaky(1)
+    with pytest.raises(ConnectionError):
+        call(op, retry_on=ConnectionError, what="op", attempts=None, deadline_s=0.0)
+    assert op.calls == 1
+    op = Flaky(2)
+    t0 = time.monotonic()
+    assert call(op, retry_on=ConnectionError, what="op", attempts=3, first_s=0.0, max_s=0.0) == "ok"
+    assert time.monotonic() - t0 < 0.1
+
+
 def test_an_error_not_named_is_not_retried() -> None:
     op = Flaky(1, ValueError)
     with pytest.raises(ValueError):

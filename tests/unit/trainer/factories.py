@@ -27,7 +27,8 @@ def graded(iid: str, *, tenant: str = "acme", reward: float = 1.0, group: str = 
     )
 
 
-def snapshot(tenant: str, domain: str, version: int, items: Sequence[tuple[str, int]]) -> events_pb2.KnowledgeSnapshot:
+def snapshot(tenant: str, domain: str, version: int, items: Sequence[tuple[str, events_pb2.ItemStatus]]
+             ) -> events_pb2.KnowledgeSnapshot:
     return events_pb2.KnowledgeSnapshot(
         envelope=make_envelope(tenant, source="test"), key=f"{tenant}/{domain}", domain=domain, version=version,
         items=[events_pb2.KnowledgeItem(item_id=f"i{n}", text=t, status=s) for n, (t, s) in enumerate(items)],

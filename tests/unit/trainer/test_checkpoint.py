@@ -35,7 +35,8 @@ def test_round_trip_restores_weights_optimizer_and_state(tiny, tmp_path: Path, f
     p = trained_policy(tiny, finetune)
     store = CheckpointStore(tmp_path)
     ck = store.write(p, {"offsets": {"graded": {"0": 12}}, "trained_ids": ["0", "1"]})
-    assert store.latest().id == ck.id and ck.state["seq"] == 1 and ck.state["kind"] == finetune
+    latest = store.latest()
+    assert latest is not None and latest.id == ck.id and ck.state["seq"] == 1 and ck.state["kind"] == finetune
     files = {f.name for f in ck.weights_dir.iterdir()}
     assert ("adapter_model.safetensors" if finetune == "lora" else "model.safetensors") in files
     q = Policy(PolicyConfig("tiny-random", finetune=finetune, lr=1e-3), init_dir=ck.weights_dir,
@@ -58,7 +59,8 @@ def test_interrupted_write_is_invisible_and_cleaned(tiny, tmp_path: Path) -> Non
     (store.dir / ".tmp-ckpt-000002-dead").mkdir()
     (store.dir / ".tmp-ckpt-000002-dead" / "state.json").write_text("{broken")
     again = CheckpointStore(tmp_path)
-    assert again.latest().id == first.id
+    latest = again.latest()
+    assert latest is not None and latest.id == first.id
     assert not list(again.dir.glob(".tmp-*"))
 
 

@@ -14,6 +14,7 @@ from services.trainer.distill import DistillExample
 from services.trainer.knowledge import with_knowledge
 from services.trainer.logprobs import Scorer, teacher_view
 from services.trainer.rounds import Trainer
+from shared.config import CommonSettings
 from shared.generation import encode_prompt, render_chat
 
 ITEMS = ["The warranty lasts 14 months from delivery.", "Returns need form R-22.", "Call extension 417."]
@@ -37,7 +38,7 @@ def tiny(tiny_model_name: str):  # noqa: ANN201
 
 def make_trainer(tiny, **kw) -> Trainer:  # noqa: ANN001
     model, tok = tiny
-    s = TrainerSettings(common={"model": "tiny-random"}, tenant="acme", lr=kw.pop("lr", 2e-3), distill_batch=4,
+    s = TrainerSettings(common=CommonSettings(model="tiny-random"), tenant="acme", lr=kw.pop("lr", 2e-3), distill_batch=4,
                         distill_steps=kw.pop("steps", 2), distill_max_new_tokens=6, micro_batch_size=2,
                         retrieval_items=1, **kw)
     return Trainer(s, model=copy.deepcopy(model), tokenizer=tok)
@@ -88,7 +89,12 @@ def test_sft_filtered_uses_only_accepted_teacher_samples(tiny) -> None:  # noqa:
     none = t.consolidation_round(examples(), ITEMS, accept=lambda ex, text: False)
     assert none.metrics["steps"] == 0 and none.metrics["accepted"] == 0
     seen: list[str] = []
-    some = t.consolidation_round(examples(), ITEMS, accept=lambda ex, text: seen.append(text) or len(seen) % 2 == 0)
+
+    def every_other(ex: DistillExample, text: str) -> bool:
+        seen.append(text)
+        return len(seen) % 2 == 0
+
+    some = t.consolidation_round(examples(), ITEMS, accept=every_other)
     assert some.algorithm == "oel_sft" and some.metrics["steps"] >= 1
     assert some.metrics["accepted"] == len(seen) // 2
 
@@ -97,7 +103,12 @@ def test_sft_filtered_draws_several_teacher_samples_per_prompt(tiny) -> None:  #
     """teacher_samples = 3: up to 3 distinct samples per prompt are judged; each passing one is a target."""
     t = make_trainer(tiny, distill_method="sft_filtered", teacher_samples=3, steps=1)
     judged: list[tuple[str, str]] = []
-    r = t.consolidation_round(examples(), ITEMS, accept=lambda ex, text: judged.append((ex.messages[-1]["content"], text)) or True)
+
+    def accept_all(ex: DistillExample, text: str) -> bool:
+        judged.append((ex.messages[-1]["content"], text))
+        return True
+
+    r = t.consolidation_round(examples(), ITEMS, accept=accept_all)
     per_prompt = {q: [x for qq, x in judged if qq == q] for q, _ in judged}
     assert r.metrics["samples"] == len(judged) and r.metrics["accepted"] == len(judged)
     assert len(judged) > 4 and max(len(v) for v in per_prompt.values()) > 1     # more than one per prompt

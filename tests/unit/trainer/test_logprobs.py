@@ -35,9 +35,11 @@ def test_fused_token_logprobs_value_and_grad(head_trainable: bool) -> None:
     ref = torch.log_softmax(h @ W.T, -1).gather(1, t[:, None])[:, 0]
     (ref * g).sum().backward()
     assert torch.allclose(out, ref, atol=1e-5)
+    assert gh is not None and h.grad is not None
     assert torch.allclose(gh, h.grad, atol=1e-5)
     assert (gW is None) == (not head_trainable)
     if head_trainable:
+        assert gW is not None and W.grad is not None
         assert torch.allclose(gW, W.grad, atol=1e-5)
 
 
@@ -54,8 +56,10 @@ def test_fused_topk_kl_matches_reference_value_and_grad(reverse: bool, head_trai
     ref = fn(h @ W.T, ht @ Wt.T, 17)
     (ref * g).sum().backward()
     assert torch.allclose(out, ref, atol=1e-5)
+    assert gh is not None and h.grad is not None
     assert torch.allclose(gh, h.grad, atol=1e-4)
     if head_trainable:
+        assert gW is not None and W.grad is not None
         assert torch.allclose(gW, W.grad, atol=1e-4)
 
 
@@ -99,7 +103,9 @@ def tiny(tiny_model_name: str):  # noqa: ANN201
 def test_scorer_matches_sequence_logprobs_and_recorded_behaviour(tiny) -> None:  # noqa: ANN001
     """π_θ recomputed by the trainer (right-padded batch, fused head) equals what inference records as
     `response_logprobs_t1` (left-padded, KV-cached decode) up to float noise: on-policy IS ratios are 1."""
-    from shared.generation import SamplingConfig, encode_prompt, generate, render_chat, sequence_logprobs
+    from shared.decoding.logprobs import sequence_logprobs
+    from shared.decoding.params import SamplingConfig
+    from shared.generation import encode_prompt, generate, render_chat
 
     model, tok = tiny
     assert supports_fused_head(model)

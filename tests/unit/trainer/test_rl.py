@@ -17,6 +17,7 @@ from services.trainer.logprobs import score
 from services.trainer.rl import RLConfig, RunningBaseline, compute_advantages
 from services.trainer.rollouts import Rollout
 from services.trainer.rounds import Trainer
+from shared.config import CommonSettings
 from tests.unit.trainer.factories import graded
 
 
@@ -30,7 +31,7 @@ def tiny(tiny_model_name: str):  # noqa: ANN201
 def make_trainer(tiny, **kw) -> Trainer:  # noqa: ANN001
     model, tok = tiny
     kw.setdefault("lr", 1e-3)
-    s = TrainerSettings(common={"model": "tiny-random"}, tenant="acme", batch_size=kw.pop("batch_size", 16),
+    s = TrainerSettings(common=CommonSettings(model="tiny-random"), tenant="acme", batch_size=kw.pop("batch_size", 16),
                         micro_batch_size=kw.pop("micro_batch_size", 4), **kw)
     return Trainer(s, model=copy.deepcopy(model), tokenizer=tok)
 
@@ -145,7 +146,8 @@ def test_step_budget_and_graded_inputs(tiny) -> None:  # noqa: ANN001
 
 def test_rl_config_presets() -> None:
     s = TrainerSettings(algorithm="dapo")
-    assert RLConfig.from_settings(s) == RLConfig.preset("dapo", batch_size=16, micro_batch_size=4)
+    assert RLConfig.from_settings(s) == RLConfig(algorithm="dapo", eps_high=0.28, drop_equal_groups=True,
+                                                 overlong_buffer=0.2, batch_size=16, micro_batch_size=4)
     assert RLConfig.from_settings(TrainerSettings(algorithm="gspo")).eps_high == 4e-4
     assert not RLConfig.from_settings(TrainerSettings(algorithm="dr_grpo")).scale_rewards
     with pytest.raises(ValueError, match="unknown RL algorithm"):
@@ -158,7 +160,8 @@ def test_learning_on_a_toy_verifiable_task(tiny) -> None:  # noqa: ANN001
     the recorded behaviour log-probs raises the reward from ~0.5 to ~0.75 within a dozen rounds
     (measured: .57 .56 .51 .55 .62 .60 .61 .70 .69 .63 .71 .80). Slow only because of sampling (~1-2 min
     on 2 shared cores); the updates take ~1 s each."""
-    from shared.generation import SamplingConfig, encode_prompt, generate, render_chat
+    from shared.decoding.params import SamplingConfig
+    from shared.generation import encode_prompt, generate, render_chat
 
     t = make_trainer(tiny, batch_size=32, micro_batch_size=16, seed=0)
     tok = t.tokenizer

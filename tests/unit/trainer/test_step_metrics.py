@@ -7,6 +7,7 @@ import copy
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -17,6 +18,7 @@ from services.trainer.distill import DistillExample
 from services.trainer.rollouts import Rollout
 from services.trainer.rounds import Trainer
 from services.trainer.steplog import NoLog, ReportingUnavailable, TensorBoardLog, open_log
+from shared.config import CommonSettings
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,7 @@ def tiny(tiny_model_name: str):  # noqa: ANN201
 
 def make_trainer(tiny, **kw) -> Trainer:  # noqa: ANN001
     model, tok = tiny
-    s = TrainerSettings(common={"model": "tiny-random"}, tenant="acme", lr=1e-3, batch_size=4, micro_batch_size=2,
+    s = TrainerSettings(common=CommonSettings(model="tiny-random"), tenant="acme", lr=1e-3, batch_size=4, micro_batch_size=2,
                         distill_batch=2, distill_steps=1, distill_max_new_tokens=4, **kw)
     return Trainer(s, model=copy.deepcopy(model), tokenizer=tok)
 
@@ -141,8 +143,9 @@ def test_report_to_none_and_a_missing_wandb(tmp_path: Path, monkeypatch: pytest.
         open_log("wandb", tmp_path)
     with pytest.raises(ValueError, match="none, tensorboard, wandb or jsonl"):
         open_log("mlflow", tmp_path)
+    unsupported: Any = "mlflow"                 # not one of the Literal's values: refused at run time
     with pytest.raises(ValueError):
-        TrainerSettings(report_to="mlflow")
+        TrainerSettings(report_to=unsupported)
 
 
 def test_rl_steps_in_a_jsonl_log_read_back_by_the_demo_report(tiny, tmp_path: Path) -> None:  # noqa: ANN001
@@ -156,8 +159,8 @@ def test_rl_steps_in_a_jsonl_log_read_back_by_the_demo_report(tiny, tmp_path: Pa
     t.on_step = lambda algorithm, m: log.log_step(algorithm, t.policy.steps, m)
     t.staleness_of = lambda r: 1.0 if r.policy_version == "base" else 0.0
     rs = rollouts()
-    for r in rs:   # behaviour log-probs well below the trainer's: ratios π_old/π_rollout far above the cap
-        r.behaviour_logprobs = [-30.0] * len(r.completion_ids)
+    for ro in rs:   # behaviour log-probs well below the trainer's: ratios π_old/π_rollout far above the cap
+        ro.behaviour_logprobs = [-30.0] * len(ro.completion_ids)
     reader = StepsLog(tmp_path / "runs" / "steps.jsonl")
     assert reader.new_steps() == []                       # nothing written yet
     r = t.rl_round(rs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,6 +20,9 @@ from services.weights.store import WeightStore
 from shared.proto.apprentice.v1 import weights_pb2
 
 from .conftest import upload_dir
+
+if TYPE_CHECKING:
+    import torch
 
 HELDOUT = """
 name: tiny-heldout
@@ -35,7 +39,7 @@ items:
 """
 
 
-def write_variant(tmp: Path, name: str, change: Callable[[object], None] | None) -> Path:
+def write_variant(tmp: Path, name: str, change: Callable[[torch.Tensor], object] | None) -> Path:
     import torch
 
     from shared.models import load_model
@@ -168,20 +172,29 @@ def test_scores_are_cached_across_restarts(store: WeightStore, evaluator: Evalua
 
 
 def test_batching_does_not_change_greedy_answers(tiny_model_name: str) -> None:
-    """Sorting by length and asking for the last logits only are optimisations: same answers as the
-    unbatched, full-logits generation of each prompt alone."""
-    from services.weights.evaluator import _LastLogitsOnly
-    from shared.generation import encode_prompt, generate, render_chat
+    """Sorting by length, batching and asking for the last logits only are optimisations: the gate's
+    greedy answers (score_model's path: chat ids through `generate`) equal Hugging Face's own greedy
+    `generate` of each prompt alone with full logits."""
+    import torch
+
+    from shared.chat_template import encode_chat
+    from shared.decoding.forward import last_position_only
+    from shared.decoding.text import eos_ids_of
+    from shared.generation import generate
     from shared.models import load_model
 
     model, tok = load_model(tiny_model_name)
+    assert last_position_only(model)                    # the optimisation is in force on this model
     chats = [[{"role": "user", "content": q}] for q in ("Hi", "Which form do I need to return a jacket?", "Why?")]
-    prompts = [encode_prompt(tok, render_chat(tok, c)) for c in chats]
-    alone = [generate(model, tok, [p], max_new_tokens=6, temperature=0.0)[0][0].token_ids for p in prompts]
-    wrapped = _LastLogitsOnly.wrap(model)
-    assert isinstance(wrapped, _LastLogitsOnly)
-    together = [s[0].token_ids for s in generate(wrapped, tok, prompts, max_new_tokens=6, temperature=0.0)]
-    assert together == alone
+    prompts = [encode_chat(tok, c).ids for c in chats]
+    together = [s[0].token_ids for s in generate(model, tok, prompts, max_new_tokens=6, temperature=0.0)]
+    eos = sorted(eos_ids_of(model, tok))
+    for p, got in zip(prompts, together, strict=True):
+        ids = torch.tensor([p])
+        with torch.no_grad():
+            ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=eos[0])[0, len(p):].tolist()
+        assert got == ref
 
 
 def test_the_checkpoint_path_times_and_counts_the_gate_once(store: WeightStore, evaluator: Evaluator,

@@ -56,7 +56,7 @@ def test_promote_then_rollback(store: WeightStore, upload: UploadFn, desk: tuple
         A.UPDATE_ACTION_PROMOTE, "v2", "v1", "full", "", "w:1")
     assert (status(store, "v1"), status(store, "v2")) == ("RETIRED", "PROMOTED")
     st = store.state("m")
-    assert st.serving_for("") == "v2" and st.slot("").history == ["base", "v1"] and st.last_order_id == ack.order_id
+    assert st.serving_for("") == "v2" and st.slot("").history == ("base", "v1") and st.last_order_id == ack.order_id
 
     d.rollback("m", reason="bad answers")  # to the previous promoted version
     u = rec.sent[-1]

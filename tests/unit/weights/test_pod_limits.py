@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.weights.manifests import ModelState, Slot
+from services.weights.manifests import ModelState
 from services.weights.pods import MAX_LAST_ERROR_CHARS, PodRegistry
 from shared.grpc_util import PermissionDenied, ResourceExhausted
+from shared.orders import Slot
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.security.identity import Identity, Role
 

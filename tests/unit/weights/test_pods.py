@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from services.weights.manifests import ModelState, Slot
+from services.weights.manifests import ModelState
 from services.weights.pods import PodRegistry
+from shared.orders import Slot
 from shared.proto.apprentice.v1 import weights_pb2
 
 

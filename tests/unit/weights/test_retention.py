@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from services.weights.manifests import ModelState, Slot
+from services.weights.manifests import ModelState
 from services.weights.retention import versions_to_keep
 from services.weights.store import WeightStore
+from shared.orders import Slot
 from shared.proto.apprentice.v1 import weights_pb2
 
 from .conftest import UploadFn
@@ -33,7 +34,7 @@ def test_gc_deletes_versions_and_unreferenced_blobs(store: WeightStore, upload: 
         upload({"config.json": shared_cfg, "w": f"weights {i}".encode()})
     store.update("m", "v1", lambda x: setattr(x, "pinned", True))
     state = store.state("m")
-    state.slot("").promoted = "v2"
+    state.slots[""] = Slot(promoted="v2")
     store.save_state(state)
     blobs_before = set(store.blobs.list())
     report = store.collect(keep_last=2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from services.weights.store import AlreadyExists, WeightStore
@@ -92,8 +94,8 @@ def test_files_already_stored_may_be_skipped(store: WeightStore, upload: UploadF
     ({"files": [weights_pb2.FileEntry(path="a", size=-1, sha256="0" * 64)]}, "size must be >= 0"),
     ({"files": [entry("a", b"1"), entry("a", b"1")]}, "declared twice"),
 ])
-def test_invalid_headers_are_refused(store: WeightStore, fields: dict, message: str) -> None:
-    base = {"model": "m", "kind": "full", "files": [entry("a", b"1")]}
+def test_invalid_headers_are_refused(store: WeightStore, fields: dict[str, Any], message: str) -> None:
+    base: dict[str, Any] = {"model": "m", "kind": "full", "files": [entry("a", b"1")]}
     base.update(fields)
     with pytest.raises(InvalidRequest, match=message):
         store.begin_upload(weights_pb2.UploadHeader(**base))

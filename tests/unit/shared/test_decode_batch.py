@@ -1,5 +1,7 @@
-"""The inference decode loop on the tiny model: same tokens and log-probs as shared.generation, per-row
-stopping, streaming that never shows a stop string, cancellation, and the sampler by hand."""
+"""The decode loop (shared/decoding/batch.py) driven row by row, as the inference engine drives it, on the
+tiny model: rows alone, crowded, joining, preempted and from the prompt cache give the tokens and
+log-probs of `generate` and of teacher forcing; per-row stopping, streaming that never shows a stop
+string, cancellation, and the sampler by hand."""
 
 from __future__ import annotations
 
@@ -9,8 +11,21 @@ from typing import Any
 import pytest
 import torch
 
-from services.inference.decoding import DecodeRow, decode_batch, first_stop, sample_rows, stream_safe_length
-from shared.generation import Sample, SamplingConfig, encode_prompt, generate, render_chat, sequence_logprobs
+from shared.decoding.batch import DecodeBatch, decode_batch
+from shared.decoding.logprobs import sequence_logprobs
+from shared.decoding.params import Sample, SamplingConfig
+from shared.decoding.prompt_cache import PromptCache
+from shared.decoding.rows import DecodeRow
+from shared.decoding.sampling import sample_rows
+from shared.decoding.text import first_stop, stream_safe_length
+from shared.generation import encode_prompt, generate, render_chat
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_name: str) -> tuple[Any, Any]:
+    from shared.models import load_model
+
+    return load_model(tiny_model_name)
 
 
 def _prompts(tok: Any, n: int) -> list[list[int]]:
@@ -144,7 +159,6 @@ def _collect(rows: list[DecodeRow]) -> dict[int, Sample]:
 def test_a_row_that_joins_a_running_batch_decodes_as_if_alone(tiny: Any) -> None:
     """Continuous batching: rows joining mid-way (shorter and longer prompts, greedy and seeded) give the
     tokens and log-probs they give alone; rows leaving shrink and trim the cache without changing them."""
-    from services.inference.decoding import DecodeBatch
 
     model, tok = tiny
     ids = _prompts(tok, 4)
@@ -178,7 +192,6 @@ def test_a_row_that_joins_a_running_batch_decodes_as_if_alone(tiny: Any) -> None
 
 
 def test_samples_of_one_prompt_share_a_prefill_and_keep_their_own_seeds(tiny: Any) -> None:
-    from services.inference.decoding import DecodeBatch
 
     model, tok = tiny
     p = _prompts(tok, 1)[0]
@@ -199,7 +212,6 @@ def test_a_preempted_row_resumes_with_the_answer_it_would_have_given(tiny: Any) 
     """Recompute preemption: rows evicted mid-answer (greedy, seeded with top-k, streamed with a stop
     string) and added back later give the tokens, log-probs and streamed text they give unpreempted; the
     rows left running are not disturbed, and an evicted row is never drawn twice."""
-    from services.inference.decoding import DecodeBatch
 
     model, tok = tiny
     ids = _prompts(tok, 3)
@@ -247,8 +259,6 @@ def test_a_preempted_row_resumes_with_the_answer_it_would_have_given(tiny: Any) 
 def test_a_repeated_prompt_joins_from_the_prompt_cache_with_the_same_answer(tiny: Any) -> None:
     """The prompt cache: a prompt prefilled once joins later batches without a forward pass (alone, or
     beside a new prompt that is prefilled), and every row gives the answer it gives uncached."""
-    from services.inference.decoding import DecodeBatch
-    from services.inference.prompt_cache import PromptCache
 
     model, tok = tiny
     ids = _prompts(tok, 3)
@@ -283,8 +293,6 @@ def test_a_repeated_prompt_joins_from_the_prompt_cache_with_the_same_answer(tiny
 
 
 def test_the_prompt_cache_is_bounded_and_never_holds_a_preempted_rows_tokens(tiny: Any) -> None:
-    from services.inference.decoding import DecodeBatch
-    from services.inference.prompt_cache import PromptCache
 
     model, tok = tiny
     ids = _prompts(tok, 3)
@@ -326,8 +334,6 @@ def test_a_reused_lora_slot_does_not_share_cache_entries_with_its_previous_adapt
 def test_the_prompt_cache_never_serves_one_tenants_prefill_to_another(tiny: Any) -> None:
     """A hit is faster than a miss: a prefill shared across tenants would let one tenant learn what another
     asked. Each tenant (the row's cache salt) has its own entries."""
-    from services.inference.decoding import DecodeBatch
-    from services.inference.prompt_cache import PromptCache
 
     model, tok = tiny
     p = _prompts(tok, 1)[0]

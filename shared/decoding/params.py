@@ -1,0 +1,28 @@
+"""What to sample (`SamplingConfig`) and what came out (`Sample`): the decode loop's request and result.
+
+The meaning of `Sample.logprobs` and `Sample.logprobs_t1` is defined in shared/decoding/logprobs.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int = 64
+    temperature: float = 0.0      # 0 = greedy
+    top_p: float = 1.0            # 1 = off
+    top_k: int = 0                # 0 = off
+    stop: tuple[str, ...] = ()    # text stops before the first occurrence
+    seed: int | None = None
+    n: int = 1                    # samples per prompt
+
+
+@dataclass
+class Sample:
+    token_ids: list[int] = field(default_factory=list)   # generated tokens, EOS included when it was produced
+    text: str = ""                                         # decoded, without EOS, cut before a stop string
+    logprobs: list[float] = field(default_factory=list)    # behaviour distribution (shared/decoding/logprobs.py)
+    logprobs_t1: list[float] = field(default_factory=list) # temperature-1, unfiltered
+    finish_reason: str = "length"                          # stop | length | cancelled
