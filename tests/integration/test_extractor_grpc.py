@@ -36,7 +36,8 @@ def running(topics: Topics, kafka_bootstrap: str, tiny_model_name: str) -> Itera
                                  group_id=f"extractor-{uuid.uuid4().hex[:6]}", max_new_tokens=16,
                                  require_approval_tenants=["acme"], grace_s=1.0)
     app = ExtractorApp(settings, LocalLLM(tiny_model_name), count_tokens=approx_tokens)
-    port = app.start(consume=True)
+    app.start(consume=True)
+    port = app.port
     p = EventProducer(kafka_bootstrap, client_id="test")
     for i, corr in enumerate(["The warranty lasts 24 months.", "Use form R-12 within 30 days.", "Billing is extension 4417."]):
         p.produce(topics.graded, f"s{i}", graded(session=f"s{i}", iid=f"i{i}", question=f"Question number {i}?", correction=corr))
