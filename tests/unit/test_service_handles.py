@@ -121,3 +121,18 @@ def test_main_alone_owns_signals_and_metrics(name: str) -> None:
     for path in sorted((REPO / "services" / name).rglob("*.py")):
         owned = _calls(path) & {"signal.signal", "start_metrics_server", "loop.add_signal_handler"}
         assert not owned, f"{path.relative_to(REPO)} calls {sorted(owned)}: only run_service (from __main__) may"
+
+
+def test_a_services_metrics_are_defined_in_its_metrics_py() -> None:
+    """`services/<name>/metrics.py` holds every Prometheus metric of the service: no other module of a
+    service imports prometheus_client (shared/ modules define the metrics of what they do themselves)."""
+    stray = []
+    for path in sorted((REPO / "services").rglob("*.py")):
+        if path.name == "metrics.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] == "prometheus_client" for n in names):
+                stray.append(str(path.relative_to(REPO)))
+    assert not stray, f"metrics defined outside metrics.py: {stray}"
