@@ -11,7 +11,7 @@ from shared.proto.apprentice.v1 import events_pb2
 P, C, R = events_pb2.UPDATE_ACTION_PROMOTE, events_pb2.UPDATE_ACTION_CANARY, events_pb2.UPDATE_ACTION_ROLLBACK
 
 
-def u(action: int, version: str = "", *, tenant: str = "", fraction: float = 0.0,
+def u(action: events_pb2.UpdateAction, version: str = "", *, tenant: str = "", fraction: float = 0.0,
       previous: str = "") -> events_pb2.ModelUpdate:
     return events_pb2.ModelUpdate(model="m", action=action, version=version, tenant=tenant,
                                   canary_fraction=fraction, previous_version=previous)

@@ -21,7 +21,7 @@ def m(version: str, t: int, **kw: object) -> weights_pb2.Manifest:
 def test_keep_rules() -> None:
     ms = [m("v1", 1), m("v2", 2, pinned=True), m("v3", 3), m("v4", 4), m("v5", 5), m("v6", 6),
           m("v7", 7, kind="lora", base_version="v3"), m("v8", 8), m("v9", 9)]
-    state = ModelState(model="m", slots={"": Slot(promoted="v4", history=["base", "v1", "v5"]),
+    state = ModelState(model="m", slots={"": Slot(promoted="v4", history=("base", "v1", "v5")),
                                          "acme": Slot(promoted="", canary="v7")})
     keep = versions_to_keep(ms, state, keep_last=2)
     # newest 2: v8 v9; pinned v2; served v4; canary v7 (+ its base v3); rollback target v5
