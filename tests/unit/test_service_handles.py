@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -20,8 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 SERVICES = ("inference", "weights", "extractor", "trainer", "dashboard", "grader")
 
 
-def _common(tmp: Path) -> dict[str, Any]:
-    return {"model": "tiny-random", "home": tmp, "kafka_bootstrap": "127.0.0.1:1", "topic_prefix": "handles."}
+def _common(tmp: Path) -> Any:
+    from shared.config import CommonSettings
+
+    return CommonSettings(model="tiny-random", home=tmp, kafka_bootstrap="127.0.0.1:1", topic_prefix="handles.")
 
 
 def _inference(tmp: Path) -> Any:
@@ -64,7 +66,7 @@ def _dashboard(tmp: Path) -> Any:
     return DashboardServer(DashboardSettings(port=0, common=_common(tmp)))
 
 
-def _grader(runtime: str) -> Callable[[Path], Any]:
+def _grader(runtime: Literal["faust", "native"]) -> Callable[[Path], Any]:
     def build(tmp: Path) -> Any:
         from services.grader.config import GraderSettings
         from services.grader.runtime import make_runtime

@@ -5,6 +5,7 @@ line) naming the new one, and never wins over the new name. Then every service's
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -53,7 +54,8 @@ def test_an_old_lower_case_variable_counts_as_pydantic_settings_reads_names(monk
 
 def test_an_old_constructor_keyword_sets_the_new_field_and_warns() -> None:
     with pytest.warns(DeprecationWarning, match=r"Example\(weights_target=\.\.\.\) is deprecated.*Example\(weights_endpoint=\.\.\.\)"):
-        s = Example(weights_target="kw:3")
+        old: dict[str, Any] = {"weights_target": "kw:3"}   # the old keyword, as an untyped caller passes it
+        s = Example(**old)
     assert s.weights_endpoint == "kw:3"
 
 
@@ -63,7 +65,8 @@ def test_the_new_name_wins_over_the_old_one(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.warns(DeprecationWarning, match="is set too and wins"):
         assert Example().port == 3
     with pytest.warns(DeprecationWarning, match="is set too and wins"):
-        assert Example(grpc_port=4, port=5).port == 5
+        both: dict[str, Any] = {"grpc_port": 4, "port": 5}
+        assert Example(**both).port == 5
 
 
 def test_an_empty_old_variable_carries_nothing(monkeypatch: pytest.MonkeyPatch,

@@ -30,14 +30,13 @@ class TrivialHandle:
         self.calls: list[str] = []
         self._stopped = threading.Event()
         self._code = 0
+        self._failer: threading.Thread | None = None
         if fail_with is not None:
             def fail() -> None:
                 time.sleep(after_s)
                 self._code = fail_with
                 self._stopped.set()
             self._failer = threading.Thread(target=fail, daemon=True)
-        else:
-            self._failer = None
 
     def start(self) -> None:
         self.calls.append("start")
