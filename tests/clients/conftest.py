@@ -94,8 +94,8 @@ class Server:
 def server(kafka_bootstrap: str, tiny_model_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Keys (operator, services, backends of acme and globex), TLS with the dev CA's server certificate,
     signed interaction ids, the HTTP API on: the way `apprentice up` runs the service."""
-    from services.inference.testing import start_inference
     from shared.kafka.admin import delete_topics, ensure_topics
+    from tests.helpers.inference import start_inference
 
     home = tmp_path_factory.mktemp("clients")
     creds = ensure_dev_credentials(home, tenants=(TENANT, "globex"))

@@ -261,12 +261,12 @@ SWAP_CASES = [
 def test_full_swap_then_adapter_under_load_fails_no_request(engine_name: str, kafka_bootstrap: str,
                                                             tiny_vllm_dir: Path, tmp_path: Path) -> None:
     from services.inference.client import InferenceClient
-    from services.inference.testing import FileWeightsServer, start_inference
     from shared.events import make_envelope
     from shared.kafka.admin import delete_topics, ensure_topics
     from shared.kafka.producer import EventProducer
     from shared.proto.apprentice.v1 import events_pb2
     from shared.topics import Topics
+    from tests.helpers.inference import FileWeightsServer, start_inference
 
     if engine_name == "vllm":
         need_vllm()

@@ -44,7 +44,7 @@ def _committed(admin: AdminClient, group: str) -> dict[tuple[str, int], int]:
 
 def test_extractor_keeps_its_group_while_inference_is_slower_than_max_poll_interval(
         topics: Topics, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.inference.testing import start_inference
+    from tests.helpers.inference import start_inference
 
     monkeypatch.setenv("APPRENTICE_MODEL", "tiny-random")
     inference = start_inference(tmp_path, bootstrap=kafka_bootstrap, topic_prefix=topics.prefix,

@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from services.grader.testing import (
-    GraderProcess,
-    TopicReader,
-    by_interaction,
-    delete_namespace,
-    free_port,
-    graded,
-    grader_env,
-    interaction,
-)
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.grader import (
+    GraderProcess,
+    by_interaction,
+    delete_namespace,
+    graded,
+    grader_env,
+    interaction,
+)
+from tests.helpers.kafka import TopicReader
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ tasks:
 @pytest.mark.parametrize("runtime", ["native", "faust"])
 def test_judge_scores_groups_through_inference(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path,
                                                runtime: str) -> None:
-    from services.inference.testing import start_inference
+    from tests.helpers.inference import start_inference
 
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")
     ensure_topics(kafka_bootstrap, topics)
@@ -115,8 +115,8 @@ def test_a_judge_slower_than_the_poll_interval_costs_no_membership(kafka_bootstr
 
     from confluent_kafka.admin import AdminClient
 
-    from services.inference.testing import start_inference
     from shared.kafka.security import librdkafka_config
+    from tests.helpers.inference import start_inference
 
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")
     ensure_topics(kafka_bootstrap, topics)

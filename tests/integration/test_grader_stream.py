@@ -18,21 +18,21 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.grader.join import graded_event_id
-from services.grader.testing import (
-    GraderProcess,
-    TopicReader,
-    by_interaction,
-    delete_namespace,
-    feedback,
-    free_port,
-    graded,
-    grader_env,
-    interaction,
-)
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.grader import (
+    GraderProcess,
+    by_interaction,
+    delete_namespace,
+    feedback,
+    graded,
+    grader_env,
+    interaction,
+)
+from tests.helpers.kafka import TopicReader
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -22,11 +22,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
 from services.inference.client import InferenceClient
-from services.inference.testing import collect, start_inference
 from shared.events import deterministic_id
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.inference import start_inference
+from tests.helpers.kafka import collect
 
 pytestmark = pytest.mark.integration
 

@@ -22,12 +22,13 @@ import torch
 from prometheus_client import REGISTRY
 
 from services.inference.client import InferenceClient
-from services.inference.testing import FileWeightsServer, collect, start_inference
 from shared.events import make_envelope
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.kafka.producer import EventProducer
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.inference import FileWeightsServer, start_inference
+from tests.helpers.kafka import collect
 
 pytestmark = pytest.mark.integration
 P, C, R = events_pb2.UPDATE_ACTION_PROMOTE, events_pb2.UPDATE_ACTION_CANARY, events_pb2.UPDATE_ACTION_ROLLBACK

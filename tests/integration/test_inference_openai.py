@@ -33,12 +33,13 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.inference.client import InferenceClient
-from services.inference.testing import collect, start_inference
 from shared.grpc_util import PortInUse
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.security.devpki import DevCredentials, ensure_dev_credentials, make_ca
 from shared.topics import Topics
+from tests.helpers.inference import start_inference
+from tests.helpers.kafka import collect
 from tests.security.harness import SECURITY_VARS
 
 pytestmark = pytest.mark.integration

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from services.inference.client import InferenceClient
-from services.inference.testing import collect, private_broker, start_inference
 from shared.kafka.admin import ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.inference import start_inference
+from tests.helpers.kafka import collect, private_broker
 
 pytestmark = pytest.mark.integration
 

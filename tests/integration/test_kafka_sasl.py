@@ -25,17 +25,17 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from services.grader.testing import GraderProcess, TopicReader, by_interaction, graded, grader_env
 from services.inference.client import InferenceClient
-from services.inference.testing import start_inference
 from shared.config import CommonSettings
 from shared.kafka import EventConsumer, EventProducer, ensure_topics
 from shared.kafka.admin import admin, broker_answers, list_topics
 from shared.kafka.local_broker import REPO_ROOT, BrokerError, LocalBroker
 from shared.kafka.security import PLAINTEXT, KafkaSecurity, librdkafka_config
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.grader import GraderProcess, by_interaction, graded, grader_env
+from tests.helpers.inference import start_inference
+from tests.helpers.kafka import TopicReader, read_all
 
 pytestmark = pytest.mark.integration
 

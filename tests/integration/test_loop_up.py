@@ -164,8 +164,8 @@ def _openai_sdks_against_the_stack(home: Path, ports: Ports, topics: Topics, boo
     from openai import DefaultHttpxClient, OpenAI
 
     from shared.events import decode
-    from shared.kafka.testing import read_all
     from shared.proto.apprentice.v1 import events_pb2
+    from tests.helpers.kafka import read_all
 
     secrets = home / "secrets"
     base_url, key = f"https://localhost:{ports.http}/v1", (secrets / "backend-default.token").read_text().strip()

@@ -70,7 +70,7 @@ def versions(tmp_path_factory: pytest.TempPathFactory, tiny_model_name: str) -> 
 def test_orders_drive_a_real_inference_pod(weights: RunningServer, topics: Topics, kafka_bootstrap: str,
                                            versions: dict[str, Path], tmp_path: Path) -> None:
     from services.inference.client import InferenceClient
-    from services.inference.testing import start_inference
+    from tests.helpers.inference import start_inference
 
     stub = weights_pb2_grpc.WeightsStub(grpc.insecure_channel(f"127.0.0.1:{weights.port}"))
     v1 = upload_version(stub, weights_pb2.UploadHeader(model=MODEL, kind="full"), versions["full-a"])

@@ -22,10 +22,10 @@ from services.weights.config import WeightsSettings
 from services.weights.server import RunningServer, start
 from shared.events import decode, make_envelope
 from shared.kafka import EventConsumer, EventProducer
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.topics import Topics
 from shared.weights_client import download_version, save_version_files, upload_version
+from tests.helpers.kafka import read_all
 from tests.integration.weights_evalsets import small_eval_sets
 
 pytestmark = pytest.mark.integration

@@ -28,9 +28,14 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
-from services.grader.testing import (
+from shared.kafka import EventProducer
+from shared.kafka.admin import admin, ensure_topics, list_topics
+from shared.proto.apprentice.v1 import events_pb2
+from shared.security.interaction_ids import issue
+from shared.topics import Topics
+from shared.validation import TYPE_HEADER
+from tests.helpers.grader import (
     GraderProcess,
-    TopicReader,
     by_interaction,
     delete_namespace,
     feedback,
@@ -38,12 +43,7 @@ from services.grader.testing import (
     grader_env,
     interaction,
 )
-from shared.kafka import EventProducer
-from shared.kafka.admin import admin, ensure_topics, list_topics
-from shared.proto.apprentice.v1 import events_pb2
-from shared.security.interaction_ids import issue
-from shared.topics import Topics
-from shared.validation import TYPE_HEADER
+from tests.helpers.kafka import TopicReader
 
 pytestmark = pytest.mark.integration
 
