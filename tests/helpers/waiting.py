@@ -24,7 +24,7 @@ def _short(value: object) -> str:
     return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
 
 
-def wait_for(cond: Callable[[], T], *, what: str, stall_s: float = 30.0,
+def wait_for(cond: Callable[[], T], *, what: str, stall_s: float = 60.0,
              progress: Callable[[], object] | None = None, every: float = 0.05,
              ignore: tuple[type[BaseException], ...] = (), detail: Callable[[], str] | None = None) -> T:
     """Poll `cond` every `every` seconds until it returns something truthy, and return that.

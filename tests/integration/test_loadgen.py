@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,15 +21,10 @@ from shared.security.devpki import DevCredentials, ensure_dev_credentials
 from shared.topics import Topics
 from tests.helpers.inference import start_inference
 from tests.helpers.kafka import collect
+from tests.helpers.ports import free_port
 from tests.security.harness import SECURITY_VARS
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

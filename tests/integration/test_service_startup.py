@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.startup import EXIT_STARTUP_ERROR
 from shared.topics import Topics
+from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +49,6 @@ SERVICES = {
     "grader": Service("grader", None, "APPRENTICE_GRADER_METRICS_PORT"),
     "trainer": Service("trainer", None, "APPRENTICE_TRAINER_METRICS_PORT"),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
