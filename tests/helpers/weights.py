@@ -53,6 +53,15 @@ class LocalWeights:
                                           tenant=tenant)
         return upload_version(self.stub, header, src, timeout=120)
 
+    def approve(self, model: str, version: str) -> weights_pb2.Manifest:
+        """Record an approving verdict without running the eval gate: for tests of what happens after the
+        gate (orders, downloads, swaps), not of the gate itself."""
+        def approved(m: weights_pb2.Manifest) -> None:
+            m.status = weights_pb2.VERSION_STATUS_APPROVED
+            m.status_reason = "approved by the test"
+
+        return self.service.store.update(model, version, approved)
+
     def pod(self, model: str, pod_id: str) -> weights_pb2.PodStatus | None:
         """The pod's last heartbeat as `Status` reports it, or None before its first one."""
         status = self.stub.Status(weights_pb2.StatusRequest(model=model), timeout=10)

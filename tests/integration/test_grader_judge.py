@@ -27,6 +27,7 @@ from tests.helpers.grader import (
 )
 from tests.helpers.kafka import TopicReader
 from tests.helpers.ports import free_port
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -134,14 +135,12 @@ def test_a_judge_slower_than_the_poll_interval_costs_no_membership(kafka_bootstr
         [topics.group_id("apprentice-grader-judge")] if runtime == "native" else [])
     try:
         # the grader is settled in its groups before the slow call starts
-        deadline = time.monotonic() + 120
-        before: dict[str, tuple[str, list[str]]] = {}
-        while time.monotonic() < deadline:
-            before = {g: _members(admin, g) for g in groups}
-            if all(state == "STABLE" and members for state, members in before.values()):
-                break
-            time.sleep(0.5)
-        assert all(state == "STABLE" for state, _ in before.values()), (before, grader.log_tail())
+        def settled() -> dict[str, tuple[str, list[str]]] | None:
+            b = {g: _members(admin, g) for g in groups}
+            return b if all(state == "STABLE" and members for state, members in b.values()) else None
+
+        before = wait_for(settled, what="the grader's groups stable", stall_s=120, every=0.5,
+                          detail=grader.log_tail)
 
         single = interaction(task="judged", text="It is 24 months.")
         p = EventProducer(kafka_bootstrap)

@@ -44,6 +44,7 @@ from tests.helpers.grader import (
     interaction,
 )
 from tests.helpers.kafka import TopicReader
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -299,9 +300,8 @@ def test_sigterm_stops_the_grader_promptly_while_kafka_writes_fail(kafka_bootstr
     g = Grader(kafka_bootstrap, tmp_path, runtime, graded_config={"min.insync.replicas": "2"},
                shutdown_grace_s="5")
     changelog = f"{g.topics.prefix}apprentice-grader-pending-changelog"
-    deadline = time.monotonic() + 90
-    while changelog not in list_topics(kafka_bootstrap) and time.monotonic() < deadline:
-        time.sleep(0.5)  # the grader creates it at start
+    wait_for(lambda: changelog in list_topics(kafka_bootstrap), what="the grader's changelog topic (made at start)",
+             stall_s=90, every=0.5)
     state = TopicReader(kafka_bootstrap, changelog, isolation="read_uncommitted")
     try:
         it = interaction(tenant=TENANT_A, task="rules", text="9 lives")
