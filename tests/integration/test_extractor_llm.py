@@ -127,7 +127,7 @@ def test_tiny_model_through_real_inference_grpc(inference: tuple[InTestInference
     assert app.extractor.calls == 2
 
 
-@pytest.mark.skipif(importlib.util.find_spec("services.inference.testing") is None,
+@pytest.mark.skipif(importlib.util.find_spec("services.inference.server") is None,
                     reason="services/inference is not in this build")
 def test_tiny_model_through_the_inference_service(topics: Topics, kafka_bootstrap: str, tmp_path: Any,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
