@@ -68,14 +68,14 @@ setup: $(STAMP)
 	fi
 
 test: setup
-	$(BIN)/python -m pytest -m "not slow and not gpu and not vllm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)
 
 # The dashboard in headless Chromium against a real stack, alone (it is also part of `make test`).
 test-browser: setup
 	$(BIN)/python -m pytest tests/integration/test_dashboard_browser.py $(PYTEST_ARGS)
 
 test-all: setup
-	$(BIN)/python -m pytest -m "not gpu and not vllm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/apprentice demo

@@ -31,12 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.inference.client import InferenceClient  # noqa: E402
 from services.inference.engines.base import GenerationRequest  # noqa: E402
-from services.inference.testing import collect, private_broker, start_inference  # noqa: E402
 from shared.decoding.params import SamplingConfig  # noqa: E402
 from shared.generation import encode_prompt, render_chat  # noqa: E402
 from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
 from shared.proto.apprentice.v1 import events_pb2  # noqa: E402
 from shared.topics import Topics  # noqa: E402
+from tests.helpers.inference import start_inference  # noqa: E402
+from tests.helpers.kafka import collect, private_broker  # noqa: E402
 
 QUESTIONS = [f"Customer {i}: my order #{1000 + i} has not arrived, what should I do?" for i in range(8)]
 

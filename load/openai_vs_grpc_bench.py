@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,16 +41,11 @@ import openai  # noqa: E402
 from services.inference.client import InferenceClient  # noqa: E402
 from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
 from shared.topics import Topics  # noqa: E402
+from tests.helpers.ports import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MESSAGES = [{"role": "user", "content": "My order #1042 has not arrived. What should I do?"}]
 TARGET = 1.10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -96,7 +96,7 @@ def capture_step(texts: list[str], tok: Any) -> None:
 
 def end_to_end(texts: list[str], n: int, max_new: int, model: str) -> None:
     from services.inference.client import InferenceClient
-    from services.inference.testing import start_inference
+    from tests.helpers.inference import start_inference
 
     with tempfile.TemporaryDirectory(prefix="pii-bench-") as tmp:
         app = start_inference(Path(tmp), model=model, bootstrap="127.0.0.1:1", follow_updates=False,

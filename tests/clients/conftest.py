@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -22,6 +21,7 @@ import pytest
 
 from shared.security.devpki import DevCredentials, ensure_dev_credentials
 from shared.topics import Topics
+from tests.helpers.ports import free_port
 from tests.security.harness import SECURITY_VARS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,12 +34,6 @@ GO_PLUGINS = {"protoc-gen-go": "google.golang.org/protobuf/cmd/protoc-gen-go@v1.
               "protoc-gen-go-grpc": "google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2"}
 GO_REQUIRES = {"google.golang.org/grpc": "v1.85.0", "google.golang.org/protobuf": "v1.36.12"}
 TENANT = "acme"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
@@ -94,8 +88,8 @@ class Server:
 def server(kafka_bootstrap: str, tiny_model_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Keys (operator, services, backends of acme and globex), TLS with the dev CA's server certificate,
     signed interaction ids, the HTTP API on: the way `apprentice up` runs the service."""
-    from services.inference.testing import start_inference
     from shared.kafka.admin import delete_topics, ensure_topics
+    from tests.helpers.inference import start_inference
 
     home = tmp_path_factory.mktemp("clients")
     creds = ensure_dev_credentials(home, tenants=(TENANT, "globex"))

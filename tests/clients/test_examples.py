@@ -25,8 +25,8 @@ pytestmark = pytest.mark.integration
 
 def _check_reported(server: Server, stdout: str) -> None:
     """The example's last line: its interaction id and feedback event, both on their topics."""
-    from services.inference.testing import collect
     from shared.proto.apprentice.v1 import events_pb2
+    from tests.helpers.kafka import collect
 
     out = json.loads(stdout.strip().splitlines()[-1])
     assert out["accepted"] is True and out["policy_version"] == "base", out

@@ -72,8 +72,8 @@ def _client(server: Server, **kw: object):  # noqa: ANN202 - the light client's 
 
 @pytest.mark.integration
 def test_generate_stream_feedback_over_tls_as_the_keys_tenant(server: Server) -> None:
-    from services.inference.testing import collect
     from shared.proto.apprentice.v1 import events_pb2
+    from tests.helpers.kafka import collect
 
     with _client(server, api_key=server.key("acme")) as c:
         c.wait_ready(60)

@@ -8,9 +8,9 @@ import pytest
 from shared.audit import MAX_FIELD, MAX_TARGET, AuditLog
 from shared.events import decode
 from shared.kafka import EventProducer
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.kafka import read_all
 
 pytestmark = pytest.mark.integration
 

@@ -11,14 +11,15 @@ machine, most of it starting six processes); `make test-browser` runs it alone.
 
 from __future__ import annotations
 
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -36,18 +37,8 @@ tasks:
 """
 
 
-def _wait(what: str, probe: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except Exception as e:  # noqa: BLE001 - a page still loading; the last error is reported
-            last = e
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(every)
-    raise AssertionError(f"{what} within {timeout:.0f}s; last: {last!r}")
+LOADING = (Exception,)
+"""What a probe of a page still loading may raise (a missing element, a stale one, a refused connection)."""
 
 
 def _browser() -> Any:
@@ -132,7 +123,8 @@ def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
 
     url = stack.dashboard_url
     assert stack.creds is not None
-    _wait("the dashboard answers", lambda: _dashboard_up(url, stack.creds.ca), 90)
+    wait_for(lambda: _dashboard_up(url, stack.creds.ca), what="the dashboard answers", stall_s=90, every=0.5,
+             ignore=LOADING)
     operator_key = stack.creds.token(stack.creds.operator_token)
     browser = _browser()
     try:
@@ -143,36 +135,44 @@ def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
         assert "unknown or revoked key" in browser.find_element(By.ID, "login-error").text
         browser.find_element(By.ID, "token").send_keys(operator_key)
         browser.find_element(By.ID, "sign-in").click()
-        _wait("the learning page", lambda: browser.find_elements(By.ID, "learning"), 10, every=0.2)
+        wait_for(lambda: browser.find_elements(By.ID, "learning"), what="the learning page", stall_s=10, every=0.2,
+                 ignore=LOADING)
         assert browser.get_cookie("apprentice_dashboard")["httpOnly"]
 
         _traffic(stack, 6)
         # graded after the 3 s window: the page's next refreshes draw the reward curve of tenant demo, base
-        canvas = _wait("points on the reward curve", lambda: [
+        canvas = wait_for(lambda: [
             c for c in browser.find_elements(By.CSS_SELECTOR, "canvas[id^='reward-demo']")
-            if int(c.get_attribute("data-points") or 0) > 0], 90)
+            if int(c.get_attribute("data-points") or 0) > 0], what="points on the reward curve", stall_s=90,
+            every=0.5, ignore=LOADING)
         assert canvas[0].is_displayed()
-        summary = _wait("every answer graded on the page", lambda: (lambda t: t if "6 graded" in t else None)(
-            browser.find_element(By.CSS_SELECTOR, "section.curve .summary").text), 60)
+        summary = wait_for(lambda: (lambda t: t if "6 graded" in t else None)(
+            browser.find_element(By.CSS_SELECTOR, "section.curve .summary").text),
+            what="every answer graded on the page", stall_s=60, every=0.5, ignore=LOADING)
         assert "versions: base (6)" in summary, summary
 
         for page, element in (("versions", "promoted"), ("hacking", "hacking"), ("health", "service-weights")):
             browser.find_element(By.ID, f"nav-{page}").click()
-            _wait(f"the {page} page drawn", partial(browser.find_elements, By.ID, element), 15, every=0.2)
-        _wait("every service healthy on the health page", lambda: all(
+            wait_for(partial(browser.find_elements, By.ID, element), what=f"the {page} page drawn", stall_s=15,
+                     every=0.2, ignore=LOADING)
+        wait_for(lambda: all(
             "healthy" in browser.find_element(By.ID, f"service-{n}").text
-            for n in ("inference", "grader", "extractor", "trainer", "weights")), 20)
+            for n in ("inference", "grader", "extractor", "trainer", "weights")),
+            what="every service healthy on the health page", stall_s=20, every=0.5, ignore=LOADING)
         browser.find_element(By.ID, "nav-versions").click()
-        assert _wait("the promoted version", lambda: browser.find_element(By.ID, "promoted").text, 15) == "base"
+        assert wait_for(lambda: browser.find_element(By.ID, "promoted").text, what="the promoted version", stall_s=15,
+                        every=0.5, ignore=LOADING) == "base"
 
         # the corrections became proposals (approval required for backend-sourced items): approve one
         browser.find_element(By.ID, "nav-knowledge").click()
-        row = _wait("a proposed knowledge item", lambda: browser.find_elements(By.CSS_SELECTOR, "tr.item-proposed"), 90)
+        row = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.item-proposed"),
+                       what="a proposed knowledge item", stall_s=90, every=0.5, ignore=LOADING)
         item_id = row[0].get_attribute("data-item")
         key = browser.find_element(By.CSS_SELECTOR, "section.base").get_attribute("data-key")
         row[0].find_element(By.CSS_SELECTOR, "button.approve").click()
-        _wait("the item shown approved", lambda: browser.find_elements(
-            By.CSS_SELECTOR, f"tr.item-approved[data-item='{item_id}']"), 20, every=0.3)
+        wait_for(lambda: browser.find_elements(
+            By.CSS_SELECTOR, f"tr.item-approved[data-item='{item_id}']"), what="the item shown approved", stall_s=20,
+            every=0.3, ignore=LOADING)
     finally:
         browser.quit()
 

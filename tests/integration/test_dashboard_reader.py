@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from services.dashboard.reader import TopicReader
 from shared.config import CommonSettings
 from shared.kafka import EventProducer
 from shared.topics import Topics
+from tests.helpers.waiting import wait_for
 from tests.unit.dashboard.test_aggregates import graded
 
 pytestmark = pytest.mark.integration
@@ -29,10 +29,10 @@ def test_non_finite_and_mistyped_records_are_skipped(topics: Topics, kafka_boots
     reader = TopicReader(CommonSettings(kafka_bootstrap=kafka_bootstrap, topic_prefix=topics.prefix), fold,
                          UpdatesFold()).start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and reader.undecodable < 3:
-            time.sleep(0.2)
-        time.sleep(0.5)
+        # the records sit on different partitions: the good one may be read after the bad ones
+        wait_for(lambda: reader.undecodable >= 3 and any(s["n"] for c in fold.curves() for s in c["series"]),
+                 what="three records skipped and the good one folded", stall_s=30, every=0.2,
+                 detail=lambda: f"undecodable: {reader.undecodable}")
         assert reader.undecodable == 3, reader.undecodable
         curves = fold.curves()
         json.dumps(curves, allow_nan=False)          # what the page is served: valid JSON

@@ -263,34 +263,32 @@ SWAP_CASES = [
 def test_full_swap_then_adapter_under_load_fails_no_request(engine_name: str, kafka_bootstrap: str,
                                                             tiny_vllm_dir: Path, tmp_path: Path) -> None:
     from services.inference.client import InferenceClient
-    from services.inference.testing import FileWeightsServer, start_inference
-    from shared.events import make_envelope
     from shared.kafka.admin import delete_topics, ensure_topics
-    from shared.kafka.producer import EventProducer
-    from shared.proto.apprentice.v1 import events_pb2
+    from shared.proto.apprentice.v1 import weights_pb2
     from shared.topics import Topics
+    from tests.helpers.inference import start_inference
+    from tests.helpers.waiting import wait_for
+    from tests.helpers.weights import LocalWeights
 
     if engine_name == "vllm":
         need_vllm()
     model = str(tiny_vllm_dir)
     ns = Topics(prefix=f"test-contract-{uuid.uuid4().hex[:8]}.")
     ensure_topics(kafka_bootstrap, ns)
-    store = FileWeightsServer()
-    store.add(model, "v1", full_dir(tmp_path / "v1", model, 0.3), kind="full")
-    store.add(model, "a2", lora_dir(tmp_path / "a2", model, 2), kind="lora", base_version="v1")
+    store = LocalWeights(tmp_path / "store", common={"kafka_bootstrap": kafka_bootstrap, "topic_prefix": ns.prefix})
+    store.upload(model, full_dir(tmp_path / "v1", model, 0.3), kind="full", version="v1")
+    store.upload(model, lora_dir(tmp_path / "a2", model, 2), kind="lora", version="a2", base_version="v1")
+    for v in ("v1", "a2"):
+        store.approve(model, v)
     app = start_inference(tmp_path / "pod", model=model, bootstrap=kafka_bootstrap, topic_prefix=ns.prefix,
                           weights_endpoint=store.endpoint, heartbeat_interval_s=0.3, engine=engine_name,
                           vllm_enforce_eager=True)
-    producer = EventProducer(kafka_bootstrap)
     results: list[str] = []
     errors: list[BaseException] = []
     stop = threading.Event()
 
-    def promote(version: str) -> None:
-        u = events_pb2.ModelUpdate(envelope=make_envelope("operator", source="test"), model=model,
-                                   action=events_pb2.UPDATE_ACTION_PROMOTE, version=version)
-        producer.produce(ns.model_updates, model, u)
-        producer.flush(10)
+    def promote(version: str) -> None:               # the Weights service publishes the order
+        store.stub.Promote(weights_pb2.PromoteRequest(model=model, version=version, reason="test"), timeout=60)
 
     def load() -> None:
         with InferenceClient(f"127.0.0.1:{app.port}", timeout=60) as c:
@@ -300,11 +298,8 @@ def test_full_swap_then_adapter_under_load_fails_no_request(engine_name: str, ka
                 except BaseException as e:  # noqa: BLE001 - collected and asserted on below
                     errors.append(e)
 
-    def wait(cond: Any, what: str, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.05)
+    def wait(cond: Any, what: str) -> None:
+        wait_for(cond, what=what, stall_s=180)
 
     threads = [threading.Thread(target=load) for _ in range(4)]
     try:
@@ -324,7 +319,6 @@ def test_full_swap_then_adapter_under_load_fails_no_request(engine_name: str, ka
         for t in threads:
             t.join(timeout=60)
         app.stop(5)
-        producer.close()
         store.stop()
         with contextlib.suppress(Exception):
             delete_topics(kafka_bootstrap, [s.name for s in ns.specs()])

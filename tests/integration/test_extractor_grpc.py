@@ -3,7 +3,6 @@ training (read back from the real knowledge topic), tenancy and validation error
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -18,9 +17,10 @@ from services.extractor.knowledge import training_view
 from services.extractor.llm_local import LocalLLM
 from shared.events import decode
 from shared.kafka import EventProducer
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2, knowledge_pb2, knowledge_pb2_grpc
 from shared.topics import Topics
+from tests.helpers.kafka import read_all
+from tests.helpers.waiting import wait_for
 from tests.unit.extractor.factories import graded
 
 pytestmark = pytest.mark.integration
@@ -44,14 +44,12 @@ def running(topics: Topics, kafka_bootstrap: str, tiny_model_name: str) -> Itera
     p.flush()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = knowledge_pb2_grpc.KnowledgeStub(channel)
-    deadline = time.monotonic() + 40
-    while time.monotonic() < deadline:
+
+    def built() -> bool:
         snap = app.store.latest(KEY)
-        if snap is not None and sum(it.created_by == "correction" for it in snap.items) == 3:
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError("the extractor did not build the base in time")
+        return snap is not None and sum(it.created_by == "correction" for it in snap.items) == 3
+
+    wait_for(built, what="the extractor to build the base", stall_s=40, every=0.2)
     yield app, stub
     channel.close()
     app.stop()

@@ -21,9 +21,9 @@ from services.extractor.curation import approx_tokens
 from services.extractor.llm_local import LocalLLM
 from shared.events import decode
 from shared.kafka import EventProducer
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.kafka import read_all
 from tests.unit.extractor.factories import graded
 
 pytestmark = pytest.mark.integration

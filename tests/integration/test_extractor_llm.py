@@ -128,14 +128,14 @@ def test_tiny_model_through_real_inference_grpc(inference: tuple[InTestInference
     assert app.extractor.calls == 2
 
 
-@pytest.mark.skipif(importlib.util.find_spec("services.inference.testing") is None,
+@pytest.mark.skipif(importlib.util.find_spec("services.inference.server") is None,
                     reason="services/inference is not in this build")
 def test_tiny_model_through_the_inference_service(topics: Topics, kafka_bootstrap: str, tmp_path: Any,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The real `services/inference` server as the extractor LLM: extraction prompts are served with the
     tenant's policy and never captured as interactions."""
-    from services.inference.testing import start_inference
-    from shared.kafka.testing import read_all
+    from tests.helpers.inference import start_inference
+    from tests.helpers.kafka import read_all
 
     monkeypatch.setenv("APPRENTICE_MODEL", "tiny-random")
     inference = start_inference(tmp_path, bootstrap=kafka_bootstrap, topic_prefix=topics.prefix)

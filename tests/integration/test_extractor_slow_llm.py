@@ -23,6 +23,7 @@ from services.extractor.curation import approx_tokens
 from shared.kafka import EventProducer
 from shared.kafka.security import librdkafka_config
 from shared.topics import Topics
+from tests.helpers.waiting import wait_for
 from tests.unit.extractor.factories import graded
 
 pytestmark = pytest.mark.integration
@@ -44,7 +45,7 @@ def _committed(admin: AdminClient, group: str) -> dict[tuple[str, int], int]:
 
 def test_extractor_keeps_its_group_while_inference_is_slower_than_max_poll_interval(
         topics: Topics, kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.inference.testing import start_inference
+    from tests.helpers.inference import start_inference
 
     monkeypatch.setenv("APPRENTICE_MODEL", "tiny-random")
     inference = start_inference(tmp_path, bootstrap=kafka_bootstrap, topic_prefix=topics.prefix,
@@ -68,11 +69,10 @@ def test_extractor_keeps_its_group_while_inference_is_slower_than_max_poll_inter
         sent = time.monotonic()
         app.start()
         assert app.consumer is not None
-        deadline = time.monotonic() + 30
         # (the consumer belongs to the extractor's thread: it is only observed here, never called)
-        while not app.consumer.rebalances["assigned"] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert app.consumer.rebalances["assigned"], "the extractor never got its partitions"
+        consumer = app.consumer
+        wait_for(lambda: consumer.rebalances["assigned"], what="the extractor's partitions", stall_s=30,
+                 every=0.1)
         state, members = _members(admin, group)
         assert state == "STABLE" and len(members) == 1
         assigned_at = time.monotonic()
@@ -87,7 +87,7 @@ def test_extractor_keeps_its_group_while_inference_is_slower_than_max_poll_inter
             if time.monotonic() - assigned_at > MAX_POLL_S + 1:   # the batch's calls take DELAY_S
                 assert _members(admin, group) == (state, members)
                 seen_during_call = True
-            time.sleep(0.2)
+            time.sleep(0.2)             # the pace of the membership observations while the calls run
         took = time.monotonic() - sent
         snap = app.store.latest("acme/support")
         assert snap is not None and len(snap.items) == len(records), "not everything was extracted"
@@ -96,12 +96,11 @@ def test_extractor_keeps_its_group_while_inference_is_slower_than_max_poll_inter
         assert app.extractor.calls == len(records)      # one slow batch, no call repeated
 
         # the offsets past every record are committed once the snapshot is durable
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            committed = _committed(admin, group)
-            if sum(committed.values()) >= len(records):
-                break
-            time.sleep(0.2)
+        def all_committed() -> dict[tuple[str, int], int] | None:
+            c = _committed(admin, group)
+            return c if sum(c.values()) >= len(records) else None
+
+        committed = wait_for(all_committed, what="the offsets past every record committed", stall_s=15, every=0.2)
         assert sum(committed.values()) == len(records)
         # no rebalance and no eviction happened: one assignment, nothing revoked or lost
         assert app.consumer.rebalances == {"assigned": 1, "revoked": 0, "lost": 0}

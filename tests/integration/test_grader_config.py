@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.grader.testing import REPO
+from tests.helpers.grader import REPO
 
 BAD = """
 version: broken-1

@@ -13,20 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from services.grader.testing import (
-    GraderProcess,
-    TopicReader,
-    by_interaction,
-    delete_namespace,
-    free_port,
-    graded,
-    grader_env,
-    interaction,
-)
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.grader import (
+    GraderProcess,
+    by_interaction,
+    delete_namespace,
+    graded,
+    grader_env,
+    interaction,
+)
+from tests.helpers.kafka import TopicReader
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,7 @@ tasks:
 @pytest.mark.parametrize("runtime", ["native", "faust"])
 def test_judge_scores_groups_through_inference(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path,
                                                runtime: str) -> None:
-    from services.inference.testing import start_inference
+    from tests.helpers.inference import start_inference
 
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")
     ensure_topics(kafka_bootstrap, topics)
@@ -115,8 +116,8 @@ def test_a_judge_slower_than_the_poll_interval_costs_no_membership(kafka_bootstr
 
     from confluent_kafka.admin import AdminClient
 
-    from services.inference.testing import start_inference
     from shared.kafka.security import librdkafka_config
+    from tests.helpers.inference import start_inference
 
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")
     ensure_topics(kafka_bootstrap, topics)
@@ -134,14 +135,12 @@ def test_a_judge_slower_than_the_poll_interval_costs_no_membership(kafka_bootstr
         [topics.group_id("apprentice-grader-judge")] if runtime == "native" else [])
     try:
         # the grader is settled in its groups before the slow call starts
-        deadline = time.monotonic() + 120
-        before: dict[str, tuple[str, list[str]]] = {}
-        while time.monotonic() < deadline:
-            before = {g: _members(admin, g) for g in groups}
-            if all(state == "STABLE" and members for state, members in before.values()):
-                break
-            time.sleep(0.5)
-        assert all(state == "STABLE" for state, _ in before.values()), (before, grader.log_tail())
+        def settled() -> dict[str, tuple[str, list[str]]] | None:
+            b = {g: _members(admin, g) for g in groups}
+            return b if all(state == "STABLE" and members for state, members in b.values()) else None
+
+        before = wait_for(settled, what="the grader's groups stable", stall_s=120, every=0.5,
+                          detail=grader.log_tail)
 
         single = interaction(task="judged", text="It is 24 months.")
         p = EventProducer(kafka_bootstrap)

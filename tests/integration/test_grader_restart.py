@@ -20,9 +20,12 @@ from typing import TypeVar
 
 import pytest
 
-from services.grader.testing import (
+from shared.kafka import EventProducer
+from shared.kafka.admin import ensure_topics
+from shared.proto.apprentice.v1 import events_pb2
+from shared.topics import Topics
+from tests.helpers.grader import (
     GraderProcess,
-    TopicReader,
     by_interaction,
     delete_namespace,
     feedback,
@@ -30,10 +33,7 @@ from services.grader.testing import (
     grader_env,
     interaction,
 )
-from shared.kafka import EventProducer
-from shared.kafka.admin import ensure_topics
-from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
+from tests.helpers.kafka import TopicReader
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,6 @@ detector flags + quarantine + Prometheus metrics.
 
 from __future__ import annotations
 
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -18,21 +17,22 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.grader.join import graded_event_id
-from services.grader.testing import (
-    GraderProcess,
-    TopicReader,
-    by_interaction,
-    delete_namespace,
-    feedback,
-    free_port,
-    graded,
-    grader_env,
-    interaction,
-)
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.grader import (
+    GraderProcess,
+    by_interaction,
+    delete_namespace,
+    feedback,
+    graded,
+    grader_env,
+    interaction,
+)
+from tests.helpers.kafka import TopicReader
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -152,14 +152,10 @@ def test_interactions_written_in_transactions_are_graded_and_committed_past(stac
     try:
         tp = TopicPartition(stack.topics.interactions, 0)
         _low, end = reader.get_watermark_offsets(tp, timeout=10)
-        committed = -1
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            committed = reader.committed([tp], timeout=10)[0].offset
-            if committed >= end - 1:  # everything up to the last record (end - 1 is its commit marker)
-                break
-            time.sleep(0.5)
-        assert committed >= end - 1, f"commit stuck at {committed}, partition end {end}"
+        # everything up to the last record (end - 1 is its commit marker)
+        wait_for(lambda: reader.committed([tp], timeout=10)[0].offset >= end - 1,
+                 what=f"the commit to reach the partition end {end}", stall_s=30, every=0.5,
+                 detail=lambda: f"committed: {reader.committed([tp], timeout=10)[0].offset}")
     finally:
         reader.close()
 
@@ -238,13 +234,12 @@ def test_degenerate_output_is_flagged_quarantined_and_counted(stack: Stack) -> N
     [ok] = stack.records_for(clean.interaction_id, 1)
     assert "degenerate" in rec.flags and rec.quarantined and rec.has_signal
     assert not ok.flags and not ok.quarantined
-    deadline = time.monotonic() + 10
-    while True:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=5).read().decode()
-        if 'apprentice_grader_flags_total{flag="degenerate",task="rules",tenant="demo"}' in text \
-                or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+
+    def flagged() -> str | None:
+        t = urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=5).read().decode()
+        return t if 'apprentice_grader_flags_total{flag="degenerate",task="rules",tenant="demo"}' in t else None
+
+    text = wait_for(flagged, what="the degenerate flag counted", stall_s=10, every=0.5)
     assert 'apprentice_grader_flags_total{flag="degenerate",task="rules",tenant="demo"} 1.0' in text
     assert 'apprentice_grader_quarantined_total{task="rules",tenant="demo"}' in text
     assert "apprentice_grader_reward_length_corr" in text

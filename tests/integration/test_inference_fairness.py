@@ -19,9 +19,9 @@ import grpc
 import pytest
 
 from services.inference.client import InferenceClient
-from services.inference.testing import start_inference
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.topics import Topics
+from tests.helpers.inference import start_inference
 
 pytestmark = pytest.mark.integration
 

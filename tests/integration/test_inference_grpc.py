@@ -22,11 +22,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
 from services.inference.client import InferenceClient
-from services.inference.testing import collect, start_inference
 from shared.events import deterministic_id
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.inference import start_inference
+from tests.helpers.kafka import collect
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -192,20 +194,24 @@ def test_api_keys_and_graceful_drain(kafka_bootstrap: str, ns: Topics, tiny_mode
             r = keyed.generate("hi", max_new_tokens=2)
             iid = r.choices[0].interaction_id
 
-            # graceful stop while a long generation runs: it completes, new calls are refused
-            result: dict[str, Any] = {}
+            # graceful stop while a long generation runs (its first tokens arrived): it completes, new
+            # calls are refused
+            chunks: list[Any] = []
+            generating = threading.Event()
 
             def long_call() -> None:
-                result["r"] = keyed.generate("tell me everything", max_new_tokens=150, temperature=1.0)
+                for chunk in keyed.generate_stream("tell me everything", max_new_tokens=150, temperature=1.0):
+                    chunks.append(chunk)
+                    generating.set()
 
             t = threading.Thread(target=long_call)
             t.start()
-            time.sleep(0.3)
+            assert generating.wait(60), "the long generation never started"
             stopper = threading.Thread(target=app.stop)
             stopper.start()
             t.join(timeout=60)
             stopper.join(timeout=60)
-            assert result["r"].choices[0].token_count > 0
+            assert any(c.finish_reason for c in chunks) and sum(len(c.token_ids) for c in chunks) > 0
             with pytest.raises(grpc.RpcError) as e:
                 keyed.generate("too late", max_new_tokens=2, timeout=3)
             assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -227,7 +233,7 @@ def test_health_is_not_serving_until_the_model_is_loaded(kafka_bootstrap: str, n
     starter = threading.Thread(target=app.start)
     starter.start()
     try:
-        _wait_for(lambda: app.port != 0)
+        wait_for(lambda: app.port != 0, what="the gRPC port bound", stall_s=30)
         seen = []
         with InferenceClient(f"127.0.0.1:{app.port}") as c:
             stub = health_pb2_grpc.HealthStub(c.channel)
@@ -241,17 +247,10 @@ def test_health_is_not_serving_until_the_model_is_loaded(kafka_bootstrap: str, n
                         assert app.ready.is_set()               # (it became ready in between)
                     except grpc.RpcError as e:
                         assert e.code() == grpc.StatusCode.UNAVAILABLE, e
-                time.sleep(0.02)
+                time.sleep(0.02)         # the probe's pace while the model loads (each pass is one observation)
             starter.join(timeout=60)
             assert health_pb2.HealthCheckResponse.NOT_SERVING in seen
             assert stub.Check(health_pb2.HealthCheckRequest(service="")).status == health_pb2.HealthCheckResponse.SERVING
     finally:
         starter.join(timeout=60)
         app.stop(1)
-
-
-def _wait_for(cond: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)

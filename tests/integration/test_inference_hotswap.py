@@ -1,17 +1,18 @@
-"""Hot swap end to end: ModelUpdate orders on the real broker, versions fetched over real gRPC from a
-minimal Weights server (files written by `save_version_files`), loaded by the tiny model's engine.
+"""Hot swap end to end: the real Weights service (in-process, on loopback) stores the versions (uploaded
+with the real client), publishes the ModelUpdate orders on the real broker and serves the downloads; the
+tiny model's engine loads them.
 
 A swap under concurrent load loses no request and attributes each answer to the version that produced
 it; LoRA versions attach to the loaded base; canaries and tenant versions route as ordered; a version
-that fails to download/verify, or that belongs to another tenant, keeps the old version and is reported
-in the heartbeat; rollback; a pod that missed orders converges on the heartbeat's desired state.
+that fails to verify (bit rot in the store), or an order for another tenant's version (forged on the
+topic: the service never sends one), keeps the old version and is reported in the heartbeat; rollback;
+a pod that missed an order converges on the heartbeat's desired state.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,12 +23,15 @@ import torch
 from prometheus_client import REGISTRY
 
 from services.inference.client import InferenceClient
-from services.inference.testing import FileWeightsServer, collect, start_inference
 from shared.events import make_envelope
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.kafka.producer import EventProducer
-from shared.proto.apprentice.v1 import events_pb2
+from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 from shared.topics import Topics
+from tests.helpers.inference import start_inference
+from tests.helpers.kafka import collect
+from tests.helpers.waiting import wait_for
+from tests.helpers.weights import LocalWeights
 
 pytestmark = pytest.mark.integration
 P, C, R = events_pb2.UPDATE_ACTION_PROMOTE, events_pb2.UPDATE_ACTION_CANARY, events_pb2.UPDATE_ACTION_ROLLBACK
@@ -74,23 +78,33 @@ def ns(kafka_bootstrap: str) -> Iterator[Topics]:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, tiny_model_name: str) -> Iterator[FileWeightsServer]:
-    tmp = tmp_path_factory.mktemp("store")
-    fws = FileWeightsServer()
+def store(ns: Topics, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory,
+          tiny_model_name: str) -> Iterator[LocalWeights]:
+    """The real Weights service in the test namespace, holding v1 (full), l2 (LoRA), t3 and t4 (acme's
+    LoRAs) and bad (a full version whose blob rots after its integrity check), all approved."""
+    tmp = tmp_path_factory.mktemp("versions")
+    w = LocalWeights(tmp / "store", common={"kafka_bootstrap": kafka_bootstrap, "topic_prefix": ns.prefix})
     m = tiny_model_name
-    fws.add(m, "v1", _full(tmp, "v1", m, 0.3), kind="full")
-    fws.add(m, "l2", _lora(tmp, "l2", m, 2), kind="lora", base_version="base")
-    fws.add(m, "t3", _lora(tmp, "t3", m, 3), kind="lora", base_version="base", tenant="acme")
-    fws.add(m, "t4", _lora(tmp, "t4", m, 4), kind="lora", base_version="base", tenant="acme")
-    bad = _full(tmp, "bad", m, 0.1)
-    fws.add(m, "bad", bad, kind="full")
-    (bad / "model.safetensors").write_bytes(b"not the bytes the manifest promised")
-    yield fws
-    fws.stop()
+    w.upload(m, _full(tmp, "v1", m, 0.3), kind="full", version="v1")
+    w.upload(m, _lora(tmp, "l2", m, 2), kind="lora", version="l2", base_version="base")
+    w.upload(m, _lora(tmp, "t3", m, 3), kind="lora", version="t3", base_version="base", tenant="acme")
+    w.upload(m, _lora(tmp, "t4", m, 4), kind="lora", version="t4", base_version="base", tenant="acme")
+    bad = w.upload(m, _full(tmp, "bad", m, 0.1), kind="full", version="bad")
+    w.service.evaluator.check_integrity(bad)          # passed while intact; the service checks a version once
+    for v in ("v1", "l2", "t3", "t4", "bad"):
+        w.approve(m, v)
+    # then bit rot in the store: same size, other bytes (the weights file: its config is the same blob as
+    # every other version's, the store deduplicates by content)
+    [weights] = [f for f in bad.files if f.path == "model.safetensors"]
+    blob = next((tmp / "store" / "blobs").glob(f"*/{weights.sha256}"))
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(weights.size))
+    yield w
+    w.stop()
 
 
 @pytest.fixture(scope="module")
-def app(ns: Topics, kafka_bootstrap: str, tiny_model_name: str, store: FileWeightsServer,
+def app(ns: Topics, kafka_bootstrap: str, tiny_model_name: str, store: LocalWeights,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     a = start_inference(tmp_path_factory.mktemp("pod"), model=tiny_model_name, bootstrap=kafka_bootstrap,
                         topic_prefix=ns.prefix, weights_endpoint=store.endpoint, heartbeat_interval_s=0.3)
@@ -99,25 +113,39 @@ def app(ns: Topics, kafka_bootstrap: str, tiny_model_name: str, store: FileWeigh
 
 
 @pytest.fixture(scope="module")
-def orders(kafka_bootstrap: str, ns: Topics, tiny_model_name: str) -> Iterator[Any]:
+def orders(store: LocalWeights, tiny_model_name: str) -> Any:
+    """An operator's order through the Weights service: it publishes the ModelUpdate, then saves its state
+    (which heartbeats hand back to pods as the desired state). Promotions are forced: a rolled-back
+    version is promoted again here."""
+    stub, model = store.stub, tiny_model_name
+
+    def send(action: int, version: str, *, fraction: float = 0.0) -> None:
+        if action == P:
+            stub.Promote(weights_pb2.PromoteRequest(model=model, version=version, force=True), timeout=60)
+        elif action == C:
+            stub.Canary(weights_pb2.CanaryRequest(model=model, version=version, fraction=fraction), timeout=60)
+        else:
+            stub.Rollback(weights_pb2.RollbackRequest(model=model, version=version, tenant=""), timeout=60)
+    return send
+
+
+@pytest.fixture(scope="module")
+def forge(kafka_bootstrap: str, ns: Topics, tiny_model_name: str) -> Iterator[Any]:
+    """An order written straight to the topic: one the Weights service would never send."""
     producer = EventProducer(kafka_bootstrap)
 
-    def send(action: events_pb2.UpdateAction, version: str = "", *, tenant: str = "", fraction: float = 0.0) -> None:
-        u = events_pb2.ModelUpdate(envelope=make_envelope(tenant or "operator", source="test"), model=tiny_model_name,
-                                   action=action, version=version, tenant=tenant, canary_fraction=fraction)
+    def send(action: events_pb2.UpdateAction, version: str) -> None:
+        u = events_pb2.ModelUpdate(envelope=make_envelope("operator", source="test"), model=tiny_model_name,
+                                   action=action, version=version)
         producer.produce(ns.model_updates, tiny_model_name, u)
         producer.flush(10)
     yield send
     producer.close()
 
 
-def _wait(cond: Any, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+def _beat(store: LocalWeights, app: Any) -> weights_pb2.PodStatus:
+    """The pod's last heartbeat as the Weights service's Status shows it (empty before the first)."""
+    return store.pod(app.model, app.settings.pod_id) or weights_pb2.PodStatus()
 
 
 def _ask(c: InferenceClient, tenant: str = "globex", **kw: Any) -> Any:
@@ -125,7 +153,7 @@ def _ask(c: InferenceClient, tenant: str = "globex", **kw: Any) -> Any:
     return c.generate("same question every time", tenant=tenant, **kw)
 
 
-def test_swap_under_concurrent_load_loses_no_request(app: Any, orders: Any, store: FileWeightsServer,
+def test_swap_under_concurrent_load_loses_no_request(app: Any, orders: Any, store: LocalWeights,
                                                      kafka_bootstrap: str, ns: Topics) -> None:
     results: list[tuple[str, str]] = []        # (interaction id, version)
     errors: list[BaseException] = []
@@ -143,11 +171,11 @@ def test_swap_under_concurrent_load_loses_no_request(app: Any, orders: Any, stor
     threads = [threading.Thread(target=load) for _ in range(4)]
     for t in threads:
         t.start()
-    _wait(lambda: len(results) >= 8, what="traffic before the swap")
+    wait_for(lambda: len(results) >= 8, what="traffic before the swap")
     orders(P, "v1")
-    _wait(lambda: any(v == "v1" for _, v in results), what="v1 to serve")
+    wait_for(lambda: any(v == "v1" for _, v in results), what="v1 to serve")
     seen_v1 = len(results)
-    _wait(lambda: len(results) >= seen_v1 + 8, what="traffic after the swap")
+    wait_for(lambda: len(results) >= seen_v1 + 8, what="traffic after the swap")
     stop.set()
     for t in threads:
         t.join(timeout=30)
@@ -159,20 +187,20 @@ def test_swap_under_concurrent_load_loses_no_request(app: Any, orders: Any, stor
     events = collect(kafka_bootstrap, ns.interactions, events_pb2.Interaction, want=[i for i, _ in results])
     by_id = {e.interaction_id: e.policy_version for e in events}
     assert all(by_id[i] == v for i, v in results)                 # every answer attributed to its producer
-    _wait(lambda: (hb := store.last_heartbeat()) is not None and hb.serving_version == "v1", what="heartbeat v1")
+    wait_for(lambda: _beat(store, app).serving_version == "v1", what="heartbeat v1")
     assert (REGISTRY.get_sample_value("apprentice_inference_version_loads_total", {"outcome": "loaded"}) or 0) >= 1
 
 
-def test_lora_canary_and_tenant_versions(app: Any, orders: Any, store: FileWeightsServer, kafka_bootstrap: str,
+def test_lora_canary_and_tenant_versions(app: Any, orders: Any, store: LocalWeights, kafka_bootstrap: str,
                                          ns: Topics) -> None:
     c = InferenceClient(f"127.0.0.1:{app.port}")
     before = _ask(c)
     assert before.policy_version == "v1"
     orders(C, "l2", fraction=1.0)
-    _wait(lambda: _ask(c).policy_version == "l2", what="the l2 canary")
+    wait_for(lambda: _ask(c).policy_version == "l2", what="the l2 canary")
     canary = _ask(c)
-    orders(P, "t3", tenant="acme")
-    _wait(lambda: _ask(c, tenant="acme").policy_version == "t3", what="acme's t3")
+    orders(P, "t3")                                               # acme's version: acme's slot only
+    wait_for(lambda: _ask(c, tenant="acme").policy_version == "t3", what="acme's t3")
     acme = _ask(c, tenant="acme")
     other = _ask(c, tenant="globex")
     assert other.policy_version == "l2"                           # operator canary for tenants without a slot
@@ -185,25 +213,24 @@ def test_lora_canary_and_tenant_versions(app: Any, orders: Any, store: FileWeigh
     assert app.engine._policies["l2"].backbone is base_bb and app.engine._policies["t3"].backbone is base_bb
     lp = {e.policy_version: list(e.response_logprobs_t1) for e in got.values()}
     assert lp["l2"] != pytest.approx(lp["t3"], abs=1e-3)
-    _wait(lambda: (hb := store.last_heartbeat()) is not None and dict(hb.tenant_versions) == {"": "v1", "acme": "t3"}
-          and dict(hb.tenant_canaries) == {"": "l2"} and hb.canary_requests > 0, what="heartbeat with tenants")
+    wait_for(lambda: (hb := _beat(store, app)) and dict(hb.tenant_versions) == {"": "v1", "acme": "t3"}
+             and dict(hb.tenant_canaries) == {"": "l2"} and hb.canary_requests > 0, what="heartbeat with tenants")
     c.close()
 
 
-def test_failed_or_foreign_versions_keep_the_old_one(app: Any, orders: Any, store: FileWeightsServer) -> None:
+def test_failed_or_foreign_versions_keep_the_old_one(app: Any, orders: Any, forge: Any, store: LocalWeights) -> None:
     c = InferenceClient(f"127.0.0.1:{app.port}")
     failed_before = REGISTRY.get_sample_value("apprentice_inference_version_loads_total", {"outcome": "failed"}) or 0
     orders(R, "v1")                                               # ends the canary: v1 for everyone
-    _wait(lambda: _ask(c).policy_version == "v1", what="v1 after rollback of the canary")
+    wait_for(lambda: _ask(c).policy_version == "v1", what="v1 after rollback of the canary")
     orders(P, "bad")
-    _wait(lambda: "bad" in ((hb := store.last_heartbeat()) and hb.last_error or ""), what="last_error for bad")
-    beat = store.last_heartbeat()
-    assert beat is not None and "sha256" in beat.last_error
+    wait_for(lambda: "bad" in _beat(store, app).last_error, what="last_error for bad")
+    assert "sha256" in _beat(store, app).last_error
     assert _ask(c).policy_version == "v1"
-    orders(P, "t4")                                               # acme's version ordered for everyone
-    _wait(lambda: "t4" in ((hb := store.last_heartbeat()) and hb.last_error or ""), what="last_error for t4")
-    beat = store.last_heartbeat()
-    assert beat is not None and "tenant 'acme'" in beat.last_error
+    orders(R, "v1")                                               # the operator gives up on bad
+    forge(P, "t4")                                                # acme's version ordered for everyone
+    wait_for(lambda: "t4" in _beat(store, app).last_error, what="last_error for t4")
+    assert "tenant 'acme'" in _beat(store, app).last_error
     assert _ask(c).policy_version == "v1" and _ask(c, tenant="acme").policy_version == "t3"
     assert "t4" not in app.engine.loaded_versions() and "bad" not in app.engine.loaded_versions()
     failed_after = REGISTRY.get_sample_value("apprentice_inference_version_loads_total", {"outcome": "failed"}) or 0
@@ -211,15 +238,18 @@ def test_failed_or_foreign_versions_keep_the_old_one(app: Any, orders: Any, stor
     c.close()
 
 
-def test_rollback_and_heartbeat_catch_up(app: Any, orders: Any, store: FileWeightsServer) -> None:
+def test_rollback_and_heartbeat_catch_up(app: Any, orders: Any, store: LocalWeights) -> None:
     c = InferenceClient(f"127.0.0.1:{app.port}")
     orders(R, "base")
-    _wait(lambda: _ask(c).policy_version == "base", what="rollback to base")
-    _wait(lambda: "v1" not in app.engine.loaded_versions(), what="v1 unloaded")
-    # the weights service says this pod should serve v1 (an order the pod never saw): it converges
-    store.desired = [events_pb2.ModelUpdate(model=app.model, action=P, version="v1")]
+    wait_for(lambda: _ask(c).policy_version == "base", what="rollback to base")
+    wait_for(lambda: "v1" not in app.engine.loaded_versions(), what="v1 unloaded")
+    # v1 promoted again, its order lost on the way (never on the topic): the service's state says v1, the
+    # pod never heard of it, and converges from the heartbeat's desired state
+    desk = store.service.desk
+    publish, desk.publish = desk.publish, lambda update: None
     try:
-        _wait(lambda: _ask(c).policy_version == "v1", what="catch-up to v1")
+        orders(P, "v1")
     finally:
-        store.desired = []
+        desk.publish = publish
+    wait_for(lambda: _ask(c).policy_version == "v1", what="catch-up to v1")
     c.close()

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 import threading
@@ -36,12 +35,15 @@ from openai.types.chat.chat_completion import Choice
 from prometheus_client import REGISTRY
 
 from services.inference.client import InferenceClient, MessagesLike
-from services.inference.testing import collect, start_inference
 from shared.grpc_util import PortInUse
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.security.devpki import DevCredentials, ensure_dev_credentials, make_ca
 from shared.topics import Topics
+from tests.helpers.inference import start_inference
+from tests.helpers.kafka import collect
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import wait_for
 from tests.security.harness import SECURITY_VARS
 
 pytestmark = pytest.mark.integration
@@ -51,12 +53,6 @@ NODE_DIR = REPO / "tests" / "node"
 FEEDBACK_CAP = 4
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello?"}]
 ERROR_KEYS = {"message", "type", "param", "code"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -367,7 +363,7 @@ def test_a_client_that_goes_away_cancels_its_generation(door: Door, kafka_bootst
     before = cancelled()
     with door.http(door.key()) as h, h.stream("POST", "/chat/completions", json={**body, "stream": True}) as r:
         next(line for line in r.iter_lines() if line.startswith("data: "))      # streaming, then hang up
-    _wait_for(lambda: cancelled() > before)
+    wait_for(lambda: cancelled() > before, what="the hung-up stream counted as cancelled")
     t0 = time.monotonic()
     door.sdk().chat.completions.create(model=door.model, messages=MESSAGES, max_tokens=2)
     assert time.monotonic() - t0 < 10.0              # the engine is not still writing either essay
@@ -431,7 +427,7 @@ def test_503_while_loading_dev_mode_port_conflict_and_graceful_drain(
     starter = threading.Thread(target=app.start)
     starter.start()
     try:
-        _wait_for(lambda: app.http_port != 0)
+        wait_for(lambda: app.http_port != 0, what="the HTTP port bound")
         seen = []
         with httpx.Client(base_url=f"http://127.0.0.1:{port}/v1", timeout=30) as h:
             while not app.ready.is_set():
@@ -476,10 +472,3 @@ def test_503_while_loading_dev_mode_port_conflict_and_graceful_drain(
         app.stop(1)
     got = collect(kafka_bootstrap, ns.interactions, events_pb2.Interaction, want=[r2.id])
     assert any(e.interaction_id == r2.id and e.envelope.tenant == "default" for e in got)
-
-
-def _wait_for(cond: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)

@@ -10,14 +10,16 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from services.inference.client import InferenceClient
-from services.inference.testing import collect, private_broker, start_inference
 from shared.kafka.admin import ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.inference import start_inference
+from tests.helpers.kafka import collect, private_broker
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +32,7 @@ def test_broker_outage_spools_and_replays_exactly_once(tmp_path: Path, tiny_mode
     try:
         ensure_topics(broker.bootstrap, topics)
         spool_home = tmp_path / "pod"
-        kw = dict(model=tiny_model_name, bootstrap=broker.bootstrap, topic_prefix=topics.prefix,
+        kw: dict[str, Any] = dict(model=tiny_model_name, bootstrap=broker.bootstrap, topic_prefix=topics.prefix,
                   follow_updates=False, heartbeat_interval_s=0, pod_id="spool-pod", grace_s=2)
         app = start_inference(spool_home, **kw)
         apps.append(app)

@@ -13,9 +13,9 @@ import pytest
 from shared.events import decode, make_envelope
 from shared.kafka import DeadLetterPublisher, EventConsumer, EventProducer
 from shared.kafka.decode import decode_batch
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.kafka import read_all
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,6 @@ from the environment only (`APPRENTICE_KAFKA_SECURITY_PROTOCOL`, `..._SASL_USERN
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,17 +24,18 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from services.grader.testing import GraderProcess, TopicReader, by_interaction, graded, grader_env
 from services.inference.client import InferenceClient
-from services.inference.testing import start_inference
 from shared.config import CommonSettings
 from shared.kafka import EventConsumer, EventProducer, ensure_topics
 from shared.kafka.admin import admin, broker_answers, list_topics
-from shared.kafka.local_broker import REPO_ROOT, BrokerError, LocalBroker
+from shared.kafka.local_broker import BrokerError, LocalBroker
 from shared.kafka.security import PLAINTEXT, KafkaSecurity, librdkafka_config
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.grader import GraderProcess, by_interaction, graded, grader_env
+from tests.helpers.inference import start_inference
+from tests.helpers.kafka import TopicReader, link_broker_jars, read_all
+from tests.helpers.ports import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -43,25 +43,11 @@ REFUSAL_WAIT_S = 6.0
 """How long a refused client is given to (fail to) connect and deliver: well past a SCRAM round trip."""
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     home = tmp_path_factory.mktemp("sasl-broker")
-    libs = REPO_ROOT / ".apprentice" / "kafka" / "libs"
-    if (libs / ".complete").exists():  # reuse the shared broker's jars (else fetch_jars resolves them)
-        (home / "kafka").mkdir(parents=True)
-        (home / "kafka" / "libs").symlink_to(libs.resolve())
-    plain, controller, sasl = _free_ports(3)
+    link_broker_jars(home)            # reuse the shared broker's jars (else fetch_jars resolves them)
+    plain, controller, sasl = free_ports(3)
     first = LocalBroker(home, port=plain, controller_port=controller)
     first.start()                               # formatted without any SCRAM user, no SASL listener
     first.stop(timeout=10)                      # (a clean stop can take 30 s; a kill is as good here)
@@ -163,7 +149,7 @@ def test_clients_without_valid_credentials_are_refused(broker: LocalBroker, sasl
 
 
 def test_reusing_a_broker_without_the_sasl_listener_says_how_to_fix_it(broker: LocalBroker) -> None:
-    [unused] = _free_ports(1)
+    [unused] = free_ports(1)
     other = LocalBroker(broker.home.parent, port=broker.port, controller_port=broker.controller_port,
                         sasl_port=unused)
     with pytest.raises(BrokerError, match="has no SASL listener .* again with `--sasl`"):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,20 +15,16 @@ from typing import Any
 import pytest
 
 from load.loadgen import main
-from services.inference.testing import collect, start_inference
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.security.devpki import DevCredentials, ensure_dev_credentials
 from shared.topics import Topics
+from tests.helpers.inference import start_inference
+from tests.helpers.kafka import collect
+from tests.helpers.ports import free_port
 from tests.security.harness import SECURITY_VARS
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Chaos at CI scale (`load/chaos.py`): load through the whole stack (private broker, tiny model) while
-every service is kill -9'd and restarted by the supervisor, the broker is killed and restarted, and
+"""Chaos at CI scale (`tests/helpers/chaos.py`; `load/chaos.py` runs it from the command line): load
+through the whole stack (private broker, tiny model) while every service is kill -9'd and restarted by the supervisor, the broker is killed and restarted, and
 weights are swapped under load; then the topics, the trainer's checkpoints and the clients' call
 records must show every answer captured once, graded once per revision, nothing trained twice and no
 failed call except those in flight on the killed inference process."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from load.chaos import ChaosConfig, ChaosResult, run_chaos
+from tests.helpers.chaos import ChaosConfig, ChaosResult, run_chaos
 
 pytestmark = pytest.mark.integration
 

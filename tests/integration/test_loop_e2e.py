@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from shared.events import decode
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2
+from tests.helpers.kafka import read_all
 
 pytestmark = pytest.mark.integration
 

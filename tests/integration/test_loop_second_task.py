@@ -14,9 +14,9 @@ import pytest
 from services.loop import demo_cli
 from services.loop.task import load_task
 from shared.events import decode
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2
 from shared.topics import Topics
+from tests.helpers.kafka import read_all
 
 pytestmark = pytest.mark.integration
 

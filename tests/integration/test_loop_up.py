@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 from services.loop.stack import Ports
 from shared.kafka.admin import broker_answers
 from shared.topics import Topics
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -36,17 +36,6 @@ def _alive(pid: int) -> bool:
         return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return False
-
-
-def _wait(what: str, probe: Callable[[], Any], timeout: float, every: float = 2.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"{what} within {timeout:.0f}s; last: {last!r}")
 
 
 def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_model_name: str,
@@ -120,7 +109,8 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
             groups = {g: t for g, t in lag.items() if isinstance(t, dict) and topics.interactions in t}
             return groups or None
 
-        groups = _wait("a consumer group committed on the interactions topic", lag_on_interactions, 90)
+        groups = wait_for(lag_on_interactions, what="a consumer group committed on the interactions topic",
+                          stall_s=90, every=2.0)
         assert all(isinstance(n, int) and n >= 0 for t in groups.values() for n in t.values()), groups
 
         # kill -9 one service: the supervisor restarts it and status shows the restart
@@ -131,11 +121,11 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
             s = status()["services"]["weights"]
             return s if s["healthy"] and s["restarts"] == 1 and s["pid"] not in (None, victim) else None
 
-        w = _wait("weights healthy again after kill -9", restarted, 120)
+        w = wait_for(restarted, what="weights healthy again after kill -9", stall_s=120, every=2.0)
         assert w["exits"] == [-signal.SIGKILL]
         # the restarted store knows the pod again from its next heartbeat (every 3 s)
-        after = _wait("the pod re-registered with the restarted weights service",
-                      lambda: (lambda s: s if "pod-up" in (s["pods"].get("pods") or {}) else None)(status()), 60)
+        after = wait_for(lambda: (lambda s: s if "pod-up" in (s["pods"].get("pods") or {}) else None)(status()),
+                         what="the pod re-registered with the restarted weights service", stall_s=60, every=2.0)
         assert all(s["healthy"] for s in after["services"].values()), after["services"]
         text = apprentice("status")
         print(text.stdout)
@@ -147,7 +137,8 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
     finally:
         down = apprentice("down", timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
-    _wait("every service process gone after down", lambda: not any(_alive(p) for p in pids), 30, every=0.5)
+    wait_for(lambda: not any(_alive(p) for p in pids), what="every service process gone after down", stall_s=30,
+             every=0.5)
     assert not (home / "stack.json").exists() and not (home / "endpoints.json").exists()
     assert broker_answers(kafka_bootstrap)             # down leaves alone a broker it did not start
     final = apprentice("status", "--json")
@@ -164,8 +155,8 @@ def _openai_sdks_against_the_stack(home: Path, ports: Ports, topics: Topics, boo
     from openai import DefaultHttpxClient, OpenAI
 
     from shared.events import decode
-    from shared.kafka.testing import read_all
     from shared.proto.apprentice.v1 import events_pb2
+    from tests.helpers.kafka import read_all
 
     secrets = home / "secrets"
     base_url, key = f"https://localhost:{ports.http}/v1", (secrets / "backend-default.token").read_text().strip()

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.startup import EXIT_STARTUP_ERROR
 from shared.topics import Topics
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +49,6 @@ SERVICES = {
     "grader": Service("grader", None, "APPRENTICE_GRADER_METRICS_PORT"),
     "trainer": Service("trainer", None, "APPRENTICE_TRAINER_METRICS_PORT"),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -139,17 +134,14 @@ def first_inference(ns: Topics, kafka_bootstrap: str, tiny_model_name: str,
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             health = health_pb2_grpc.HealthStub(ch)
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while True:
+
+            def serving() -> bool:
                 assert proc.poll() is None, (home / "out.log").read_text()[-4000:]
-                assert time.monotonic() < deadline, "first inference not SERVING in time"
-                try:
-                    r = health.Check(health_pb2.HealthCheckRequest(service="apprentice.v1.Inference"), timeout=2)
-                    if r.status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.2)
+                r = health.Check(health_pb2.HealthCheckRequest(service="apprentice.v1.Inference"), timeout=2)
+                return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
+
+            wait_for(serving, what="the first inference SERVING", stall_s=START_TIMEOUT_S, every=0.2,
+                     ignore=(grpc.RpcError,))
         yield Running(port, metrics, proc)
     finally:
         proc.terminate()

@@ -10,10 +10,10 @@ graders shared their app id only because the grader prefixed it by hand.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -21,12 +21,13 @@ from confluent_kafka.admin import AdminClient
 from services.extractor.app import ExtractorApp
 from services.extractor.config import ExtractorSettings
 from services.extractor.curation import approx_tokens
-from services.grader.testing import GraderProcess, delete_namespace, feedback, grader_env, interaction
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.kafka.lag import lag_by_group, partition_lag
 from shared.kafka.security import librdkafka_config
 from shared.topics import Topics
+from tests.helpers.grader import GraderProcess, delete_namespace, feedback, grader_env, interaction
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -96,15 +97,6 @@ def _groups(admin: AdminClient, prefix: str) -> dict[str, list[tuple[str, set[st
     return out
 
 
-def _wait(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_two_prefixes_on_one_broker_have_disjoint_groups_and_lag(stacks: tuple[Stack, Stack],
                                                                  kafka_bootstrap: str) -> None:
     a, b = stacks
@@ -112,8 +104,9 @@ def test_two_prefixes_on_one_broker_have_disjoint_groups_and_lag(stacks: tuple[S
     expected = ("extractor", "apprentice-grader")
     # both stacks are up: each one's grader and extractor groups exist under its own prefix
     for s in (a, b):
-        _wait(lambda s=s: all(len(_groups(admin, s.topics.prefix).get(s.topics.group_id(n), [])) == 1
-                              for n in expected), 90, f"the groups of {s.topics.prefix}")
+        def joined(s: Any = s) -> bool:
+            return all(len(_groups(admin, s.topics.prefix).get(s.topics.group_id(n), [])) == 1 for n in expected)
+        wait_for(joined, what=f"the groups of {s.topics.prefix}", stall_s=90, every=0.3)
 
     producer = EventProducer(kafka_bootstrap, client_id="iso-test")
     ids = []
@@ -129,9 +122,10 @@ def test_two_prefixes_on_one_broker_have_disjoint_groups_and_lag(stacks: tuple[S
     def a_done() -> bool:
         snap = a.extractor.store.latest("demo/support")
         return snap is not None and len(snap.items) == len(QA)
-    _wait(a_done, 90, "stack A's knowledge")
-    _wait(lambda: all(v == 0 for lags in lag_by_group(partition_lag(kafka_bootstrap, a.topics)).values()
-                      for v in lags.values()), 30, "stack A's lag to reach 0")
+    wait_for(a_done, what="stack A's knowledge", stall_s=90, every=0.3)
+    wait_for(lambda: all(v == 0 for lags in lag_by_group(partition_lag(kafka_bootstrap, a.topics)).values()
+                         for v in lags.values()), what="stack A's lag to reach 0", stall_s=30,
+             every=0.3)
 
     groups_a = _groups(admin, a.topics.prefix)
     groups_b = _groups(admin, b.topics.prefix)

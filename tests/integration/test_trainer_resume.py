@@ -17,12 +17,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.topics import Topics
+from tests.helpers.waiting import wait_for
 from tests.integration.test_trainer_service import MODEL, produce_traffic, weights  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
@@ -52,15 +54,18 @@ def start(env: dict[str, str], log: Path) -> subprocess.Popen:
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT)
 
 
-def wait_for(cond, timeout: float, proc: subprocess.Popen, log: Path) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def trainer_reaches(cond: Callable[[], bool], what: str, proc: subprocess.Popen, log: Path) -> None:
+    """Until `cond`, for as long as the trainer keeps logging (its log's size is the progress); fails at
+    once when the trainer exits."""
+    def alive_and(cond: Callable[[], bool]) -> bool:
         if cond():
-            return
+            return True
         if proc.poll() is not None:
             raise AssertionError(f"trainer exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
-    raise AssertionError(f"condition not met in {timeout}s:\n{log.read_text()[-3000:]}")
+        return False
+
+    wait_for(lambda: alive_and(cond), what=what, stall_s=120, progress=lambda: log.stat().st_size, every=0.1,
+             detail=lambda: log.read_text()[-3000:])
 
 
 def test_kill_9_and_restart_loses_nothing_and_trains_nothing_twice(
@@ -87,16 +92,16 @@ def test_kill_9_and_restart_loses_nothing_and_trains_nothing_twice(
         # run 1: killed shortly after its first checkpoint (during publish or the next round)
         proc = start(env, log)
         procs.append(proc)
-        wait_for(lambda: latest_id(state) != "", 120, proc, log)
-        time.sleep(rng.uniform(0.0, 1.0))
+        trainer_reaches(lambda: latest_id(state) != "", "the first checkpoint", proc, log)
+        time.sleep(rng.uniform(0.0, 1.0))       # the kill lands at a random point of the next round (the test)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         # run 2: killed right after it writes one more checkpoint (before or while publishing it)
         before = latest_id(state)
         proc = start(env, log)
         procs.append(proc)
-        wait_for(lambda: latest_id(state) != before, 120, proc, log)
-        time.sleep(rng.uniform(0.0, 0.3))
+        trainer_reaches(lambda: latest_id(state) != before, "one more checkpoint", proc, log)
+        time.sleep(rng.uniform(0.0, 0.3))       # a random point before or while it publishes (the test)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         # run 3: to completion (every acme record trained, the newest checkpoint published), then SIGTERM
@@ -108,7 +113,7 @@ def test_kill_9_and_restart_loses_nothing_and_trains_nothing_twice(
             pub = json.loads((state / "published.json").read_text()) if (state / "published.json").exists() else {}
             return set(trained) >= expected and latest_id(state) in pub
 
-        wait_for(done, 120, proc, log)
+        trainer_reaches(done, "every record trained and the last checkpoint published", proc, log)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:

@@ -22,9 +22,9 @@ from services.trainer.rounds import RoundResult
 from shared.config import CommonSettings
 from shared.events import decode
 from shared.kafka.producer import EventProducer
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.topics import Topics
+from tests.helpers.kafka import read_all
 from tests.unit.trainer.factories import graded, snapshot
 
 pytestmark = pytest.mark.integration

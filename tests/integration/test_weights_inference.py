@@ -6,8 +6,7 @@ from the pod's own heartbeats.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -18,19 +17,11 @@ from services.weights.server import RunningServer, start
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 from shared.topics import Topics
 from shared.weights_client import save_version_files, upload_version
+from tests.helpers.waiting import wait_for
 from tests.integration.weights_evalsets import small_eval_sets
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-random"
-
-
-def wait_for(cond: Callable[[], object], timeout: float = 40.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := cond():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
@@ -70,7 +61,7 @@ def versions(tmp_path_factory: pytest.TempPathFactory, tiny_model_name: str) -> 
 def test_orders_drive_a_real_inference_pod(weights: RunningServer, topics: Topics, kafka_bootstrap: str,
                                            versions: dict[str, Path], tmp_path: Path) -> None:
     from services.inference.client import InferenceClient
-    from services.inference.testing import start_inference
+    from tests.helpers.inference import start_inference
 
     stub = weights_pb2_grpc.WeightsStub(grpc.insecure_channel(f"127.0.0.1:{weights.port}"))
     v1 = upload_version(stub, weights_pb2.UploadHeader(model=MODEL, kind="full"), versions["full-a"])

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import grpc
 import pytest
@@ -23,26 +22,17 @@ from services.weights.config import WeightsSettings
 from services.weights.server import RunningServer, start
 from shared.events import decode, make_envelope
 from shared.kafka import EventConsumer, EventProducer
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.topics import Topics
 from shared.weights_client import download_version, save_version_files, upload_version
+from tests.helpers.kafka import read_all
+from tests.helpers.waiting import wait_for
 from tests.integration.weights_evalsets import small_eval_sets
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-random"
 A = events_pb2
 T = TypeVar("T")
-
-
-def wait_for(cond: Callable[[], T | Literal[False] | None], timeout: float = 30.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class MiniPod:
@@ -196,7 +186,7 @@ def test_orders_reach_pods_and_status_converges(make_server: Callable[..., Runni
         stale = MiniPod("stale", endpoint, kafka_bootstrap, topics.model_updates, tmp_path, follow=False)
         pods.append(stale)
         stub.Promote(weights_pb2.PromoteRequest(model=MODEL, version="v3", force=True), timeout=120)
-        st = wait_for(lambda: (s := status()).lagging_pods == 1 and s, timeout=20, what="stale pod flagged")
+        st = wait_for(lambda: (s := status()).lagging_pods == 1 and s, stall_s=20, what="stale pod flagged")
         by_pod = {p.pod_id: p for p in st.pods}
         assert by_pod["stale"].lagging and not by_pod["stale"].converged
         assert "serves 'base', ordered 'v3'" in by_pod["stale"].detail
@@ -237,7 +227,7 @@ def test_checkpoint_events_run_the_gate_and_the_policy(make_server: Callable[...
     _publish_checkpoint(kafka_bootstrap, topics.checkpoints, bad)
     hacked = upload_version(stub, header(tenant="default"), checkpoints["same"])
     _publish_checkpoint(kafka_bootstrap, topics.checkpoints, hacked, hacking_flag_fraction=0.6)
-    wait_for(lambda: get("v3").status == weights_pb2.VERSION_STATUS_REJECTED, timeout=90, what="v3 rejected")
+    wait_for(lambda: get("v3").status == weights_pb2.VERSION_STATUS_REJECTED, stall_s=90, what="v3 rejected")
     assert get("v2").status == weights_pb2.VERSION_STATUS_REJECTED and "NaN/Inf" in get("v2").status_reason
     assert "hacking_flag_fraction" in get("v3").status_reason
     assert len(read_all(kafka_bootstrap, topics.model_updates, timeout=3)) == 1  # no order for rejected ones
@@ -264,7 +254,7 @@ def test_canary_policy_promotes_after_healthy_requests(make_server: Callable[...
     try:
         m = upload_version(stub, header(), checkpoints["perturbed"])
         _publish_checkpoint(kafka_bootstrap, topics.checkpoints, m)
-        wait_for(lambda: len(pod.orders) >= 2, timeout=90, what="canary then promote")
+        wait_for(lambda: len(pod.orders) >= 2, stall_s=90, what="canary then promote")
         assert [(u.action, u.version) for u in pod.orders[:2]] == [(A.UPDATE_ACTION_CANARY, "v1"),
                                                                     (A.UPDATE_ACTION_PROMOTE, "v1")]
         assert pod.orders[0].canary_fraction == pytest.approx(0.2)
@@ -285,7 +275,7 @@ def test_retention_keeps_promoted_and_pinned(make_server: Callable[..., RunningS
     upload_version(stub, header(), checkpoints["perturbed"])  # v4: the same bytes as v2 (one blob)
     upload_version(stub, header(), checkpoints["same"])       # v5
     names = lambda: [v.version for v in stub.List(weights_pb2.ListVersionsRequest(model=MODEL)).versions]  # noqa: E731
-    wait_for(lambda: names() == ["v1", "v2", "v4", "v5"], timeout=10, what="GC after upload")
+    wait_for(lambda: names() == ["v1", "v2", "v4", "v5"], stall_s=10, what="GC after upload")
     blobs = set(server.service.store.blobs.list())
     for v in names():
         assert all(f.sha256 in blobs for f in stub.Get(weights_pb2.GetVersionRequest(model=MODEL, version=v)).files)

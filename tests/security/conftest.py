@@ -92,7 +92,7 @@ def secure_stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="module")
 def weights_server(secure_stack: SecureStack) -> Iterator[Any]:
-    from tests.security.harness import start_weights
+    from tests.helpers.weights import start_weights
 
     running = start_weights(secure_stack.home / "weights-store")
     yield running
@@ -110,7 +110,7 @@ def knowledge_server(secure_stack: SecureStack, tiny_model_name: str) -> Iterato
 
 @pytest.fixture(scope="module")
 def inference_server(secure_stack: SecureStack, tiny_model_name: str) -> Iterator[Any]:
-    from services.inference.testing import start_inference
+    from tests.helpers.inference import start_inference
 
     app = start_inference(secure_stack.home / "inference", model=tiny_model_name, bootstrap=secure_stack.bootstrap,
                           topic_prefix=secure_stack.topics.prefix, follow_updates=False, heartbeat_interval_s=0,

@@ -11,15 +11,14 @@ live in `tests/security/conftest.py`.
   trusts another CA, a plaintext client, or a client presenting a certificate (mutual TLS);
 - `call_raw`: call any method with raw request bytes, whatever its streaming shape, and return the
   status code (the auth and garbage-bytes tests call every RPC this way);
-- `start_weights` / `start_knowledge`: the real Weights and Knowledge servers on loopback;
-- `wait_until`: poll a condition with a deadline (never a fixed sleep).
+- `start_knowledge`: the real Knowledge server on loopback (the Weights server is
+  `tests/helpers/weights.py`, waiting is `tests/helpers/waiting.py`).
 """
 
 from __future__ import annotations
 
 import secrets
 import socket
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -213,22 +212,6 @@ def health(channel: grpc.Channel, service: str = "", timeout: float = 10.0) -> i
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
-def wait_until(cond: Callable[[], bool], timeout: float, what: str, every: float = 0.05) -> None:
-    """Poll `cond` until it is true; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def non_loopback_ip() -> str | None:
     """An address of this host that is not loopback (the route to a public address), or None."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -250,17 +233,6 @@ def connects(host: str, port: int, timeout: float = 1.0) -> bool:
 
 
 # --- servers -------------------------------------------------------------------------------------
-def start_weights(store_dir: Path, **overrides: Any) -> Any:
-    """The real Weights server on loopback port 0 (checkpoint consumer off), secured by the environment."""
-    from services.weights.config import WeightsSettings
-    from services.weights.server import start
-
-    kw: dict[str, Any] = dict(port=0, host="127.0.0.1", metrics_port=0, store_dir=store_dir, policy="manual",
-                              grace_s=1.0)
-    kw.update(overrides)
-    return start(WeightsSettings(**kw), consume=False)
-
-
 def start_knowledge(model_name: str, *, consume: bool = False, **overrides: Any) -> Any:
     """The real extractor (Knowledge gRPC server on loopback port 0) with the tiny model; needs the topic
     namespace of the environment. Returns the started `ExtractorApp` (`.port`, `.store`, `.stop()`)."""

@@ -21,7 +21,6 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from shared.config import CommonSettings
 from shared.grpc_util import PortInUse, create_server, service_host
-from shared.kafka.testing import read_all
 from shared.metrics import start_metrics_server
 from shared.proto.apprentice.v1 import (
     inference_pb2,
@@ -33,6 +32,10 @@ from shared.security import interaction_ids, policy
 from shared.security.binding import InsecureBind
 from shared.security.devpki import DevCredentials
 from shared.security.identity import Role
+from tests.helpers.kafka import read_all
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import wait_for
+from tests.helpers.weights import start_weights
 from tests.security.conftest import FEEDBACK_CAP, SecureStack
 from tests.security.harness import (
     INFERENCE_RPCS,
@@ -46,12 +49,9 @@ from tests.security.harness import (
     call_raw,
     code_of,
     connects,
-    free_port,
     health,
     non_loopback_ip,
     rpc_error,
-    start_weights,
-    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -234,10 +234,10 @@ def test_keys_rotate_without_a_restart(secure_env: DevCredentials, dial: Dialer,
         assert status(old) == C.OK and status(new) == C.UNAUTHENTICATED
         lines = keys.read_text().splitlines()
         keys.write_text("\n".join([*lines, f"operator:local-operator={new}"]) + "\n")   # same key id, 2nd secret
-        wait_until(lambda: status(new) == C.OK, 10, "the added key to be accepted")
+        wait_for(lambda: status(new) == C.OK, what="the added key to be accepted", stall_s=10)
         assert status(old) == C.OK
         keys.write_text("\n".join([*(ln for ln in lines if old not in ln), f"operator:local-operator={new}"]) + "\n")
-        wait_until(lambda: status(old) == C.UNAUTHENTICATED, 10, "the removed key to be refused")
+        wait_for(lambda: status(old) == C.UNAUTHENTICATED, what="the removed key to be refused", stall_s=10)
         assert status(new) == C.OK
     finally:
         running.stop(grace=0.5)

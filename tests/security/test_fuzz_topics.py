@@ -29,21 +29,16 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.grader.testing import (
-    GraderProcess,
-    TopicReader,
-    delete_namespace,
-    feedback,
-    grader_env,
-    interaction,
-)
 from shared.events import UndecodableEvent, make_envelope
 from shared.kafka.admin import ensure_topics
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2, inference_pb2, inference_pb2_grpc
 from shared.topics import Topics
 from shared.validation import TYPE_HEADER, decode_record
-from tests.security.harness import SECURITY_VARS, SERVING, health, wait_until
+from tests.helpers.grader import GraderProcess, delete_namespace, feedback, grader_env, interaction
+from tests.helpers.kafka import TopicReader
+from tests.helpers.waiting import wait_for
+from tests.security.harness import SECURITY_VARS, SERVING, health
 from tests.security.strategies import messages
 from tests.unit.extractor.factories import graded as graded_record
 
@@ -324,7 +319,7 @@ def test_the_weights_service_dead_letters_garbage(ns: Namespace, weights: Any) -
 
 def test_inference_pods_keep_serving_through_garbage_orders(ns: Namespace, tiny_model_name: str,
                                                              tmp_path: Path) -> None:
-    from services.inference.testing import start_inference
+    from tests.helpers.inference import start_inference
 
     app = start_inference(tmp_path, model=tiny_model_name, bootstrap=ns.bootstrap, topic_prefix=ns.topics.prefix,
                           follow_updates=True, heartbeat_interval_s=0, http_port=0)
@@ -334,7 +329,7 @@ def test_inference_pods_keep_serving_through_garbage_orders(ns: Namespace, tiny_
         assert _produce_examples(ns, ns.topics.model_updates, records(E.ModelUpdate), n=EXAMPLES * 3)
         follower = app.follower
         assert follower is not None
-        wait_until(lambda: follower._thread.is_alive() and follower.caught_up.is_set(), 30, "the follower")
+        wait_for(lambda: follower._thread.is_alive() and follower.caught_up.is_set(), what="the follower", stall_s=30)
         assert health(channel) == SERVING
         r = stub.Generate(inference_pb2.GenerateRequest(prompt="still there?", tenant="acme",
                                                         sampling={"max_new_tokens": 2}), timeout=60)

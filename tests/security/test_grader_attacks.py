@@ -28,9 +28,14 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
-from services.grader.testing import (
+from shared.kafka import EventProducer
+from shared.kafka.admin import admin, ensure_topics, list_topics
+from shared.proto.apprentice.v1 import events_pb2
+from shared.security.interaction_ids import issue
+from shared.topics import Topics
+from shared.validation import TYPE_HEADER
+from tests.helpers.grader import (
     GraderProcess,
-    TopicReader,
     by_interaction,
     delete_namespace,
     feedback,
@@ -38,12 +43,8 @@ from services.grader.testing import (
     grader_env,
     interaction,
 )
-from shared.kafka import EventProducer
-from shared.kafka.admin import admin, ensure_topics, list_topics
-from shared.proto.apprentice.v1 import events_pb2
-from shared.security.interaction_ids import issue
-from shared.topics import Topics
-from shared.validation import TYPE_HEADER
+from tests.helpers.kafka import TopicReader
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -299,9 +300,8 @@ def test_sigterm_stops_the_grader_promptly_while_kafka_writes_fail(kafka_bootstr
     g = Grader(kafka_bootstrap, tmp_path, runtime, graded_config={"min.insync.replicas": "2"},
                shutdown_grace_s="5")
     changelog = f"{g.topics.prefix}apprentice-grader-pending-changelog"
-    deadline = time.monotonic() + 90
-    while changelog not in list_topics(kafka_bootstrap) and time.monotonic() < deadline:
-        time.sleep(0.5)  # the grader creates it at start
+    wait_for(lambda: changelog in list_topics(kafka_bootstrap), what="the grader's changelog topic (made at start)",
+             stall_s=90, every=0.5)
     state = TopicReader(kafka_bootstrap, changelog, isolation="read_uncommitted")
     try:
         it = interaction(tenant=TENANT_A, task="rules", text="9 lives")

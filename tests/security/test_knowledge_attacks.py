@@ -22,7 +22,6 @@ import grpc
 import pytest
 
 from services.extractor.knowledge import training_view
-from services.inference.testing import collect
 from services.trainer.knowledge import KnowledgeBase, knowledge_block, with_knowledge
 from shared.chat_template import encode_chat
 from shared.events import deterministic_id, make_envelope
@@ -36,8 +35,10 @@ from shared.proto.apprentice.v1 import (
     knowledge_pb2_grpc,
 )
 from shared.topics import Topics
+from tests.helpers.kafka import collect
+from tests.helpers.waiting import wait_for
 from tests.security.conftest import SecureStack
-from tests.security.harness import SECURITY_VARS, TENANT_A, TENANT_B, rpc_error, start_knowledge, wait_until
+from tests.security.harness import SECURITY_VARS, TENANT_A, TENANT_B, rpc_error, start_knowledge
 
 pytestmark = pytest.mark.integration
 S = events_pb2.ItemStatus
@@ -107,7 +108,8 @@ def test_injected_corrections_are_never_auto_approved_nor_instructions_to_the_te
         snap = extractor.store.latest(key)
         return [it for it in snap.items if it.created_by == "correction"] if snap else []
 
-    wait_until(lambda: len(corrections()) == 2, 60, "the extractor to propose both corrections")
+    wait_for(lambda: len(corrections()) == 2, what="the extractor to propose both corrections", stall_s=60,
+             progress=lambda: len(corrections()))
     op = knowledge_pb2_grpc.KnowledgeStub(secure_stack.dial.operator(f"127.0.0.1:{extractor.port}"))
     snap = op.Get(K.GetKnowledgeRequest(key=key))
     for it in (i for i in snap.items if i.created_by == "correction"):

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from services.inference.testing import collect
 from shared.chat_template import control_token_ids, encode_chat
 from shared.decoding.params import SamplingConfig
 from shared.generation import encode_prompt, generate, render_chat
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2, inference_pb2_grpc
+from tests.helpers.kafka import collect
 from tests.security.conftest import SecureStack
 from tests.security.harness import TENANT_A
 

@@ -27,12 +27,14 @@ from services.weights.server import RunningServer
 from shared.audit import AuditLog
 from shared.events import decode
 from shared.kafka import EventProducer
-from shared.kafka.testing import read_all
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.security.devpki import DevCredentials
 from shared.topics import Topics
 from shared.weights_client import save_version_files, upload_version
-from tests.security.harness import Dialer, rpc_error, start_weights, wait_until
+from tests.helpers.kafka import read_all
+from tests.helpers.waiting import wait_for
+from tests.helpers.weights import start_weights
+from tests.security.harness import Dialer, rpc_error
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-random"
@@ -216,7 +218,7 @@ def test_forged_heartbeats_neither_roll_back_a_canary_nor_flood_the_registry(
     who.service.Heartbeat(beat("pod-0", requests=6, errors=2, last_error="NaN logits"))
     assert canary() == "v2"  # 6 requests so far (a pod's report replaces its last): below the minimum of 10
     who.other_service.Heartbeat(beat("other-0", requests=6, errors=1))
-    wait_until(lambda: canary() == "", timeout=10, what="the canary rolled back")
+    wait_for(lambda: canary() == "", what="the canary rolled back", stall_s=10)
     last = orders(kafka_bootstrap, topics, expect=3)[-1]
     assert (last.action, last.version) == (events_pb2.UPDATE_ACTION_ROLLBACK, "v1")
     assert "3 of 12 requests failed on 2 pods" in last.reason
@@ -280,7 +282,7 @@ def test_upload_quotas(server: RunningServer, who: Callers, checkpoints: dict[st
     held = [who.service.Upload.future(_stream(header(files=[_entry("w.bin")]), release), timeout=60)
             for _ in range(2)]
     quotas = server.service.quotas
-    wait_until(lambda: quotas.in_flight("local-services")[0] == 2, timeout=10, what="two uploads in flight")
+    wait_for(lambda: quotas.in_flight("local-services")[0] == 2, what="two uploads in flight", stall_s=10)
     e = rpc_error(lambda: who.service.Upload(_stream(header(files=[_entry("w.bin")]))))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "already has 2 uploads in flight" in e.details()
     # another credential is not starved by it

@@ -10,8 +10,8 @@ from services.grader.bundles import encode_bundle, partition_for
 from services.grader.detectors import DetectorStats
 from services.grader.join import INTERACTION, TICK, Joiner
 from services.grader.store import StateStore
-from services.grader.testing import feedback, interaction
 from shared.grading import parse_grader_config
+from tests.helpers.grader import feedback, interaction
 
 T0 = 1_800_000_000.0
 P = 6

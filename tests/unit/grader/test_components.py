@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from services.grader.components import combine, compute_components, feedback_complete
-from services.grader.testing import feedback, interaction
 from shared.grading import TaskGraders
+from tests.helpers.grader import feedback, interaction
 
 
 def task(**kw: object) -> TaskGraders:

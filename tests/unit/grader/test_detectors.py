@@ -7,9 +7,9 @@ import random
 import pytest
 
 from services.grader import detectors as D
-from services.grader.testing import feedback, interaction
 from shared.grading import DetectorConfig, TaskGraders
 from shared.proto.apprentice.v1 import events_pb2
+from tests.helpers.grader import feedback, interaction
 
 CFG = DetectorConfig(min_samples=20, window=200)
 TASK = TaskGraders.model_validate({"graders": [

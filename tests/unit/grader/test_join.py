@@ -18,9 +18,9 @@ from services.grader.join import (
     graded_event_id,
 )
 from services.grader.state import PendingState
-from services.grader.testing import feedback, interaction
 from shared.grading import parse_grader_config
 from shared.proto.apprentice.v1 import events_pb2
+from tests.helpers.grader import feedback, interaction
 
 T0 = 1_800_000_000.0
 CONFIG = parse_grader_config({"version": "cfg-7", "tasks": [

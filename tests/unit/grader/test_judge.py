@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.grader.judge import build_messages, parse_scores, score_group
-from services.grader.testing import interaction
+from tests.helpers.grader import interaction
 
 
 def test_group_prompt_lists_every_response_and_asks_for_relative_scores() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from services.grader.join import JUDGE, judge_event_id
 from services.grader.judge import JudgeScore
 from services.grader.judge_groups import JudgeGroup, add_member, due, judge_items
-from services.grader.testing import interaction
 from shared.grading import parse_grader_config
+from tests.helpers.grader import interaction
 
 CONFIG = parse_grader_config({"version": "j-1", "tasks": [
     {"tenant": "demo", "task": "judged", "graders": [{"name": "j", "type": "judge", "rubric": "r", "group_wait_s": 7}]},

@@ -21,10 +21,10 @@ from services.grader.limits import (
 )
 from services.grader.routing import DEADLETTER_VALUE_MAX, dead_letter, route
 from services.grader.state import PendingState
-from services.grader.testing import feedback, interaction
 from shared.grading import parse_grader_config
 from shared.proto.apprentice.v1 import events_pb2
 from shared.security.interaction_ids import issue
+from tests.helpers.grader import feedback, interaction
 
 T0 = 1_800_000_000.0
 CONFIG = parse_grader_config({"version": "l-1", "tasks": [

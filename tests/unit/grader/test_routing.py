@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from services.grader.join import FEEDBACK, INTERACTION, Rejected
 from services.grader.routing import dead_letter, route
-from services.grader.testing import feedback, interaction
 from shared.grading import parse_grader_config
 from shared.proto.apprentice.v1 import events_pb2
+from tests.helpers.grader import feedback, interaction
 
 CONFIG = parse_grader_config({"version": "r-1", "tasks": [
     {"tenant": "demo", "task": "rules", "graders": [{"name": "num", "type": "regex", "pattern": "[0-9]"}]},

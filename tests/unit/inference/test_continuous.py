@@ -17,6 +17,7 @@ from services.inference.engines.base import ChoiceDone, Delta, GenerationRequest
 from shared.config import CommonSettings
 from shared.decoding.params import SamplingConfig
 from shared.generation import encode_prompt, render_chat
+from tests.helpers.waiting import wait_for
 
 
 def _engine(tiny_model_name: str, **settings: Any) -> Any:
@@ -40,17 +41,10 @@ def _request(eng: Any, text: str, tenant: str = "t", deadline: float | None = No
                              deadline=deadline, stream=stream)
 
 
-def _wait(cond: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
-
-
 def test_a_short_request_joins_and_finishes_while_a_long_one_runs(engine: Any) -> None:
     solo = engine.submit(_request(engine, "short one", tenant="B", max_new_tokens=4)).result(timeout=60)[0]
     long = engine.submit(_request(engine, "long one", tenant="A", n=16, max_new_tokens=400, temperature=1.0))
-    _wait(lambda: long.started_at is not None)                # the long batch was admitted
+    wait_for(lambda: long.started_at is not None, what="the long batch admitted", every=0.005)
     short = engine.submit(_request(engine, "short one", tenant="B", max_new_tokens=4))
     got = short.result(timeout=60)[0]
     assert not long.done                                      # it finished while the long one ran
@@ -79,9 +73,9 @@ def test_the_token_cap_holds_rows_back_instead_of_growing_past_it(tiny_model_nam
 
 def test_a_request_cancelled_while_waiting_for_room_ends_at_once(engine: Any) -> None:
     other = engine.submit(_request(engine, "other hog", tenant="B", n=16, max_new_tokens=300, temperature=1.0))
-    _wait(lambda: other.started_at is not None)
+    wait_for(lambda: other.started_at is not None, what="the other tenant's request started", every=0.005)
     hog = engine.submit(_request(engine, "hog", tenant="A", n=16, max_new_tokens=300, temperature=1.0))
-    _wait(lambda: hog.started_at is not None)
+    wait_for(lambda: hog.started_at is not None, what="the hog's request started", every=0.005)
     # A and B each hold their share (16 rows of 32 at share 0.5), the engine is full: A's next request waits
     waiting = engine.submit(_request(engine, "waits", tenant="A", max_new_tokens=4,
                                      deadline=time.monotonic() + 0.3))
@@ -108,12 +102,14 @@ def test_a_lone_tenant_borrows_the_engine_and_gives_the_excess_back_when_another
         ref = eng.submit(_request(eng, "borrower", tenant="A", **cfg)).result(timeout=120)
         sched = eng._scheduler
         long = eng.submit(_request(eng, "borrower", tenant="A", **cfg))
-        _wait(lambda: sched.admission.usage("A")[0] == 12)            # all 12 rows at once: 3x its share
+        wait_for(lambda: sched.admission.usage("A")[0] == 12, what="A's 12 rows at once (3x its share)",
+                 every=0.005)
         short = eng.submit(_request(eng, "short one", tenant="B", max_new_tokens=4))
         short.result(timeout=60)
         assert not long.done                                           # B did not wait for A's rows
         assert sched.admission.usage("A")[0] <= 4 or long.done         # A kept its share only ...
-        _wait(lambda: sched.admission.usage("A")[0] > 4 or long.done)  # ... until B had been idle a while
+        # ... until B had been idle a while
+        wait_for(lambda: sched.admission.usage("A")[0] > 4 or long.done, what="A past its share", every=0.005)
         got = long.result(timeout=120)
         assert [s.token_ids for s in got] == [s.token_ids for s in ref]
         for a, b in zip(got, ref, strict=True):

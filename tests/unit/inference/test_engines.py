@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from shared.config import CommonSettings
 from shared.decoding.logprobs import behaviour_logprob, filter_top_k_top_p
 from shared.decoding.params import SamplingConfig
 from shared.generation import encode_prompt, render_chat
+from tests.helpers.waiting import wait_for
 
 
 def test_factory_knows_its_engines_and_imports_vllm_lazily() -> None:
@@ -109,10 +109,8 @@ def test_lora_attaches_to_the_loaded_base_and_base_stays_base(engine: Any, tmp_p
     assert lora.logprobs_t1 != pytest.approx(before.logprobs_t1, abs=1e-3)   # adapter active for its version
     engine.unload_version("l1")
     assert "l1" not in engine.loaded_versions()
-    deadline = time.monotonic() + 10
-    while "l1" in engine._policies["base"].backbone.adapters and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert "l1" not in engine._policies["base"].backbone.adapters
+    wait_for(lambda: "l1" not in engine._policies["base"].backbone.adapters, what="l1 detached from the base",
+             stall_s=10)
 
 
 def test_full_version_and_in_flight_attribution(engine: Any, tmp_path: Path, tiny_model_name: str) -> None:

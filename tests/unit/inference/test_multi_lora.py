@@ -21,6 +21,7 @@ from services.inference.multi_lora import (
     lora_delta,
     save_adapter,
 )
+from tests.helpers.waiting import wait_for
 
 
 def test_lora_delta_matches_a_hand_computed_case() -> None:
@@ -111,20 +112,12 @@ def test_adapters_the_engine_cannot_serve_are_refused_with_the_reason(tiny: tupl
         load_adapter_weights(tmp_path / "missing", "m", pool.linears)
 
 
-def _wait(cond: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def _make_resident(cache: AdapterCache, v: str) -> int:
     def committed_and_ready() -> bool:
         cache.commit()
         return cache.ready(v)
 
-    _wait(committed_and_ready, f"{v} resident")
+    wait_for(committed_and_ready, what=f"{v} resident", stall_s=20, every=0.01)
     return cache.slot(v)
 
 
@@ -151,7 +144,7 @@ def test_cache_loads_on_demand_and_evicts_the_least_recently_used_idle_adapter(t
     assert cache.resident() == ["a", "c"] and cache.evictions == 1
     cache.acquire("c")                                            # both resident adapters now have rows
     assert not cache.ready("d")
-    time.sleep(0.2)
+    time.sleep(0.2)                   # time for d's load to finish: it must still not evict a pinned adapter
     cache.commit()                                                # no idle adapter: d waits, a drains
     assert cache.resident() == ["a", "c"] and not cache.ready("a") and cache.ready("c")
     cache.release("a")                                            # a's last row ends: evicted for d
@@ -189,7 +182,7 @@ def test_cache_byte_budget_retire_and_failed_loads(tiny: tuple[Any, Any], tmp_pa
         f.write_text("garbage")
     assert cache.resident() == ["r2"]                             # r1 was the least recently used for r0
     cache.ready("r1")
-    _wait(lambda: bool(cache.failed("r1")), "r1's load failure")
+    wait_for(lambda: bool(cache.failed("r1")), what="r1's load failure", stall_s=20, every=0.01)
     assert "AdapterError" in cache.failed("r1")
     cache.forget_error("r1")
     assert cache.failed("r1") == ""

@@ -30,6 +30,7 @@ from services.inference.multi_lora import save_adapter
 from shared.config import CommonSettings
 from shared.decoding.params import SamplingConfig
 from shared.generation import encode_prompt, render_chat
+from tests.helpers.waiting import wait_for
 
 TENANTS = [f"t{k}" for k in range(8)]
 BUDGET = 3                                          # adapters resident at once: fewer than tenants
@@ -79,14 +80,6 @@ def _submit(eng: Any, tenant: str, prompt: int, max_new: int) -> RequestHandle:
         sampling=SamplingConfig(max_new_tokens=max_new, temperature=0.0), version=version))
 
 
-def _wait(cond: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def test_no_answer_uses_another_tenants_adapter_under_mixed_batches_and_evictions(engine: Any) -> None:
     cache = engine.adapters
     pool = engine._policies["base"].backbone.lora
@@ -111,7 +104,7 @@ def test_no_answer_uses_another_tenants_adapter_under_mixed_batches_and_eviction
         for i, job in enumerate(jobs):                  # interleaved arrivals: rows join running batches
             handles.append((job, _submit(engine, *job)))
             if i % 6 == 5:
-                time.sleep(0.02)
+                time.sleep(0.02)                        # staggered arrivals: the pattern under test
         for (tenant, p, max_new), h in handles:
             got = h.result(timeout=300)[0]
             ref = alone[(tenant, p)]
@@ -159,7 +152,7 @@ def test_an_adapter_that_cannot_load_fails_its_requests_only(engine: Any, tmp_pa
         bad.result(timeout=60)
     assert good.result(timeout=60)[0].token_ids
     engine.unload_version("fragile")
-    _wait(lambda: not engine.adapters.registered("fragile"), "fragile freed")
+    wait_for(lambda: not engine.adapters.registered("fragile"), what="fragile freed", stall_s=60, every=0.01)
 
 
 def test_the_static_scheduler_loads_and_evicts_adapters_too(engine: Any, tiny_model_name: str) -> None:
@@ -189,7 +182,8 @@ def test_the_first_adapter_of_a_backbone_joins_a_batch_already_running_on_it(eng
     try:
         assert fresh._policies["base"].backbone.lora is None
         long = _submit(fresh, "base-tenant", 1, 100_000)     # runs until cancelled (or its context is full)
-        _wait(lambda: fresh._scheduler is not None and fresh._scheduler.batches, "the base batch running")
+        wait_for(lambda: fresh._scheduler is not None and fresh._scheduler.batches, what="the base batch running",
+                 stall_s=60, every=0.01)
         fresh.load_version(VersionFiles("t2", "lora", engine.adapters._entries["t2"].path, tenant="t2"))
         got = _submit(fresh, "t2", 0, 6).result(timeout=120)[0]
         assert not long.done                            # it joined the running batch, not a later one

@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from load.inference_vllm_gpu import compare_greedy
 from services.inference.engines.vllm_worker import (
     read_safetensors,
     route_to_base_layers,
@@ -18,6 +17,7 @@ from services.inference.engines.vllm_worker import (
     wrappers_load_their_base,
 )
 from shared.decoding.params import Sample
+from tests.helpers.greedy import compare_greedy
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 

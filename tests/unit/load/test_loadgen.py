@@ -33,7 +33,7 @@ class SlowServer(Transport):
             self.calls += 1
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        time.sleep(self.delay_s)
+        time.sleep(self.delay_s)          # the backend's latency: what the generator's pacing is measured against
         with self.lock:
             self.in_flight -= 1
         return Answer("base", [f"iid-{session_id}"], "an answer")

@@ -8,7 +8,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from load.chaos_invariants import (
+from load.loadgen import Attempt, Served
+from shared.events import deterministic_id, make_envelope
+from shared.proto.apprentice.v1 import events_pb2
+from tests.helpers.chaos_invariants import (
     Figure,
     Window,
     check_feedback,
@@ -18,9 +21,6 @@ from load.chaos_invariants import (
     check_training,
     swap_windows,
 )
-from load.loadgen import Attempt, Served
-from shared.events import deterministic_id, make_envelope
-from shared.proto.apprentice.v1 import events_pb2
 
 
 @dataclass

@@ -12,11 +12,11 @@ import pytest
 from services.grader.config import DEFAULT_CONFIG
 from services.grader.detectors import DetectorStats
 from services.grader.join import FEEDBACK, INTERACTION, Joiner
-from services.grader.testing import feedback, interaction
 from services.loop.task import Task, TaskError, load_task
 from services.loop.task_config import write_task_config
 from services.weights.evalset import load_heldout, load_ood
 from shared.grading import GraderConfig, load_grader_config
+from tests.helpers.grader import feedback, interaction
 
 T0 = 1_800_000_000.0
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from services.grader.testing import feedback, interaction
 from shared.events import UndecodableEvent, make_envelope
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 from shared.validation import (
@@ -15,6 +14,7 @@ from shared.validation import (
     type_headers,
     type_headers_for_topic,
 )
+from tests.helpers.grader import feedback, interaction
 
 NAN, INF = float("nan"), float("inf")
 

@@ -1,30 +1,26 @@
-"""Helpers for tests and the benchmark: build events, run the grader as a real subprocess, read output.
+"""Grader tests and the grader benchmark: build events, run the grader as a real subprocess.
 
 The grader runs exactly as in production (`python -m services.grader`), in its own process group so
-that a test can kill -9 it; nothing is mocked.
+that a test can kill -9 it; nothing is mocked. Its output is read with `tests/helpers/kafka.py`.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
-
-from confluent_kafka import Consumer
+from typing import IO
 
 from shared.events import make_envelope
-from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 
 REPO = Path(__file__).resolve().parents[2]
+"""The repository root: the grader subprocess runs there."""
 
 
 def interaction(*, tenant: str = "demo", task: str = "support", text: str = "The warranty is 24 months.",
@@ -96,47 +92,8 @@ class GraderProcess:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
 
 
-class TopicReader:
-    """Reads a topic from the beginning and keeps everything it has seen (read_committed, as every
-    Apprentice consumer reads; `read_uncommitted` also shows what aborted transactions wrote)."""
-
-    def __init__(self, bootstrap: str, topic: str, *, isolation: str = "read_committed") -> None:
-        self.topic = topic
-        self.c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap,
-                           "group.id": f"reader-{uuid.uuid4()}",
-                           "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                           "isolation.level": isolation})
-        self.c.subscribe([topic])
-        self.records: list[Any] = []
-
-    def poll(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            for m in self.c.consume(500, 0.2):
-                if not m.error():
-                    self.records.append(m)
-
-    def wait_for(self, pred: Any, timeout: float = 30.0, parse: Any = None) -> list[Any]:
-        """Poll until `pred(parsed records)` is true; return the parsed records."""
-        deadline = time.monotonic() + timeout
-        while True:
-            parsed = [parse(m.value()) if parse else m for m in self.records]
-            if pred(parsed) or time.monotonic() > deadline:
-                return parsed
-            self.poll(0.3)
-
-    def close(self) -> None:
-        self.c.close()
-
-
 def graded(value: bytes) -> events_pb2.GradedInteraction:
     return events_pb2.GradedInteraction.FromString(value)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def grader_env(prefix: str, bootstrap: str, config_path: Path, home: Path, **extra: str) -> dict[str, str]:

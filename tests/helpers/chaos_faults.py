@@ -1,6 +1,6 @@
-"""Faults for chaos runs and the reads that judge them: a private broker that can be killed and started
+"""Faults for chaos runs (`chaos.py`): killing the private broker (`kafka.private_broker`) and starting it
 again, kill -9 of supervised services with the wait for their restart, operator weight swaps through the
-Weights service, and reading a topic exactly to its end.
+Weights service.
 
 Each fault returns a `Window` (wall clock, like the load generator's call records), so failed calls can
 be attributed to what was broken at the time (`chaos_invariants.classify`).
@@ -14,32 +14,15 @@ import shutil
 import signal
 import sys
 import time
-import uuid
 from pathlib import Path
-from typing import Any
 
-from load.chaos_invariants import Window
-from services.loop.stack import LocalStack, free_port
-from shared.config import CommonSettings
+from services.loop.stack import LocalStack
 from shared.kafka.local_broker import LocalBroker
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.chaos_invariants import Window
 
 
 def say(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# --- the private broker ------------------------------------------------------------------------------
-def private_broker(home: Path) -> LocalBroker:
-    """A broker on free ports with its data under `home`, reusing the jars of the usual local broker
-    (symlinked) so no Maven run is needed when `apprentice kafka start` ran once on this machine."""
-    broker = LocalBroker(home, port=free_port(), controller_port=free_port())
-    for libs in (CommonSettings().home / "kafka" / "libs", REPO / ".apprentice" / "kafka" / "libs"):
-        if (libs / ".complete").exists() and not broker.libs.exists():
-            broker.libs.parent.mkdir(parents=True, exist_ok=True)
-            broker.libs.symlink_to(libs.resolve(), target_is_directory=True)
-    return broker
 
 
 def _reap(pid: int, timeout: float) -> bool:
@@ -77,36 +60,6 @@ def stop_broker(broker: LocalBroker) -> None:
         broker_down(broker, "stop")
 
 
-def read_to_end(bootstrap: str, topic: str, timeout: float = 120.0) -> list[Any]:
-    """Every record on `topic` up to its end as of now, duplicates included: each partition is read until
-    the consumer's position reaches the high watermark taken at the start (an end that is exact, unlike
-    waiting for the topic to go quiet, and that steps over transaction markers)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    from shared.kafka.security import librdkafka_config
-
-    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap, "group.id": f"chaos-check-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        out: list[Any] = []
-        deadline = time.monotonic() + timeout
-        while True:
-            behind = [tp for tp in c.position([TopicPartition(topic, p) for p in parts if ends[p] > 0])
-                      if tp.offset < ends[tp.partition]]          # not fetched yet: OFFSET_INVALID (< 0)
-            if not behind:
-                return out
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: partitions {[tp.partition for tp in behind]} not read to their end")
-            m = c.poll(0.5)
-            if m is not None and not m.error():
-                out.append(m)
-    finally:
-        c.close()
-
-
 # --- faults ------------------------------------------------------------------------------------------
 def kill_group(stack: LocalStack, names: tuple[str, ...], timeout: float) -> dict[str, tuple[Window, bool]]:
     """kill -9 the services `names` at the same moment; each one's window lasts until the supervisor
@@ -141,7 +94,7 @@ def broker_outage(broker: LocalBroker, how: str, down_s: float) -> Window:
     same port and data; the window lasts until it answers metadata requests again."""
     t0 = time.time()
     broker_down(broker, how)
-    time.sleep(down_s)
+    time.sleep(down_s)          # the outage itself: clients and services see the broker gone this long
     broker.start(timeout=180)
     w = Window("broker", "broker", t0, time.time())
     say(f"broker: {'kill -9' if how == 'kill' else 'clean stop'}, down {down_s:.0f}s, answering again after "

@@ -1,0 +1,165 @@
+"""Reading topics in tests and benchmarks (the real broker, no mocks), and a private broker.
+
+Four ways to know you have read enough, one consumer set-up (`consumer`):
+- `TopicReader`: reads from the beginning and keeps every record; `wait_for(pred)` until the records
+  read so far satisfy a predicate (a test that follows a topic while it acts);
+- `collect`: decoded records until given ids (or a count) arrived;
+- `read_all`: until an expected count, or until the topic went quiet;
+- `read_to_end`: exactly up to the end offsets taken at the start (the chaos checks' exact end).
+
+`private_broker(home)`: a second local broker on free ports, for tests and benchmarks that kill or
+restart a broker (the shared one at 9092 is never touched).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Message
+from google.protobuf.message import Message as ProtoMessage
+
+from shared.kafka.local_broker import REPO_ROOT, LocalBroker
+from shared.kafka.security import SecuritySource, librdkafka_config
+from tests.helpers.ports import free_ports
+
+
+def consumer(bootstrap: str, *, group: str = "reader", isolation: str = "read_committed",
+             security: SecuritySource = None) -> Consumer:
+    """A consumer of its own new group, from the earliest offset, committing nothing (`read_committed`,
+    as every Apprentice consumer reads; `read_uncommitted` also shows what aborted transactions wrote)."""
+    return Consumer({**librdkafka_config(security), "bootstrap.servers": bootstrap,
+                     "group.id": f"{group}-{uuid.uuid4()}", "auto.offset.reset": "earliest",
+                     "enable.auto.commit": False, "isolation.level": isolation})
+
+
+class TopicReader:
+    """Reads a topic from the beginning and keeps everything it has seen."""
+
+    def __init__(self, bootstrap: str, topic: str, *, isolation: str = "read_committed",
+                 security: SecuritySource = None) -> None:
+        self.topic = topic
+        self.c = consumer(bootstrap, isolation=isolation, security=security)
+        self.c.subscribe([topic])
+        self.records: list[Any] = []
+
+    def poll(self, seconds: float) -> None:
+        """Read for `seconds` (also how a test lets a window pass to see that nothing more arrives)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for m in self.c.consume(500, 0.2):
+                if not m.error():
+                    self.records.append(m)
+
+    def wait_for(self, pred: Any, timeout: float = 30.0, parse: Any = None) -> list[Any]:
+        """Read until `pred(parsed records)` is true or `timeout` passed; return the parsed records (the
+        caller asserts on them, so a failure shows what did arrive)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            parsed = [parse(m.value()) if parse else m for m in self.records]
+            if pred(parsed) or time.monotonic() > deadline:
+                return parsed
+            self.poll(0.3)
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def collect(bootstrap: str, topic: str, msg_type: type[ProtoMessage], *, want: Iterable[str] = (),
+            key: Callable[[Any], str] = lambda m: m.interaction_id, count: int | None = None,
+            timeout: float = 30.0) -> list[Any]:
+    """Decoded records of `topic` from the beginning, until every id in `want` (by `key`) or `count`
+    records arrived, or `timeout`. Returns every record read."""
+    wanted = set(want)
+    c = consumer(bootstrap, group="collect")
+    c.subscribe([topic])
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is None or m.error():
+                continue
+            ev = msg_type()
+            ev.ParseFromString(m.value())
+            out.append(ev)
+            wanted.discard(key(ev))
+            if (count is not None and len(out) >= count) or (count is None and not wanted and want):
+                break
+    finally:
+        c.close()
+    return out
+
+
+def read_all(bootstrap: str, topic: str, *, expect: int | None = None, timeout: float = 20.0,
+             idle: float = 2.0, security: SecuritySource = None) -> list[Message]:
+    """Every record on `topic` from the beginning. Returns once `expect` records arrived, or after `idle`
+    seconds without a new record (when `expect` is None), or at `timeout`."""
+    c = consumer(bootstrap, group="read-all", security=security)
+    c.subscribe([topic])
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout
+    last = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                out.append(m)
+                last = time.monotonic()
+                if expect is not None and len(out) >= expect:
+                    break
+            elif expect is None and out and time.monotonic() - last > idle:
+                break
+    finally:
+        c.close()
+    return out
+
+
+def read_to_end(bootstrap: str, topic: str, timeout: float = 120.0) -> list[Any]:
+    """Every record on `topic` up to its end as of now, duplicates included: each partition is read until
+    the consumer's position reaches the high watermark taken at the start (an end that is exact, unlike
+    waiting for the topic to go quiet, and that steps over transaction markers)."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    c = consumer(bootstrap, group="read-to-end", isolation="read_committed")
+    try:
+        parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            behind = [tp for tp in c.position([TopicPartition(topic, p) for p in parts if ends[p] > 0])
+                      if tp.offset < ends[tp.partition]]          # not fetched yet: OFFSET_INVALID (< 0)
+            if not behind:
+                return out
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: partitions {[tp.partition for tp in behind]} not read to their end")
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                out.append(m)
+    finally:
+        c.close()
+
+
+# --- a private broker ------------------------------------------------------------------------------
+def link_broker_jars(home: Path) -> None:
+    """Make a broker under `home` reuse the jars of the usual local broker (symlinked), so no Maven run
+    is needed when `apprentice kafka start` ran once on this machine."""
+    from shared.config import CommonSettings
+
+    libs_link = home / "kafka" / "libs"
+    for libs in (CommonSettings().home / "kafka" / "libs", REPO_ROOT / ".apprentice" / "kafka" / "libs"):
+        if (libs / ".complete").exists() and not libs_link.exists():
+            libs_link.parent.mkdir(parents=True, exist_ok=True)
+            libs_link.symlink_to(libs.resolve(), target_is_directory=True)
+
+
+def private_broker(home: Path, **options: Any) -> LocalBroker:
+    """A LocalBroker (not started) on free ports with its data under `home`, reusing the local jars."""
+    link_broker_jars(home)
+    port, controller = free_ports(2)
+    return LocalBroker(home, port=port, controller_port=controller, **options)
