@@ -9,7 +9,7 @@ just uploaded, and every row reads it again), each row writing fresh files on th
 - raw copy:          shutil.copyfile of each stored blob (the kernel copies page cache to page cache;
                      the bytes never enter user space; nothing is hashed; no fsync);
 - raw copy + fsync:  the same, then fsync of every file and of the folder (durable, like the download);
-- Download:          what an inference pod runs on a hot swap: shared.weights_client.download_version
+- Download:          what an inference pod runs on a hot swap: shared.weights_download.download_version
                      through a DownloadClient (one connection per stream): stream, pwrite at each chunk's
                      offset, sha256 of every file verified against the manifest, fsync once per file and
                      folder, atomic rename into place;
@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from services.weights.config import WeightsSettings
     from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
-    from shared.weights_client import DownloadClient, download_version, upload_version
+    from shared.weights_client import upload_version
+    from shared.weights_download import DownloadClient, download_version
 
     streams = max(1, args.streams)
     chunk = int(args.chunk_mb * (1 << 20)) if args.chunk_mb else WeightsSettings.model_fields["chunk_size"].default

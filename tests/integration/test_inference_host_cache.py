@@ -16,7 +16,8 @@ from services.inference.host_cache import HostCache, locked
 from services.weights.config import WeightsSettings
 from services.weights.server import RunningServer, start
 from shared.proto.apprentice.v1 import weights_pb2
-from shared.weights_client import DownloadClient, sha256_file, upload_version
+from shared.weights_client import sha256_file, upload_version
+from shared.weights_download import DownloadClient
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-random"

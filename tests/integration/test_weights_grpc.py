@@ -16,17 +16,16 @@ import pytest
 from services.weights.config import WeightsSettings
 from services.weights.metrics import DOWNLOAD_BYTES
 from services.weights.server import RunningServer, start
-from shared import weights_client
+from shared import weights_download
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 from shared.weights_client import (
-    DownloadClient,
     WeightsIntegrityError,
-    download_version,
     file_entries,
     save_version_files,
     sha256_file,
     upload_version,
 )
+from shared.weights_download import DownloadClient, download_version
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-random"
@@ -251,7 +250,7 @@ def fast(server: RunningServer) -> Iterator[DownloadClient]:
 def test_parallel_range_streams(fast: DownloadClient, stub: weights_pb2_grpc.WeightsStub, checkpoint: Path,
                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A large file as 3 range streams on 3 connections, hand-decoded chunks: same bytes, verified, in place."""
-    monkeypatch.setattr(weights_client, "MIN_RANGE", 1 << 20)
+    monkeypatch.setattr(weights_download, "MIN_RANGE", 1 << 20)
     m = upload_version(stub, header(), checkpoint)
     before = DOWNLOAD_BYTES._value.get()
     got = download_version(fast, MODEL, m.version, tmp_path / "dl", streams=3, chunk_size=1 << 18)
@@ -308,7 +307,7 @@ class _BreakingCall:
 def test_broken_range_stream_resumes_where_it_stopped(fast: DownloadClient, stub: weights_pb2_grpc.WeightsStub,
                                                       checkpoint: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(weights_client, "MIN_RANGE", 1 << 20)
+    monkeypatch.setattr(weights_download, "MIN_RANGE", 1 << 20)
     m = upload_version(stub, header(), checkpoint)
     entry = next(f for f in m.files if f.path == "model.safetensors")
     source = Breaking(fast, after=3)
@@ -323,7 +322,7 @@ def test_broken_range_stream_resumes_where_it_stopped(fast: DownloadClient, stub
 def test_server_without_length_field(fast: DownloadClient, stub: weights_pb2_grpc.WeightsStub, checkpoint: Path,
                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Against a server that streams to the end of the file, each range keeps only its bytes and hangs up."""
-    monkeypatch.setattr(weights_client, "MIN_RANGE", 1 << 20)
+    monkeypatch.setattr(weights_download, "MIN_RANGE", 1 << 20)
     m = upload_version(stub, header(), checkpoint)
     download_version(Breaking(fast, drop_length=True), MODEL, m.version, tmp_path / "dl", streams=3,
                      chunk_size=(1 << 20) + 3)
@@ -336,7 +335,7 @@ def test_failed_parallel_download_keeps_a_resumable_prefix(fast: DownloadClient,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A range that keeps failing fails the call; the partial file is cut to its complete prefix, so the
     next call resumes from there (and a crash's leftover with holes is started over, never trusted)."""
-    monkeypatch.setattr(weights_client, "MIN_RANGE", 1 << 20)
+    monkeypatch.setattr(weights_download, "MIN_RANGE", 1 << 20)
     m = upload_version(stub, header(), checkpoint)
     entry = next(f for f in m.files if f.path == "model.safetensors")
     with pytest.raises(grpc.RpcError):

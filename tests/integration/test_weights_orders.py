@@ -24,7 +24,8 @@ from shared.events import decode, make_envelope
 from shared.kafka import EventConsumer, EventProducer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.topics import Topics
-from shared.weights_client import download_version, save_version_files, upload_version
+from shared.weights_client import save_version_files, upload_version
+from shared.weights_download import download_version
 from tests.helpers.kafka import read_all
 from tests.helpers.waiting import wait_for
 from tests.integration.weights_evalsets import small_eval_sets

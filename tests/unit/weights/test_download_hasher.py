@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.weights_client import _OrderedHasher
+from shared.weights_files import OrderedHasher
 
 
 @pytest.mark.parametrize("window", [0, 5000, 1 << 30])
@@ -20,7 +20,7 @@ def test_out_of_order_chunks_hash_in_file_order(tmp_path: Path, window: int) -> 
     random.Random(window).shuffle(chunks)
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
     try:
-        hasher = _OrderedHasher(fd, len(data), window=window)
+        hasher = OrderedHasher(fd, len(data), window=window)
         for i, (off, chunk) in enumerate(chunks):
             os.pwrite(fd, chunk, off)
             hasher.written(off, chunk)
@@ -38,7 +38,7 @@ def test_prefix_already_on_disk_is_read_back(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(data[:4000])  # an earlier, interrupted call's bytes
     fd = os.open(tmp_path / "f", os.O_RDWR)
     try:
-        hasher = _OrderedHasher(fd, len(data))
+        hasher = OrderedHasher(fd, len(data))
         hasher.written(0, None, 4000)
         os.pwrite(fd, data[4000:], 4000)
         hasher.written(4000, data[4000:])
@@ -50,7 +50,7 @@ def test_prefix_already_on_disk_is_read_back(tmp_path: Path) -> None:
 def test_close_stops_a_hasher_waiting_for_a_gap(tmp_path: Path) -> None:
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
     try:
-        hasher = _OrderedHasher(fd, 100)
+        hasher = OrderedHasher(fd, 100)
         os.pwrite(fd, b"x" * 50, 50)
         hasher.written(50, b"x" * 50)  # bytes 0..50 never arrive (a failed range)
         assert hasher.contiguous == 0
@@ -62,7 +62,7 @@ def test_close_stops_a_hasher_waiting_for_a_gap(tmp_path: Path) -> None:
 def test_writeback_is_started_behind_the_hashed_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A durable download asks for writeback of each hashed stretch, in file order and never ahead of
     the bytes hashed, so the final fsync has only the tail left; the real syscall accepts the call."""
-    import shared.weights_client as wc
+    import shared.weights_files as wc
 
     calls: list[tuple[int, int]] = []
     real = wc.start_writeback
@@ -76,7 +76,7 @@ def test_writeback_is_started_behind_the_hashed_prefix(tmp_path: Path, monkeypat
     data = random.Random(3).randbytes(100_000)
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
     try:
-        hasher = _OrderedHasher(fd, len(data), writeback=True)
+        hasher = OrderedHasher(fd, len(data), writeback=True)
         for off in range(0, len(data), 4_000):
             os.pwrite(fd, data[off:off + 4_000], off)
             hasher.written(off, data[off:off + 4_000])
