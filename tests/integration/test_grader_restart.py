@@ -34,6 +34,7 @@ from tests.helpers.grader import (
     interaction,
 )
 from tests.helpers.kafka import TopicReader
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -46,25 +47,18 @@ IDLE_S = 90.0
 def wait_while_progressing(done: Callable[[], T | None], progress: Callable[[], Hashable], *, what: str,
                            idle_s: float = IDLE_S, step: Callable[[], None] = lambda: time.sleep(0.5),
                            tail: Callable[[], str] = lambda: "", max_s: float = 1800.0) -> T:
-    """`done()` once it is not None. Waits as long as `progress()` keeps changing (a log that grows,
-    records that arrive): a loaded machine makes a grader slow, not stuck. Fails with `what` and `tail()`
-    only after `idle_s` seconds in which `progress()` did not change, or after `max_s` in all (a process
-    that keeps logging without ever getting there). `step()` runs between looks (a sleep, or polling
-    a reader, which is then part of the progress)."""
-    start = changed = time.monotonic()
-    last = progress()
-    while True:
+    """`done()` once it is not None (an exit status of 0 counts), waiting as `wait_for` does while
+    `progress()` keeps changing (a log that grows, records that arrive: a loaded machine makes a grader
+    slow, not stuck). `step()` runs between looks (a sleep, or polling a reader, which is then part of
+    the progress)."""
+    def ready() -> tuple[T] | None:
         result = done()
-        if result is not None:
-            return result
-        step()
-        now, seen = time.monotonic(), progress()
-        if seen != last:
-            last, changed = seen, now
-        elif now - changed > idle_s:
-            pytest.fail(f"{what}: no progress for {idle_s:.0f} s (progress: {seen!r})\n{tail()}")
-        if now - start > max_s:
-            pytest.fail(f"{what}: not reached in {max_s:.0f} s although it kept making progress\n{tail()}")
+        if result is None:
+            step()
+            return None
+        return (result,)
+
+    return wait_for(ready, what=what, stall_s=idle_s, progress=progress, every=0.0, detail=tail, max_s=max_s)[0]
 
 
 def log_size(*graders: GraderProcess) -> tuple[int, ...]:

@@ -66,3 +66,9 @@ def test_ignored_errors_mean_not_yet_and_others_end_the_wait() -> None:
 def test_detail_is_appended_to_the_failure() -> None:
     with pytest.raises(AssertionError, match="log tail: boom"):
         wait_for(lambda: None, what="x", stall_s=0.05, every=0.01, detail=lambda: "log tail: boom")
+
+
+def test_max_s_ends_a_wait_whose_progress_never_stops() -> None:
+    ticks = iter(range(10**9))
+    with pytest.raises(AssertionError, match="not reached in 0s although it kept making progress"):
+        wait_for(lambda: False, what="never", stall_s=60, progress=lambda: next(ticks), every=0.01, max_s=0.2)
