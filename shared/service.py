@@ -72,11 +72,14 @@ def run_service(handle: ServiceHandle, *, metrics_port: int, metrics_host: str =
 
     requested = threading.Event()
 
+    received: list[str] = []
+
     def on_signal(signum: int, _frame: object) -> None:
+        # no logging here: the main thread may hold the logging lock the handler would wait for
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
+        received.append(signal.Signals(signum).name)
         requested.set()
-        log.info("stop requested (a second signal exits at once)", extra={"signal": signal.Signals(signum).name})
 
     previous = {sig: signal.signal(sig, on_signal) for sig in SIGNALS}
     try:
@@ -86,6 +89,8 @@ def run_service(handle: ServiceHandle, *, metrics_port: int, metrics_host: str =
             while not requested.is_set():
                 if handle.wait(poll_s):
                     break
+            if received:
+                log.info("stop requested (a second signal exits at once)", extra={"signal": received[0]})
         finally:
             handle.stop(grace)
         return handle.exit_code
