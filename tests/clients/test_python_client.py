@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,10 +55,14 @@ def test_wheel_installs_without_the_heavy_dependencies(client_venv: ClientVenv) 
              "from apprentice_client import InferenceClient, inference_pb2; "
              f"print(json.dumps({{m: importlib.util.find_spec(m) is not None for m in {list(HEAVY)!r}}} | "
              "{'version': apprentice_client.__version__, 'file': apprentice_client.__file__}))")
-    out = json.loads(run([str(client_venv.python), "-c", probe], cwd=client_venv.python.parent).stdout)
+    # the wheel's venv alone: a PYTHONPATH of the caller's (a checkout on the path) would make the repo's
+    # heavy dependencies look installed
+    alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = json.loads(run([str(client_venv.python), "-c", probe], cwd=client_venv.python.parent, env=alone).stdout)
     assert not any(out[m] for m in HEAVY), out
     assert "site-packages" in out["file"] and out["version"] == "0.1.0"
-    listed = run([str(client_venv.python), "-m", "pip", "list", "--format=json", "--disable-pip-version-check"])
+    listed = run([str(client_venv.python), "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
+                 env=alone)
     names = {d["name"].lower().replace("_", "-") for d in json.loads(listed.stdout)}
     assert "apprentice-client" in names
     assert names <= {"apprentice-client", "grpcio", "protobuf", "pip", "setuptools", "typing-extensions"}, names
