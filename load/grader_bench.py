@@ -8,7 +8,7 @@
    producer, acks=all, commit after each flushed batch of --batch records). Measured before and after
    the graders; the ratio uses the mean of the two, because the machine's load drifts during a run.
 3. The grader as in production (`python -m services.grader`, one process per worker), runtime native
-   (the default) with each --native-workers count, and faust with each --faust-workers count, with a
+   with each --native-workers count, and faust (the default) with each --faust-workers count, with a
    task of three rule graders (regex, contains, exact): every interaction is graded and emitted at once,
    with its state written to the changelog, inside one Kafka transaction per batch (native).
 4. For reference, the faust framework alone: a minimal faust agent forwarding each record.
