@@ -114,11 +114,17 @@ class Run:
         self.expected: set[str] = set()
         self.starts = 0
 
-    def produce(self, n_rules: int, n_support: int, *, pace_s: float = 0.0) -> None:
+    def produce(self, n_rules: int, n_support: int, *, pace_s: float = 0.0,
+                hold: tuple[int, threading.Event] | None = None) -> None:
         """Rules interactions (graded at once) and support interactions with their KPI, interleaved in
-        chunks of 100, sleeping `pace_s` between chunks (a stream that is still flowing at a kill)."""
+        chunks of 100, sleeping `pace_s` between chunks. `hold=(i, event)`: after the first `i` of each
+        kind, wait for `event` before the rest, so the stream is still flowing at a kill however slow the
+        machine makes the graders (a pace alone can end the stream before the kill)."""
         p = EventProducer(self.bootstrap)
         for i in range(max(n_rules, n_support)):
+            if hold is not None and i == hold[0]:
+                p.flush()
+                assert hold[1].wait(600), "the producer was never released"
             if i < n_rules:
                 it = interaction(task="rules", text=f"answer {i}", session_id=f"s{i % 50}")
                 p.produce(self.topics.interactions, it.session_id, it)
@@ -192,7 +198,9 @@ RUNTIMES = ["native", "faust"]
 def test_kill9_mid_stream_loses_and_duplicates_nothing(run: Run, runtime: str) -> None:
     reader = TopicReader(run.bootstrap, run.topics.graded)
     g = run.grader(runtime, batch_max="100")
-    producer = threading.Thread(target=run.produce, kwargs={"n_rules": 3000, "n_support": 600, "pace_s": 0.2})
+    killed = threading.Event()
+    producer = threading.Thread(target=run.produce, kwargs={"n_rules": 3000, "n_support": 600, "pace_s": 0.2,
+                                                            "hold": (1500, killed)})
     try:
         # let the worker join its group and recover (empty) tables
         reader.wait_for(lambda rs: False, 8 if runtime == "faust" else 3)
@@ -200,13 +208,15 @@ def test_kill9_mid_stream_loses_and_duplicates_nothing(run: Run, runtime: str) -
         records_until(reader, lambda rs: len(rs) >= 500, g, what="500 records graded before the kill")
         g.kill9()
         emitted_before = len(reader.records)
-        assert producer.is_alive(), "the stream ended before the kill: make it longer"
+        assert producer.is_alive(), "the stream ended before the kill"
+        killed.set()                     # the rest of the stream flows after the kill
         g = run.grader(runtime)
         producer.join(120)
         recs = run.check_exactly_once(reader, g)
         assert len(recs) == len(run.expected) == 3600 and emitted_before >= 500
         run.revise_after_restart(reader, recs[0], g)
     finally:
+        killed.set()
         producer.join(120)
         g.stop()
         reader.close()
@@ -300,13 +310,16 @@ def test_native_two_workers_share_the_work_and_one_is_killed(run: Run) -> None:
     reader = TopicReader(run.bootstrap, run.topics.graded)
     fast = {"batch_max": "100", "transaction_timeout_s": "10"}  # the dead worker's transaction ends sooner
     a, b = run.grader("native", **fast), run.grader("native", **fast)
-    producer = threading.Thread(target=run.produce, kwargs={"n_rules": 2000, "n_support": 400, "pace_s": 0.2})
+    killed = threading.Event()
+    producer = threading.Thread(target=run.produce, kwargs={"n_rules": 2000, "n_support": 400, "pace_s": 0.2,
+                                                            "hold": (1000, killed)})
     try:
         reader.wait_for(lambda rs: False, 4)
         producer.start()
         records_until(reader, lambda rs: len(rs) >= 600, a, b, what="600 records graded before the kill")
-        assert producer.is_alive(), "the stream ended before the kill: make it longer"
+        assert producer.is_alive(), "the stream ended before the kill"
         a.kill9()
+        killed.set()                     # the rest of the stream flows after the kill
         producer.join(120)
         recs = run.check_exactly_once(reader, b)
         assert len(recs) == 2400
@@ -317,6 +330,7 @@ def test_native_two_workers_share_the_work_and_one_is_killed(run: Run) -> None:
         assert restored == set(range(6)) and sum(r["keys"] for r in restores) > 0, b.log_tail()
         run.revise_after_restart(reader, recs[0], b)
     finally:
+        killed.set()
         producer.join(120)
         a.stop()
         b.stop()
