@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from services.loop.task import Task, TaskError
+from services.loop.task import OODItem, Task, TaskError
 
 _RESERVED_GRADER_NAMES = ("corrected", "thumbs")
 
@@ -73,12 +73,26 @@ def grader_config(task: Task, base: dict[str, Any] | None = None) -> dict[str, A
 
 
 def ood_set(task: Task, task_file: Path, base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The packaged general OOD items plus the task's `out_of_distribution` questions (read from the
-    task file by the gate)."""
+    """The packaged general OOD items (reference answers and general questions with checks) plus the
+    task's `out_of_distribution` questions (read from the task file by the gate)."""
     if base is None:
-        base = yaml.safe_load((resources.files("services.weights.evalsets") / "ood.yaml").read_text(encoding="utf-8"))
-    general = [item for item in base.get("items", []) if "answer" in item]
-    return {"name": f"general+{task.name}", "task_file": str(task_file), "items": general}
+        base = packaged_ood()
+    return {"name": f"general+{task.name}", "task_file": str(task_file), "items": list(base.get("items", []))}
+
+
+def packaged_ood() -> dict[str, Any]:
+    """The general OOD set shipped with the weights service (`services/weights/evalsets/ood.yaml`)."""
+    data: dict[str, Any] = yaml.safe_load(
+        (resources.files("services.weights.evalsets") / "ood.yaml").read_text(encoding="utf-8"))
+    return data
+
+
+def general_ood_questions() -> list[OODItem]:
+    """The packaged general questions with a rule check, as task OOD items. The demo asks them beside the
+    task's own `out_of_distribution` list so that its "OOD must not regress" reading and the gate's rule
+    check look at the same forty-odd questions, not at six."""
+    return [OODItem(question=item["prompt"], check=item["check"])
+            for item in packaged_ood().get("items", []) if item.get("check")]
 
 
 def write_task_config(task: Task, directory: Path) -> dict[str, dict[str, str]]:

@@ -27,6 +27,7 @@ from typing import Any
 from services.weights.config import WeightsSettings
 from services.weights.evalset import LoadedHeldout, OodSet, load_heldout, load_ood
 from services.weights.gate import (
+    coarse_limits,
     compare,
     hacking_fraction,
     hacking_result,
@@ -161,6 +162,9 @@ class Evaluator:
         self.settings = settings
         self.heldout = load_heldout(settings.eval_set)
         self.ood, self._ood_digest = load_ood(settings.ood_set)
+        for warning in coarse_limits(len(self.heldout.spec.items), sum(it.check is not None for it in self.ood.items),
+                                     settings.heldout_max_drop, settings.ood_max_rule_drop):
+            log.warning("eval gate: %s", warning)
         self.workdir = settings.store_root / "work"
         self.cache_dir = settings.store_root / "eval-cache"
         self._lock = threading.Lock()

@@ -86,3 +86,19 @@ def verdict(results: list[weights_pb2.EvalResult]) -> tuple[bool, str]:
     if not failed:
         return True, "passed the eval gate: " + ", ".join(f"{r.suite}/{r.metric}" for r in results)
     return False, "blocked: " + "; ".join(f"{r.suite}/{r.metric} {r.detail}" for r in failed)
+
+
+def coarse_limits(heldout_items: int, ood_checked_items: int, heldout_max_drop: float,
+                  ood_max_rule_drop: float) -> list[str]:
+    """Warnings for rule-score limits finer than their set can resolve. A mean over n pass/fail items
+    moves in steps of 1/n: with 1/n > limit a single changed answer blocks every candidate, so the gate
+    refuses on one answer's noise (a task file's six OOD questions under the 0.1 default did exactly
+    that to every honest GRPO candidate of a run; the packaged general questions exist for this)."""
+    out = []
+    for what, n, limit, setting in (("held-out items", heldout_items, heldout_max_drop, "heldout_max_drop"),
+                                    ("OOD questions with checks", ood_checked_items, ood_max_rule_drop,
+                                     "ood_max_rule_drop")):
+        if n and 1.0 / n > limit:
+            out.append(f"{n} {what}: one changed answer moves the score by {1.0 / n:.2f}, more than "
+                       f"{setting}={limit:g}, so any single change blocks a candidate; add items or raise the limit")
+    return out

@@ -13,7 +13,7 @@ from services.grader.config import DEFAULT_CONFIG
 from services.grader.detectors import DetectorStats
 from services.grader.join import FEEDBACK, INTERACTION, Joiner
 from services.loop.task import Task, TaskError, load_task
-from services.loop.task_config import write_task_config
+from services.loop.task_config import general_ood_questions, write_task_config
 from services.weights.evalset import load_heldout, load_ood
 from shared.grading import GraderConfig, load_grader_config
 from tests.helpers.grader import feedback, interaction
@@ -71,10 +71,16 @@ def test_gate_eval_sets_come_from_the_task(tmp_path: Path) -> None:
     assert held.spec.system == task.system_prompt and "Zürich" in (held.spec.system or "")
     assert [[g.name for g in gs] for gs in held.graders] == [[f.id] for f in task.facts]
     ood, _ = load_ood(Path(env["weights"]["APPRENTICE_WEIGHTS_OOD_SET"]))
-    assert ood.items and all(i.answer and i.check is None for i in ood.items)  # no OOD set: general items only
+    general = general_ood_questions()
+    assert len(general) == 40
+    # no OOD set of its own: the packaged general items only (reference answers + general questions)
+    assert [i.prompt for i in ood.items if i.check is not None] == [q.question for q in general]
+    assert sum(i.answer is not None for i in ood.items) == 8
     shipped = load_task("support_desk")
     ood2, _ = load_ood(Path(write_task_config(shipped, tmp_path / "s")["weights"]["APPRENTICE_WEIGHTS_OOD_SET"]))
-    assert sum(i.check is not None for i in ood2.items) == len(shipped.out_of_distribution) == 10
+    checked = [i.prompt for i in ood2.items if i.check is not None]
+    assert len(shipped.out_of_distribution) == 10 and len(checked) == 40 + 10
+    assert checked[40:] == [q.question for q in shipped.out_of_distribution]
 
 
 def test_trainer_trains_the_task_tenant_with_its_own_check(tmp_path: Path) -> None:

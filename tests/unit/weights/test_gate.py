@@ -7,7 +7,14 @@ import math
 import pytest
 
 from services.weights.evaluator import repetition_rate
-from services.weights.gate import compare, hacking_fraction, hacking_result, integrity_result, verdict
+from services.weights.gate import (
+    coarse_limits,
+    compare,
+    hacking_fraction,
+    hacking_result,
+    integrity_result,
+    verdict,
+)
 from shared.proto.apprentice.v1 import weights_pb2
 
 
@@ -61,3 +68,14 @@ def test_verdict_names_failures() -> None:
 ])
 def test_repetition_rate(ids: list[int], expected: float) -> None:
     assert repetition_rate(ids) == pytest.approx(expected)
+
+
+def test_coarse_limits_warn_when_one_answer_exceeds_the_limit() -> None:
+    # six OOD questions under a 0.1 limit: one changed answer is a 0.17 drop
+    (warning,) = coarse_limits(15, 6, 0.1, 0.1)
+    assert warning.startswith("6 OOD questions with checks") and "0.17" in warning and "ood_max_rule_drop" in warning
+    assert coarse_limits(15, 46, 0.1, 0.1) == []          # 1/46 = 0.022: five answers must change
+    assert coarse_limits(0, 0, 0.1, 0.1) == []            # a metric without items is not scored, not coarse
+    (held,) = coarse_limits(5, 46, 0.1, 0.1)
+    assert held.startswith("5 held-out items") and "heldout_max_drop=0.1" in held
+    assert coarse_limits(10, 10, 0.1, 0.1) == []          # exactly one step per limit is resolvable
