@@ -272,8 +272,8 @@ class Demo:
         """Until a version not in `before` is promoted and served (or every new one rejected by the gate)."""
         p = self.progress
         deadline = time.monotonic() + self.budget.round_timeout_s
-        training = TrainingProgress(self.stack.ports.metrics["trainer"], meter=progress_enabled(),
-                                    planned_steps=int(self.budget.trainer_env.get("APPRENTICE_TRAINER_DISTILL_STEPS", 4)))
+        planned = int(self.budget.trainer_env.get("APPRENTICE_TRAINER_DISTILL_STEPS", 4)) if self.algo == "oel" else None
+        training = TrainingProgress(self.stack.ports.metrics["trainer"], meter=progress_enabled(), planned_steps=planned)
         training.start()
         while time.monotonic() < deadline:
             new = [m for m in self._versions() if m.version not in before]

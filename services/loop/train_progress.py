@@ -27,9 +27,12 @@ def _read(port: int) -> str | None:
 class TrainingProgress:
     """Steps of the current round: `start()` when the round starts, then `describe()` on every poll."""
 
-    def __init__(self, metrics_port: int, planned_steps: int, *, meter: bool) -> None:
-        """`meter`: a tqdm meter with rate and ETA (a terminal); else a plain count (a log)."""
-        self.port, self.planned, self.meter = metrics_port, max(planned_steps, 1), meter
+    def __init__(self, metrics_port: int, planned_steps: int | None, *, meter: bool) -> None:
+        """`meter`: a tqdm meter with rate and ETA (a terminal); else a plain count (a log).
+        `planned_steps` None: the round's step count is not known in advance (GRPO steps follow the
+        graded samples), so no total and no ETA are shown."""
+        self.port, self.meter = metrics_port, meter
+        self.planned = None if planned_steps is None else max(planned_steps, 1)
         self.name = optimizer_steps_metric()
         self.base: float | None = None
         self.t0 = time.monotonic()
@@ -47,6 +50,7 @@ class TrainingProgress:
             self.base = total
         done = int(total - self.base)
         if not self.meter:
-            return f"training step {done}/{self.planned}"
-        return str(tqdm.format_meter(min(done, self.planned), self.planned, time.monotonic() - self.t0,
+            return f"training step {done}" + (f"/{self.planned}" if self.planned is not None else "")
+        shown = done if self.planned is None else min(done, self.planned)
+        return str(tqdm.format_meter(shown, self.planned, time.monotonic() - self.t0,
                                      prefix="training", unit="step", ncols=60))

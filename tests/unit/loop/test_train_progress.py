@@ -27,6 +27,18 @@ def test_counts_steps_since_the_round_started() -> None:
     assert plain.describe(text=_exposition({"oel": 8})) == "training step 3/8"
 
 
+def test_an_unplanned_round_counts_without_a_total() -> None:
+    # GRPO's steps follow the graded samples: "13/8" would be a wrong plan, so no total is shown
+    plain = TrainingProgress(1, planned_steps=None, meter=False)
+    plain.base = 0.0
+    assert plain.describe(text=_exposition({"grpo": 13})) == "training step 13"
+    meter = TrainingProgress(1, planned_steps=None, meter=True)
+    meter.base = 0.0
+    meter.t0 -= 60
+    line = meter.describe(text=_exposition({"grpo": 3}))
+    assert line.startswith("training") and "3" in line and "/" not in line.split("[")[0] and "<" not in line
+
+
 def test_meter_has_rate_and_eta() -> None:
     meter = TrainingProgress(1, planned_steps=8, meter=True)
     meter.base = 0.0
