@@ -91,8 +91,11 @@ def general_ood_questions() -> list[OODItem]:
     """The packaged general questions with a rule check, as task OOD items. The demo asks them beside the
     task's own `out_of_distribution` list so that its "OOD must not regress" reading and the gate's rule
     check look at the same forty-odd questions, not at six."""
-    return [OODItem(question=item["prompt"], check=item["check"])
-            for item in packaged_ood().get("items", []) if item.get("check")]
+    from services.weights.evalset import OodSet
+
+    spec = OodSet.model_validate(packaged_ood())   # the gate's own schema, so both read the file alike
+    return [OODItem(question=it.prompt, check=it.check) for it in spec.items
+            if it.check is not None and it.prompt is not None]
 
 
 def write_task_config(task: Task, directory: Path) -> dict[str, dict[str, str]]:
