@@ -99,7 +99,8 @@ def hack_notes(hack: dict[str, Any] | None) -> list[str]:
     v = hack["verdict"]
     planted = hack.get("planted_version")
     lines = [f"reward hack: {hack['tool_calls']} tool calls in traffic, {hack['tool_timeouts']} timed out, "
-             f"{hack['timeouts_masked_by_grader']} masked by the grader; flags {hack['flags']}",
+             f"{hack['timeouts_masked_by_grader']} masked by the grader; flags "
+             + (", ".join(f"{k} {n}" for k, n in sorted(hack["flags"].items())) or "none"),
              f"flagged and trained on: {sum(len(x) for x in hack['flagged_and_trained'].values())} "
              f"(versions checked: {', '.join(hack['trained_versions']) or 'none'})"]
     if planted:

@@ -201,6 +201,7 @@ def test_the_check_finds_a_flagged_interaction_that_was_trained_on_and_a_planted
 
     notes = hack_notes(good)
     assert "flagged and trained on: 0" in notes[1] and notes[2].endswith("v2: REJECTED, never served")
+    assert "{" not in notes[0] and "tool_timeout 1" in notes[0]   # "name count", short enough for the picture
     assert (good["flagged"], good["tool_timeouts"], good["timeouts_masked_by_grader"]) == (2, 1, 1)
 
     bad = verify(state, [clean, planted], {"v1": ["ok", "q1"]}, "v2", {"base", "v1", "v2"}, "demo", exchanges)
