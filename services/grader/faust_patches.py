@@ -12,6 +12,16 @@ Producer (`IdempotentProducer`):
   P1. `enable_idempotence`: faust sets it only under its own exactly_once mode, which the grader does not
       use (its transactions cover only sends to the app's source topics). With it the broker drops a
       retried batch it already has, so a producer retry never writes a graded record twice.
+  P2. Rewind the sequence after a refused batch (`SequenceRewindingHandler`, aiokafka itself): an
+      idempotent aiokafka producer numbers each partition's batches when it sends them and never takes
+      a number back. When the broker refuses a batch outright (a record over the topic's
+      `max.message.bytes`), the broker's expected sequence stays where it was and the producer's has
+      moved past it, so every later batch to that partition fails with OutOfOrderSequenceNumber until
+      the process restarts: one refused graded record stopped grading on its partition for good. The
+      Java client takes the refused batch's numbers back (`adjustSequencesDueToFailedBatch`); so does
+      this. It is safe because aiokafka sends one batch per partition at a time (the partition is
+      muted while a request is in flight), so no later batch holds a number yet, and because only the
+      errors with which the broker answers "not appended" are rewound.
 
 Consumer (`LosslessConsumer`, with `ReadCommittedThread`):
   C1. read_committed: faust reads read_committed only under exactly_once. The native runtime writes the
@@ -45,6 +55,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from aiokafka import errors as aiokafka_errors
+from aiokafka.producer import sender as aiokafka_sender
+from aiokafka.record.default_records import DefaultRecordBatch
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
@@ -61,6 +74,48 @@ class IdempotentProducer(faust_aiokafka.Producer):
 
     def _settings_extra(self) -> dict[str, Any]:
         return {"acks": "all", "enable_idempotence": True}
+
+
+REFUSED_NOT_APPENDED: tuple[type[BaseException], ...] = (
+    aiokafka_errors.MessageSizeTooLargeError, aiokafka_errors.RecordListTooLargeError,
+    aiokafka_errors.InvalidMessageError, aiokafka_errors.CorruptRecordException,
+    aiokafka_errors.InvalidTimestampError,
+)
+"""P2: partition errors of a produce response with which the broker refuses the whole batch unwritten."""
+
+
+class SequenceRewindingHandler(aiokafka_sender.SendProduceReqHandler):  # type: ignore[misc]
+    """P2: after a produce response, take back the sequence numbers of a batch the broker refused."""
+
+    def handle_response(self, response: Any) -> None:
+        super().handle_response(response)
+        txn = self._sender._txn_manager
+        if txn is None or txn.transactional_id is not None:
+            return  # not idempotent; or transactional, where the failed batch aborts the transaction
+        for tp, batch in self._batches.items():
+            fut = batch.future
+            if not fut.done() or fut.cancelled() or not isinstance(fut.exception(), REFUSED_NOT_APPENDED):
+                continue
+            base = _base_sequence(batch)
+            count = batch.record_count
+            expected = txn.sequence_number(tp)
+            if base is None or (base + count) % 2**32 != expected % 2**32:
+                log.warning("a refused batch's sequence is not the partition's last; not rewound",
+                            extra={"partition": f"{tp.topic}/{tp.partition}", "base": base, "next": expected})
+                continue
+            txn.increment_sequence_number(tp, -count)
+            log.info("a batch the broker refused gave its sequence back",
+                     extra={"partition": f"{tp.topic}/{tp.partition}", "records": count,
+                            "error": type(fut.exception()).__name__})
+
+
+def _base_sequence(batch: Any) -> int | None:
+    """The first sequence number of a sent batch, from the bytes it was sent as (the builder that held
+    it is gone once the batch is built)."""
+    buffer = getattr(batch._builder, "_buffer", None)
+    if buffer is None:
+        return None
+    return int(DefaultRecordBatch(bytes(buffer)).base_sequence)
 
 
 class _NoReadOffsets(dict):  # type: ignore[type-arg]
@@ -142,6 +197,8 @@ class LosslessConsumer(faust_aiokafka.Consumer):
 
 
 def install() -> None:
-    """Make every faust app of this process use the patched producer and consumer (idempotent)."""
+    """Make every faust app of this process use the patched producer and consumer (idempotent), and
+    every aiokafka producer rewind a refused batch's sequence (P2)."""
+    aiokafka_sender.SendProduceReqHandler = SequenceRewindingHandler  # looked up by name in Sender
     faust_aiokafka.Transport.Producer = IdempotentProducer
     faust_aiokafka.Transport.Consumer = LosslessConsumer

@@ -1,11 +1,12 @@
 """What services/grader/faust_patches.py relies on in the installed faust-streaming and aiokafka.
 
-Each workaround overrides a private method or attribute. These tests pin, per workaround (P1, C1-C5 in
+Each workaround overrides a private method or attribute. These tests pin, per workaround (P1, P2, C1-C5 in
 the module's docstring), that the overridden faust method still exists with the signature the patch
 assumes, that the unpatched behaviour it repairs is still faust's (so a faust release that fixes or
-changes it fails here, and the patch can be reconsidered), and that the patch does what it says. They
-also pin the faust internals the faust runtime reads outside the patches (faust_ticker.py). No broker:
-faust builds its consumers and producers without connecting.
+changes it fails here, and the patch can be reconsidered), and that the patch does what it says (P2's,
+against the broker, in tests/integration/test_aiokafka_refused_batch.py). They also pin the faust
+internals the faust runtime reads outside the patches (faust_ticker.py). No broker: faust builds its
+consumers and producers without connecting.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import aiokafka
 import faust
 import pytest
+from aiokafka.producer import sender as aiokafka_sender
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
@@ -62,7 +64,9 @@ def test_install_swaps_the_patched_classes_into_fausts_aiokafka_transport() -> N
 
     assert faust_aiokafka.Transport.Consumer is LosslessConsumer
     assert faust_aiokafka.Transport.Producer is IdempotentProducer
+    assert aiokafka_sender.SendProduceReqHandler is faust_patches.SequenceRewindingHandler  # P2
     faust_patches.install()  # again: no harm
+    assert faust_patches.SequenceRewindingHandler.__mro__[1].__module__ == "aiokafka.producer.sender"
     assert faust_aiokafka.Transport.Consumer is LosslessConsumer
     assert issubclass(LosslessConsumer, faust_aiokafka.Consumer)
     assert issubclass(IdempotentProducer, faust_aiokafka.Producer)
