@@ -89,24 +89,38 @@ class SequenceRewindingHandler(aiokafka_sender.SendProduceReqHandler):  # type: 
 
     def handle_response(self, response: Any) -> None:
         super().handle_response(response)
-        txn = self._sender._txn_manager
-        if txn is None or txn.transactional_id is not None:
-            return  # not idempotent; or transactional, where the failed batch aborts the transaction
-        for tp, batch in self._batches.items():
-            fut = batch.future
-            if not fut.done() or fut.cancelled() or not isinstance(fut.exception(), REFUSED_NOT_APPENDED):
-                continue
-            base = _base_sequence(batch)
-            count = batch.record_count
-            expected = txn.sequence_number(tp)
-            if base is None or (base + count) % 2**32 != expected % 2**32:
-                log.warning("a refused batch's sequence is not the partition's last; not rewound",
-                            extra={"partition": f"{tp.topic}/{tp.partition}", "base": base, "next": expected})
-                continue
-            txn.increment_sequence_number(tp, -count)
-            log.info("a batch the broker refused gave its sequence back",
-                     extra={"partition": f"{tp.topic}/{tp.partition}", "records": count,
-                            "error": type(fut.exception()).__name__})
+        rewind_refused(self._sender._txn_manager, self._batches)
+
+
+def rewind_refused(txn: Any, batches: Mapping[Any, Any]) -> list[Any]:
+    """P2's step, over the batches of one answered produce request (partition -> aiokafka MessageBatch):
+    for each the broker refused unwritten, set the partition's next sequence back to the batch's first,
+    which is the one the broker still expects. Returns the partitions rewound.
+
+    Only an idempotent, non-transactional producer (`txn` without transactional id; None = neither):
+    in a transaction the failed batch aborts it. A refused batch whose numbers are not the partition's
+    last is left alone (it cannot happen with one batch in flight per partition; were it to, rewinding
+    would hand a later batch's numbers out twice)."""
+    if txn is None or txn.transactional_id is not None:
+        return []
+    rewound = []
+    for tp, batch in batches.items():
+        fut = batch.future
+        if not fut.done() or fut.cancelled() or not isinstance(fut.exception(), REFUSED_NOT_APPENDED):
+            continue
+        base = _base_sequence(batch)
+        count = batch.record_count
+        expected = txn.sequence_number(tp)
+        if base is None or (base + count) % 2**32 != expected % 2**32:
+            log.warning("a refused batch's sequence is not the partition's last; not rewound",
+                        extra={"partition": f"{tp.topic}/{tp.partition}", "base": base, "next": expected})
+            continue
+        txn.increment_sequence_number(tp, base - expected)  # back to `base`, across a wrap too
+        rewound.append(tp)
+        log.info("a batch the broker refused gave its sequence back",
+                 extra={"partition": f"{tp.topic}/{tp.partition}", "records": count,
+                        "error": type(fut.exception()).__name__})
+    return rewound
 
 
 def _base_sequence(batch: Any) -> int | None:

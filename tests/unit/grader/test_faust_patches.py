@@ -81,6 +81,82 @@ def test_p1_faust_enables_idempotence_only_in_a_transaction_and_the_patch_always
     assert "enable_idempotence" in params(aiokafka.AIOKafkaProducer.__init__)
 
 
+# --- P2: a refused batch gives its sequence back ------------------------------------------------------
+P2_TP = aiokafka.TopicPartition("test.apprentice.graded.v1", 0)
+
+
+def _sent_batch(base: int, records: int, error: BaseException | None) -> Any:
+    """An aiokafka batch of `records` records numbered from `base`, built as the sender builds it, and
+    answered with `error` (None: appended)."""
+    from aiokafka.producer.message_accumulator import BatchBuilder, MessageBatch
+
+    builder = BatchBuilder(batch_size=16384, compression_type=0)
+    for i in range(records):
+        builder.append(key=None, value=f"v{i}".encode(), timestamp=None)
+    batch = MessageBatch(P2_TP, builder, ttl=30, linger_time=0)
+    batch.set_producer_state(producer_id=7, producer_epoch=0, base_sequence=base)
+    batch.get_data_buffer()
+    if error is None:
+        batch.done(base_offset=0)
+    else:
+        batch.failure(exception=error)
+    return batch
+
+
+def _idempotent_txn(next_sequence: int) -> Any:
+    from aiokafka.producer.transaction_manager import TransactionManager
+
+    txn = TransactionManager(transactional_id=None, transaction_timeout_ms=60000)
+    txn.set_pid_and_epoch(7, 0)
+    txn._sequence_numbers[P2_TP] = next_sequence
+    return txn
+
+
+@pytest.mark.parametrize(("base", "records", "advanced_to"), [
+    (10, 3, 13),                       # the plain case: 13 back to 10
+    (2**31 - 2, 5, -(2**31) + 3),      # the numbers wrapped past 2**31 - 1 while the batch was sent
+])
+def test_p2_a_refused_batch_sets_the_next_sequence_back_to_its_first(base: int, records: int,
+                                                                      advanced_to: int) -> None:
+    async def case() -> None:
+        txn = _idempotent_txn(advanced_to)
+        batch = _sent_batch(base, records, aiokafka.errors.MessageSizeTooLargeError())
+        assert faust_patches.rewind_refused(txn, {P2_TP: batch}) == [P2_TP]
+        assert txn.sequence_number(P2_TP) == base
+    run(case())
+
+
+@pytest.mark.parametrize("error", [None, aiokafka.errors.OutOfOrderSequenceNumber(),
+                                   aiokafka.errors.NotLeaderForPartitionError()])
+def test_p2_an_appended_or_otherwise_failed_batch_keeps_its_numbers(error: BaseException | None) -> None:
+    async def case() -> None:
+        txn = _idempotent_txn(13)
+        assert faust_patches.rewind_refused(txn, {P2_TP: _sent_batch(10, 3, error)}) == []
+        assert txn.sequence_number(P2_TP) == 13
+    run(case())
+
+
+def test_p2_rewinds_neither_a_batch_that_is_not_the_partitions_last_nor_a_transactional_one() -> None:
+    async def case() -> None:
+        txn = _idempotent_txn(20)  # numbers 13-19 were handed out after the refused batch's 10-12
+        refused = _sent_batch(10, 3, aiokafka.errors.MessageSizeTooLargeError())
+        assert faust_patches.rewind_refused(txn, {P2_TP: refused}) == []
+        assert txn.sequence_number(P2_TP) == 20
+        txn = _idempotent_txn(13)
+        txn.transactional_id = "grader-0"
+        assert faust_patches.rewind_refused(txn, {P2_TP: refused}) == []
+        assert faust_patches.rewind_refused(None, {P2_TP: refused}) == []
+    run(case())
+
+
+def test_p2_aiokafka_still_numbers_batches_when_drained_and_looks_the_handler_up_by_name() -> None:
+    from aiokafka.producer import message_accumulator
+
+    assert "increment_sequence_number" in inspect.getsource(message_accumulator.MessageAccumulator._pop_batch)
+    assert "SendProduceReqHandler(self, batches)" in inspect.getsource(aiokafka_sender.Sender._send_produce_req)
+    assert params(aiokafka_sender.SendProduceReqHandler.handle_response) == ["self", "response"]
+
+
 # --- C1: read_committed ----------------------------------------------------------------------------------
 def test_c1_faust_reads_uncommitted_outside_exactly_once_and_the_patched_thread_committed(app: faust.App) -> None:
     async def main() -> tuple[str, str]:
