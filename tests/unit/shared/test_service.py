@@ -65,10 +65,11 @@ CHILD = textwrap.dedent("""
         def __init__(self):
             self.stopped = threading.Event()
         def start(self):
-            if sys.argv[1] == "slow-start":
+            if sys.argv[1] in ("slow-start", "very-slow-start"):
                 print("starting", flush=True)
                 told = False
-                for _ in range(20):          # a start is not cut: each step runs to its end
+                steps = 20 if sys.argv[1] == "slow-start" else 600
+                for _ in range(steps):       # a start is not cut: each step runs to its end
                     time.sleep(0.1)
                     if not told and signal.getsignal(signal.SIGINT) is signal.SIG_DFL:
                         print("default restored", flush=True)    # the first signal was handled
@@ -129,7 +130,7 @@ def test_a_signal_during_start_stops_the_service_once_it_has_started() -> None:
 
 
 def test_a_second_signal_ends_the_process_at_once() -> None:
-    proc = _child("slow-start")
+    proc = _child("very-slow-start")   # a minute of start: the second signal surely lands inside it
     _read_until(proc, "starting")
     proc.send_signal(signal.SIGINT)
     _read_until(proc, "default restored")     # the first signal handled while start() still runs
