@@ -47,17 +47,31 @@ Consumer (`LosslessConsumer`, with `ReadCommittedThread`):
       contiguous offsets) any unacknowledged offset below an acknowledged one is a hole and holds the
       commit until it fills (the stall watchdog, stall.py, re-reads it); on the source topics a hole is
       an offset that was fetched and not acknowledged (`committable`).
+  C6. A commit that a rebalance raced does not crash the worker: faust's consumer keeps, of the offsets
+      to commit, those of partitions assigned at that moment, then awaits a producer flush, then hands
+      them to its consumer thread, which filters them by the assignment again and commits. A rebalance
+      during the flush leaves the thread nothing to commit while aiokafka holds no assignment, and
+      aiokafka's commit of nothing then raises IllegalStateError ("No partitions assigned"), on which
+      faust crashes the whole worker (it spares only CommitFailedError's "already rebalanced"). Here a
+      commit left with nothing of this worker's is skipped, and so is one that fails because a rebalance
+      took a partition away, because the group rebalanced under it, or with a timeout or another error
+      aiokafka calls retriable: what it would have covered is re-read after a restart or by the
+      partition's next owner, and the join state machine ignores what it already applied. A commit that
+      keeps failing for `COMMIT_FAILURE_LIMIT_S`, or fails in any other way (an authorization error),
+      still crashes the worker, so its supervisor restarts it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from aiokafka import errors as aiokafka_errors
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.record.default_records import DefaultRecordBatch
+from aiokafka.structs import OffsetAndMetadata
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
@@ -139,17 +153,65 @@ class _NoReadOffsets(dict):  # type: ignore[type-arg]
         return None
 
 
+COMMIT_FAILURE_LIMIT_S = 120.0
+"""C6: commits failing without a break for this long crash the worker (a restart gets new connections)."""
+
+
+def commit_failure_passes(exc: BaseException, wanted: Collection[Any], assigned: Collection[Any]) -> bool:
+    """C6: whether a failed commit of the partitions `wanted` (those faust found assigned) may be
+    skipped, given the partitions `assigned` to this worker once it failed. It may when a rebalance took
+    partitions away meanwhile (IllegalStateError with one of them no longer assigned), when the group
+    rebalanced under it (CommitFailedError: aiokafka raises it only then), and on a timeout or another
+    error aiokafka calls retriable; never on anything else."""
+    if isinstance(exc, aiokafka_errors.CommitFailedError):
+        return True
+    if isinstance(exc, aiokafka_errors.IllegalStateError):
+        return not set(wanted) <= set(assigned)
+    if isinstance(exc, aiokafka_errors.KafkaTimeoutError | TimeoutError):
+        return True
+    return isinstance(exc, aiokafka_errors.KafkaError) and bool(exc.retriable)
+
+
 class ReadCommittedThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """C1: the aiokafka consumer faust builds, reading read_committed."""
+    """C1: the aiokafka consumer faust builds, reading read_committed. C6: its commits."""
+
+    _commit_failing_since: float | None = None
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._isolation_level = "read_committed"  # read by AIOKafkaConsumer.start()
         return consumer
 
+    async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        """C6: faust's commit (the same steps), minus the crash on a commit that a rebalance raced or a
+        failure that passes. False: nothing was committed (faust commits again at its next interval)."""
+        consumer = self._ensure_consumer()
+        now = time.monotonic()
+        mine = {tp: offset for tp, offset in offsets.items() if tp in self.assignment()}
+        if offsets and not mine:
+            log.info("a commit found none of its partitions assigned any more (a rebalance); skipped",
+                     extra={"partitions": len(offsets)})
+            return False
+        try:
+            self.tp_last_committed_at.update({tp: now for tp in mine})
+            await consumer.commit({faust_aiokafka.ensure_aiokafka_TP(tp): OffsetAndMetadata(offset, "")
+                                   for tp, offset in mine.items()})
+        except Exception as exc:  # noqa: BLE001 - sorted by commit_failure_passes
+            since = self._commit_failing_since = self._commit_failing_since or now
+            if commit_failure_passes(exc, offsets, self.assignment()) and now - since < COMMIT_FAILURE_LIMIT_S:
+                log.warning("a commit failed and is left to the next one",
+                            extra={"error": f"{type(exc).__name__}: {exc}"[:300],
+                                   "failing_for_s": round(now - since, 1)})
+                return False
+            log.exception("a commit failed; the worker stops", extra={"failing_for_s": round(now - since, 1)})
+            await self.crash(exc)
+            return False
+        self._commit_failing_since = None
+        return True
+
 
 class LosslessConsumer(faust_aiokafka.Consumer):
-    """C1-C5 (module docstring)."""
+    """C1-C6 (module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

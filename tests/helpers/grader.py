@@ -91,6 +91,20 @@ class GraderProcess:
     def log_tail(self, n: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
 
+    def first_errors(self, limit: int = 3, chars: int = 2500) -> str:
+        """The first `limit` error or critical log lines, each cut to `chars`: after a crash the log's tail
+        holds only the shutdown's cancelled tasks, and the cause is the first error logged."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        hits = [line[:chars] for line in text.splitlines()
+                if '"level": "error"' in line or '"level": "critical"' in line or line.startswith("Traceback")]
+        return "\n".join(hits[:limit])
+
+    def exited(self) -> str | None:
+        """None while the process runs; once it has exited, its exit status and first errors."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return f"{self.log_path.name} exited with status {self.proc.returncode}; first errors:\n{self.first_errors()}"
+
 
 def graded(value: bytes) -> events_pb2.GradedInteraction:
     return events_pb2.GradedInteraction.FromString(value)

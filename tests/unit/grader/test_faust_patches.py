@@ -1,6 +1,6 @@
 """What services/grader/faust_patches.py relies on in the installed faust-streaming and aiokafka.
 
-Each workaround overrides a private method or attribute. These tests pin, per workaround (P1, P2, C1-C5 in
+Each workaround overrides a private method or attribute. These tests pin, per workaround (P1, P2, C1-C6 in
 the module's docstring), that the overridden faust method still exists with the signature the patch
 assumes, that the unpatched behaviour it repairs is still faust's (so a faust release that fixes or
 changes it fails here, and the patch can be reconsidered), and that the patch does what it says (P2's,
@@ -292,6 +292,58 @@ def test_c5_a_contiguous_join_partition_commits_as_faust_does(app: faust.App) ->
         return c._new_offset(JOIN)  # type: ignore[no-any-return]
 
     assert run(main()) == 13
+
+
+# --- C6: a commit that a rebalance raced does not crash the worker -----------------------------------------------
+def test_c6_faust_crashes_the_worker_on_a_commit_error_and_aiokafka_raises_one_for_a_revoked_partition() -> None:
+    src = inspect.getsource(faust_aiokafka.AIOKafkaConsumerThread._commit)
+    assert params(faust_aiokafka.AIOKafkaConsumerThread._commit) == ["self", "offsets"]
+    assert "except IllegalStateError" in src and src.count("await self.crash(exc)") == 3
+    assert "if tp in self.assignment()" in src  # checked before the commit awaits
+    assert 'is not assigned' in inspect.getsource(aiokafka.AIOKafkaConsumer.commit)
+    # the patch calls what faust's does
+    for name in ("_ensure_consumer", "assignment", "crash"):
+        assert callable(getattr(ReadCommittedThread, name)), name
+    assert callable(faust_aiokafka.ensure_aiokafka_TP)
+
+
+@pytest.mark.parametrize("subscribed", [True, False])
+def test_c6_a_commit_whose_partitions_a_rebalance_took_crashes_faust_and_not_the_patch(app: faust.App,
+                                                                                       subscribed: bool) -> None:
+    """Offsets faust found assigned reach the consumer thread after a rebalance took them: aiokafka holds
+    no assignment (subscribed: the rebalance window; or no subscription at all). Real faust and aiokafka
+    objects, nothing connects."""
+    async def main(cls: type[faust_aiokafka.Consumer]) -> tuple[bool, BaseException | None]:
+        thread = consumer(app, cls)._new_consumer_thread()
+        kafka = thread._consumer = thread._create_worker_consumer(app.transport)
+        if subscribed:
+            kafka.subscribe(["t"])
+        try:
+            return await thread._commit({SRC: 5}), thread.crash_reason
+        finally:
+            await kafka.stop()
+
+    committed, crashed = run(main(faust_aiokafka.Consumer))
+    assert not committed and isinstance(crashed, aiokafka.errors.IllegalStateError)  # the worker would stop
+    assert run(main(LosslessConsumer)) == (False, None)
+
+
+A, B = TP("t", 0), TP("t", 1)
+
+
+@pytest.mark.parametrize(("exc", "assigned", "passes"), [
+    (aiokafka.errors.IllegalStateError(f"Partition {B} is not assigned"), {A}, True),   # revoked meanwhile
+    (aiokafka.errors.IllegalStateError("something else"), {A, B}, False),              # still ours: a real fault
+    (aiokafka.errors.CommitFailedError("the group has already rebalanced"), {A, B}, True),
+    (aiokafka.errors.KafkaTimeoutError(), {A, B}, True),
+    (TimeoutError(), {A, B}, True),
+    (aiokafka.errors.RequestTimedOutError(), {A, B}, True),                            # retriable
+    (aiokafka.errors.GroupAuthorizationFailedError(), {A, B}, False),                  # not retriable
+    (aiokafka.errors.KafkaError("fatal"), {A, B}, False),
+    (RuntimeError("a bug"), {A, B}, False),
+])
+def test_c6_which_commit_failures_pass(exc: BaseException, assigned: set[TP], passes: bool) -> None:
+    assert faust_patches.commit_failure_passes(exc, {A, B}, assigned) is passes
 
 
 # --- faust internals the runtime reads outside the patches ------------------------------------------------------
