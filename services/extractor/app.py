@@ -94,7 +94,7 @@ class ExtractorApp:
         self.producer = EventProducer(common.kafka_bootstrap, client_id="extractor")
         self.deadletters = DeadLetterPublisher(self.producer, self.topics.deadletter, source="extractor")
         if embedder is None and settings.embedding_dedupe:
-            from services.extractor.embeddings import MiniLMEmbedder
+            from shared.knowledge.embeddings import MiniLMEmbedder
 
             embedder = MiniLMEmbedder()
         curator = Curator(min_chars=settings.min_item_chars, max_chars=settings.max_item_chars,

@@ -27,7 +27,9 @@ from torch import nn
 from services.trainer import losses
 from services.trainer.batching import make_batch, micro_batches
 from services.trainer.distributed import broadcast, rank, shard
-from services.trainer.knowledge import KnowledgeBase, tfidf_rank, with_knowledge
+from services.trainer.knowledge import KnowledgeBase
+from shared.knowledge.frame import with_knowledge
+from shared.knowledge.retrieval import tfidf_rank
 from services.trainer.logprobs import score, supports_fused_head, teacher_view
 from services.trainer.policy import Policy
 from services.trainer.steplog import StepHook

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.extractor import embeddings
+from shared.knowledge import embeddings
 from services.extractor.curation import Curator, approx_tokens, item_id, jaccard, normalise
 from shared.proto.apprentice.v1 import events_pb2
 

@@ -11,7 +11,7 @@ from services.trainer import losses
 from services.trainer.batching import make_batch
 from services.trainer.config import TrainerSettings
 from services.trainer.distill import DistillExample
-from services.trainer.knowledge import with_knowledge
+from shared.knowledge.frame import with_knowledge
 from services.trainer.logprobs import Scorer, teacher_view
 from services.trainer.rounds import Trainer
 from shared.config import CommonSettings

@@ -5,15 +5,9 @@ from __future__ import annotations
 import json
 import random
 
-from services.trainer.knowledge import (
-    KNOWLEDGE_HEADER,
-    NOTES_CLOSE,
-    NOTES_OPEN,
-    KnowledgeBase,
-    knowledge_block,
-    tfidf_rank,
-    with_knowledge,
-)
+from services.trainer.knowledge import KnowledgeBase
+from shared.knowledge.frame import KNOWLEDGE_HEADER, NOTES_CLOSE, NOTES_OPEN, knowledge_block, with_knowledge
+from shared.knowledge.retrieval import tfidf_rank
 from shared.proto.apprentice.v1 import events_pb2
 from tests.unit.trainer.factories import snapshot
 

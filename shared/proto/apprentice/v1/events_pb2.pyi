@@ -18,6 +18,8 @@ class ItemStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ITEM_STATUS_APPROVED: _ClassVar[ItemStatus]
     ITEM_STATUS_REJECTED: _ClassVar[ItemStatus]
     ITEM_STATUS_PINNED: _ClassVar[ItemStatus]
+    ITEM_STATUS_CONSOLIDATED: _ClassVar[ItemStatus]
+    ITEM_STATUS_RETIRED: _ClassVar[ItemStatus]
 
 class UpdateAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,13 +32,15 @@ ITEM_STATUS_PROPOSED: ItemStatus
 ITEM_STATUS_APPROVED: ItemStatus
 ITEM_STATUS_REJECTED: ItemStatus
 ITEM_STATUS_PINNED: ItemStatus
+ITEM_STATUS_CONSOLIDATED: ItemStatus
+ITEM_STATUS_RETIRED: ItemStatus
 UPDATE_ACTION_UNSPECIFIED: UpdateAction
 UPDATE_ACTION_PROMOTE: UpdateAction
 UPDATE_ACTION_CANARY: UpdateAction
 UPDATE_ACTION_ROLLBACK: UpdateAction
 
 class Interaction(_message.Message):
-    __slots__ = ("envelope", "interaction_id", "session_id", "task", "model", "policy_version", "knowledge_version", "messages", "prompt_text", "prompt_token_ids", "sampling", "response_text", "response_token_ids", "response_logprobs", "response_logprobs_t1", "finish_reason", "latency_ms", "group_id", "sample_index", "group_size", "canary", "serving_pod", "raw_prompt")
+    __slots__ = ("envelope", "interaction_id", "session_id", "task", "model", "policy_version", "knowledge_version", "messages", "prompt_text", "prompt_token_ids", "sampling", "response_text", "response_token_ids", "response_logprobs", "response_logprobs_t1", "finish_reason", "latency_ms", "group_id", "sample_index", "group_size", "canary", "serving_pod", "raw_prompt", "knowledge_items")
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     INTERACTION_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +64,7 @@ class Interaction(_message.Message):
     CANARY_FIELD_NUMBER: _ClassVar[int]
     SERVING_POD_FIELD_NUMBER: _ClassVar[int]
     RAW_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    KNOWLEDGE_ITEMS_FIELD_NUMBER: _ClassVar[int]
     envelope: _common_pb2.Envelope
     interaction_id: str
     session_id: str
@@ -83,7 +88,22 @@ class Interaction(_message.Message):
     canary: bool
     serving_pod: str
     raw_prompt: bool
-    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., interaction_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[str] = ..., knowledge_version: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., response_text: _Optional[str] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., response_logprobs_t1: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., latency_ms: _Optional[float] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., canary: _Optional[bool] = ..., serving_pod: _Optional[str] = ..., raw_prompt: _Optional[bool] = ...) -> None: ...
+    knowledge_items: _containers.RepeatedCompositeFieldContainer[KnowledgeRef]
+    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., interaction_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[str] = ..., knowledge_version: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., response_text: _Optional[str] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., response_logprobs_t1: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., latency_ms: _Optional[float] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., canary: _Optional[bool] = ..., serving_pod: _Optional[str] = ..., raw_prompt: _Optional[bool] = ..., knowledge_items: _Optional[_Iterable[_Union[KnowledgeRef, _Mapping]]] = ...) -> None: ...
+
+class KnowledgeRef(_message.Message):
+    __slots__ = ("key", "item_id", "revision", "snapshot_version", "score")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ITEM_ID_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    item_id: str
+    revision: int
+    snapshot_version: int
+    score: float
+    def __init__(self, key: _Optional[str] = ..., item_id: _Optional[str] = ..., revision: _Optional[int] = ..., snapshot_version: _Optional[int] = ..., score: _Optional[float] = ...) -> None: ...
 
 class FeedbackEvent(_message.Message):
     __slots__ = ("envelope", "interaction_id", "kind", "value", "comment", "kpi_name")
@@ -144,7 +164,7 @@ class GradedInteraction(_message.Message):
     def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., interaction: _Optional[_Union[Interaction, _Mapping]] = ..., revision: _Optional[int] = ..., reward: _Optional[float] = ..., has_signal: _Optional[bool] = ..., components: _Optional[_Iterable[_Union[RewardComponent, _Mapping]]] = ..., flags: _Optional[_Iterable[str]] = ..., quarantined: _Optional[bool] = ..., feedback: _Optional[_Iterable[_Union[FeedbackEvent, _Mapping]]] = ..., no_signal_reason: _Optional[str] = ..., success: _Optional[bool] = ..., grader_config_version: _Optional[str] = ...) -> None: ...
 
 class KnowledgeItem(_message.Message):
-    __slots__ = ("item_id", "text", "status", "source_interaction_ids", "created_at", "updated_at", "helpful", "harmful", "token_count", "created_by", "edited_by", "provenance", "screen_flags")
+    __slots__ = ("item_id", "text", "status", "source_interaction_ids", "created_at", "updated_at", "helpful", "harmful", "token_count", "created_by", "edited_by", "provenance", "screen_flags", "questions", "answer_terms", "revision", "retired_reason", "superseded_by", "consolidated_in", "lost_in")
     ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +178,13 @@ class KnowledgeItem(_message.Message):
     EDITED_BY_FIELD_NUMBER: _ClassVar[int]
     PROVENANCE_FIELD_NUMBER: _ClassVar[int]
     SCREEN_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    QUESTIONS_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_TERMS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_REASON_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_BY_FIELD_NUMBER: _ClassVar[int]
+    CONSOLIDATED_IN_FIELD_NUMBER: _ClassVar[int]
+    LOST_IN_FIELD_NUMBER: _ClassVar[int]
     item_id: str
     text: str
     status: ItemStatus
@@ -171,10 +198,17 @@ class KnowledgeItem(_message.Message):
     edited_by: str
     provenance: _containers.RepeatedCompositeFieldContainer[Provenance]
     screen_flags: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, item_id: _Optional[str] = ..., text: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., source_interaction_ids: _Optional[_Iterable[str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., helpful: _Optional[int] = ..., harmful: _Optional[int] = ..., token_count: _Optional[int] = ..., created_by: _Optional[str] = ..., edited_by: _Optional[str] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., screen_flags: _Optional[_Iterable[str]] = ...) -> None: ...
+    questions: _containers.RepeatedScalarFieldContainer[str]
+    answer_terms: _containers.RepeatedScalarFieldContainer[str]
+    revision: int
+    retired_reason: str
+    superseded_by: str
+    consolidated_in: str
+    lost_in: str
+    def __init__(self, item_id: _Optional[str] = ..., text: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., source_interaction_ids: _Optional[_Iterable[str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., helpful: _Optional[int] = ..., harmful: _Optional[int] = ..., token_count: _Optional[int] = ..., created_by: _Optional[str] = ..., edited_by: _Optional[str] = ..., provenance: _Optional[_Iterable[_Union[Provenance, _Mapping]]] = ..., screen_flags: _Optional[_Iterable[str]] = ..., questions: _Optional[_Iterable[str]] = ..., answer_terms: _Optional[_Iterable[str]] = ..., revision: _Optional[int] = ..., retired_reason: _Optional[str] = ..., superseded_by: _Optional[str] = ..., consolidated_in: _Optional[str] = ..., lost_in: _Optional[str] = ...) -> None: ...
 
 class Provenance(_message.Message):
-    __slots__ = ("action", "principal", "tenant", "interaction_ids", "at", "source", "detail")
+    __slots__ = ("action", "principal", "tenant", "interaction_ids", "at", "source", "detail", "text", "other_item_id")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +216,8 @@ class Provenance(_message.Message):
     AT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    OTHER_ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     action: str
     principal: _common_pb2.Principal
     tenant: str
@@ -189,7 +225,9 @@ class Provenance(_message.Message):
     at: _timestamp_pb2.Timestamp
     source: str
     detail: str
-    def __init__(self, action: _Optional[str] = ..., principal: _Optional[_Union[_common_pb2.Principal, _Mapping]] = ..., tenant: _Optional[str] = ..., interaction_ids: _Optional[_Iterable[str]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    text: str
+    other_item_id: str
+    def __init__(self, action: _Optional[str] = ..., principal: _Optional[_Union[_common_pb2.Principal, _Mapping]] = ..., tenant: _Optional[str] = ..., interaction_ids: _Optional[_Iterable[str]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., detail: _Optional[str] = ..., text: _Optional[str] = ..., other_item_id: _Optional[str] = ...) -> None: ...
 
 class KnowledgeSnapshot(_message.Message):
     __slots__ = ("envelope", "key", "domain", "version", "items", "extractor_model", "extractor_policy_version", "require_approval", "change", "processed")

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("messages", "prompt", "sampling", "tenant", "session_id", "task", "no_capture")
+    __slots__ = ("messages", "prompt", "sampling", "tenant", "session_id", "task", "no_capture", "no_knowledge")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class GenerateRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     NO_CAPTURE_FIELD_NUMBER: _ClassVar[int]
+    NO_KNOWLEDGE_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
     prompt: str
     sampling: _common_pb2.SamplingParams
@@ -26,7 +27,8 @@ class GenerateRequest(_message.Message):
     session_id: str
     task: str
     no_capture: bool
-    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., task: _Optional[str] = ..., no_capture: _Optional[bool] = ...) -> None: ...
+    no_knowledge: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., task: _Optional[str] = ..., no_capture: _Optional[bool] = ..., no_knowledge: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens")

@@ -42,7 +42,7 @@ class FileEntry(_message.Message):
     def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class EvalResult(_message.Message):
-    __slots__ = ("suite", "metric", "candidate", "baseline", "threshold", "passed", "detail")
+    __slots__ = ("suite", "metric", "candidate", "baseline", "threshold", "passed", "detail", "baseline_version", "comparison")
     SUITE_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,8 @@ class EvalResult(_message.Message):
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     PASSED_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMPARISON_FIELD_NUMBER: _ClassVar[int]
     suite: str
     metric: str
     candidate: float
@@ -57,7 +59,9 @@ class EvalResult(_message.Message):
     threshold: float
     passed: bool
     detail: str
-    def __init__(self, suite: _Optional[str] = ..., metric: _Optional[str] = ..., candidate: _Optional[float] = ..., baseline: _Optional[float] = ..., threshold: _Optional[float] = ..., passed: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+    baseline_version: str
+    comparison: str
+    def __init__(self, suite: _Optional[str] = ..., metric: _Optional[str] = ..., candidate: _Optional[float] = ..., baseline: _Optional[float] = ..., threshold: _Optional[float] = ..., passed: _Optional[bool] = ..., detail: _Optional[str] = ..., baseline_version: _Optional[str] = ..., comparison: _Optional[str] = ...) -> None: ...
 
 class Manifest(_message.Message):
     __slots__ = ("model", "version", "base_model", "parent_version", "kind", "files", "training_metadata", "data_offsets", "algorithm", "train_metrics", "eval_results", "status", "status_reason", "created_at", "pinned", "tenant", "base_version")

