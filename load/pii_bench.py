@@ -15,6 +15,15 @@ redaction adds to a request, against the same requests captured as-is (`keep`), 
    Kafka is not needed: the sink spools while no broker answers) with two tenants, `redact` and `keep`;
    requests alternate between them (so load drift hits both alike); each prompt is distinct.
 Prints tables and the ratio redact/keep of the mean request latency.
+
+Business names (`APPRENTICE_BUSINESS_NAMES`, shared/pii/business.py), between 1 and 2:
+1b. Recall on the labelled set without and with a tenant's declared names (`BUSINESS`: staff names that
+    share a first or last name with labelled end users, products, places): must be unchanged, since a
+    declared name exempts only detections that lie inside one of its occurrences.
+1c. Business text (`business_texts`: corrections and answers naming the tenant's staff, products and
+    places next to end users' names, e-mails and phones): the share of business-name occurrences that
+    survive redaction (must be all with the names declared; without, what the detector takes) and the
+    recall on the end users' data in the same texts (must be unchanged).
 """
 
 from __future__ import annotations
@@ -31,9 +40,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.pii import get_detector  # noqa: E402
-from shared.pii.detector import ENTITIES  # noqa: E402
-from shared.pii.evaluation import load_labelled, overall, score  # noqa: E402
+from shared.pii import NO_NAMES, BusinessNames, get_detector  # noqa: E402
+from shared.pii.detector import EMAIL, ENTITIES, PERSON, PHONE, Span  # noqa: E402
+from shared.pii.evaluation import Labelled, load_labelled, overall, score  # noqa: E402
 
 LABELLED = Path(__file__).resolve().parents[1] / "tests" / "data" / "pii_labelled.jsonl"
 
@@ -60,6 +69,93 @@ def quality() -> list[str]:
         for m in scores[t].false_alarms:
             print(f"  false alarm {t}: {m}")
     return [e.text for e in examples]
+
+
+# (staff member who speaks for the business, an end user who shares a word of that name)
+STAFF_AND_USERS = [("Dana Reyes", "Dana Whitfield"), ("Tom Fischer", "Tom Becker"),
+                   ("Maria Lindqvist", "Sven Lindqvist"), ("Priya Nair", "Priya Raman")]
+PRODUCTS = ["Trailmate", "Summit Pass", "Brightwater Outfitters"]
+PLACES = ["Harbor Point", "Bärengasse"]
+BUSINESS = [*(staff for staff, _ in STAFF_AND_USERS), *PRODUCTS, *PLACES]
+"""The tenant's declared names in 1b and 1c."""
+PHONES = ["+1 415 555 0132", "+44 20 7946 0958", "+49 30 901820", "+33 1 42 68 53 00"]
+TEMPLATES = [
+    "This is {product} support: {staff} from our returns desk approves it.",
+    "{staff} approves refunds over 200 dollars; ask her via the {product} app.",
+    "Thanks, {user}! {staff} will call you back about your {product} order.",
+    "Repaired bikes are collected at {place}; {staff} hands them over.",
+    "Hi {user}, {staff} here from {product}. We wrote to {email}.",
+    "Please tell {user} that {staff} at {place} has the parcel; reach them on {phone}.",
+    "Regards,\n{staff}\n{product}",
+    "{user} asked {staff} to move the {product} booking; confirm to {email}.",
+    "Our store manager {staff} says {product} gift cards never expire.",
+    "Kind regards, {staff}, {product} at {place}",
+]
+
+
+def business_texts() -> list[tuple[Labelled, list[tuple[int, int]]]]:
+    """Each template with each (staff, user) pair: the text labelled with the end user's personal data
+    (name, e-mail, phone) and the positions of the business's names in it."""
+    out = []
+    for template in TEMPLATES:
+        for i, (staff, user) in enumerate(STAFF_AND_USERS):
+            values = {"staff": staff, "user": user, "product": PRODUCTS[i % len(PRODUCTS)],
+                      "place": PLACES[i % len(PLACES)], "email": user.lower().replace(" ", ".") + "@example.com",
+                      "phone": PHONES[i]}
+            text = template.format(**values)
+            gold, business = [], []
+            for key, entity in (("user", PERSON), ("email", EMAIL), ("phone", PHONE),
+                                ("staff", ""), ("product", ""), ("place", "")):
+                if "{" + key + "}" not in template:
+                    continue
+                start = text.index(values[key]) if key != "user" else _word_index(text, values[key])
+                if entity:
+                    gold.append(Span(start, start + len(values[key]), entity))
+                else:
+                    business.append((start, start + len(values[key])))
+            out.append((Labelled(text, tuple(gold)), business))
+    return out
+
+
+def _word_index(text: str, value: str) -> int:
+    """Where `value` occurs as whole words (the user's "Dana Whitfield" is not inside an e-mail)."""
+    import re
+
+    m = re.search(rf"(?<![\w.@]){re.escape(value)}(?![\w@])", text)
+    assert m is not None, (value, text)
+    return m.start()
+
+
+def business_names_quality(examples: list[Labelled]) -> None:
+    det = get_detector()
+    declared = BusinessNames.of(BUSINESS)
+    print(f"\n1b) recall on personal data, without and with declared business names ({len(BUSINESS)}: "
+          f"{', '.join(BUSINESS)})")
+    print(f"{'type':<15}{'labelled':>9}{'recall':>9}{'declared':>10}")
+    plain, named = score(det, examples), score(det, examples, declared)
+    for t in ENTITIES:
+        print(f"{t:<15}{plain[t].labelled:>9}{plain[t].recall:>9.3f}{named[t].recall:>10.3f}")
+    print(f"{'all (micro)':<15}{overall(plain).labelled:>9}{overall(plain).recall:>9.3f}{overall(named).recall:>10.3f}"
+          f"   {'unchanged' if all(plain[t].true_pos == named[t].true_pos for t in ENTITIES) else 'CHANGED'}")
+
+    labelled = business_texts()
+    print(f"\n1c) business text: {len(labelled)} corrections/answers naming the business's staff, products and "
+          "places beside end users' names, e-mails and phones")
+    print(f"{'names declared':<16}{'business names kept':>22}{'user data recall':>19}{'user names':>12}")
+    for title, names in (("none", NO_NAMES), ("all", declared)):
+        kept = total = 0
+        for ex, business in labelled:
+            spans = names.keep(ex.text, det.find(ex.text))
+            for a, b in business:
+                total += 1
+                kept += not any(s.start < b and a < s.end for s in spans)
+        sc = score(det, [ex for ex, _ in labelled], names)
+        o = overall(sc)
+        print(f"{title:<16}{f'{kept}/{total} = {kept / total:.1%}':>22}{f'{o.true_pos}/{o.labelled} = {o.recall:.1%}':>19}"
+              f"{sc[PERSON].recall:>12.3f}")
+        for t in ENTITIES:
+            for m in sc[t].misses:
+                print(f"  missed {t}: {m}")
 
 
 def capture_step(texts: list[str], tok: Any) -> None:
@@ -147,6 +243,7 @@ def main() -> None:
     get_detector()
     print(f"detector build (Presidio + spaCy en_core_web_sm): {time.perf_counter() - t0:.1f} s, once per process")
     texts = quality()
+    business_names_quality(load_labelled(LABELLED))
     from shared.models import load_tokenizer
 
     tok = load_tokenizer(args.model)

@@ -11,16 +11,18 @@ through `renamed(...)` (settings classes) or `renamed_env(...)` (a variable a CL
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.pii.business import BusinessNames, parse_business_names
 from shared.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -258,6 +260,36 @@ class CommonSettings(BaseSettings):
         if not value and self.interaction_id_secret_file is not None and self.interaction_id_secret_file.exists():
             value = self.interaction_id_secret_file.read_text().strip()
         return value.encode()
+
+    # --- personal-data redaction (shared/pii; every service that redacts reads this) -------------------
+    business_names: Annotated[dict[str, list[str]], NoDecode] = Field(default_factory=dict)
+    """Per tenant, the names that are part of its business (products, places, staff who speak for it), as
+    JSON: `{"acme": ["Trailmate", "Dana Whitfield"]}`. Redaction (inference capture and feedback, the
+    extractor's knowledge filter) keeps a detected name that lies entirely inside an occurrence of one of
+    the tenant's names (any case, whole words), so facts that name them can be learned. A user who only
+    shares a word with one ("Dana Smith") is still redacted, and e-mails, phones, cards, IBANs, IPs and
+    SSNs always are (shared/pii/business.py, SECURITY.md). Up to 256 names of 2-100 characters per tenant,
+    written out literally (no wildcards). The demo and `apprentice up --task` add the task file's names."""
+
+    @field_validator("business_names", mode="before")
+    @classmethod
+    def _business_names_json(cls, v: object) -> object:
+        if isinstance(v, str):
+            if not v.strip():
+                return {}       # compose's `${VAR:-}`
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"APPRENTICE_BUSINESS_NAMES is not JSON ({e.msg} at character {e.pos}): "
+                                 'write {"tenant": ["Name", ...]}') from None
+        try:
+            return {t: list(names) for t, names in parse_business_names(v).items()}  # type: ignore[arg-type]
+        except ValueError as e:
+            raise ValueError(f"APPRENTICE_BUSINESS_NAMES: {e}") from None
+
+    def business_names_for(self, tenant: str) -> BusinessNames:
+        """The tenant's declared business names, compiled (none for a tenant that declared none)."""
+        return BusinessNames.of(self.business_names.get(tenant, ()))
 
     @field_validator("kafka_bootstrap")
     @classmethod

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from services.extractor.parser import looks_like_text
 from services.extractor.pii import find_pii
+from shared.pii.business import NO_NAMES, BusinessNames
 from shared.proto.apprentice.v1 import events_pb2
 
 S = events_pb2.ItemStatus
@@ -88,15 +89,16 @@ class Curator:
     embedder: Embedder | None = None
     _emb_cache: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
-    def rejection(self, text: str, names: Sequence[str] = ()) -> str:
-        """Why a candidate may not enter a base ("" = acceptable)."""
+    def rejection(self, text: str, names: Sequence[str] = (), business: BusinessNames = NO_NAMES) -> str:
+        """Why a candidate may not enter a base ("" = acceptable). `business`: the base's tenant's declared
+        names, which are not personal data (services/extractor/pii.py)."""
         if len(text) < self.min_chars:
             return f"too short ({len(text)} < {self.min_chars} chars)"
         if len(text) > self.max_chars:
             return f"too long ({len(text)} > {self.max_chars} chars)"
         if not looks_like_text(text):
             return "not readable text"
-        pii = find_pii(text, names)
+        pii = find_pii(text, names, business)
         if pii:
             return "personal data: " + ", ".join(sorted(set(p.split(":")[0] for p in pii)))
         return ""

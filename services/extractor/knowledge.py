@@ -13,6 +13,10 @@ Pin lets it reach training. The one exception is a tenant that opted in to auto-
 Every item records its provenance (who, which interactions, when; every merge and review after) and its
 screen flags; an edit that would introduce a flag is refused, and approving or pinning a flagged item
 needs an explicit override.
+
+Personal data keeps an item out (`Curator.rejection`), judged with the base's tenant's declared business
+names (`business_names(tenant)`, from `APPRENTICE_BUSINESS_NAMES`): an item naming the tenant's product or
+the staff member who decided is the business's knowledge, not a user's data.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from services.extractor.trajectories import Source, Trajectory, split_key
 from shared.events import deterministic_id, make_envelope
 from shared.grpc_util import FailedPrecondition, InvalidRequest, NotFound
 from shared.injection_screen import InjectionScreen
+from shared.pii.business import NO_NAMES, BusinessNames
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 
 S = events_pb2.ItemStatus
@@ -81,8 +86,10 @@ class KnowledgeStore:
                  max_tokens: int = 1024, max_rejected_kept: int = 200, max_processed_kept: int = 2000,
                  history_per_key: int = 100, source: str = "extractor",
                  clock: Callable[[], Timestamp] = _now, screen: InjectionScreen | None = None,
-                 max_provenance: int = 20) -> None:
+                 max_provenance: int = 20,
+                 business_names: Callable[[str], BusinessNames] = lambda tenant: NO_NAMES) -> None:
         self.curator = curator
+        self.business_names = business_names
         self._publish = publish
         self.requires_approval = requires_approval
         self.max_tokens = max_tokens
@@ -197,9 +204,10 @@ class KnowledgeStore:
                 if not new_turns:
                     continue
                 changed |= self._count_outcomes(key, items, new_turns, now)
-                names = sorted(names_from_user_texts(traj.user_texts))
+                business = self.business_names(split_key(key)[0])
+                names = sorted(names_from_user_texts(traj.user_texts, business))
                 for cand in ex.candidates:
-                    v = self._curate(snap, cand, names, now)
+                    v = self._curate(snap, cand, names, now, business)
                     verdicts.append(v)
                     if v.outcome in ("added", "merged"):
                         changed = True
@@ -248,9 +256,9 @@ class KnowledgeStore:
         return changed
 
     def _curate(self, snap: events_pb2.KnowledgeSnapshot, cand: Candidate, names: Sequence[str],
-                now: Timestamp) -> Verdict:
+                now: Timestamp, business: BusinessNames = NO_NAMES) -> Verdict:
         text = cand.text.strip()
-        reason = self.curator.rejection(text, names)
+        reason = self.curator.rejection(text, names, business)
         if reason:
             return Verdict(text, "rejected", reason)
         tenant, _ = split_key(snap.key)
@@ -328,7 +336,7 @@ class KnowledgeStore:
             who = operator or (by.key_id if by is not None else "") or "operator"
             if action == "edit":
                 new_text = text.strip()
-                reason = self.curator.rejection(new_text)
+                reason = self.curator.rejection(new_text, business=self.business_names(split_key(key)[0]))
                 if reason:
                     raise InvalidRequest(f"edited text rejected: {reason}")
                 flags = self.screen.flags(new_text)

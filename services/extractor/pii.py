@@ -6,6 +6,12 @@ redacted fact is rarely a useful rule). Detection is the shared detector (`share
 NER, card and IBAN checksums), the one inference capture redacts with. Names users gave anywhere in the
 trajectory (messages and corrections) are also matched word by word, because an item may use a name
 where NER does not read one ("Dana prefers refunds by bank transfer").
+
+The tenant's declared business names (`APPRENTICE_BUSINESS_NAMES`, `shared.pii.business`) are not personal
+data: a name NER finds that is only one of them neither rejects the item nor counts as a user's name, and a
+user's name word inside an occurrence of one ("Dana" of a user "Dana Smith" in "Dana Whitfield approves
+returns") is not that user. So "Dana Whitfield at our returns desk approves refunds" can be learned while
+"Dana prefers refunds by bank transfer" cannot.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import re
 from collections.abc import Iterable
 
 from shared.pii import get_detector
+from shared.pii.business import NO_NAMES, BusinessNames
 from shared.pii.checksums import luhn_ok
 from shared.pii.detector import CARD, EMAIL, IBAN, IP, PERSON, PHONE, SSN
 from shared.pii.recognizers import NOT_NAMES
@@ -24,14 +31,15 @@ KINDS = {EMAIL: "email", CARD: "card", PHONE: "phone", SSN: "ssn", IBAN: "iban",
 """Detector entity type --> the kind named in a rejection reason ("personal data: card, email")."""
 
 
-def names_from_user_texts(texts: Iterable[str]) -> set[str]:
-    """Names in what users wrote ("my name is Ana Lima", "Thanks,\\nBob", NER), as single words."""
+def names_from_user_texts(texts: Iterable[str], business: BusinessNames = NO_NAMES) -> set[str]:
+    """Names in what users wrote ("my name is Ana Lima", "Thanks,\\nBob", NER), as single words; not the
+    tenant's declared `business` names (a correction naming the staff member who decided is no user's name)."""
     detector = get_detector()
     names: set[str] = set()
     for text in texts:
         if not text:
             continue
-        for span in detector.find(text):
+        for span in business.keep(text, detector.find(text)):
             if span.entity != PERSON:
                 continue
             for word in text[span.start:span.end].split():
@@ -41,15 +49,18 @@ def names_from_user_texts(texts: Iterable[str]) -> set[str]:
     return names
 
 
-def find_pii(text: str, names: Iterable[str] = ()) -> list[str]:
+def find_pii(text: str, names: Iterable[str] = (), business: BusinessNames = NO_NAMES) -> list[str]:
     """The kinds of personal data in `text` (email, card, phone, ssn, iban, ip, name), plus `name:<word>`
-    for each of `names` it contains (case-sensitive: "Will" the name, not "will" the verb)."""
+    for each of `names` it contains (case-sensitive: "Will" the name, not "will" the verb) outside the
+    tenant's declared `business` names."""
     found: list[str] = []
-    for span in get_detector().find(text):
+    for span in business.keep(text, get_detector().find(text)):
         kind = KINDS.get(span.entity, span.entity.lower())
         if kind not in found:
             found.append(kind)
+    occurrences = business.occurrences(text)
     for name in names:
-        if re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text):
+        if any(not business.covers(text, m.start(), m.end(), occurrences)
+               for m in re.finditer(rf"(?<![\w]){re.escape(name)}(?![\w])", text)):
             found.append(f"name:{name}")
     return found

@@ -16,6 +16,8 @@ affected: it answers from the unredacted prompt; only the captured record change
   "malformed": no response tokens); the grader and extractor still use its redacted text.
 - feedback comment: redacted in place (the event id still hashes the comment as sent, so a retried
   submission is still recognised as the same event).
+Each tenant's declared business names (`APPRENTICE_BUSINESS_NAMES`, `shared.pii.business`) are kept in all
+three: a detected name that is only one of them is the business's word, not a user's personal data.
 `reject` applies to what callers send (prompt messages, comments) and only where it would be captured; an
 answer that contains personal data under `reject` is redacted.
 A detector failure fails closed: the captured copy keeps its ids and metadata but none of its text
@@ -86,10 +88,13 @@ class CapturePrivacy:
         s = self.settings
         return s.capture and not no_capture and tenant not in s.no_capture_tenants
 
-    def _scan(self, text: str, where: str, answer_names: set[str] | None = None) -> Scan:
-        """A scan of `text`; with `answer_names`, read as a model answer (`Redactor.scan_answer`)."""
+    def _scan(self, text: str, where: str, tenant: str, answer_names: set[str] | None = None) -> Scan:
+        """A scan of `text` captured for `tenant` (its declared business names are kept); with
+        `answer_names`, read as a model answer (`Redactor.scan_answer`)."""
         t0 = time.perf_counter()
-        scan = self.redactor.scan(text) if answer_names is None else self.redactor.scan_answer(text, answer_names)
+        business = self.settings.common.business_names_for(tenant)
+        scan = (self.redactor.scan(text, business=business) if answer_names is None
+                else self.redactor.scan_answer(text, answer_names, business))
         metrics.PII_SCAN_SECONDS.observe(time.perf_counter() - t0)
         for span in scan.spans:
             metrics.PII_FOUND.labels(entity=span.entity, where=where).inc()
@@ -103,7 +108,7 @@ class CapturePrivacy:
             return
         found: set[str] = set()
         for m in p.messages:
-            found.update(self._scan(m.content, "prompt").types)
+            found.update(self._scan(m.content, "prompt", p.tenant).types)
         if found:
             metrics.PII_REJECTED.labels(kind="generate").inc()
             raise InvalidRequest(
@@ -130,8 +135,9 @@ class CapturePrivacy:
     def _redact_interaction(self, ev: events_pb2.Interaction) -> events_pb2.Interaction:
         changed_prompt = False
         names: set[str] = set()
+        tenant = ev.envelope.tenant
         for m in ev.messages:
-            scan = self._scan(m.content, "prompt")
+            scan = self._scan(m.content, "prompt", tenant)
             names |= scan.names()
             if scan.spans:
                 m.content = scan.redacted
@@ -144,7 +150,7 @@ class CapturePrivacy:
             else:
                 chat = encode_chat(tok, list(ev.messages))
                 ev.prompt_text, ev.prompt_token_ids[:] = chat.text, chat.ids
-        answer = self._scan(ev.response_text, "response", names)
+        answer = self._scan(ev.response_text, "response", tenant, names)
         if answer.spans:
             ev.response_text = answer.redacted
             del ev.response_token_ids[:]
@@ -162,7 +168,7 @@ class CapturePrivacy:
         if policy is PiiPolicy.KEEP or not ev.comment or not self._captured(tenant):
             return ev
         try:
-            scan = self._scan(ev.comment, "feedback")
+            scan = self._scan(ev.comment, "feedback", tenant)
         except Exception:       # noqa: BLE001 - fail closed, keep serving
             log.exception("PII scan of a feedback comment failed; the comment is not kept")
             metrics.PII_REDACTED.labels(kind="failed").inc()

@@ -48,10 +48,11 @@ def stack_ports(home: Path) -> Ports:
 
 def _apply_task(name_or_path: str, home: Path) -> str | None:
     """Write the task's per-service config under `<home>/config/` and put its settings into this process's
-    environment, which the supervisor and the services inherit (a variable the user set wins). Returns
+    environment, which the supervisor and the services inherit (a variable the user set wins; business
+    names are merged: the user's mapping plus the task's names). Returns
     the task's tenant, or None after printing why the task is refused."""
     from services.loop.task import TaskError, load_task
-    from services.loop.task_config import write_task_config
+    from services.loop.task_config import BUSINESS_NAMES_ENV, write_task_config
 
     try:
         task = load_task(name_or_path)
@@ -61,7 +62,10 @@ def _apply_task(name_or_path: str, home: Path) -> str | None:
         return None
     for env in per_service.values():
         for key, value in env.items():
-            os.environ.setdefault(key, value)
+            if key == BUSINESS_NAMES_ENV:
+                os.environ[key] = value     # already the user's own mapping with the task's names added
+            else:
+                os.environ.setdefault(key, value)
     print(f"task {task.name}: tenant {task.tenant!r}, task {task.task!r}, KPI {task.kpi.name!r} "
           f"(service config in {home / 'config'})")
     return task.tenant

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shared import yaml_errors
 from shared.grading.rules import RuleResult, grade_rule, parse_rule_spec
+from shared.pii.business import clean_names
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 
@@ -98,6 +99,15 @@ class Task(_Strict):
     out_of_distribution: list[OODItem] = Field(default_factory=list)
     tool: Tool | None = None
     """A backend lookup the reply can trigger (the reward-hack variant of the routing task)."""
+    business_names: list[str] = Field(default_factory=list)
+    """Names that are part of the business (products, places, staff who speak for it): redaction keeps them
+    in the tenant's captured text and knowledge (shared/pii/business.py). Optional: `task_config` also adds
+    the names the detector finds in the task's own business text (system prompt, facts, corrections)."""
+
+    @field_validator("business_names")
+    @classmethod
+    def _business_names_valid(cls, v: list[str]) -> list[str]:
+        return list(clean_names(v))
 
     @model_validator(mode="after")
     def _checks_are_rules(self) -> Task:

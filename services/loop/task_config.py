@@ -13,14 +13,23 @@ window unrewarded and the gate would score the wrong questions. This module writ
 - `heldout.yaml`, `ood.yaml`: the gate's held-out questions (the task's, never trained on) and the
   general OOD set plus the task's own OOD questions (none is fine: the general items remain);
 
-and returns the environment that points each service at them. The extractor needs nothing: it keys
-knowledge by each interaction's own tenant/task.
+and returns the environment that points each service at them, including, for every service that redacts
+personal data (inference at capture and feedback, the extractor's knowledge filter),
+`APPRENTICE_BUSINESS_NAMES` with the task tenant's business names: the task file's `business_names:` plus the
+names the detector itself finds (PERSON spans) in the task's own business text, its system prompt, facts and
+corrections. A task file is configuration the business wrote, so the names in it are the business's words
+(its staff, its products); without them the simulated backend's corrections would reach the topics as
+"<PERSON> approves returns" and never be learned. The questions are not read: they are what end users ask.
+Names already in `APPRENTICE_BUSINESS_NAMES` (other tenants, or this one) are kept. Otherwise the extractor
+needs nothing: it keys knowledge by each interaction's own tenant/task.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,6 +37,11 @@ from typing import Any
 import yaml
 
 from services.loop.task import OODItem, Task, TaskError
+from shared.pii.business import clean_name, clean_names, parse_business_names
+
+BUSINESS_NAMES_ENV = "APPRENTICE_BUSINESS_NAMES"
+REDACTING_SERVICES = ("inference", "extractor")
+"""The services that redact personal data, and so need the tenant's business names."""
 
 _RESERVED_GRADER_NAMES = ("corrected", "thumbs")
 
@@ -98,10 +112,59 @@ def general_ood_questions() -> list[OODItem]:
             if it.check is not None and it.prompt is not None]
 
 
-def write_task_config(task: Task, directory: Path) -> dict[str, dict[str, str]]:
+def business_text(task: Task) -> list[str]:
+    """The text the business itself wrote in the task: its system prompt, its facts and its corrections (not
+    the questions, which stand for end users' messages, nor the OOD set)."""
+    return [t for t in (task.system_prompt, *(x for f in task.facts for x in (f.fact, f.correction))) if t]
+
+
+def derived_business_names(task: Task) -> list[str]:
+    """The names the shared detector finds (PERSON spans) in `business_text(task)`, in order, each once.
+    Spans that could not be a declared name (too short, pattern characters) are left out: they stay redacted."""
+    from shared.pii import get_detector
+    from shared.pii.detector import PERSON
+
+    detector = get_detector()   # the one the services redact with, so it finds what they would redact
+    found: dict[str, str] = {}
+    for text in business_text(task):
+        for span in detector.find(text):
+            if span.entity != PERSON:
+                continue
+            try:
+                name = clean_name(text[span.start:span.end].strip(".,;:!?'\u2019\"()"))
+            except ValueError:
+                continue
+            found.setdefault(name.casefold(), name)
+    return list(found.values())
+
+
+def business_names(task: Task) -> list[str]:
+    """The task's declared `business_names` followed by the derived ones (duplicates, ignoring case, once)."""
+    try:
+        return list(clean_names([*task.business_names, *derived_business_names(task)]))
+    except ValueError as e:
+        raise TaskError(f"task {task.name!r}: business names: {e}") from None
+
+
+def business_names_env(task: Task, environ: Mapping[str, str] | None = None) -> str:
+    """`APPRENTICE_BUSINESS_NAMES` for the task's stack: the mapping already in `environ` (default: this
+    process's environment; other tenants' names and this tenant's own stay) with the task's names added to
+    its tenant's list."""
+    env = os.environ if environ is None else environ
+    raw = env.get(BUSINESS_NAMES_ENV, "").strip()
+    try:
+        current = {t: list(n) for t, n in parse_business_names(json.loads(raw) if raw else {}).items()}
+        current[task.tenant] = list(clean_names([*current.get(task.tenant, []), *business_names(task)]))
+    except (json.JSONDecodeError, ValueError) as e:
+        raise TaskError(f"{BUSINESS_NAMES_ENV} with task {task.name!r}'s names: {e}") from None
+    return json.dumps(current, ensure_ascii=False, sort_keys=True)
+
+
+def write_task_config(task: Task, directory: Path, environ: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
     """Write the task's config files into `directory` and return the per-service environment that uses
     them. Every file is validated here with the services' own loaders, so a task the services would
-    refuse fails before anything starts."""
+    refuse fails before anything starts. `environ` (default: this process's environment) supplies business
+    names declared outside the task, which the returned `APPRENTICE_BUSINESS_NAMES` keeps."""
     from services.weights.evalset import EvalSetError, load_heldout, load_ood
     from shared.grading import GraderConfigError, parse_grader_config
 
@@ -124,7 +187,7 @@ def write_task_config(task: Task, directory: Path) -> dict[str, dict[str, str]]:
         load_ood(directory / "ood.yaml")
     except (GraderConfigError, EvalSetError) as e:
         raise TaskError(f"task {task.name!r} gives an invalid service config: {e}") from None
-    return {
+    per_service: dict[str, dict[str, str]] = {
         "grader": {"APPRENTICE_GRADER_CONFIG_PATH": str(directory / "grader.yaml")},
         "weights": {"APPRENTICE_WEIGHTS_EVAL_SET": str(directory / "heldout.yaml"),
                     "APPRENTICE_WEIGHTS_OOD_SET": str(directory / "ood.yaml")},
@@ -136,3 +199,8 @@ def write_task_config(task: Task, directory: Path) -> dict[str, dict[str, str]]:
         "extractor": {},
         "inference": {},
     }
+    # every service that redacts keeps the business's own words (shared/pii/business.py)
+    names = business_names_env(task, environ)
+    for service in REDACTING_SERVICES:
+        per_service[service][BUSINESS_NAMES_ENV] = names
+    return per_service

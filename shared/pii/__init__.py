@@ -5,9 +5,11 @@
     scan.redacted                                          # "mail me at <EMAIL_ADDRESS>"
 """
 
+from shared.pii.business import NO_NAMES, BusinessNames, parse_business_names
 from shared.pii.checksums import card_ok, iban_ok, luhn_ok
 from shared.pii.detector import ENTITIES, PiiDetector, Span, create_detector, get_detector
 from shared.pii.policy import PiiPolicy, Redactor, Scan, entity_types, parse_tenant_policies, redact
 
-__all__ = ["ENTITIES", "PiiDetector", "PiiPolicy", "Redactor", "Scan", "Span", "card_ok", "create_detector",
-           "entity_types", "get_detector", "iban_ok", "luhn_ok", "parse_tenant_policies", "redact"]
+__all__ = ["ENTITIES", "NO_NAMES", "BusinessNames", "PiiDetector", "PiiPolicy", "Redactor", "Scan", "Span", "card_ok",
+           "create_detector", "entity_types", "get_detector", "iban_ok", "luhn_ok", "parse_business_names",
+           "parse_tenant_policies", "redact"]

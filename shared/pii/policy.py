@@ -3,6 +3,9 @@ placeholders (`redact`), a refusal naming the types found (`reject`), or the tex
 
 `Redactor` puts a detector behind a small cache: a conversation re-sends its earlier messages with each
 turn, and `n` samples of one request share a prompt, so most scans of captured text are repeats.
+Every scan takes the tenant's declared business names (`shared.pii.business`): the detections that are
+only those words are kept in the text, so a scan's result depends on the text *and* the names, and the
+cache is keyed by both (one tenant's names must never decide what is kept of another tenant's text).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from shared.pii.business import NO_NAMES, BusinessNames
 from shared.pii.detector import PERSON, PiiDetector, Span, get_detector, resolve_overlaps
 
 
@@ -81,7 +85,8 @@ class Scan:
 
 
 class Redactor:
-    """A detector with an LRU cache of results keyed by a hash of the text (thread-safe)."""
+    """A detector with an LRU cache of results keyed by a hash of the text and of the business names the
+    result was filtered by (thread-safe)."""
 
     def __init__(self, detector: Callable[[], PiiDetector] = get_detector, cache_size: int = 4096) -> None:
         self._detector = detector
@@ -93,31 +98,35 @@ class Redactor:
         """Build the detector now (seconds) rather than on the first captured request."""
         self._detector().find("warm-up: Dana Whitfield, dana@example.com")
 
-    def scan(self, text: str, *, names: bool = True) -> Scan:
-        """The detector's spans of `text` (cached); `names=False`: structured types only."""
+    def scan(self, text: str, *, names: bool = True, business: BusinessNames = NO_NAMES) -> Scan:
+        """The detector's spans of `text` (cached), less those that are only one of the tenant's declared
+        `business` names; `names=False`: structured types only."""
         if not text:
             return Scan(text, ())
         key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16,
-                              person=b"names" if names else b"structured").digest()
+                              person=b"names" if names else b"structured").digest() + business.key
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return Scan(text, hit)
-        spans = tuple(self._detector().find(text, names=names))
+        spans = tuple(business.keep(text, self._detector().find(text, names=names)))
         with self._lock:
             self._cache[key] = spans
             while len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         return Scan(text, spans)
 
-    def scan_answer(self, text: str, names: Iterable[str]) -> Scan:
+    def scan_answer(self, text: str, names: Iterable[str], business: BusinessNames = NO_NAMES) -> Scan:
         """A model's answer: every structured type (e-mail, phone, card, IBAN, IP, SSN), and as names only
-        the `names` the conversation gave (matched as whole, case-sensitive words: "Thanks, Dana!").
-        Answers are not read with NER: an answer about a public figure is not personal data, and
-        NER reads names into the random text of small or early models."""
-        spans = list(self.scan(text, names=False).spans)
+        the `names` the conversation gave (matched as whole, case-sensitive words: "Thanks, Dana!"), except
+        where such a word is part of a declared business name ("Dana" from a user's "Dana Smith" inside
+        "ask Dana Whitfield"). Answers are not read with NER: an answer about a public figure is not
+        personal data, and NER reads names into the random text of small or early models."""
+        spans = list(self.scan(text, names=False, business=business).spans)
+        found = []
         for name in names:
-            spans += [Span(m.start(), m.end(), PERSON, 0.85)
+            found += [Span(m.start(), m.end(), PERSON, 0.85)
                       for m in re.finditer(rf"(?<!\w){re.escape(name)}(?!\w)", text)]
+        spans += business.keep(text, found)
         return Scan(text, tuple(resolve_overlaps(spans)))

@@ -74,3 +74,34 @@ def test_a_name_given_only_in_a_correction_keeps_items_with_it_out() -> None:
     c = Curator()
     assert c.rejection("Whitfield prefers refunds by bank transfer.", names).startswith("personal data: name")
     assert "card" in c.rejection("When a refund is due, charge back the card 4111.1111.1111.1111 used for it.", names)
+
+
+def test_declared_business_names_can_be_learned_but_users_names_cannot() -> None:
+    """A correction names the tenant's product and the staff member who decided: with the tenant's business
+    names (APPRENTICE_BUSINESS_NAMES) the fact enters the base; the user's name, a word the user's name
+    shares with the staff name, and an e-mail still keep items out; another tenant's base gets no exemption."""
+    from services.extractor.knowledge import Candidate, Extracted, KnowledgeStore
+    from shared.config import CommonSettings
+
+    common = CommonSettings(business_names={"acme": ["Trailmate", "Dana Whitfield"]})
+    fact = "Dana Whitfield at our returns desk approves refunds for Trailmate orders."
+    cands = [fact, "Dana prefers refunds by bank transfer.", "Write to dana.whitfield@trailmate.com for refunds."]
+
+    def verdicts(tenant: str) -> list[tuple[str, str]]:
+        buf = SessionBuffer(gap_s=0, max_turns=8)
+        buf.add(graded(tenant=tenant, question="Hi, I'm Dana Smith. Who approves my refund?",
+                       correction="This is Trailmate support: Dana Whitfield at our returns desk approves it."))
+        [(traj, _)] = buf.ready()
+        store = KnowledgeStore(Curator(), lambda snap: None, requires_approval=lambda t: True,
+                               business_names=common.business_names_for)
+        _, vs = store.apply(f"{tenant}/support", [Extracted(traj, [Candidate(c, "x", ["i1"]) for c in cands])])
+        return [(v.outcome, v.reason) for v in vs]
+
+    acme = verdicts("acme")
+    assert acme[0] == ("added", "")
+    assert acme[1] == ("rejected", "personal data: name") and acme[2] == ("rejected", "personal data: email")
+    assert [o for o, _ in verdicts("globex")] == ["rejected", "rejected", "rejected"]
+    # the user's name words are collected, the declared names are not
+    texts = ["Hi, I'm Dana Smith.", "This is Trailmate support: Dana Whitfield approves it."]
+    assert names_from_user_texts(texts, common.business_names_for("acme")) == {"Dana", "Smith"}
+    assert {"Trailmate", "Whitfield"} <= names_from_user_texts(texts)

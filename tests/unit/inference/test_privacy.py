@@ -155,3 +155,40 @@ def test_settings_validate_tenant_policies() -> None:
         settings(pii_policy="erase")
     assert not CapturePrivacy(settings(pii_policy="keep"), lambda: None).active
     assert CapturePrivacy(settings(pii_policy="keep", pii_tenant_policies="a:redact"), lambda: None).active
+
+
+# --- business names (APPRENTICE_BUSINESS_NAMES): the tenant's own words are kept -----------------------
+def business(tok: Any) -> CapturePrivacy:
+    from shared.config import CommonSettings
+
+    return privacy(tok, common=CommonSettings(business_names={"acme": ["Trailmate", "Dana Whitfield"]}))
+
+
+def test_a_correction_keeps_the_declared_product_and_staff_but_not_the_user(tok: Any) -> None:
+    cp = business(tok)
+    comment = ("This is Trailmate support: Dana Whitfield from our returns desk approves it. "
+               "Dana Smith asked us to write to dana.smith@example.com.")
+    req = inference_pb2.FeedbackRequest(interaction_id="i1", kind="correction", comment=comment)
+    assert cp.feedback(feedback_event(req, "acme", "pod-1")).comment == (
+        "This is Trailmate support: Dana Whitfield from our returns desk approves it. "
+        "<PERSON> asked us to write to <EMAIL_ADDRESS>.")
+    # tenant A's names exempt nothing of tenant B's text
+    assert cp.feedback(feedback_event(req, "globex", "pod-1")).comment == (
+        "This is <PERSON> support: <PERSON> from our returns desk approves it. "
+        "<PERSON> asked us to write to <EMAIL_ADDRESS>.")
+
+
+def test_a_captured_answer_keeps_the_staff_name_the_users_name_shares_a_word_with(tok: Any) -> None:
+    cp = business(tok)
+    req = inference_pb2.GenerateRequest(messages=[common_pb2.ChatMessage(role="user", content=(
+        "Hi, I'm Dana Smith. Can Dana Whitfield approve my Trailmate return?"))])
+    p = prepare(req, "acme", cp.settings, tok, 2048, new_session_id="s1")
+    answer = "Thanks, Dana! Dana Whitfield approves Trailmate returns within 30 days."
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    sample = Sample(token_ids=ids, text=answer, logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
+                    finish_reason="stop")
+    ev = cp.interaction(interaction_event(p, sample, interaction_id="i1", group_id="g", index=0, model="m",
+                                          version="base", canary=False, pod="pod-1", latency_ms=1.0, trace_id="t"))
+    assert ev.messages[0].content == "Hi, I'm <PERSON>. Can Dana Whitfield approve my Trailmate return?"
+    assert "Smith" not in ev.prompt_text and "Dana Whitfield" in ev.prompt_text
+    assert ev.response_text == "Thanks, <PERSON>! Dana Whitfield approves Trailmate returns within 30 days."

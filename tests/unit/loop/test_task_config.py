@@ -128,3 +128,79 @@ def test_up_task_puts_the_settings_in_the_stack_environment(tmp_path: Path, monk
     assert Path(env["APPRENTICE_WEIGHTS_EVAL_SET"]).parent == tmp_path / "config"
     assert _apply_task(str(tmp_path / "missing.yaml"), tmp_path) is None
     assert "no task file" in capsys.readouterr().err
+
+
+# --- business names: the task's own words reach every service that redacts ----------------------------
+TRAILMATE_TASK = """\
+name: trailmate
+tenant: acme
+task: support
+system_prompt: "You are the support assistant of Brightwater Outfitters. Hannah Okafor leads the returns desk."
+business_names: ["Trailmate", "Harbor Point"]
+held_out_per_fact: 1
+facts:
+  - id: refunds
+    fact: "Refunds over 200 dollars are approved by Dana Whitfield."
+    answer_check: {type: contains, any_of: ["Dana Whitfield"]}
+    correction: "Dana Whitfield approves refunds over 200 dollars; ask her via the Trailmate app."
+    questions: ["Hi, I am Tom Becker. Who approves my refund?", "Who signs off large refunds?"]
+"""
+
+
+def test_declared_and_derived_business_names_reach_the_redacting_services(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.extractor.config import ExtractorSettings
+    from services.inference.config import InferenceSettings
+    from shared.pii import Redactor
+
+    src = tmp_path / "trailmate.yaml"
+    src.write_text(TRAILMATE_TASK, encoding="utf-8")
+    task = load_task(src)
+    assert task.business_names == ["Trailmate", "Harbor Point"]
+    env = write_task_config(task, tmp_path / "config", environ={"APPRENTICE_BUSINESS_NAMES": '{"globex": ["Hank"]}'})
+    value = env["inference"]["APPRENTICE_BUSINESS_NAMES"]
+    assert env["extractor"]["APPRENTICE_BUSINESS_NAMES"] == value
+    # declared first, then what the detector finds in the business's own text; never the users' questions
+    assert json.loads(value) == {"acme": ["Trailmate", "Harbor Point", "Hannah Okafor", "Dana Whitfield"],
+                                 "globex": ["Hank"]}
+    for key, v in env["inference"].items():
+        monkeypatch.setenv(key, v)
+    inference, extractor = InferenceSettings(pod_id="pod-1"), ExtractorSettings()
+    assert extractor.common.business_names == inference.common.business_names == json.loads(value)
+    # the simulated backend's correction keeps the business's words at the capture edge
+    correction = task.facts[0].correction
+    assert Redactor().scan(correction, business=inference.common.business_names_for("acme")).redacted == correction
+    assert "<PERSON>" in Redactor().scan(correction, business=inference.common.business_names_for("globex")).redacted
+
+
+def test_a_task_without_the_field_still_keeps_the_names_in_its_own_text(tmp_path: Path) -> None:
+    src = tmp_path / "plain.yaml"
+    src.write_text(TRAILMATE_TASK.replace('business_names: ["Trailmate", "Harbor Point"]\n', ""), encoding="utf-8")
+    task = load_task(src)
+    assert task.business_names == []
+    env = write_task_config(task, tmp_path / "config", environ={})
+    assert json.loads(env["extractor"]["APPRENTICE_BUSINESS_NAMES"]) == {"acme": ["Hannah Okafor", "Dana Whitfield"]}
+
+
+@pytest.mark.parametrize(("names", "needle"), [('[""]', "may not be empty"), ('["*"]', "matched literally")])
+def test_bad_business_names_in_a_task_file_are_refused(tmp_path: Path, names: str, needle: str) -> None:
+    src = tmp_path / "bad.yaml"
+    src.write_text(TRAILMATE_TASK.replace('["Trailmate", "Harbor Point"]', names), encoding="utf-8")
+    with pytest.raises(TaskError, match="business_names") as e:
+        load_task(src)
+    assert needle in str(e.value)
+
+
+def test_up_task_merges_business_names_with_the_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from services.loop.stack_cli import _apply_task
+
+    src = tmp_path / "trailmate.yaml"
+    src.write_text(TRAILMATE_TASK, encoding="utf-8")
+    env = {"APPRENTICE_BUSINESS_NAMES": '{"globex": ["Hank"], "acme": ["Brightwater Outfitters"]}'}
+    monkeypatch.setattr(os, "environ", env)
+    assert _apply_task(str(src), tmp_path) == "acme"
+    assert json.loads(env["APPRENTICE_BUSINESS_NAMES"]) == {
+        "acme": ["Brightwater Outfitters", "Trailmate", "Harbor Point", "Hannah Okafor", "Dana Whitfield"],
+        "globex": ["Hank"]}
