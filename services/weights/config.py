@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.weights.manifests import VERSION_RE
 from shared.config import CommonSettings
 
 Policy = Literal["manual", "auto", "canary"]
+TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A tenant name (services/weights/names.py NAME_RE; repeated here so the settings import no gRPC)."""
 
 
 class WeightsSettings(BaseSettings):
@@ -114,6 +118,44 @@ class WeightsSettings(BaseSettings):
     """Block a checkpoint whose training batch had more than this share of samples flagged for reward
     hacking (`hacking_flag_fraction` in the manifest's train_metrics / training_metadata)."""
 
+    # --- eval gate: drift against a fixed reference (cumulative limits) -----------------------------
+    reference_version: str = "base"
+    """The version every regression check also compares a candidate with, besides the version it replaces:
+    `base` (the model every pod loads locally) unless an operator names a stored version of the candidate's
+    model (e.g. after a deliberate big change). Per-step limits alone let drift accumulate: OOD repetition
+    went 0.017 -> 0.042 -> 0.159 over two promotions, each step inside its limit. Retention keeps the named
+    version; a reference that is not stored fails the gate with FAILED_PRECONDITION (nothing is judged)."""
+
+    tenant_reference_versions: dict[str, str] = Field(default_factory=dict)
+    """Per-tenant reference, overriding `reference_version` for the candidates of that tenant, as JSON:
+    APPRENTICE_WEIGHTS_TENANT_REFERENCE_VERSIONS='{"acme": "v7"}'. A tenant whose operator accepted a
+    version's behaviour measures further drift from there, without moving every other tenant's anchor."""
+
+    heldout_max_drop_total: float = 0.2
+    """Largest drop of the held-out rule score against the reference: twice the per-step limit, so two
+    full-size regressions in a row (or many small ones) add up to a refusal."""
+
+    ood_max_loglik_drop_total: float = 1.0
+    """Largest drop of the OOD reference-answer log-likelihood against the reference, in nats/token: twice
+    the per-step limit (an RL step moves it by hundredths; corrupted weights by several nats)."""
+
+    ood_max_rule_drop_total: float = 0.2
+    """Largest drop of the OOD rule score against the reference: twice the per-step limit (with the 46
+    default OOD questions, nine answers lost since the reference)."""
+
+    ood_max_repetition_rise_total: float = 0.1
+    """Largest rise of the OOD repetition rate against the reference. Deliberately tighter than the per-step
+    0.25 (not 2-3x it): the drifts to stop were +0.14 (0.017 -> 0.159) and +0.25 (the demo's 0.017 -> 0.084
+    -> 0.271), both inside 0.5; candidates without degenerate repetition in the recorded runs stayed within
+    +0.06 of their base (GRPO, reward-hack and velo runs: docs/demo-*/report.json). 0.1 is about five times
+    SmolLM2's own rate."""
+
+    # --- eval gate: knowledge items the weights hold (informational) --------------------------------
+    knowledge_max_items: int = 40
+    """Knowledge items the gate asks about per candidate (newest first), each with up to 3 of its questions
+    without the item in context; 0 = no knowledge checks and no follower of the knowledge topic. 40 items
+    are at most 120 greedy prompts, about twice the default sets' cost; the results never block."""
+
     # --- orders and pods ---------------------------------------------------------------------------
     canary_fraction: float = 0.1
     """Share of requests sent to the canary under the `canary` policy."""
@@ -173,12 +215,27 @@ class WeightsSettings(BaseSettings):
             if getattr(self, name) < 1:
                 raise ValueError(f"APPRENTICE_WEIGHTS_{name.upper()} must be at least 1")
         for name in ("heldout_max_drop", "ood_max_loglik_drop", "ood_max_rule_drop", "ood_max_repetition_rise",
-                     "max_hacking_fraction"):
+                     "max_hacking_fraction", "heldout_max_drop_total", "ood_max_loglik_drop_total",
+                     "ood_max_rule_drop_total", "ood_max_repetition_rise_total", "knowledge_max_items"):
             if getattr(self, name) < 0:
                 raise ValueError(f"APPRENTICE_WEIGHTS_{name.upper()} must be >= 0")
+        for tenant, version in {"": self.reference_version, **self.tenant_reference_versions}.items():
+            if tenant and TENANT_RE.fullmatch(tenant) is None:
+                raise ValueError(f"APPRENTICE_WEIGHTS_TENANT_REFERENCE_VERSIONS: {tenant[:60]!r} is not a tenant name")
+            if VERSION_RE.fullmatch(version) is None:
+                raise ValueError(f"reference version {version[:70]!r} (tenant {tenant or '*'}) is not a version name "
+                                 f"({VERSION_RE.pattern}; `base` = the base model)")
         if min(self.order_deadline_s, self.heartbeat_timeout_s, self.pod_forget_s) <= 0:
             raise ValueError("deadlines and timeouts must be positive seconds")
         return self
+
+    def reference_for(self, tenant: str) -> str:
+        """The version a candidate of `tenant` is held against for cumulative drift."""
+        return self.tenant_reference_versions.get(tenant, self.reference_version)
+
+    def reference_versions(self) -> set[str]:
+        """Every configured reference that is a stored version (what retention must keep)."""
+        return {v for v in (self.reference_version, *self.tenant_reference_versions.values()) if v != "base"}
 
     @property
     def store_root(self) -> Path:

@@ -1,11 +1,17 @@
-"""Candidate version --> eval results against the version it would replace --> APPROVED or REJECTED.
+"""Candidate version --> eval results against the version it would replace and the reference --> APPROVED
+or REJECTED.
 
-Loads both models on CPU (the candidate from the store's blobs, hard-linked into a work folder; the
-baseline is the version the candidate's tenant is served now, or the base model), scores them on the
-held-out and OOD sets (see gate.py for the checks) and writes the results and the verdict into the
-candidate's manifest. One evaluation runs at a time. Scores are cached per version, eval sets and
-settings (in memory and under `<store>/eval-cache/`, so a restart does not score the serving version
-again): a candidate costs one model's evaluation, its scores become the next candidate's baseline.
+Loads the models on CPU, one at a time (the candidate from the store's blobs, hard-linked into a work
+folder; the parent is the version the candidate's tenant is served now, or the base model; the reference
+is the base model or the operator's pinned reference, settings `reference_version` /
+`tenant_reference_versions`), scores them on the held-out and OOD sets (see gate.py for the checks) and
+writes the results and the verdict into the candidate's manifest. One evaluation runs at a time. Scores
+are cached per version, eval sets and settings (in memory and under `<store>/eval-cache/`, so a restart
+scores neither the serving version nor the reference again): a candidate costs one model's evaluation,
+its scores become the next candidate's parent scores, and the reference is scored once per eval sets.
+
+With a knowledge view (knowledge.py), the loaded candidate is also asked its tenant's approved knowledge
+items' questions without the items in context: one informational result per item (never blocks).
 """
 
 from __future__ import annotations
@@ -20,25 +26,32 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from services.weights.config import WeightsSettings
 from services.weights.evalset import LoadedHeldout, OodSet, load_heldout, load_ood
 from services.weights.gate import (
+    KNOWLEDGE,
+    PARENT,
+    REFERENCE,
+    Limits,
+    ModelScores,
     coarse_limits,
-    compare,
     hacking_fraction,
     hacking_result,
     integrity_of,
     integrity_result,
+    knowledge_result,
+    regression_results,
     verdict,
 )
+from services.weights.knowledge import KnowledgeView
 from services.weights.metrics import EVAL_SECONDS, EVALS
 from services.weights.store import WeightStore
 from shared.grading import grade_rule, parse_rule_spec
-from shared.grpc_util import FailedPrecondition
+from shared.grpc_util import FailedPrecondition, NotFound
 from shared.orders import BASE
 from shared.progress import progress
 from shared.proto.apprentice.v1 import weights_pb2
@@ -76,13 +89,31 @@ def nonfinite_tensors(files_dir: Path) -> tuple[list[str], int]:
     return bad, total
 
 
-@dataclass(frozen=True)
-class ModelScores:
-    heldout: float      # mean rule score over items with signal; NaN when none had signal
-    heldout_items: int  # items with signal
-    loglik: float       # mean per-token log-likelihood of the OOD reference answers; NaN without any
-    repetition: float   # mean share of repeated 3-grams in all its greedy answers (held-out + OOD checks)
-    ood_rule: float     # mean rule score of greedy answers on OOD items with a check; NaN without any
+class CannotLoad(Exception):
+    """A version's files are not a model this service can load (the cause is chained)."""
+
+
+def greedy_answers(model: Any, tok: Any, chats: Sequence[list[dict[str, str]]], *, max_new_tokens: int,
+                   batch_size: int, desc: str = "eval gate") -> list[Any]:
+    """Greedy answers (`Sample`s), batched: one batch of all prompts runs each decode step (which reads every
+    weight once) once instead of once per batch; when they do not fit in one batch, prompts of similar
+    length share one (less left padding). Answers do not depend on the batching. The decode loop computes
+    the last position's logits only (shared/decoding/forward.py)."""
+    from shared.chat_template import encode_chat
+    from shared.generation import generate
+
+    prompts = [encode_chat(tok, c).ids for c in chats]    # the ids inference would serve
+    order = sorted(range(len(prompts)), key=lambda j: len(prompts[j]))
+    out: list[Any] = [None] * len(prompts)
+    # a bar on a terminal only (`apprentice serve weights` in one; never in a log file): shared/progress.py
+    with progress(total=len(prompts), desc=desc, unit="prompt", leave=False) as bar:
+        for i in range(0, len(order), batch_size):
+            idx = order[i:i + batch_size]
+            for j, smp in zip(idx, generate(model, tok, [prompts[j] for j in idx], max_new_tokens=max_new_tokens,
+                                            temperature=0.0), strict=True):
+                out[j] = smp[0]
+            bar.update(len(idx))
+    return out
 
 
 def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, max_new_tokens: int,
@@ -92,25 +123,9 @@ def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, ma
 
     from shared.chat_template import encode_chat
     from shared.decoding.logprobs import sequence_logprobs
-    from shared.generation import generate
 
     def greedy(chats: list[list[dict[str, str]]]) -> list[Any]:
-        """Greedy answers, batched: one batch of all prompts runs each decode step (which reads every
-        weight once) once instead of once per batch; when they do not fit in one batch, prompts of
-        similar length share one (less left padding). Answers do not depend on the batching. The decode
-        loop computes the last position's logits only (shared/decoding/forward.py)."""
-        prompts = [encode_chat(tok, c).ids for c in chats]    # the ids inference would serve
-        order = sorted(range(len(prompts)), key=lambda j: len(prompts[j]))
-        out: list[Any] = [None] * len(prompts)
-        # a bar on a terminal only (`apprentice serve weights` in one; never in a log file): shared/progress.py
-        with progress(total=len(prompts), desc="eval gate", unit="prompt", leave=False) as bar:
-            for i in range(0, len(order), batch_size):
-                idx = order[i:i + batch_size]
-                for j, smp in zip(idx, generate(model, tok, [prompts[j] for j in idx], max_new_tokens=max_new_tokens,
-                                                temperature=0.0), strict=True):
-                    out[j] = smp[0]
-                bar.update(len(idx))
-        return out
+        return greedy_answers(model, tok, chats, max_new_tokens=max_new_tokens, batch_size=batch_size)
 
     def rule_score(specs: Sequence[Any], text: str, reference: dict[str, Any] | None) -> float | None:
         """Weighted mean of the values of the rules that have signal; None when none has."""
@@ -156,10 +171,16 @@ def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, ma
 SCORING_VERSION = "2"  # part of every score-cache key: change it when score_model measures differently
 
 
+KNOWLEDGE_READY_WAIT_S = 15.0
+"""How long a gate run right after start waits for the knowledge view to catch up with its topic; past it
+the items known so far are checked (the results are informational) and a warning is logged."""
+
+
 class Evaluator:
-    def __init__(self, store: WeightStore, settings: WeightsSettings) -> None:
+    def __init__(self, store: WeightStore, settings: WeightsSettings, knowledge: KnowledgeView | None = None) -> None:
         self.store = store
         self.settings = settings
+        self.knowledge = knowledge
         self.heldout = load_heldout(settings.eval_set)
         self.ood, self._ood_digest = load_ood(settings.ood_set)
         for warning in coarse_limits(len(self.heldout.spec.items), sum(it.check is not None for it in self.ood.items),
@@ -237,15 +258,61 @@ class Evaluator:
             base = self._load(self.store.get(m.model, m.base_version), work)
         return load_version(m, files, name, base_model=base)
 
-    def _scores(self, m: weights_pb2.Manifest, work: Path, model: Any = None) -> ModelScores:
-        model = self._load(m, work) if model is None else model
+    # --- the model seam (tests replace these three to run the gate without a model) -------------------
+    def load_version(self, m: weights_pb2.Manifest, work: Path) -> Any:
+        """The version as a model ready to generate; CannotLoad when its files are not a loadable model."""
+        try:
+            return self._load(m, work)
+        except (ValueError, OSError, KeyError) as e:
+            raise CannotLoad(f"{type(e).__name__}: {str(e)[:300]}") from e
+
+    def score_loaded(self, model: Any, m: weights_pb2.Manifest) -> ModelScores:
+        """The loaded model's scores on the held-out and OOD sets."""
         s = self.settings
-        self.scored += 1
         return score_model(model, self._tokenizer(m.base_model or m.model), self.heldout, self.ood,
                            max_new_tokens=s.eval_max_new_tokens, batch_size=s.eval_batch_size)
 
+    def answer(self, model: Any, m: weights_pb2.Manifest, chats: Sequence[list[dict[str, str]]]) -> list[str]:
+        """Greedy answers of the loaded model, batched like the held-out set's."""
+        s = self.settings
+        return [smp.text for smp in greedy_answers(model, self._tokenizer(m.base_model or m.model), chats,
+                                                   max_new_tokens=s.eval_max_new_tokens,
+                                                   batch_size=s.eval_batch_size, desc="knowledge checks")]
+
+    # --- baselines --------------------------------------------------------------------------------------
     def baseline_for(self, m: weights_pb2.Manifest) -> str:
+        """The parent: the version the candidate's tenant is served now (its slot, the operator slot, base)."""
         return self.store.state(m.model).serving_for(m.tenant)
+
+    def reference_for(self, m: weights_pb2.Manifest) -> str:
+        """The reference the cumulative limits hold the candidate to (settings; base by default)."""
+        return self.settings.reference_for(m.tenant)
+
+    def _baseline_scores(self, m: weights_pb2.Manifest, version: str, role: str, work: Path) -> ModelScores:
+        """Scores of the parent or reference `version`, from the cache when it has them (the parent was
+        scored as a candidate; the reference once per eval sets and settings, then read from the cache)."""
+        try:
+            bm = self.store.get(m.model, version)
+        except NotFound as e:
+            raise FailedPrecondition(
+                f"{m.model} {version}, the {role} to compare against, is not stored"
+                + (" (set APPRENTICE_WEIGHTS_REFERENCE_VERSION / _TENANT_REFERENCE_VERSIONS to a stored version, "
+                   "or base)" if role == REFERENCE else "")) from e
+        key = self._key(bm)
+        scores = self._cached_scores(key)
+        if scores is None:
+            try:
+                model = self.load_version(bm, work)
+            except CannotLoad as e:
+                raise FailedPrecondition(
+                    f"{bm.model} {bm.version}, the {role} to compare against, cannot be loaded ({e}); "
+                    + ("roll back to a loadable version first" if role == PARENT else "choose another reference")
+                ) from e
+            self.scored += 1
+            scores = self.score_loaded(model, bm)
+            del model
+            self._remember(key, scores)
+        return scores
 
     def evaluate(self, m: weights_pb2.Manifest, extra_metrics: Mapping[str, float] | None = None,
                  baseline: str | None = None) -> weights_pb2.Manifest:
@@ -257,6 +324,7 @@ class Evaluator:
             started = time.monotonic()
             s = self.settings
             baseline = baseline or self.baseline_for(m)
+            reference = self.reference_for(m)
             work = self.workdir / uuid.uuid4().hex
             try:
                 files = self.store.materialise(m, work / f"{m.version}.check")
@@ -264,11 +332,11 @@ class Evaluator:
                 results = [integrity_result(bad, total),
                            hacking_result(hacking_fraction(m, extra_metrics), s.max_hacking_fraction)]
                 if not bad:  # a NaN model cannot be scored meaningfully; the integrity result already blocks
-                    results += self._compare(m, baseline, work)
+                    results += self._compare(m, baseline, reference, work)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             passed, reason = verdict(results)
-            reason += f" (vs {baseline}, {time.monotonic() - started:.1f}s)"
+            reason += f" (parent {baseline}, reference {reference}, {time.monotonic() - started:.1f}s)"
 
             def record(x: weights_pb2.Manifest) -> None:
                 del x.eval_results[:]
@@ -307,37 +375,66 @@ class Evaluator:
 
         return self.store.update(m.model, m.version, record)
 
-    def _compare(self, m: weights_pb2.Manifest, baseline: str, work: Path) -> list[weights_pb2.EvalResult]:
+    def _compare(self, m: weights_pb2.Manifest, parent: str, reference: str,
+                 work: Path) -> list[weights_pb2.EvalResult]:
+        """Regression checks against the parent (per-step limits) and the reference (cumulative limits),
+        then the informational knowledge checks on the same loaded candidate."""
         s = self.settings
-        bm = self.store.get(m.model, baseline)
-        key = self._key(bm)
-        base_scores = self._cached_scores(key)
-        if base_scores is None:
-            try:
-                base_scores = self._scores(bm, work)
-            except (ValueError, OSError, KeyError) as e:
-                raise FailedPrecondition(
-                    f"{bm.model} {bm.version}, the baseline to compare against, cannot be loaded ({type(e).__name__}: "
-                    f"{str(e)[:300]}); roll back to a loadable version first") from e
-            self._remember(key, base_scores)
+        # baselines first (from the cache, else scored and released), so one model is in memory at a time
+        parent_scores = self._baseline_scores(m, parent, PARENT, work)
+        ref_scores = parent_scores if reference == parent else (
+            None if reference == m.version else self._baseline_scores(m, reference, REFERENCE, work))
         try:
-            loaded = self._load(m, work)
-        except (ValueError, OSError, KeyError) as e:
+            loaded = self.load_version(m, work)
+        except CannotLoad as e:
             # Files that are not a model this service can load (a config.json without model_type, weights
             # of another shape): the gate's verdict is "rejected", not an internal error of Promote.
             return [weights_pb2.EvalResult(suite="integrity", metric="loadable", candidate=0.0, baseline=1.0,
-                                           threshold=1.0, passed=False,
-                                           detail=f"cannot be loaded: {type(e).__name__}: {str(e)[:300]}")]
-        cand = self._scores(m, work, loaded)
-        self._remember(self._key(m), cand)  # it may be the baseline of the next candidate
-        name = self.heldout.spec.name
-        return [
-            compare("heldout", "rule_score", cand.heldout, base_scores.heldout, s.heldout_max_drop,
-                    detail=f"{name}: {cand.heldout_items} of {len(self.heldout.spec.items)} items with signal"),
-            compare("ood", "ref_loglik", cand.loglik, base_scores.loglik, s.ood_max_loglik_drop,
-                    detail=f"{self.ood.name}: nats/token of reference answers"),
-            compare("ood", "repetition", cand.repetition, base_scores.repetition, s.ood_max_repetition_rise,
-                    higher_is_better=False, detail="share of repeated 3-grams in all greedy answers"),
-            compare("ood", "rule_score", cand.ood_rule, base_scores.ood_rule, s.ood_max_rule_drop,
-                    detail=f"{self.ood.name}: general questions with rule checks, greedy"),
-        ]
+                                           threshold=1.0, passed=False, detail=f"cannot be loaded: {e}")]
+        self.scored += 1
+        cand = self.score_loaded(loaded, m)
+        self._remember(self._key(m), cand)  # it may be the parent of the next candidate
+        if ref_scores is None:              # the reference is this version itself (an operator's choice)
+            ref_scores = cand
+        heldout = f"{self.heldout.spec.name}: {cand.heldout_items} of {len(self.heldout.spec.items)} items with signal"
+        step = Limits(s.heldout_max_drop, s.ood_max_loglik_drop, s.ood_max_rule_drop, s.ood_max_repetition_rise)
+        total = Limits(s.heldout_max_drop_total, s.ood_max_loglik_drop_total, s.ood_max_rule_drop_total,
+                       s.ood_max_repetition_rise_total)
+        results = regression_results(cand, parent_scores, step, baseline_version=parent, comparison=PARENT,
+                                     heldout_detail=heldout, ood_name=self.ood.name)
+        results += regression_results(cand, ref_scores, total, baseline_version=reference, comparison=REFERENCE,
+                                      heldout_detail=heldout, ood_name=self.ood.name)
+        return results + self._knowledge_checks(m, loaded, parent)
+
+    def _knowledge_checks(self, m: weights_pb2.Manifest, model: Any, parent: str) -> list[weights_pb2.EvalResult]:
+        """One informational result per knowledge item of the candidate's tenant (knowledge.py): its
+        questions asked greedily without any knowledge in context, as the held-out set is asked (the
+        task's system prompt when the held-out set has one), all items' questions in one batched pass."""
+        limit = self.settings.knowledge_max_items
+        if self.knowledge is None or limit <= 0 or not m.tenant:
+            return []
+        if not self.knowledge.wait_ready(KNOWLEDGE_READY_WAIT_S):
+            log.warning("eval gate: the knowledge view has not caught up with its topic after %.0fs; checking "
+                        "the items known so far", KNOWLEDGE_READY_WAIT_S)
+        items = self.knowledge.items_for(m.tenant, limit)
+        if not items:
+            return []
+        system = self.heldout.spec.system
+        chats = [[*([{"role": "system", "content": system}] if system else []), {"role": "user", "content": q}]
+                 for it in items for q in it.questions]
+        answers = iter(self.answer(model, m, chats))
+        before = self._parent_shares(m, parent)
+        return [knowledge_result(it.metric, [next(answers) for _ in it.questions], it.answer_terms,
+                                 before.get(it.metric, math.nan)) for it in items]
+
+    def _parent_shares(self, m: weights_pb2.Manifest, parent: str) -> dict[str, float]:
+        """The parent's knowledge results by metric, as recorded when it was gated: the per-item baseline
+        at no cost (NaN for base, which is never gated, and for items it was not asked about)."""
+        if parent == BASE:
+            return {}
+        try:
+            pm = self.store.get(m.model, parent)
+        except NotFound:
+            return {}
+        return {r.metric: r.candidate for r in pm.eval_results if r.suite == KNOWLEDGE}
+

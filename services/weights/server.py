@@ -1,8 +1,9 @@
 """The weights service's handle (RunningServer) and what its gRPC servicer (servicer.py) works on: the
-store, the order desk, the checkpoints consumer, the model-updates producer, GC and the pods watchdog.
+store, the order desk, the checkpoints consumer, the knowledge follower, the model-updates producer, GC and
+the pods watchdog.
 
     CheckpointPublished --> eval gate --> policy;  Promote/Canary/Rollback --> ModelUpdate on model-updates;
-    PodHeartbeat --> Status, canary review.
+    PodHeartbeat --> Status, canary review;  KnowledgeSnapshot --> the gate's view of approved items.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from services.weights.audit_trail import Trail
 from services.weights.blobstore import make_blob_store
 from services.weights.config import WeightsSettings
 from services.weights.evaluator import Evaluator
+from services.weights.knowledge import KnowledgeFollower, KnowledgeView
 from services.weights.metrics import ORDERS, PODS
 from services.weights.orders import OrderDesk
 from services.weights.pods import PodRegistry
@@ -70,7 +72,9 @@ class WeightsService:
         self._producer: EventProducer | None = None
         self._producer_lock = threading.Lock()
         self._audit_log: AuditLog | None = None
-        self.evaluator = Evaluator(self.store, s)
+        # fed by the knowledge follower thread (started with the consumers); without it the gate has no items
+        self.knowledge: KnowledgeView | None = KnowledgeView() if s.knowledge_max_items > 0 else None
+        self.evaluator = Evaluator(self.store, s, knowledge=self.knowledge)
         self.desk = OrderDesk(self.store, self._publish, source="weights", weights_endpoint=s.advertised_endpoint,
                               gate=self._gate, integrity=self.evaluator.check_integrity,
                               audit=Trail(self._audit_record))
@@ -147,6 +151,9 @@ class WeightsService:
     # --- background threads ----------------------------------------------------------------------------
     def start_background(self, consume: bool = True) -> None:
         targets = [self._gc_loop, self._watchdog_loop] + ([self._consume_loop] if consume else [])
+        if consume and self.knowledge is not None:
+            targets.append(self._knowledge_loop)
+            self.knowledge.followed = True  # before any gate runs: it waits for the view to catch up
         for target in targets:
             t = threading.Thread(target=target, name=f"weights-{target.__name__.strip('_')}", daemon=True)
             t.start()
@@ -167,7 +174,7 @@ class WeightsService:
             if self._stop.is_set():
                 return
             try:
-                self.store.collect(self.settings.keep_last)
+                self.store.collect(self.settings.keep_last, also_keep=self.settings.reference_versions())
             except Exception:  # noqa: BLE001 - retention must never take the service down
                 log.exception("garbage collection failed")
 
@@ -188,6 +195,27 @@ class WeightsService:
                                       extra={"model": model, "pod": p.pod_id, "detail": p.detail})
             except Exception:  # noqa: BLE001
                 log.exception("watchdog failed")
+
+    def _knowledge_loop(self) -> None:
+        """Follow the knowledge topic into the gate's view (knowledge.py); a broker error retries."""
+        assert self.knowledge is not None
+        s = self.settings
+        backoff = Backoff(1.0, 5.0)
+        follower: KnowledgeFollower | None = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    if follower is None:
+                        follower = KnowledgeFollower(self.knowledge, s.common.kafka_bootstrap, self.topics.knowledge,
+                                                     self.topics.group_id(s.consumer_group + "-knowledge"))
+                    follower.poll(0.5)
+                    backoff.reset()
+                except Exception:  # noqa: BLE001 - the broker may come back; the view is rebuilt by reading on
+                    log.exception("knowledge follower error; retrying")
+                    self._stop.wait(backoff.next())
+        finally:
+            if follower is not None:
+                follower.close()
 
     def _consume_loop(self) -> None:
         s = self.settings

@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,14 +265,16 @@ class WeightStore:
         return dest
 
     # --- retention -------------------------------------------------------------------------------------
-    def collect(self, keep_last: int, temporary_older_than_s: float = 6 * 3600) -> GcReport:
-        """Delete versions outside the retention rule, then blobs no remaining manifest references."""
+    def collect(self, keep_last: int, temporary_older_than_s: float = 6 * 3600,
+                also_keep: Collection[str] = ()) -> GcReport:
+        """Delete versions outside the retention rule, then blobs no remaining manifest references.
+        `also_keep`: version names kept in every model (the eval gate's configured references)."""
         report = GcReport()
         with self.transaction():
             kept: list[weights_pb2.Manifest] = []
             for model in self.manifests.models():
                 manifests = self.manifests.list(model)
-                keep = versions_to_keep(manifests, self.manifests.load_state(model), keep_last)
+                keep = versions_to_keep(manifests, self.manifests.load_state(model), keep_last, also_keep)
                 for m in manifests:
                     if m.version in keep:
                         kept.append(m)

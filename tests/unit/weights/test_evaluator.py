@@ -7,6 +7,7 @@ unit Gaussian noise (fluency collapses: OOD log-likelihood of plain answers drop
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -90,8 +91,10 @@ def evaluator(store: WeightStore, tmp_path_factory: pytest.TempPathFactory) -> E
     return Evaluator(store, settings)
 
 
-def results(m: weights_pb2.Manifest) -> dict[str, weights_pb2.EvalResult]:
-    return {f"{r.suite}/{r.metric}": r for r in m.eval_results}
+def results(m: weights_pb2.Manifest, comparison: str = "parent") -> dict[str, weights_pb2.EvalResult]:
+    """Results by `suite/metric`: the checks that are no comparison, and the regression checks against
+    `comparison` ("parent", the version replaced; "reference", the base here)."""
+    return {f"{r.suite}/{r.metric}": r for r in m.eval_results if r.comparison in ("", comparison)}
 
 
 def test_good_candidates_pass(store: WeightStore, evaluator: Evaluator, variants: dict[str, Path]) -> None:
@@ -99,8 +102,13 @@ def test_good_candidates_pass(store: WeightStore, evaluator: Evaluator, variants
         m = evaluator.evaluate(upload_dir(store, variants[name]))
         assert m.status == weights_pb2.VERSION_STATUS_APPROVED, m.status_reason
         r = results(m)
-        assert set(r) == {"integrity/nonfinite_tensors", "training_data/hacking_flag_fraction", "heldout/rule_score",
-                          "ood/ref_loglik", "ood/repetition", "ood/rule_score"}
+        regressions = ["heldout/rule_score", "ood/ref_loglik", "ood/repetition", "ood/rule_score"]
+        assert [(f"{x.suite}/{x.metric}", x.comparison, x.baseline_version) for x in m.eval_results] == [
+            ("integrity/nonfinite_tensors", "", ""), ("training_data/hacking_flag_fraction", "", ""),
+            *((name, "parent", "base") for name in regressions), *((name, "reference", "base") for name in regressions)]
+        ref = results(m, "reference")
+        assert all(ref[x].baseline == r[x].baseline or math.isnan(r[x].baseline) for x in regressions)
+        assert ref["ood/repetition"].threshold == 0.1 and r["ood/repetition"].threshold == 0.25
         assert r["heldout/rule_score"].baseline > 0  # the base emits text (newlines); zeroed weights emit none
         assert abs(r["ood/ref_loglik"].candidate - r["ood/ref_loglik"].baseline) < 0.05
         assert m.status_reason.startswith("passed the eval gate")
