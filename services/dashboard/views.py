@@ -44,7 +44,8 @@ def versions_view(manifests: list[weights_pb2.Manifest], status: weights_pb2.Sta
                              for o in m.data_offsets],
             "train_metrics": dict(sorted(m.train_metrics.items())),
             "eval": [{"suite": r.suite, "metric": r.metric, "candidate": r.candidate, "baseline": r.baseline,
-                      "threshold": r.threshold, "passed": r.passed, "detail": r.detail} for r in m.eval_results],
+                      "threshold": r.threshold, "passed": r.passed, "detail": r.detail,
+                      "comparison": r.comparison, "baseline_version": r.baseline_version} for r in m.eval_results],
             "canary": ({"fraction": canary_fraction, "requests": canary_requests.get(m.version, 0)}
                        if status is not None and m.version == status.canary_version else None)})
     curve = [{"label": label, "points": _curve_points(ordered, suite, metric, with_base)}
@@ -66,7 +67,9 @@ def _curve_points(ordered: list[weights_pb2.Manifest], suite: str, metric: str,
     points: list[dict[str, Any]] = []
     for m in ordered:
         for r in m.eval_results:
-            if r.suite == suite and r.metric == metric:
+            # one point per version: the gate records each regression check against the parent and the
+            # reference (same candidate value); the parent's baseline is the previous point
+            if r.suite == suite and r.metric == metric and r.comparison != "reference":
                 if with_base and not points and (m.parent_version or "base") == "base":
                     points.append({"version": "base", "value": r.baseline})
                 points.append({"version": m.version, "value": r.candidate})

@@ -153,7 +153,7 @@ function renderVersions(data) {
       v.canary ? ` ${Math.round(v.canary.fraction * 100)}%, ${v.canary.requests} requests` : "",
       v.reason ? el("div", { class: "small" }, v.reason) : ""),
     el("td", {}, v.eval.map((e) => el("div", { class: e.passed ? "pass" : "fail" },
-      `${e.suite}/${e.metric}: ${num(e.candidate)} (base ${num(e.baseline)})`))),
+      `${e.suite}/${e.metric}: ${num(e.candidate)} (${e.comparison ? `vs ${e.comparison} ${e.baseline_version}` : "base"} ${num(e.baseline)})`))),
     el("td", { class: "small" }, v.data_offsets.map((o) => el("div", {}, `${o.topic}[${o.partition}] ${o.start}-${o.end}`))),
     el("td", {},
       el("button", { onclick: () => weightsAction("promote", v.version), class: "promote" }, "promote"),
