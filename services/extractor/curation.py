@@ -3,8 +3,12 @@
 Rules (OEL accumulation plus ACE-style curation):
 - a candidate is rejected when it is too short or too long, does not read as text, or carries personal data;
 - an exact duplicate (same normalised text) or near duplicate (word-set Jaccard >= threshold, or embedding
-  cosine >= threshold when an embedder is configured) is merged into the existing item: its provenance
-  grows, no new item appears. Rejected items take part, so a rejected rule is not proposed again;
+  cosine >= threshold when an embedder is configured, unless the two state different values) is merged
+  into the existing item: its provenance grows, no new item appears. Rejected items take part, so a rejected rule is not proposed again;
+- the same fact in other words is merged too: the same subject (`same_subject`) and a shared answer term
+  (shared/knowledge/terms.py: the code, number or name the fact is about);
+- a contradiction is the same subject with disjoint answer terms (the warranty is 18 months / 24 months):
+  `contradicts` tells the store, which retires the older item when the newer one is approved;
 - the active items (proposed + approved) are capped in tokens: items whose harmful count exceeds helpful
   by `harmful_margin` go first, then the oldest proposals, then the oldest approved items (OEL keeps the
   newest); pinned items are exempt.
@@ -20,12 +24,15 @@ from typing import Protocol
 
 from services.extractor.parser import looks_like_text
 from services.extractor.pii import find_pii
+from shared.knowledge.terms import answer_terms, term_in
 from shared.pii.business import NO_NAMES, BusinessNames
 from shared.proto.apprentice.v1 import events_pb2
 
 S = events_pb2.ItemStatus
-ACTIVE = (S.ITEM_STATUS_PROPOSED, S.ITEM_STATUS_APPROVED)
-TRAINING = (S.ITEM_STATUS_APPROVED, S.ITEM_STATUS_PINNED)
+ACTIVE = (S.ITEM_STATUS_PROPOSED, S.ITEM_STATUS_APPROVED, S.ITEM_STATUS_CONSOLIDATED)
+TRAINING = (S.ITEM_STATUS_APPROVED, S.ITEM_STATUS_PINNED, S.ITEM_STATUS_CONSOLIDATED)
+"""Reviewed items: they train, and APPROVED/PINNED ones also serve in context (CONSOLIDATED ones no longer
+need to: the promoted weights hold them)."""
 
 TokenCounter = Callable[[str], int]
 
@@ -110,24 +117,87 @@ class Curator:
             self._emb_cache[key] = self.embedder.embed([text])[0]
         return self._emb_cache[key]
 
-    def duplicate_of(self, text: str, items: Sequence[events_pb2.KnowledgeItem]) -> tuple[int, str] | None:
-        """Index of the item `text` duplicates and how ("exact", "near", "embedding"), else None."""
+    subject_threshold: float = 0.6
+    """Embedding cosine of two items' texts (or 0.8 of their questions) above which they are about the same
+    subject; without an embedder, word-set Jaccard less the answer terms >= 0.4 (questions 0.5)."""
+
+    def _cos(self, a: str, b: str) -> float:
+        return sum(x * y for x, y in zip(self._embedding(a), self._embedding(b), strict=True))
+
+    def same_subject(self, text: str, questions: Sequence[str], it: events_pb2.KnowledgeItem) -> bool:
+        """Two items speak about the same thing (whatever they say about it)."""
+        if self.embedder is not None:
+            if self._cos(text, it.text) >= self.subject_threshold:
+                return True
+            return any(self._cos(q, r) >= 0.8 for q in questions[:3] for r in list(it.questions)[:3])
+        terms = {w for t in (*answer_terms(text, questions), *it.answer_terms) for w in normalise(t).split()}
+        a, b = word_set(text) - terms, word_set(it.text) - terms
+        if a and b and len(a & b) / len(a | b) >= 0.4:
+            return True
+        return any(jaccard(q, r) >= 0.5 for q in questions[:3] for r in list(it.questions)[:3])
+
+    @staticmethod
+    def _shared_term(terms: Sequence[str], other_terms: Sequence[str], other_text: str) -> bool:
+        return any(term_in(t, other_text) for t in terms) or any(
+            normalise(t) == normalise(o) for t in terms for o in other_terms)
+
+    def same_fact(self, text: str, questions: Sequence[str], it: events_pb2.KnowledgeItem) -> bool:
+        """A shared answer term and the same subject; a shared code or number (RF-7734, 4410) needs only
+        some words in common besides it (two facts rarely share a code and a topic)."""
+        terms = answer_terms(text, questions)
+        if not terms or not self._shared_term(terms, it.answer_terms, it.text):
+            return False
+        if self.same_subject(text, questions, it):
+            return True
+        coded = [t for t in terms if any(ch.isdigit() for ch in t) and len(t) >= 3]
+        if not coded or not self._shared_term(coded, it.answer_terms, it.text):
+            return False
+        words = {w for t in coded for w in normalise(t).split()}
+        a, b = word_set(text) - words, word_set(it.text) - words
+        return bool(a & b)
+
+    def contradicts(self, new: events_pb2.KnowledgeItem, old: events_pb2.KnowledgeItem) -> bool:
+        """`new` states something else than `old` about the same subject: both have answer terms, none shared."""
+        if not new.answer_terms or not old.answer_terms or new.item_id == old.item_id:
+            return False
+        if self._shared_term(list(new.answer_terms), old.answer_terms, old.text) or \
+                any(term_in(t, new.text) for t in old.answer_terms):
+            return False
+        return self.same_subject(new.text, list(new.questions), old)
+
+    def duplicate_of(self, text: str, items: Sequence[events_pb2.KnowledgeItem],
+                     questions: Sequence[str] = ()) -> tuple[int, str] | None:
+        """Index of the item `text` duplicates and how ("exact", "near", "embedding", "same_fact"), else
+        None. RETIRED items take no merges (a superseded fact restated is a new proposal)."""
         norm = normalise(text)
+        terms = answer_terms(text, questions)
+
+        def mergeable(it: events_pb2.KnowledgeItem) -> bool:
+            # similar words but other values (18-month vs 24-month) are a contradiction, never a duplicate
+            conflict = bool(terms) and bool(it.answer_terms) and not self._shared_term(terms, it.answer_terms, it.text)
+            return it.status != S.ITEM_STATUS_RETIRED and not conflict
+
         best, best_sim = -1, 0.0
         for i, it in enumerate(items):
+            if it.status == S.ITEM_STATUS_RETIRED:
+                continue
             if normalise(it.text) == norm or it.item_id == item_id(text):
                 return i, "exact"
             sim = jaccard(text, it.text)
-            if sim > best_sim:
+            if sim > best_sim and mergeable(it):
                 best, best_sim = i, sim
         if best >= 0 and best_sim >= self.near_threshold:
             return best, "near"
         if self.embedder is not None and items:
             v = self._embedding(text)
-            sims = [sum(a * b for a, b in zip(v, self._embedding(it.text), strict=True)) for it in items]
+            sims = [sum(a * b for a, b in zip(v, self._embedding(it.text), strict=True)) if mergeable(it) else -1.0
+                    for it in items]
             j = max(range(len(sims)), key=sims.__getitem__)
             if sims[j] >= self.embedding_threshold:
                 return j, "embedding"
+        for i, it in enumerate(items):
+            if it.status != S.ITEM_STATUS_RETIRED and self.same_fact(text, questions, it):
+                return i, "same_fact"
         return None
 
     def over_cap(self, items: Sequence[events_pb2.KnowledgeItem], max_tokens: int) -> list[str]:

@@ -2,8 +2,10 @@
 
 Per trajectory: 1) the extraction prompt with the previous knowledge of its base; 2) one LLM completion
 (seeded by the trajectory, so a redelivery samples the same text); 3) at most `max_items` parsed items;
-4) when enabled, one item per correction ("When asked ..., answer: ..."), because a small policy rarely
-writes a usable rule while the user's corrected answer is exactly the missing fact.
+4) when enabled, one item per correction: the corrected answer itself, which states the missing fact (a small
+policy rarely writes a usable rule), with the question it answered kept beside it (`Candidate.questions`),
+not glued into the text: an item states a fact, and a "When asked X, answer Y" template is what a model
+trained on it would then echo.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from services.extractor.curation import jaccard, normalise
 from services.extractor.knowledge import Candidate, Extracted
 from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse, LLMUnavailable
-from services.extractor.parser import parse_items
+from services.extractor.parser import looks_like_text, parse_items
 from services.extractor.prompt import build_prompt
 from services.extractor.trajectories import Trajectory, least_trusted
 from shared.retry import call
@@ -70,13 +72,20 @@ def is_echo(item: str, prompt: str, min_words: int = 4) -> bool:
     return any(jaccard(item, line) >= 0.8 for line in prompt.splitlines() if len(line.split()) >= min_words)
 
 
-def correction_item(question: str, correction: str, max_question_chars: int = 160) -> str:
-    """A correction as a rule: the question in short, then the corrected answer."""
-    q = " ".join(question.split())
-    if len(q) > max_question_chars:
-        q = q[: max_question_chars - 3].rstrip() + "..."
+def correction_item(correction: str, question: str = "", *, min_words: int = 5, max_chars: int = 400) -> str:
+    """A correction as an item: the corrected answer, whitespace collapsed. An answer too short to say
+    what it is about on its own ("24 months") is prefixed with the question it answered, as a heading
+    ("How long is the battery warranty? 24 months"), so the item still states a fact when read alone."""
     a = " ".join(correction.split())
-    return f'When asked "{q}", answer: {a}' if q else f"The correct answer is: {a}"
+    q = short_question(question, 160) if question.strip() else ""
+    if q and (len(a.split()) < min_words or not looks_like_text(a)):
+        a = f"{q if q.endswith('?') else q + ':'} {a}"
+    return a if len(a) <= max_chars else a[: max_chars - 3].rstrip() + "..."
+
+
+def short_question(question: str, max_chars: int = 300) -> str:
+    q = " ".join(question.split())
+    return q if len(q) <= max_chars else q[: max_chars - 3].rstrip() + "..."
 
 
 @dataclass
@@ -153,7 +162,8 @@ class Extractor:
         by = f"llm:{resp.model or self.llm.name}@{resp.policy_version or '?'}"
         # an LLM item may be built from anything in the trajectory: it is as trusted as its least trusted caller
         who = least_trusted(traj.sources)
-        cands = [Candidate(text, by, ids, who) for text in items] + self._correction_candidates(traj)
+        asked = [short_question(t.input_text) for t in traj.turns if t.input_text.strip()][-3:]
+        cands = [Candidate(text, by, ids, who, questions=asked) for text in items] + self._correction_candidates(traj)
         if resp.error:
             log.warning("extraction request failed", extra={"key": traj.key, "error": resp.error})
         return Extracted(traj, cands, extractor_model=resp.model, policy_version=resp.policy_version)
@@ -161,7 +171,8 @@ class Extractor:
     def _correction_candidates(self, traj: Trajectory) -> list[Candidate]:
         if not self.cfg.correction_items:
             return []
-        return [Candidate(correction_item(turn.input_text, corr), "correction", [turn.interaction_id], who,
+        return [Candidate(correction_item(corr, turn.input_text), "correction", [turn.interaction_id], who,
                           detail=f"feedback {who.event_id}; asked by {turn.asked_by.role or 'unknown'}:"
-                                 f"{turn.asked_by.key_id or '?'}")
+                                 f"{turn.asked_by.key_id or '?'}",
+                          questions=[short_question(turn.input_text)] if turn.input_text.strip() else [])
                 for turn, corr, who in traj.sourced_corrections]

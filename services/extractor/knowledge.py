@@ -29,12 +29,13 @@ from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.extractor.curation import ACTIVE, TRAINING, Curator, Verdict, item_id
+from services.extractor.curation import ACTIVE, TRAINING, Curator, Verdict, item_id, normalise
 from services.extractor.pii import names_from_user_texts
 from services.extractor.trajectories import Source, Trajectory, split_key
 from shared.events import deterministic_id, make_envelope
 from shared.grpc_util import FailedPrecondition, InvalidRequest, NotFound
 from shared.injection_screen import InjectionScreen
+from shared.knowledge.terms import answer_terms
 from shared.pii.business import NO_NAMES, BusinessNames
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 
@@ -51,6 +52,7 @@ class Candidate:
     sources: list[str] = field(default_factory=list)   # interaction ids (provenance)
     by: Source = Source()               # who caused it (the least trusted caller it derives from)
     detail: str = ""                    # provenance detail, e.g. the correction's feedback event id
+    questions: list[str] = field(default_factory=list)   # what it answers (the user turns it came from)
 
 
 @dataclass
@@ -86,7 +88,7 @@ class KnowledgeStore:
                  max_tokens: int = 1024, max_rejected_kept: int = 200, max_processed_kept: int = 2000,
                  history_per_key: int = 100, source: str = "extractor",
                  clock: Callable[[], Timestamp] = _now, screen: InjectionScreen | None = None,
-                 max_provenance: int = 20,
+                 max_provenance: int = 20, max_questions: int = 8,
                  business_names: Callable[[str], BusinessNames] = lambda tenant: NO_NAMES) -> None:
         self.curator = curator
         self.business_names = business_names
@@ -100,6 +102,7 @@ class KnowledgeStore:
         self._clock = clock
         self.screen = screen or InjectionScreen()
         self.max_provenance = max_provenance
+        self.max_questions = max_questions
         self._lock = threading.RLock()
         self._history: dict[str, dict[int, events_pb2.KnowledgeSnapshot]] = {}
         self._latest: dict[str, events_pb2.KnowledgeSnapshot] = {}
@@ -262,7 +265,7 @@ class KnowledgeStore:
         if reason:
             return Verdict(text, "rejected", reason)
         tenant, _ = split_key(snap.key)
-        dup = self.curator.duplicate_of(text, snap.items)
+        dup = self.curator.duplicate_of(text, snap.items, cand.questions)
         if dup is not None:
             idx, how = dup
             it = snap.items[idx]
@@ -270,14 +273,17 @@ class KnowledgeStore:
             if not fresh:
                 return Verdict(text, "duplicate", how, it.item_id)
             it.source_interaction_ids.extend(fresh)
+            self._add_questions(it, cand.questions)
             it.updated_at.CopyFrom(now)
-            self._note(it, "merged", cand.by.principal(), tenant, now, fresh, cand.created_by, cand.detail)
+            self._note(it, "merged", cand.by.principal(), tenant, now, fresh, cand.created_by, cand.detail,
+                       text=text if normalise(text) != normalise(it.text) else "")
             return Verdict(text, "merged", how, it.item_id)
         flags = self.screen.flags(text)
         auto = not self.requires_approval(tenant) and cand.by.trusted and not flags
         it = snap.items.add(item_id=item_id(text), text=text, created_by=cand.created_by,
                             status=S.ITEM_STATUS_APPROVED if auto else S.ITEM_STATUS_PROPOSED,
-                            token_count=self.curator.count_tokens(text))
+                            token_count=self.curator.count_tokens(text), revision=1)
+        self._add_questions(it, cand.questions)
         it.source_interaction_ids.extend(dict.fromkeys(cand.sources))
         it.screen_flags.extend(flags)
         it.created_at.CopyFrom(now)
@@ -287,12 +293,46 @@ class KnowledgeStore:
         if auto:
             self._note(it, "auto_approved", cand.by.principal(), tenant, now, (), cand.created_by,
                        f"tenant {tenant} auto-approves trusted {cand.by.role} sources")
+            self._supersede(snap, it, now, cand.by.principal())
         return Verdict(text, "added", "", it.item_id, tuple(flags))
 
+    def _add_questions(self, it: events_pb2.KnowledgeItem, questions: Sequence[str]) -> None:
+        """Keep the newest `max_questions` distinct questions and recompute the answer terms (a question's
+        own words prove nothing in an answer, so more questions can drop terms)."""
+        known = {normalise(q) for q in it.questions}
+        fresh = [q for q in dict.fromkeys(questions) if q.strip() and normalise(q) not in known]
+        if fresh:
+            keep = [*it.questions, *fresh][-self.max_questions:]
+            del it.questions[:]
+            it.questions.extend(keep)
+        del it.answer_terms[:]
+        it.answer_terms.extend(answer_terms(it.text, list(it.questions)))
+
+    def _supersede(self, snap: events_pb2.KnowledgeSnapshot, new: events_pb2.KnowledgeItem, now: Timestamp,
+                   who: common_pb2.Principal | None) -> list[str]:
+        """`new` was just approved: every older reviewed item it contradicts is retired (kept, with the reason
+        and the newer item's id), so the two are never served together and neither is lost."""
+        retired = []
+        tenant = split_key(snap.key)[0]
+        for old in snap.items:
+            if old.item_id == new.item_id or old.status not in TRAINING or old.status == S.ITEM_STATUS_PINNED:
+                continue
+            if self.curator.contradicts(new, old):
+                old.status = S.ITEM_STATUS_RETIRED
+                old.superseded_by = new.item_id
+                old.retired_reason = f"superseded by {new.item_id}: {new.text[:200]}"
+                old.updated_at.CopyFrom(now)
+                self._note(old, "superseded", who, tenant, now, (), "extractor", old.retired_reason,
+                           other=new.item_id)
+                retired.append(old.item_id)
+        return retired
+
     def _note(self, it: events_pb2.KnowledgeItem, action: str, who: common_pb2.Principal | None, tenant: str,
-              at: Timestamp, interaction_ids: Iterable[str] = (), source: str = "", detail: str = "") -> None:
+              at: Timestamp, interaction_ids: Iterable[str] = (), source: str = "", detail: str = "", *,
+              text: str = "", other: str = "") -> None:
         """Append one provenance entry; beyond `max_provenance`, the oldest after the creation go."""
-        p = it.provenance.add(action=action, tenant=tenant, source=source, detail=detail)
+        p = it.provenance.add(action=action, tenant=tenant, source=source, detail=detail, text=text,
+                              other_item_id=other)
         if who is not None:
             p.principal.CopyFrom(who)
         p.interaction_ids.extend(interaction_ids)
@@ -324,8 +364,12 @@ class KnowledgeStore:
         """approve | reject | pin | edit one item by the caller `by`; a no-op action returns the current
         snapshot unchanged. An edit runs the injection screen and is refused when the new text is flagged;
         approving or pinning a flagged item needs `override_screen` (the operator read the flags)."""
-        target = {"approve": S.ITEM_STATUS_APPROVED, "reject": S.ITEM_STATUS_REJECTED, "pin": S.ITEM_STATUS_PINNED}
-        done = {"approve": "approved", "reject": "rejected", "pin": "pinned", "edit": "edited"}
+        target = {"approve": S.ITEM_STATUS_APPROVED, "reject": S.ITEM_STATUS_REJECTED, "pin": S.ITEM_STATUS_PINNED,
+                  "retire": S.ITEM_STATUS_RETIRED, "restore": S.ITEM_STATUS_APPROVED}
+        done = {"approve": "approved", "reject": "rejected", "pin": "pinned", "edit": "edited", "retire": "retired",
+                "restore": "restored", "split": "split"}
+        if action == "split":
+            return self._split(key, item_id_, text, operator, by)
         with self._lock:
             if key not in self._latest:
                 raise NotFound(f"no knowledge base {key!r}")
@@ -353,8 +397,14 @@ class KnowledgeStore:
                 it = snap.items[idx]
                 it.text = new_text
                 it.token_count = self.curator.count_tokens(new_text)
+                it.revision = max(1, it.revision) + 1
+                self._add_questions(it, ())
+                if it.status == S.ITEM_STATUS_CONSOLIDATED:   # the weights held the old text, not this one
+                    it.status = S.ITEM_STATUS_APPROVED
                 del it.screen_flags[:]
             elif action in target:
+                if action == "restore" and cur.items[idx].status != S.ITEM_STATUS_RETIRED:
+                    raise FailedPrecondition(f"item {item_id_} is not retired; only a retired item can be restored")
                 if cur.items[idx].status == target[action]:
                     return _copy(cur)
                 flagged = list(cur.items[idx].screen_flags)
@@ -365,14 +415,93 @@ class KnowledgeStore:
                 snap = self._next(key, f"{action} item {item_id_} by {who}")
                 it = snap.items[idx]
                 it.status = target[action]
+                if action == "retire":
+                    it.retired_reason = f"retired by operator {who}"
+                elif action == "restore":
+                    it.retired_reason = it.superseded_by = ""
             else:
-                raise InvalidRequest(f"unknown action {action!r}; use approve, reject, pin or edit")
+                raise InvalidRequest(f"unknown action {action!r}; use approve, reject, pin, edit, retire, restore "
+                                     "or split")
             now = self._clock()
             it.edited_by = who
             it.updated_at.CopyFrom(now)
             self._note(it, done[action], by, split_key(key)[0], now, (), "operator",
                        f"operator {who}" + ("; screen flags overridden" if override_screen and it.screen_flags else ""))
+            if action in ("approve", "pin"):
+                self._supersede(snap, it, now, by)
             return self._commit(snap)
+
+    def _split(self, key: str, item_id_: str, text: str, operator: str,
+               by: common_pb2.Principal | None) -> events_pb2.KnowledgeSnapshot:
+        """Undo a merge: the merged text `text` (a `merged` provenance entry of the item) leaves the item and
+        becomes a proposal of its own, with that entry's sources and the questions they asked."""
+        with self._lock:
+            cur = self._latest.get(key)
+            if cur is None:
+                raise NotFound(f"no knowledge base {key!r}")
+            idx = next((i for i, it in enumerate(cur.items) if it.item_id == item_id_), None)
+            if idx is None:
+                raise NotFound(f"{key!r} has no item {item_id_!r}")
+            entry = next((p for p in cur.items[idx].provenance if p.action == "merged" and p.text
+                          and p.text.strip() == text.strip()), None)
+            if entry is None:
+                merged = [p.text for p in cur.items[idx].provenance if p.action == "merged" and p.text]
+                raise InvalidRequest(f"item {item_id_} has no merge of that text; its merged texts: "
+                                     f"{merged[:5] or 'none (only exact restatements were merged)'}")
+            who = operator or (by.key_id if by is not None else "") or "operator"
+            snap = self._next(key, f"split {item_id(entry.text)} off item {item_id_} by {who}")
+            now = self._clock()
+            old = snap.items[idx]
+            moved = set(entry.interaction_ids)
+            keep = [i for i in old.source_interaction_ids if i not in moved]
+            del old.source_interaction_ids[:]
+            old.source_interaction_ids.extend(keep)
+            tenant = split_key(key)[0]
+            self._note(old, "split", by, tenant, now, entry.interaction_ids, "operator", f"operator {who}",
+                       text=entry.text, other=item_id(entry.text))
+            new = snap.items.add(item_id=item_id(entry.text), text=entry.text, created_by=entry.source,
+                                 status=S.ITEM_STATUS_PROPOSED, token_count=self.curator.count_tokens(entry.text),
+                                 revision=1, screen_flags=self.screen.flags(entry.text))
+            new.source_interaction_ids.extend(entry.interaction_ids)
+            self._add_questions(new, ())
+            new.created_at.CopyFrom(now)
+            new.updated_at.CopyFrom(now)
+            self._note(new, "created", by, tenant, now, entry.interaction_ids, "operator",
+                       f"split off {item_id_} by operator {who}", other=item_id_)
+            return self._commit(snap)
+
+    # --- consolidation (the eval gate's per-item checks of a promoted version) -----------------------------
+    def consolidate(self, tenant: str, version: str, held: dict[tuple[str, str], tuple[int, bool]],
+                    ) -> list[events_pb2.KnowledgeSnapshot]:
+        """A version was promoted for `tenant`: `held[(key, item_id)] = (revision, held)` are its gate's checks.
+        An APPROVED item it holds (at the item's current revision) becomes CONSOLIDATED (leaves the serving
+        context); a CONSOLIDATED item it does not hold, or did not check, comes back (APPROVED). Returns the
+        new durable snapshots (none when nothing changed)."""
+        out = []
+        with self._lock:
+            for key in [k for k in self._latest if split_key(k)[0] == tenant]:
+                snap = self._next(key, f"consolidation by {version}")
+                now = self._clock()
+                moved = []
+                for it in snap.items:
+                    rev, ok = held.get((key, it.item_id), (-1, False))
+                    ok = ok and rev == it.revision
+                    if it.status == S.ITEM_STATUS_APPROVED and ok:
+                        it.status, it.consolidated_in, it.lost_in = S.ITEM_STATUS_CONSOLIDATED, version, ""
+                        self._note(it, "consolidated", None, tenant, now, (), "weights",
+                                   f"{version} answers its questions without it")
+                    elif it.status == S.ITEM_STATUS_CONSOLIDATED and not ok:
+                        it.status, it.lost_in = S.ITEM_STATUS_APPROVED, version
+                        why = "does not answer its questions" if rev >= 0 else "was not checked on it"
+                        self._note(it, "unconsolidated", None, tenant, now, (), "weights", f"{version} {why}")
+                    else:
+                        continue
+                    it.updated_at.CopyFrom(now)
+                    moved.append(it.item_id)
+                if moved:
+                    snap.change = f"consolidation by {version}: {len(moved)} item(s) changed state"
+                    out.append(self._commit(snap))
+        return out
 
 
 def training_view(snap: events_pb2.KnowledgeSnapshot) -> events_pb2.KnowledgeSnapshot:

@@ -159,6 +159,20 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServicer):
         require(len(request.text) <= MAX_TEXT, f"text must be at most {MAX_TEXT} characters")
         return self._act(request, context, "edit", request.text)
 
+    @grpc_errors
+    def Restore(self, request: knowledge_pb2.ItemActionRequest, context: Any) -> events_pb2.KnowledgeSnapshot:
+        return self._act(request, context, "restore")
+
+    @grpc_errors
+    def Retire(self, request: knowledge_pb2.ItemActionRequest, context: Any) -> events_pb2.KnowledgeSnapshot:
+        return self._act(request, context, "retire")
+
+    @grpc_errors
+    def Split(self, request: knowledge_pb2.EditItemRequest, context: Any) -> events_pb2.KnowledgeSnapshot:
+        require(bool(request.text.strip()), "text is required: the merged text to split off")
+        require(len(request.text) <= MAX_TEXT, f"text must be at most {MAX_TEXT} characters")
+        return self._act(request, context, "split", request.text)
+
 
 def create_knowledge_server(store: KnowledgeStore, port: int, host: str = "",
                             common: CommonSettings | None = None,

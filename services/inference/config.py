@@ -173,6 +173,32 @@ class InferenceSettings(BaseSettings):
     """Per-tenant overrides of the three quotas above, as JSON: `{"acme": {"max_concurrent": 8,
     "tokens_per_s": 2000}}`; a field left out keeps the default."""
 
+    # --- knowledge in context (services/inference/knowledge.py) -------------------------------------
+    knowledge_in_context: bool = True
+    """Add the tenant's approved knowledge items relevant to each chat request to its context (inside the
+    injection-safe frame of shared/knowledge/frame.py), from approval until a promoted version answers the
+    item's questions without it. Per-tenant overrides in `knowledge_tenants`."""
+
+    knowledge_tenants: dict[str, bool] = Field(default_factory=dict)
+    """Per-tenant switch, as JSON: `{"acme": false}`; a tenant not named follows `knowledge_in_context`."""
+
+    knowledge_max_tokens: int = Field(default=192, ge=1, le=4096)
+    """Token budget of the items added to one request (their texts; the frame adds ~45 tokens)."""
+
+    knowledge_tenant_max_tokens: dict[str, int] = Field(default_factory=dict)
+    """Per-tenant budgets overriding `knowledge_max_tokens`, as JSON: `{"acme": 512}`."""
+
+    knowledge_max_items: int = Field(default=3, ge=1, le=32)
+    """At most this many items per request (the most relevant first)."""
+
+    knowledge_min_score: float = Field(default=0.4, ge=-1.0, le=1.0)
+    """Items scoring below this similarity to the request are not relevant and stay out (cosine of
+    all-MiniLM-L6-v2 sentence embeddings; the TF-IDF fallback uses 0.2)."""
+
+    knowledge_retriever: Literal["minilm", "tfidf"] = "minilm"
+    """`minilm`: the shipped sentence-embedding model (falls back to `tfidf`, with a warning, when its
+    package is missing); `tfidf`: word overlap only."""
+
     default_max_new_tokens: int = 128
     """Used when a request leaves `max_new_tokens` at 0."""
 
@@ -366,6 +392,13 @@ class InferenceSettings(BaseSettings):
     def pii_policy_for(self, tenant: str) -> PiiPolicy:
         """The tenant's override, else `pii_policy`."""
         return parse_tenant_policies(self.pii_tenant_policies).get(tenant, self.pii_policy)
+
+    def knowledge_on_for(self, tenant: str) -> bool:
+        """The tenant's switch for knowledge in context."""
+        return self.knowledge_tenants.get(tenant, self.knowledge_in_context)
+
+    def knowledge_budget_for(self, tenant: str) -> int:
+        return self.knowledge_tenant_max_tokens.get(tenant, self.knowledge_max_tokens)
 
     @property
     def no_capture_tenants(self) -> frozenset[str]:

@@ -79,3 +79,9 @@ ADAPTER_EVICTIONS = Counter("apprentice_inference_adapter_evictions_total",
 ADAPTER_LOAD_SECONDS = Histogram("apprentice_inference_adapter_load_seconds",
                                  "From a request finding its LoRA adapter absent to the adapter being resident",
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+
+KNOWLEDGE_ITEMS = Gauge("apprentice_inference_knowledge_servable_items",
+                        "Approved knowledge items this pod can put in a prompt's context, all tenants")
+KNOWLEDGE_IN_CONTEXT = Counter("apprentice_inference_knowledge_requests_total",
+                               "Chat requests whose context received knowledge items (added), or whose relevant "
+                               "items did not fit the context window (no_room)", ["outcome"])

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.inference import metrics
@@ -38,6 +38,7 @@ from services.inference.requests import PreparedRequest
 from shared.chat_template import encode_chat
 from shared.generation import encode_prompt
 from shared.grpc_util import InvalidRequest
+from shared.knowledge.frame import with_knowledge
 from shared.pii.policy import PiiPolicy, Redactor, Scan, entity_types, parse_tenant_policies
 from shared.proto.apprentice.v1 import events_pb2
 
@@ -115,12 +116,14 @@ class CapturePrivacy:
                 f"the prompt contains personal data ({', '.join(sorted(found))}) and tenant {p.tenant!r} does "
                 "not accept it: remove it, or send the request with no_capture=true")
 
-    def interaction(self, ev: events_pb2.Interaction) -> events_pb2.Interaction:
-        """Redact the captured copy (in place; returned for chaining). `keep` returns it untouched."""
+    def interaction(self, ev: events_pb2.Interaction, knowledge: Sequence[str] = ()) -> events_pb2.Interaction:
+        """Redact the captured copy (in place; returned for chaining). `keep` returns it untouched.
+        `knowledge`: the item texts that were in the prompt's context (re-rendered with the redacted
+        messages, so the recorded prompt is still what the model saw, less the personal data)."""
         if self.settings.pii_policy_for(ev.envelope.tenant) is PiiPolicy.KEEP:
             return ev
         try:
-            return self._redact_interaction(ev)
+            return self._redact_interaction(ev, knowledge)
         except Exception:       # noqa: BLE001 - fail closed, keep serving
             log.exception("PII redaction failed; the captured interaction keeps no text",
                           extra={"interaction_id": ev.interaction_id})
@@ -132,7 +135,7 @@ class CapturePrivacy:
                 del field[:]
             return ev
 
-    def _redact_interaction(self, ev: events_pb2.Interaction) -> events_pb2.Interaction:
+    def _redact_interaction(self, ev: events_pb2.Interaction, knowledge: Sequence[str]) -> events_pb2.Interaction:
         changed_prompt = False
         names: set[str] = set()
         tenant = ev.envelope.tenant
@@ -148,7 +151,8 @@ class CapturePrivacy:
                 ev.prompt_text = ev.messages[0].content
                 ev.prompt_token_ids[:] = encode_prompt(tok, ev.prompt_text)
             else:
-                chat = encode_chat(tok, list(ev.messages))
+                msgs = [{"role": m.role, "content": m.content} for m in ev.messages]
+                chat = encode_chat(tok, with_knowledge(msgs, knowledge))
                 ev.prompt_text, ev.prompt_token_ids[:] = chat.text, chat.ids
         answer = self._scan(ev.response_text, "response", tenant, names)
         if answer.spans:

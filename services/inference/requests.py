@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -81,6 +81,11 @@ class PreparedRequest:
     no_capture: bool
     principal: common_pb2.Principal | None = None
     """Who asked (recorded on the captured interaction); set by the server from the caller's identity."""
+    no_knowledge: bool = False
+    knowledge: list[events_pb2.KnowledgeRef] = field(default_factory=list)
+    """The knowledge items added to the context (services/inference/knowledge.py); `prompt_text` and
+    `prompt_ids` hold them, `messages` do not."""
+    knowledge_texts: list[str] = field(default_factory=list)
 
 
 def check_sampling(sp: common_pb2.SamplingParams, settings: InferenceSettings) -> None:
@@ -165,7 +170,7 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
     return PreparedRequest(tenant=tenant, session_id=req.session_id or new_session_id, task=req.task,
                            messages=messages, raw_prompt=has_prompt, prompt_text=prompt_text,
                            prompt_ids=prompt_ids, sampling=sampling, effective=effective,
-                           no_capture=req.no_capture)
+                           no_capture=req.no_capture, no_knowledge=req.no_knowledge)
 
 
 def interaction_event(p: PreparedRequest, sample: Any, *, interaction_id: str, group_id: str, index: int,
@@ -184,7 +189,8 @@ def interaction_event(p: PreparedRequest, sample: Any, *, interaction_id: str, g
         response_token_ids=sample.token_ids, response_logprobs=sample.logprobs,
         response_logprobs_t1=sample.logprobs_t1, finish_reason=sample.finish_reason, latency_ms=latency_ms,
         group_id=group_id, sample_index=index, group_size=p.sampling.n, canary=canary, serving_pod=pod,
-        raw_prompt=p.raw_prompt)
+        raw_prompt=p.raw_prompt, knowledge_items=p.knowledge,
+        knowledge_version=",".join(sorted({f"{r.key}@{r.snapshot_version}" for r in p.knowledge})))
 
 
 # --- Feedback ------------------------------------------------------------------------------------

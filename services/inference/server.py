@@ -41,6 +41,7 @@ from services.inference.hotswap import (
     prune_versions_dir,
     versions_root,
 )
+from services.inference.knowledge import KnowledgeFollower, ServedKnowledge
 from services.inference.privacy import CapturePrivacy
 from services.inference.quotas import Lease, QuotaExceeded, TenantQuotas
 from services.inference.requests import (
@@ -110,6 +111,8 @@ class InferenceApp:
             max_comment_chars=settings.feedback_max_comment_chars,
             clock_skew_s=settings.feedback_clock_skew_s), settings.common.interaction_id_key())
         self.privacy = CapturePrivacy(settings, lambda: self.engine.tokenizer)
+        self.knowledge: ServedKnowledge | None = None          # knowledge in context (knowledge.py)
+        self.knowledge_follower: KnowledgeFollower | None = None
         self.quotas = TenantQuotas.from_settings(settings)
 
     # --- life cycle -------------------------------------------------------------------------------
@@ -160,6 +163,13 @@ class InferenceApp:
                             s.startup_catchup_s)
         if s.heartbeat_interval_s > 0:
             self.heartbeater = Heartbeater(s, self.manager).start()
+        if s.knowledge_in_context or any(s.knowledge_tenants.values()):
+            self.knowledge = ServedKnowledge(s)
+            if s.follow_updates:
+                self.knowledge_follower = KnowledgeFollower(s, self.knowledge).start()
+                if not self.knowledge_follower.caught_up.wait(s.startup_catchup_s):
+                    log.warning("knowledge backlog not read within %.0fs; serving without it meanwhile",
+                                s.startup_catchup_s)
         self.privacy.wait_warm()
         set_serving(self.health, SERVICE_NAMES, serving=True)
         self.ready.set()
@@ -180,7 +190,7 @@ class InferenceApp:
         if self.http is not None:
             self.http.join(max(0.5, grace - (time.monotonic() - t0)))
         self.engine.shutdown(timeout=max(0.5, grace - (time.monotonic() - t0)))
-        for part in (self.follower, self.heartbeater):
+        for part in (self.follower, self.heartbeater, self.knowledge_follower):
             if part is not None:
                 part.stop()
         if self.manager is not None:
@@ -230,6 +240,8 @@ class InferenceApp:
         p = prepare(request, tenant, self.settings, self.engine.tokenizer, self.engine.context_window,
                     new_session_id=str(uuid.uuid4()))
         self.privacy.screen_request(p)
+        if self.knowledge is not None:
+            self.knowledge.augment(p, self.engine.tokenizer, self.engine.context_window)
         identity = current_identity()
         p.principal = identity.to_principal() if identity is not None else None
         return p
@@ -293,7 +305,8 @@ class InferenceApp:
             ev = interaction_event(p, sample, interaction_id=iid, group_id=group_id, index=i, model=self.model,
                                    version=version, canary=canary, pod=self.settings.pod_id,
                                    latency_ms=latency_ms, trace_id=trace)
-            tickets.append(self.capture.submit(self.topics.interactions, p.session_id, self.privacy.interaction(ev)))
+            tickets.append(self.capture.submit(self.topics.interactions, p.session_id,
+                                               self.privacy.interaction(ev, p.knowledge_texts)))
         # the answer leaves only once its interactions are on disk (services/inference/capture.py)
         deadline = time.monotonic() + self.settings.capture_ack_timeout_s
         missed = sum(not t.wait(max(0.0, deadline - time.monotonic())) for t in tickets)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,12 @@ class Demo:
         self.stack = LocalStack(run_dir, model, service_env=self._service_env(), tenants=(self.task.tenant,),
                                 announce_in=CommonSettings().home)
         self.rounds: list[dict[str, Any]] = []
+        # the simulated operator reviews knowledge all the time, as a person on call would: item id -> (when
+        # approved, the fact it states, the questions it came from)
+        self.approved_at: dict[str, tuple[float, str, tuple[str, ...]]] = {}
+        self._review_lock = threading.Lock()
+        self._reviewing = threading.Event()
+        self._reported_latency: set[str] = set()
 
     # --- configuration of the services for this task -------------------------------------------------
     def _service_env(self) -> dict[str, dict[str, str]]:
@@ -182,6 +189,8 @@ class Demo:
             self.evaluator = Evaluator(self.task, self.stack.inference_target, samples=self.budget.eval_samples,
                                        max_new_tokens=self.budget.max_new_tokens, common=self.stack.client_common)
             self._evaluate(0, deploy=None, started=time.monotonic())
+            reviewer = threading.Thread(target=self._review_loop, name="demo-reviewer", daemon=True)
+            reviewer.start()
             for k in range(1, self.budget.rounds + 1):
                 started = time.monotonic()
                 # the versions before this round's traffic: a small round may train and promote before its
@@ -193,6 +202,7 @@ class Demo:
                     self._plant_hack()
                 self._evaluate(k, deploy=deploy, started=started)
         finally:
+            self._reviewing.set()
             for closer in ("users", "evaluator", "watcher"):
                 if hasattr(self, closer):
                     getattr(self, closer).close()
@@ -241,6 +251,18 @@ class Demo:
             return list(weights_pb2_grpc.WeightsStub(ch).List(weights_pb2.ListVersionsRequest(model=self.model),
                                                               timeout=10).versions)
 
+    def _review_loop(self) -> None:
+        """Review every 2 s while the run lasts: an approved correction then serves in context within seconds."""
+        while not self._reviewing.wait(2.0):
+            try:
+                self._review_knowledge()
+            except Exception as e:  # noqa: BLE001 - a failed review is retried at the next tick
+                self.progress(f"knowledge review failed: {e}", done=True)
+
+    def _fact_of(self, text: str) -> str:
+        norm = " ".join(text.split()).lower()
+        return next((f.id for f in self.task.facts if " ".join(f.correction.split()).lower() in norm), "")
+
     def _review_knowledge(self) -> int:
         """The operator's knowledge review, simulated. The corrections come from the product backend (end
         users' channel), so the extractor proposes them and never approves them itself; a person checks each
@@ -255,13 +277,18 @@ class Demo:
         if not todo:
             return 0
         approved = 0
-        with self.stack.channel(self.stack.knowledge_target) as ch:
+        items = {it.item_id: it for it in kb.items} if kb else {}
+        with self._review_lock, self.stack.channel(self.stack.knowledge_target) as ch:
             stub = knowledge_pb2_grpc.KnowledgeStub(ch)
             for item_id in todo:
+                if item_id in self.approved_at:
+                    continue
                 try:
                     stub.Approve(knowledge_pb2.ItemActionRequest(key=key, item_id=item_id, operator="demo-reviewer"),
                                  timeout=30)
                     approved += 1
+                    it = items[item_id]
+                    self.approved_at[item_id] = (time.monotonic(), self._fact_of(it.text), tuple(it.questions))
                 except grpc.RpcError as e:
                     if e.code() != grpc.StatusCode.NOT_FOUND:   # evicted by the cap meanwhile: nothing to do
                         raise
@@ -277,7 +304,6 @@ class Demo:
         training.start()
         while time.monotonic() < deadline:
             new = [m for m in self._versions() if m.version not in before]
-            self._review_knowledge()
             kb = self.watcher.snapshot().knowledge.get(f"{self.task.tenant}/{self.task.task}")
             served = self._served_version()
             p(f"round {k}: knowledge v{kb.version if kb else 0} ({len(kb.items) if kb else 0} items), "
@@ -289,6 +315,15 @@ class Demo:
                 p(f"round {k}: restarts so far {self.stack.crashed()}")
             time.sleep(3)
         p(f"round {k}: serving {self._served_version()}", done=True)
+
+    def _new_latencies(self) -> list[float]:
+        """Correction-to-correct-answer latencies measured since the last round's report (each item once)."""
+        with self._review_lock:
+            approved = dict(self.approved_at)
+        lat = correction_latencies(approved, self.exchanges)
+        fresh = {i: s for i, s in lat.items() if i not in self._reported_latency}
+        self._reported_latency |= set(fresh)
+        return [round(s, 1) for s in fresh.values()]
 
     def _plant_hack(self) -> None:
         """Train the candidate that learned the loophole, upload it as a trainer would, and wait for the
@@ -339,6 +374,8 @@ class Demo:
         p = self.progress
         p(f"round {k}: evaluating held-out and out-of-distribution questions")
         ev: dict[str, Any] = self.evaluator.run(k).as_dict()  # JSON-shaped; fields read by name below
+        p(f"round {k}: evaluating the weights alone (no knowledge in context)")
+        weights_only: dict[str, Any] = self.evaluator.run(k, knowledge=False).as_dict()
         state = self.watcher.snapshot()
         kb = state.knowledge.get(f"{self.task.tenant}/{self.task.task}")
         versions = {m.version: m for m in self._versions()}
@@ -348,6 +385,9 @@ class Demo:
             "round": k, "eval": ev, "deploy": deploy, "seconds": round(time.monotonic() - started, 1),
             "knowledge_version": kb.version if kb else 0,
             "knowledge_items": [i.text for i in kb.items] if kb else [],
+            "knowledge_states": item_states(kb),
+            "eval_weights_only": weights_only,
+            "correction_latency_s": self._new_latencies(),
             "policy_version": served,
             "manifest": {"algorithm": manifest.algorithm, "parent": manifest.parent_version,
                          "eval_results": [{"suite": r.suite, "metric": r.metric, "candidate": r.candidate,
@@ -368,14 +408,39 @@ class Demo:
         report = write_report(self.report_path, meta, self.rounds)
         plot(self.plot_path, self.rounds, f"{self.task.name} · {self.model} · {self.algo}",
              notes=hack_notes(meta.get("reward_hack")))
-        p(f"round {k}: held-out {ev['greedy_success'] + ev['sampled_success']}/{ev['greedy_total'] + ev['sampled_total']} "
-          f"({ev['success_rate']:.0%}, 95% CI {ev['ci95'][0]:.0%}-{ev['ci95'][1]:.0%}), OOD {ev['ood_success']}/"
+        p(f"round {k}: held-out as served {ev['greedy_success'] + ev['sampled_success']}/{ev['greedy_total'] + ev['sampled_total']} "
+          f"({ev['success_rate']:.0%}, 95% CI {ev['ci95'][0]:.0%}-{ev['ci95'][1]:.0%}), weights only "
+          f"{weights_only['success_rate']:.0%}, items {entry['knowledge_states']}, OOD {ev['ood_success']}/"
           f"{ev['ood_total']}, {ev['mean_response_tokens']:.0f} tokens, knowledge items {len(entry['knowledge_items'])}, "
           f"version {served}", done=True)
         if k and report.get("summary"):
             s = report["summary"]
             p(f"round {k} vs 0: {s['heldout_diff']:+.0%} (95% CI {s['heldout_diff_ci95'][0]:+.0%} to "
               f"{s['heldout_diff_ci95'][1]:+.0%})", done=True)
+
+
+def item_states(kb: Any) -> dict[str, int]:
+    """Items by state, in the dashboard's words: pending, serving (in context), consolidated, retired, rejected."""
+    names = {events_pb2.ITEM_STATUS_PROPOSED: "pending", events_pb2.ITEM_STATUS_APPROVED: "serving",
+             events_pb2.ITEM_STATUS_PINNED: "serving", events_pb2.ITEM_STATUS_CONSOLIDATED: "consolidated",
+             events_pb2.ITEM_STATUS_RETIRED: "retired", events_pb2.ITEM_STATUS_REJECTED: "rejected"}
+    out = dict.fromkeys(("pending", "serving", "consolidated", "retired", "rejected"), 0)
+    for it in kb.items if kb else []:
+        out[names.get(it.status, "pending")] += 1
+    return out
+
+
+def correction_latencies(approved: dict[str, tuple[float, str, tuple[str, ...]]], exchanges: list[Any]) -> dict[str, float]:
+    """Per approved item: seconds from its approval to the first correct answer to a *different* question of
+    its fact (not one it was learned from), asked by another user after the approval."""
+    out = {}
+    for item_id, (at, fact, questions) in approved.items():
+        asked = {" ".join(q.split()).lower() for q in questions}
+        later = sorted((e for e in exchanges if e.fact_id == fact and e.asked_at >= at and e.routed
+                        and " ".join(e.question.split()).lower() not in asked), key=lambda e: e.answered_at)
+        if later:
+            out[item_id] = later[0].answered_at - at
+    return out
 
 
 def round_settled(algo: str, new: list[weights_pb2.Manifest], served: str) -> bool:

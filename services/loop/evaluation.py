@@ -64,25 +64,28 @@ class Evaluator:
         self.concurrency, self.timeout_s = concurrency, timeout_s
 
     def _ask(self, question: str, *, n: int, temperature: float, seed: int,
-             system: bool = True) -> inference_pb2.GenerateResponse:
+             system: bool = True, knowledge: bool = True) -> inference_pb2.GenerateResponse:
         chat = self.task.messages(question) if system else [{"role": "user", "content": question}]
         req = inference_pb2.GenerateRequest(
             messages=[common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in chat],
             sampling=common_pb2.SamplingParams(max_new_tokens=self.max_new_tokens, temperature=temperature, n=n,
                                                seed=seed, top_p=0.95 if temperature > 0 else 0.0),
-            tenant=self.task.tenant, task=self.task.task, no_capture=True)
+            tenant=self.task.tenant, task=self.task.task, no_capture=True, no_knowledge=not knowledge)
         return self.stub.Generate(req, timeout=self.timeout_s)
 
-    def run(self, round_index: int) -> EvalResult:
+    def run(self, round_index: int, *, knowledge: bool = True) -> EvalResult:
+        """Held-out and OOD questions as served (`knowledge`: with the tenant's knowledge in context where the
+        inference service adds it), or the weights alone (`knowledge=False`: the requests opt out)."""
         held = self.task.held_out_questions()
+        kw = {"knowledge": knowledge}
         with ThreadPoolExecutor(self.concurrency) as pool:
-            greedy = [pool.submit(self._ask, q, n=1, temperature=0.0, seed=0) for _, q in held]
+            greedy = [pool.submit(self._ask, q, n=1, temperature=0.0, seed=0, **kw) for _, q in held]
             sampled = ([pool.submit(self._ask, q, n=self.samples, temperature=self.temperature,
-                                    seed=1000 * round_index + i + 1) for i, (_, q) in enumerate(held)]
+                                    seed=1000 * round_index + i + 1, **kw) for i, (_, q) in enumerate(held)]
                        if self.samples else [])
             ood_items = [*self.task.out_of_distribution, *self.general_ood]
             n_task = len(self.task.out_of_distribution)
-            ood = [pool.submit(self._ask, it.question, n=1, temperature=0.0, seed=0, system=i < n_task)
+            ood = [pool.submit(self._ask, it.question, n=1, temperature=0.0, seed=0, system=i < n_task, **kw)
                    for i, it in enumerate(ood_items)]
             with progress(total=len(greedy) + len(sampled) + len(ood), desc=f"evaluation round {round_index}",
                           unit="request", leave=False) as bar:   # a terminal only (shared/progress.py)

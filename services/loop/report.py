@@ -51,11 +51,32 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     d, lo, hi = newcombe_diff(s1, n1, s2, n2)
     summary: dict[str, Any] = {"heldout_diff": d, "heldout_diff_ci95": [lo, hi], "improved": lo > 0,
                                "ood_diff": None, "ood_diff_ci95": None, "ood_regressed": False}
+    w1, w2 = rounds[0].get("eval_weights_only"), rounds[-1].get("eval_weights_only")
+    if w1 and w2:   # the weights alone (no knowledge in context): what consolidation put into them
+        wd, wlo, whi = newcombe_diff(w1["greedy_success"] + w1["sampled_success"], w1["greedy_total"] + w1["sampled_total"],
+                                     w2["greedy_success"] + w2["sampled_success"], w2["greedy_total"] + w2["sampled_total"])
+        summary.update(weights_only_diff=wd, weights_only_diff_ci95=[wlo, whi], weights_only_improved=wlo > 0)
+    if len(rounds) > 1:
+        r1 = rounds[1]["eval"]
+        summary["round1_diff"] = r1["success_rate"] - first["success_rate"]
+    lat = [x for r in rounds for x in r.get("correction_latency_s") or []]
+    if lat:
+        summary["correction_latency_s"] = latency_summary(lat)
     if first["ood_total"] > 0 and last["ood_total"] > 0:
         od, olo, ohi = newcombe_diff(first["ood_success"], first["ood_total"], last["ood_success"],
                                      last["ood_total"])
         summary.update(ood_diff=od, ood_diff_ci95=[olo, ohi], ood_regressed=ohi < 0)
     return summary
+
+
+def latency_summary(xs: list[float]) -> dict[str, float | int]:
+    """p50 / p95 (nearest rank) and count of latencies in seconds."""
+    v = sorted(xs)
+
+    def rank(q: float) -> float:
+        return round(v[min(len(v) - 1, max(0, int(-(-q * len(v) // 1)) - 1))], 1)
+
+    return {"p50": rank(0.5), "p95": rank(0.95), "n": len(v), "max": round(v[-1], 1)}
 
 
 def write_report(path: Path, meta: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -124,7 +145,11 @@ def plot(path: Path, rounds: list[dict[str, Any]], title: str, notes: list[str] 
         plot_steps(ax_steps, rl_steps)
     else:
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    ax.errorbar(xs, rate, yerr=[lo, hi], marker="o", capsize=4, label="held-out success (95% CI)")
+    ax.errorbar(xs, rate, yerr=[lo, hi], marker="o", capsize=4, label="held-out success as served (95% CI)")
+    weights = [(r["round"], r["eval_weights_only"]["success_rate"]) for r in rounds if r.get("eval_weights_only")]
+    if weights:   # the weights alone, no knowledge in context
+        ax.plot([x for x, _ in weights], [y for _, y in weights], marker="D", color="tab:green",
+                label="held-out success, weights only")
     ood = [(r["round"], r["eval"].get("ood_rate")) for r in rounds]
     ood_points = [(x, y) for x, y in ood if y is not None]
     if ood_points:  # a task without an OOD set draws no OOD line (not a line at 0)

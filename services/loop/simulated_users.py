@@ -42,6 +42,8 @@ class Exchange:
     routed: bool = False        # the ticket really reached the right team (the task's check)
     tool_called: bool = False
     tool_timed_out: bool = False
+    asked_at: float = 0.0       # time.monotonic() when the request was sent
+    answered_at: float = 0.0    # ... and when its answer came back
 
 
 class OrderService:
@@ -109,7 +111,9 @@ class SimulatedUsers:
             sampling=common_pb2.SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
                                                top_p=0.95 if temperature > 0 else 0.0, n=n, seed=seed),
             tenant=self.task.tenant, session_id=f"user-{uuid.uuid4().hex[:12]}", task=self.task.task)
+        asked_at = time.monotonic()
         resp = self.inference.Generate(req, timeout=self.timeout_s)
+        answered_at = time.monotonic()
         out = []
         for choice in resp.choices:
             routed = check_answer(fact, choice.text).value >= 1.0
@@ -119,7 +123,7 @@ class SimulatedUsers:
             self._report_or_hold(choice.interaction_id, fact, resolved)
             out.append(Exchange(fact.id, question, choice.interaction_id, choice.text, resolved,
                                 resp.policy_version, choice.token_count, routed=routed, tool_called=called,
-                                tool_timed_out=timed_out))
+                                tool_timed_out=timed_out, asked_at=asked_at, answered_at=answered_at))
         return out
 
     def _run_tool(self, interaction_id: str, text: str) -> tuple[bool, bool]:

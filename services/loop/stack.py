@@ -119,7 +119,7 @@ class Ports:
 def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str, dict[str, str]]:
     """Per-service environment that binds each service to `ports` (and `bind_host`; None = the services'
     own setting) and points every caller at them over loopback: inference -> weights, grader judge ->
-    inference, extractor LLM -> inference, trainer -> weights."""
+    inference, extractor LLM -> inference, extractor consolidation -> weights, trainer -> weights."""
     inference, weights, knowledge = (f"127.0.0.1:{p}" for p in (ports.inference, ports.weights, ports.extractor))
     env = {
         "inference": {"APPRENTICE_INFERENCE_PORT": str(ports.inference),
@@ -128,7 +128,8 @@ def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str
         "weights": {"APPRENTICE_WEIGHTS_PORT": str(ports.weights)},
         "grader": {"APPRENTICE_GRADER_INFERENCE_ENDPOINT": inference},
         "extractor": {"APPRENTICE_EXTRACTOR_PORT": str(ports.extractor),
-                      "APPRENTICE_EXTRACTOR_INFERENCE_ENDPOINT": inference, "APPRENTICE_EXTRACTOR_ENDPOINT": knowledge},
+                      "APPRENTICE_EXTRACTOR_INFERENCE_ENDPOINT": inference, "APPRENTICE_EXTRACTOR_ENDPOINT": knowledge,
+                      "APPRENTICE_EXTRACTOR_WEIGHTS_ENDPOINT": weights},
         "trainer": {"APPRENTICE_TRAINER_WEIGHTS_ENDPOINT": weights},
         "dashboard": {"APPRENTICE_DASHBOARD_PORT": str(ports.dashboard),
                       "APPRENTICE_DASHBOARD_WEIGHTS_ENDPOINT": weights,

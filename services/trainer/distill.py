@@ -28,14 +28,14 @@ from services.trainer import losses
 from services.trainer.batching import make_batch, micro_batches
 from services.trainer.distributed import broadcast, rank, shard
 from services.trainer.knowledge import KnowledgeBase
-from shared.knowledge.frame import with_knowledge
-from shared.knowledge.retrieval import tfidf_rank
 from services.trainer.logprobs import score, supports_fused_head, teacher_view
 from services.trainer.policy import Policy
 from services.trainer.steplog import StepHook
 from shared.chat_template import encode_chat, encode_text
 from shared.decoding.params import SamplingConfig
 from shared.generation import generate
+from shared.knowledge.frame import with_knowledge
+from shared.knowledge.retrieval import tfidf_rank
 from shared.progress import progress
 
 METHODS = ("rkl_topk", "gkd", "sft_filtered")

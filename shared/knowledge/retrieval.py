@@ -81,7 +81,7 @@ class Retriever:
     Vectors of item texts and questions are cached by text (bounded, least recently used first out), so a
     request embeds only its own query."""
 
-    def __init__(self, embedder: Embedder | None, *, min_score: float = 0.45, tfidf_min_score: float = 0.2,
+    def __init__(self, embedder: Embedder | None, *, min_score: float = 0.4, tfidf_min_score: float = 0.2,
                  cache_size: int = 20_000) -> None:
         self.embedder = embedder
         self.min_score = min_score if embedder is not None else tfidf_min_score

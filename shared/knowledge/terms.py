@@ -23,10 +23,7 @@ from collections.abc import Iterable, Sequence
 MAX_TERMS = 6
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’\-]*[A-Za-z0-9]|[A-Za-z0-9]")
 _SENTENCE_END = re.compile(r"[.!?;:]\s*$")
-_STOP = frozenset("""about above after again against before being below between could customer customers
-every from have having here into itself just more most only other ours ourselves should some such than that
-their theirs them then there these they this those through under until very what when where which while who
-whom will with would your yours always need needs please thank thanks there's""".split())
+_STOP = frozenset(["about", "above", "after", "again", "against", "before", "being", "below", "between", "could", "customer", "customers", "every", "from", "have", "having", "here", "into", "itself", "just", "more", "most", "only", "other", "ours", "ourselves", "should", "some", "such", "than", "that", "their", "theirs", "them", "then", "there", "these", "they", "this", "those", "through", "under", "until", "very", "what", "when", "where", "which", "while", "who", "whom", "will", "with", "would", "your", "yours", "always", "need", "needs", "please", "thank", "thanks", "there's"])
 
 
 def _norm(text: str) -> str:

@@ -27,6 +27,9 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
     "/apprentice.v1.Knowledge/Reject": frozenset({OP}),
     "/apprentice.v1.Knowledge/Pin": frozenset({OP}),
     "/apprentice.v1.Knowledge/Edit": frozenset({OP}),
+    "/apprentice.v1.Knowledge/Restore": frozenset({OP}),
+    "/apprentice.v1.Knowledge/Retire": frozenset({OP}),
+    "/apprentice.v1.Knowledge/Split": frozenset({OP}),
     # weights: the trainer uploads, pods download and report; promotion orders are the operator's
     # (a service may Promote only through the eval gate: `force` is checked in the handler)
     "/apprentice.v1.Weights/Upload": frozenset({OP, S}),

@@ -120,7 +120,8 @@ def test_tiny_model_through_real_inference_grpc(inference: tuple[InTestInference
     # garbage answers did not crash anything; whatever parsed is readable text, the correction is an item
     assert snap is not None and snap.extractor_policy_version == "base" and snap.extractor_model == "tiny-random"
     texts = {it.text: it for it in snap.items}
-    corr = texts['When asked "And the batteries?", answer: Batteries have 6 months of warranty.']
+    corr = texts["Batteries have 6 months of warranty."]
+    assert list(corr.questions) == ["And the batteries?"]
     assert list(corr.source_interaction_ids) == ["t2"]
     for it in snap.items:
         if it.created_by.startswith("llm:"):

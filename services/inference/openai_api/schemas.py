@@ -8,7 +8,7 @@ the same messages.
 OpenAI's defaults apply where they differ from the proto's: temperature and top_p 1 (the proto's 0 means
 greedy / off), `max_tokens` 16 on `/v1/completions` (the server default on chat). Apprentice extensions,
 sent as extra body fields (`extra_body=` in the SDKs): `session_id`, `task`, `tenant`, `no_capture`,
-`top_k`. `user` becomes the session id when no `session_id` is given.
+`no_knowledge`, `top_k`. `user` becomes the session id when no `session_id` is given.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class _Common(BaseModel):
     task: str = ""
     tenant: str = ""
     no_capture: bool = False
+    no_knowledge: bool = False
     top_k: Int32 = 0
 
     def sampling(self, max_new_tokens: int) -> common_pb2.SamplingParams:
@@ -78,7 +79,7 @@ class _Common(BaseModel):
     def generate_request(self, **content: Any) -> inference_pb2.GenerateRequest:
         return inference_pb2.GenerateRequest(
             **content, tenant=self.tenant, session_id=self.session_id or self.user or "", task=self.task,
-            no_capture=self.no_capture)
+            no_capture=self.no_capture, no_knowledge=self.no_knowledge)
 
     @property
     def include_usage(self) -> bool:

@@ -69,7 +69,8 @@ def test_batches_seeds_items_and_corrections() -> None:
     req = llm.batches[0][0]
     assert req.tenant == "acme" and req.seed == trajs[0].seed and "Old rule." in req.messages[0]["content"]
     assert [c.text for c in out[0].candidates] == ["Check the warranty table first.", "Answer in one sentence.",
-                                                   'When asked "How long is the warranty?", answer: 24 months']
+                                                   "How long is the warranty? 24 months"]
+    assert out[0].candidates[2].questions == ["How long is the warranty?"]      # beside the fact, not in it
     assert out[0].candidates[0].created_by == "llm:scripted@v7" and out[0].candidates[2].created_by == "correction"
     assert out[0].candidates[0].sources == ["i0"] and out[1].policy_version == "v7"
 
@@ -78,7 +79,7 @@ def test_corrections_only_never_calls_the_llm() -> None:
     llm = ScriptedLLM("- EXPERIENCE ITEM: never asked for.", down=5)      # would fail if it were called
     out = Extractor(llm, ExtractionSettings(llm_items=False)).extract(trajectories(2), lambda key: [])
     assert llm.batches == []
-    assert [c.text for c in out[0].candidates] == ['When asked "How long is the warranty?", answer: 24 months']
+    assert [c.text for c in out[0].candidates] == ["How long is the warranty? 24 months"]
     assert out[0].candidates[0].created_by == "correction" and out[1].candidates == []
 
 
@@ -90,9 +91,12 @@ def test_retries_then_gives_up() -> None:
         Extractor(ScriptedLLM("x", down=5), ExtractionSettings(retries=2, retry_backoff_s=0.0)).extract(trajectories(1), lambda k: [])
 
 
-def test_correction_item_shortens_long_questions() -> None:
-    item = correction_item("q" * 500, "Use form R-12.")
-    assert item.startswith('When asked "qqq') and item.endswith('...", answer: Use form R-12.') and len(item) < 200
+def test_correction_item_states_the_fact_and_bounds_it() -> None:
+    assert correction_item("We use form\n R-12 for   every return.", "Which form?") == "We use form R-12 for every return."
+    assert correction_item("Use form R-12.", "Which form do I need?") == "Which form do I need? Use form R-12."
+    assert correction_item("Form R-12", "return paperwork") == "return paperwork: Form R-12"
+    long = correction_item("x " * 400)
+    assert len(long) == 400 and long.endswith("...")
 
 
 # --- the OpenAI-compatible client, against a real HTTP server on loopback ------------------------------------

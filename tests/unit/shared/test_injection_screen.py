@@ -89,4 +89,4 @@ def test_the_demo_tasks_corrections_pass() -> None:
 
     task = load_task("support_desk")
     for fact, question in task.train_questions():
-        assert screen(correction_item(question, fact.correction)) == [], (question, fact.correction)
+        assert screen(correction_item(fact.correction)) == [], (question, fact.correction)

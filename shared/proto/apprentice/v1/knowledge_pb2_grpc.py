@@ -65,6 +65,21 @@ class KnowledgeStub:
                 request_serializer=apprentice_dot_v1_dot_knowledge__pb2.EditItemRequest.SerializeToString,
                 response_deserializer=apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.FromString,
                 _registered_method=True)
+        self.Restore = channel.unary_unary(
+                '/apprentice.v1.Knowledge/Restore',
+                request_serializer=apprentice_dot_v1_dot_knowledge__pb2.ItemActionRequest.SerializeToString,
+                response_deserializer=apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.FromString,
+                _registered_method=True)
+        self.Retire = channel.unary_unary(
+                '/apprentice.v1.Knowledge/Retire',
+                request_serializer=apprentice_dot_v1_dot_knowledge__pb2.ItemActionRequest.SerializeToString,
+                response_deserializer=apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.FromString,
+                _registered_method=True)
+        self.Split = channel.unary_unary(
+                '/apprentice.v1.Knowledge/Split',
+                request_serializer=apprentice_dot_v1_dot_knowledge__pb2.EditItemRequest.SerializeToString,
+                response_deserializer=apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.FromString,
+                _registered_method=True)
 
 
 class KnowledgeServicer:
@@ -108,6 +123,28 @@ class KnowledgeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Restore(self, request, context):
+        """Undo a supersession (or an operator's retirement): the RETIRED item serves again (APPROVED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Retire(self, request, context):
+        """Retire an item by hand (kept with the reason, never served or trained on).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Split(self, request, context):
+        """Undo a merge: the text merged into `item_id` (its provenance entry `text`) becomes an item of its own
+        again, with that entry's sources, as a proposal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KnowledgeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +175,21 @@ def add_KnowledgeServicer_to_server(servicer, server):
             ),
             'Edit': grpc.unary_unary_rpc_method_handler(
                     servicer.Edit,
+                    request_deserializer=apprentice_dot_v1_dot_knowledge__pb2.EditItemRequest.FromString,
+                    response_serializer=apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.SerializeToString,
+            ),
+            'Restore': grpc.unary_unary_rpc_method_handler(
+                    servicer.Restore,
+                    request_deserializer=apprentice_dot_v1_dot_knowledge__pb2.ItemActionRequest.FromString,
+                    response_serializer=apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.SerializeToString,
+            ),
+            'Retire': grpc.unary_unary_rpc_method_handler(
+                    servicer.Retire,
+                    request_deserializer=apprentice_dot_v1_dot_knowledge__pb2.ItemActionRequest.FromString,
+                    response_serializer=apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.SerializeToString,
+            ),
+            'Split': grpc.unary_unary_rpc_method_handler(
+                    servicer.Split,
                     request_deserializer=apprentice_dot_v1_dot_knowledge__pb2.EditItemRequest.FromString,
                     response_serializer=apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.SerializeToString,
             ),
@@ -302,6 +354,87 @@ class Knowledge:
             request,
             target,
             '/apprentice.v1.Knowledge/Edit',
+            apprentice_dot_v1_dot_knowledge__pb2.EditItemRequest.SerializeToString,
+            apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Restore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apprentice.v1.Knowledge/Restore',
+            apprentice_dot_v1_dot_knowledge__pb2.ItemActionRequest.SerializeToString,
+            apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Retire(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apprentice.v1.Knowledge/Retire',
+            apprentice_dot_v1_dot_knowledge__pb2.ItemActionRequest.SerializeToString,
+            apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Split(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apprentice.v1.Knowledge/Split',
             apprentice_dot_v1_dot_knowledge__pb2.EditItemRequest.SerializeToString,
             apprentice_dot_v1_dot_events__pb2.KnowledgeSnapshot.FromString,
             options,

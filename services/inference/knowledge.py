@@ -1,0 +1,177 @@
+"""The tenants' approved knowledge --> the few relevant items in each chat request's context.
+
+Learn in seconds: an item an operator approves serves in the very next request that needs it, long before
+any training round has put it into the weights. It leaves the context once a promoted version answers its
+questions without it (the extractor then marks it CONSOLIDATED) and comes back if a later version loses it.
+
+- `ServedKnowledge` holds the latest snapshot of every knowledge base (key "tenant/domain") and, per base,
+  the servable items: APPROVED and PINNED. PROPOSED (unreviewed), REJECTED, RETIRED and CONSOLIDATED items
+  never reach a prompt. A snapshot whose key names another tenant than its envelope is refused, so one
+  tenant can never place items in another's prompts, and retrieval only ever reads the request's own
+  tenant's bases.
+- `augment` picks the items relevant to the request's last user turn (shared/knowledge/retrieval.py), within
+  the tenant's token budget, and re-renders the prompt with them inside the injection-safe frame
+  (shared/knowledge/frame.py) that the trainer's teacher also uses. The caller's `messages` stay as sent; the
+  prompt text and token ids (what the model saw, and what the trainer's log-probs are computed on) hold the
+  frame; `knowledge` records which items (ids, revisions, base version) were there. Raw prompts are left
+  alone: there is no system turn to put the frame in without changing what the caller wrote.
+- `KnowledgeFollower` reads the compacted knowledge topic from its start on a background thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from typing import Any
+
+from services.inference import metrics
+from services.inference.config import InferenceSettings
+from services.inference.requests import PreparedRequest
+from shared.chat_template import encode_chat
+from shared.events import UndecodableEvent
+from shared.knowledge.frame import with_knowledge
+from shared.knowledge.retrieval import Entry, Retriever
+from shared.proto.apprentice.v1 import events_pb2
+from shared.retry import Backoff
+from shared.validation import decode_record
+
+log = logging.getLogger(__name__)
+
+SERVED = (events_pb2.ITEM_STATUS_APPROVED, events_pb2.ITEM_STATUS_PINNED)
+DEFAULT_DOMAIN = "general"
+
+
+def make_retriever(settings: InferenceSettings) -> Retriever:
+    """The configured retriever; `minilm` falls back to TF-IDF when the embedding package is missing."""
+    if settings.knowledge_retriever == "minilm":
+        from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
+
+        try:
+            return Retriever(MiniLMEmbedder(), min_score=settings.knowledge_min_score)
+        except EmbeddingsUnavailable as e:
+            log.warning("knowledge retrieval falls back to TF-IDF: %s", e)
+    return Retriever(None)
+
+
+def servable_entries(snap: events_pb2.KnowledgeSnapshot) -> list[Entry]:
+    """The items of a snapshot that may enter a prompt."""
+    return [Entry(key=snap.key, item_id=it.item_id, revision=it.revision, snapshot_version=snap.version,
+                  text=it.text, questions=tuple(it.questions), tokens=it.token_count)
+            for it in snap.items if it.status in SERVED and it.text.strip()]
+
+
+class ServedKnowledge:
+    """Latest snapshot per base --> the servable items per tenant (see the module docstring)."""
+
+    def __init__(self, settings: InferenceSettings, retriever: Retriever | None = None) -> None:
+        self.settings = settings
+        self.retriever = retriever if retriever is not None else make_retriever(settings)
+        self._lock = threading.Lock()
+        self._versions: dict[str, int] = {}
+        self._entries: dict[str, list[Entry]] = {}           # key -> servable entries
+        self.refused_other_tenant = 0
+
+    def apply(self, snap: events_pb2.KnowledgeSnapshot) -> bool:
+        """Adopt a snapshot when it is the newest of its base; False when refused or stale."""
+        tenant, _, domain = snap.key.partition("/")
+        if not tenant or not domain or tenant != snap.envelope.tenant:
+            self.refused_other_tenant += 1
+            log.warning("knowledge snapshot refused: key %r does not belong to tenant %r",
+                        snap.key[:80], snap.envelope.tenant[:80])
+            return False
+        entries = servable_entries(snap)
+        with self._lock:
+            if snap.version <= self._versions.get(snap.key, 0):
+                return False
+        self.retriever.warm(entries)                        # embed outside the lock
+        with self._lock:
+            if snap.version <= self._versions.get(snap.key, 0):
+                return False
+            self._versions[snap.key] = snap.version
+            self._entries[snap.key] = entries
+            total = sum(len(v) for v in self._entries.values())
+        metrics.KNOWLEDGE_ITEMS.set(total)
+        return True
+
+    def entries(self, tenant: str, task: str) -> list[Entry]:
+        """The servable items of the tenant's base for this task (domain = task, "general" if empty)."""
+        with self._lock:
+            return list(self._entries.get(f"{tenant}/{task or DEFAULT_DOMAIN}", ()))
+
+    def augment(self, p: PreparedRequest, tokenizer: Any, context_window: int) -> None:
+        """Put the relevant items in `p`'s prompt (in place); leaves `p` unchanged when the tenant's switch is
+        off, the request opted out, it is a raw prompt, nothing is relevant, or nothing fits."""
+        if p.raw_prompt or p.no_knowledge or not self.settings.knowledge_on_for(p.tenant):
+            return
+        entries = self.entries(p.tenant, p.task)
+        users = [m.content for m in p.messages if m.role == "user"]
+        if not entries or not users:
+            return
+        chosen = self.retriever.select(users[-1], entries, max_items=self.settings.knowledge_max_items,
+                                       max_tokens=self.settings.knowledge_budget_for(p.tenant))
+        while chosen:
+            texts = [e.text for e, _ in chosen]
+            encoded = encode_chat(tokenizer, with_knowledge([{"role": m.role, "content": m.content}
+                                                             for m in p.messages], texts))
+            if len(encoded.ids) + p.sampling.max_new_tokens <= context_window:
+                p.prompt_text, p.prompt_ids = encoded.text, encoded.ids
+                p.knowledge_texts = texts
+                p.knowledge = [events_pb2.KnowledgeRef(key=e.key, item_id=e.item_id, revision=e.revision,
+                                                       snapshot_version=e.snapshot_version, score=s)
+                               for e, s in chosen]
+                metrics.KNOWLEDGE_IN_CONTEXT.labels(outcome="added").inc()
+                return
+            chosen = chosen[:-1]          # the least relevant goes first until the prompt fits
+        metrics.KNOWLEDGE_IN_CONTEXT.labels(outcome="no_room").inc()
+
+
+class KnowledgeFollower:
+    """apprentice.knowledge.v1 (compacted) --> ServedKnowledge.apply, on a background thread, from the
+    topic's start (a private consumer group per pod: every pod needs every base)."""
+
+    def __init__(self, settings: InferenceSettings, served: ServedKnowledge) -> None:
+        self.settings = settings
+        self.served = served
+        self.caught_up = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="knowledge", daemon=True)
+
+    def start(self) -> KnowledgeFollower:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        from shared.kafka.consumer import EventConsumer
+
+        topics = self.settings.common.topics
+        group = topics.group_id(f"inference-knowledge-{self.settings.pod_id}-{uuid.uuid4().hex[:8]}")
+        consumer = EventConsumer(self.settings.common.kafka_bootstrap, group, [topics.knowledge],
+                                 extra_config={"log_level": 3})
+        backoff = Backoff(1.0, 5.0)
+        try:
+            while not self._stop.is_set():
+                try:
+                    msgs = consumer.poll_batch(max_records=200, timeout=0.5)
+                    backoff.reset()
+                except Exception:  # noqa: BLE001 - keep following; the broker may come back
+                    log.exception("knowledge poll failed")
+                    self._stop.wait(backoff.next())
+                    continue
+                if not msgs:
+                    if consumer.assignment():
+                        self.caught_up.set()
+                    continue
+                for m in msgs:
+                    try:
+                        self.served.apply(decode_record(events_pb2.KnowledgeSnapshot, m.value(), m.headers()))
+                    except UndecodableEvent as e:
+                        # logged, not dead-lettered: every pod reads every record (as with model updates)
+                        log.error("undecodable knowledge snapshot skipped: %s", e,
+                                  extra={"partition": m.partition(), "offset": m.offset()})
+        finally:
+            consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
