@@ -7,11 +7,13 @@ every `refresh_s` seconds (`static/dashboard.js`, charts by the vendored Chart.j
     GET  /            learning: reward, KPI success and response length over time per tenant/task/version
     GET  /versions    lineage, gate results (learning curve), serving state, promote/canary/rollback
     GET  /hacking     detector flags and quarantined counts over time, flagged examples
-    GET  /knowledge   items per tenant with provenance; approve / reject / edit pending ones
+    GET  /knowledge   items per tenant: state, provenance, merges, supersession; approve / reject / edit pending
+                      ones, retire serving ones, restore retired ones, split merged texts off again
     GET  /health      each service, consumer lag per group and partition, spool depth
     GET  /api/{learning,versions,hacking,knowledge,health}
     POST /api/weights/{promote,canary,rollback}      {"version", "fraction", "reason", "confirm"}
-    POST /api/knowledge/{approve,reject,edit}        {"key", "item_id", "text"}
+    POST /api/knowledge/{approve,reject,edit,restore,retire,split}   {"key", "item_id", "text"}
+                      (text: edit's new text; split's merged text, which becomes its own proposal again)
     GET|POST /login, POST /logout                     the operator's sign-in (auth.py)
 """
 
@@ -52,7 +54,8 @@ HERE = Path(__file__).resolve().parent
 PAGES = {"learning": "Learning", "versions": "Versions", "hacking": "Reward hacking", "knowledge": "Knowledge",
          "health": "Health"}
 WEIGHTS_ACTIONS = ("promote", "canary", "rollback")
-KNOWLEDGE_ACTIONS = ("approve", "reject", "edit")
+KNOWLEDGE_ACTIONS = ("approve", "reject", "edit", "restore", "retire", "split")
+KNOWLEDGE_TEXT_ACTIONS = ("edit", "split")
 MAX_BODY = 64 * 1024
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
 MAX_TEXT = 4000
@@ -264,7 +267,7 @@ class Dashboard:
                 raise BadRequest(f"unknown action {action!r}: one of {', '.join(KNOWLEDGE_ACTIONS)}")
             body = await self._body(request)
             key, item = _text(body, "key", required=True), _text(body, "item_id", required=True)
-            text = _text(body, "text", required=action == "edit", limit=MAX_TEXT)
+            text = _text(body, "text", required=action in KNOWLEDGE_TEXT_ACTIONS, limit=MAX_TEXT)
         except BadRequest as e:
             return JSONResponse({"error": str(e)}, status_code=400)
         try:

@@ -98,7 +98,8 @@ class Backends:
 
     def knowledge_action(self, action: str, key: str, item_id: str, *, text: str = "", operator: str = "",
                          token: str | None = None) -> events_pb2.KnowledgeSnapshot:
-        """approve / reject / edit an item, as the caller behind `token`."""
+        """approve / reject / edit / restore / retire an item, or split the merged `text` off it, as the
+        caller behind `token`."""
         with self._channel("extractor", token) as ch:
             stub = knowledge_pb2_grpc.KnowledgeStub(ch)
             req = knowledge_pb2.ItemActionRequest(key=key, item_id=item_id, operator=operator)
@@ -106,10 +107,14 @@ class Backends:
                 return stub.Approve(req, timeout=30)
             if action == "reject":
                 return stub.Reject(req, timeout=30)
-            if action == "edit":
-                return stub.Edit(knowledge_pb2.EditItemRequest(key=key, item_id=item_id, text=text,
-                                                               operator=operator), timeout=30)
-        raise ValueError(f"unknown action {action!r}: approve, reject or edit")
+            if action == "restore":
+                return stub.Restore(req, timeout=30)
+            if action == "retire":
+                return stub.Retire(req, timeout=30)
+            if action in ("edit", "split"):
+                edit = knowledge_pb2.EditItemRequest(key=key, item_id=item_id, text=text, operator=operator)
+                return (stub.Edit if action == "edit" else stub.Split)(edit, timeout=30)
+        raise ValueError(f"unknown action {action!r}: approve, reject, edit, restore, retire or split")
 
     # --- health ------------------------------------------------------------------------------------
     def _grpc_healthy(self, service: str) -> bool:

@@ -9,7 +9,15 @@ from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 
 ITEM_STATUS = {events_pb2.ITEM_STATUS_PROPOSED: "proposed", events_pb2.ITEM_STATUS_APPROVED: "approved",
                events_pb2.ITEM_STATUS_REJECTED: "rejected", events_pb2.ITEM_STATUS_PINNED: "pinned",
+               events_pb2.ITEM_STATUS_CONSOLIDATED: "consolidated", events_pb2.ITEM_STATUS_RETIRED: "retired",
                events_pb2.ITEM_STATUS_UNSPECIFIED: "unknown"}
+STATES = {"proposed": "pending", "approved": "serving in context", "pinned": "serving in context",
+          "consolidated": "consolidated", "retired": "retired", "rejected": "rejected", "unknown": "unknown"}
+"""Status --> the state an operator reads: approved and pinned items are put into relevant requests' prompts
+("serving in context"); a consolidated one is answered by the weights of a promoted version instead."""
+STATE_ORDER = ("pending", "serving in context", "consolidated", "retired", "rejected")
+STATUS_ORDER = {"proposed": 0, "pinned": 1, "approved": 2, "consolidated": 3, "retired": 4, "rejected": 5,
+                "unknown": 6}
 CURVE_METRICS = (("heldout", "rule_score", "held-out", True), ("ood", "rule_score", "OOD", True),
                  ("training_data", "hacking_flag_fraction", "hacking fraction", False))
 """Eval-gate results drawn on the learning curve: (suite, metric, label, whether the first version's
@@ -76,24 +84,75 @@ def _curve_points(ordered: list[weights_pb2.Manifest], suite: str, metric: str,
     return points
 
 
+def item_actions(it: events_pb2.KnowledgeItem, status: str) -> list[str]:
+    """The item actions (`POST /api/knowledge/{action}`) that can succeed in the item's state, as the
+    dashboard sends them: never with the injection-screen override, which every action but reject and edit
+    of a flagged item needs (the CLI's `--override-screen`, after reading it). Splits are per merge."""
+    actions = {"proposed": ["approve", "reject"], "approved": ["retire"], "pinned": ["retire"],
+               "consolidated": ["retire"], "retired": ["restore"]}.get(status, [])
+    if it.screen_flags:
+        actions = [a for a in actions if a == "reject"]
+    return [*actions, "edit"]
+
+
+def _merges(it: events_pb2.KnowledgeItem, texts: set[str]) -> list[dict[str, Any]]:
+    """Each merge into the item, oldest first: the duplicate's own text (empty for an exact restatement, which
+    cannot be split off), its sources and time; `can_split` until that text was split off (a `split` entry
+    after it) or is an item of the base again."""
+    out: list[dict[str, Any]] = []
+    entries = list(it.provenance)
+    for n, p in enumerate(entries):
+        if p.action != "merged":
+            continue
+        text = p.text.strip()
+        split = bool(text) and any(q.action == "split" and q.text.strip() == text for q in entries[n + 1:])
+        out.append({"text": p.text, "sources": list(p.interaction_ids), "at": _seconds(p.at),
+                    "by": p.principal.key_id, "role": p.principal.role, "source": p.source, "split": split,
+                    "can_split": bool(text) and not split and text not in texts})
+    return out
+
+
 def knowledge_view(snapshots: list[events_pb2.KnowledgeSnapshot]) -> list[dict[str, Any]]:
-    """Every knowledge base with its items (pending ones first) and each item's provenance trail."""
-    order = {"proposed": 0, "pinned": 1, "approved": 2, "rejected": 3, "unknown": 4}
+    """Every knowledge base with its items (pending ones first), each with its state, questions and answer
+    terms, provenance trail, merges and supersession, and the actions that can succeed on it; counts per state."""
     out = []
     for s in sorted(snapshots, key=lambda s: s.key):
+        by_id = {it.item_id: it for it in s.items}
+        texts = {it.text.strip() for it in s.items}
+        supersedes: dict[str, list[dict[str, str]]] = {}
+        for it in s.items:
+            if it.status == events_pb2.ITEM_STATUS_RETIRED and it.superseded_by:
+                supersedes.setdefault(it.superseded_by, []).append({"id": it.item_id, "text": it.text})
         items = []
         for it in s.items:
+            status = ITEM_STATUS.get(it.status, "unknown")
+            state = STATES[status]
+            detail = {"pinned": "pinned", "consolidated": f"in {it.consolidated_in}" if it.consolidated_in else "",
+                      "retired": f"superseded by {it.superseded_by}" if it.superseded_by else it.retired_reason,
+                      "approved": f"back from consolidation: {it.lost_in} does not answer it" if it.lost_in else ""}.get(status, "")
+            newer = by_id.get(it.superseded_by) if it.superseded_by else None
+            merges = _merges(it, texts)
             items.append({
-                "id": it.item_id, "text": it.text, "status": ITEM_STATUS.get(it.status, "unknown"),
-                "helpful": it.helpful, "harmful": it.harmful, "screen_flags": list(it.screen_flags),
-                "created_by": it.created_by, "edited_by": it.edited_by,
+                "id": it.item_id, "text": it.text, "status": status, "state": state, "state_detail": detail,
+                "revision": it.revision, "helpful": it.helpful, "harmful": it.harmful,
+                "screen_flags": list(it.screen_flags), "created_by": it.created_by, "edited_by": it.edited_by,
                 "sources": list(it.source_interaction_ids)[:5],
+                "questions": list(it.questions), "answer_terms": list(it.answer_terms),
+                "consolidated_in": it.consolidated_in, "lost_in": it.lost_in, "retired_reason": it.retired_reason,
+                "superseded_by": ({"id": it.superseded_by, "text": newer.text if newer is not None else "",
+                                   "status": ITEM_STATUS.get(newer.status, "unknown") if newer is not None else ""}
+                                  if it.superseded_by else None),
+                "supersedes": supersedes.get(it.item_id, []),
+                "merges": merges, "actions": item_actions(it, status),
                 "provenance": [{"action": p.action, "by": p.principal.key_id, "role": p.principal.role,
                                 "source": p.source, "at": _seconds(p.at), "detail": p.detail}
                                for p in it.provenance]})
-        items.sort(key=lambda i: (order[i["status"]], i["id"]))
+        items.sort(key=lambda i: (STATUS_ORDER[i["status"]], i["id"]))
+        counts = dict.fromkeys(STATE_ORDER, 0)
+        for i in items:
+            counts[i["state"]] = counts.get(i["state"], 0) + 1
         tenant = s.key.split("/", 1)[0]
         out.append({"key": s.key, "tenant": tenant, "domain": s.domain, "version": s.version,
                     "require_approval": s.require_approval, "change": s.change, "items": items,
-                    "pending": sum(1 for i in items if i["status"] == "proposed")})
+                    "pending": counts["pending"], "counts": counts})
     return out

@@ -4,9 +4,15 @@
     apprentice knowledge show [KEY] [--tenant T] [--version N] [--training-view]
     apprentice knowledge approve|reject|pin KEY ITEM_ID [--operator NAME] [--override-screen]
     apprentice knowledge edit KEY ITEM_ID TEXT [--operator NAME]
+    apprentice knowledge retire|restore KEY ITEM_ID [--operator NAME] [--override-screen]
+    apprentice knowledge split KEY ITEM_ID --text TEXT [--operator NAME]
 
-`show` prints each item's provenance (who sent it, from which interactions, every merge and review) and
-its injection-screen flags; approving or pinning a flagged item needs `--override-screen`. Reads name
+`show` prints each item's state (pending, serving in context, consolidated in a version, retired with the
+reason and the item that superseded it, rejected), the questions it answers and the terms a correct answer
+holds, its provenance (who sent it, from which interactions, every merge with the merged text, every review)
+and its injection-screen flags; approving, pinning, retiring or restoring a flagged item needs
+`--override-screen`. `restore` undoes a supersession (or a retirement): the item serves again. `split` undoes a
+merge: TEXT, a merged text `show` prints under the item, becomes a pending item of its own. Reads name
 the tenant (the KEY's, or `--tenant`); without keys or as a service, listing every tenant shows nothing.
 
 Talks to a running extractor over gRPC (`--endpoint`, default APPRENTICE_EXTRACTOR_ENDPOINT, else the running
@@ -26,11 +32,18 @@ from datetime import UTC, datetime
 from shared.proto.apprentice.v1 import events_pb2
 
 S = events_pb2.ItemStatus
-STATUS = {S.ITEM_STATUS_PROPOSED: "PROPOSED", S.ITEM_STATUS_APPROVED: "APPROVED",
-          S.ITEM_STATUS_REJECTED: "REJECTED", S.ITEM_STATUS_PINNED: "PINNED", S.ITEM_STATUS_UNSPECIFIED: "?"}
+STATE = {S.ITEM_STATUS_PROPOSED: "pending", S.ITEM_STATUS_APPROVED: "serving in context",
+         S.ITEM_STATUS_PINNED: "serving in context", S.ITEM_STATUS_CONSOLIDATED: "consolidated",
+         S.ITEM_STATUS_RETIRED: "retired", S.ITEM_STATUS_REJECTED: "rejected", S.ITEM_STATUS_UNSPECIFIED: "?"}
+"""Status --> the state an operator reads (as the dashboard shows it): approved and pinned items are put into
+relevant requests' prompts; a consolidated one is answered by a promoted version's weights instead."""
+STATES = ("pending", "serving in context", "consolidated", "retired", "rejected", "?")
+STATE_WIDTH = max(len(s) for s in STATES)
 NOTHING_VISIBLE = ("no knowledge bases visible (only operator keys list every tenant; others name one: "
                    "--tenant T, or show TENANT/DOMAIN)")
-ORDER = {S.ITEM_STATUS_PINNED: 0, S.ITEM_STATUS_APPROVED: 1, S.ITEM_STATUS_PROPOSED: 2, S.ITEM_STATUS_REJECTED: 3}
+ORDER = {S.ITEM_STATUS_PINNED: 0, S.ITEM_STATUS_APPROVED: 1, S.ITEM_STATUS_PROPOSED: 2, S.ITEM_STATUS_CONSOLIDATED: 3,
+         S.ITEM_STATUS_RETIRED: 4, S.ITEM_STATUS_REJECTED: 5}
+DONE = {"approve": "approved", "reject": "rejected", "pin": "pinned", "retire": "retired", "restore": "restored"}
 
 
 def _when(ts: object) -> str:
@@ -40,34 +53,71 @@ def _when(ts: object) -> str:
     return datetime.fromtimestamp(secs, UTC).strftime("%Y-%m-%d %H:%M")
 
 
+def _state(it: events_pb2.KnowledgeItem) -> str:
+    return STATE.get(it.status, "?")
+
+
 def format_snapshot(snap: events_pb2.KnowledgeSnapshot, *, width: int = 100) -> str:
-    """One base as text a person can scan: header, then items grouped by status (pinned first)."""
+    """One base as text a person can scan: header with the count per state, then items grouped by state
+    (serving first, pinned ones before the others), each with what its state means for it."""
     counts: dict[str, int] = {}
     for it in snap.items:
-        counts[STATUS[it.status].lower()] = counts.get(STATUS[it.status].lower(), 0) + 1
-    parts = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "empty"
+        counts[_state(it)] = counts.get(_state(it), 0) + 1
+    parts = ", ".join(f"{counts[k]} {k}" for k in STATES if k in counts) or "empty"
+    by_id = {it.item_id: it for it in snap.items}
     lines = [f"{snap.key}  version {snap.version}  ({len(snap.items)} items: {parts})",
              f"  approval: {'required (new items wait as PROPOSED)' if snap.require_approval else 'automatic'}"
              f"   last change: {snap.change or '-'}   at {_when(snap.envelope.occurred_at)}"]
     if snap.extractor_model:
         lines.append(f"  extractor: {snap.extractor_model} @ {snap.extractor_policy_version or '?'}")
     for it in sorted(snap.items, key=lambda i: (ORDER.get(i.status, 9), -i.created_at.seconds)):
-        head = f"  [{STATUS[it.status]:<8}] {it.item_id}  "
+        head = f"  [{_state(it):<{STATE_WIDTH}}] {it.item_id}  "
         body = textwrap.wrap(it.text, width=max(40, width - len(head))) or [""]
         lines.append(head + body[0])
         lines.extend(" " * len(head) + b for b in body[1:])
+        pad, wrap = " " * len(head), max(40, width - len(head))
         src = list(it.source_interaction_ids)
         shown = ", ".join(s[:8] for s in src[:3]) + (f", +{len(src) - 3} more" if len(src) > 3 else "")
         meta = (f"helpful {it.helpful} / harmful {it.harmful} · {it.token_count} tokens · from {len(src)} "
                 f"interaction{'s' if len(src) != 1 else ''} ({shown}) · by {it.created_by or '?'} · {_when(it.created_at)}")
         if it.edited_by:
             meta += f" · last changed by {it.edited_by}"
-        lines.append(" " * len(head) + meta)
+        if it.revision > 1:
+            meta += f" · revision {it.revision}"
+        lines.append(pad + meta)
+        notes = _state_lines(snap.key, it, by_id)
+        if it.questions:
+            notes.append("questions: " + " | ".join(it.questions))
+        if it.answer_terms:
+            notes.append("answer terms: " + ", ".join(it.answer_terms))
+        lines.extend(pad + line for note in notes
+                     for line in textwrap.wrap(note, width=wrap, subsequent_indent="  ", break_on_hyphens=False))
         if it.screen_flags:
             lines.append(" " * len(head) + "SCREEN FLAGS: " + ", ".join(it.screen_flags)
                          + " (never auto-approved; approve only with --override-screen)")
-        lines.extend(" " * len(head) + format_provenance(p) for p in it.provenance)
+        lines.extend(pad + format_provenance(p) for p in it.provenance)
     return "\n".join(lines)
+
+
+def _state_lines(key: str, it: events_pb2.KnowledgeItem,
+                 by_id: dict[str, events_pb2.KnowledgeItem]) -> list[str]:
+    """What the item's state means: pinned, consolidated in which version, back from consolidation, retired
+    why and superseded by which item (with that item's text)."""
+    if it.status == S.ITEM_STATUS_PINNED:
+        return ["pinned: always kept (exempt from the token cap)"]
+    if it.status == S.ITEM_STATUS_CONSOLIDATED:
+        return [f"consolidated in {it.consolidated_in or '?'}: that version answers its questions without it "
+                "(out of the serving context, still taught)"]
+    if it.status == S.ITEM_STATUS_APPROVED and it.lost_in:
+        return [f"back in context: {it.lost_in} does not answer its questions"]
+    if it.status != S.ITEM_STATUS_RETIRED:
+        return []
+    why = it.retired_reason or "-"
+    if it.superseded_by:
+        newer = by_id.get(it.superseded_by)
+        why = f"superseded by {it.superseded_by} " + (f"({_state(newer)}): {newer.text}" if newer is not None
+                                                      else "(no longer in this base)")
+    return [f"retired: {why}", f"undo: apprentice knowledge restore {key} {it.item_id}"]
 
 
 def format_provenance(p: events_pb2.Provenance) -> str:
@@ -78,17 +128,21 @@ def format_provenance(p: events_pb2.Provenance) -> str:
     ids = list(p.interaction_ids)
     src = f" from {', '.join(i[:8] for i in ids[:3])}{f' +{len(ids) - 3}' if len(ids) > 3 else ''}" if ids else ""
     extra = "".join(f" · {x}" for x in (p.source, p.detail) if x)
+    if p.other_item_id:
+        extra += f" · item {p.other_item_id}"
+    if p.text:
+        extra += f" · text: {p.text!r}"
     return f"- {_when(p.at)} {p.action} by {who}{src}{extra}"
 
 
 def format_list(snaps: list[events_pb2.KnowledgeSnapshot]) -> str:
     if not snaps:
         return "no knowledge bases yet"
-    rows = [("KEY", "VERSION", "ITEMS", "TRAINING", "PROPOSED", "APPROVAL")]
+    rows = [("KEY", "VERSION", "ITEMS", "PENDING", "SERVING", "CONSOLIDATED", "RETIRED", "REJECTED", "APPROVAL")]
     for s in snaps:
-        train = sum(1 for i in s.items if i.status in (S.ITEM_STATUS_APPROVED, S.ITEM_STATUS_PINNED))
-        prop = sum(1 for i in s.items if i.status == S.ITEM_STATUS_PROPOSED)
-        rows.append((s.key, str(s.version), str(len(s.items)), str(train), str(prop),
+        n = {state: sum(1 for i in s.items if _state(i) == state) for state in STATES}
+        rows.append((s.key, str(s.version), str(len(s.items)), str(n["pending"]), str(n["serving in context"]),
+                     str(n["consolidated"]), str(n["retired"]), str(n["rejected"]),
                      "required" if s.require_approval else "auto"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
@@ -112,8 +166,10 @@ def _parser() -> argparse.ArgumentParser:
     sh.add_argument("--version", type=int, default=0, help="0 = latest")
     sh.add_argument("--training-view", action="store_true", help="only items that may reach the trainer")
     sh.add_argument("--from-topic", action="store_true", help="read the knowledge topic instead of the service")
-    for name in ("approve", "reject", "pin"):
-        a = sub.add_parser(name, help=f"{name} one item")
+    helps = {"retire": "retire one item (never served or trained on; restore undoes it)",
+             "restore": "serve a retired item again (undo a supersession or a retirement)"}
+    for name in ("approve", "reject", "pin", "retire", "restore"):
+        a = sub.add_parser(name, help=helps.get(name, f"{name} one item"))
         a.add_argument("key")
         a.add_argument("item_id")
         a.add_argument("--operator", default="")
@@ -125,6 +181,11 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("item_id")
     e.add_argument("text")
     e.add_argument("--operator", default="")
+    sp = sub.add_parser("split", help="undo a merge: a merged text becomes a pending item of its own")
+    sp.add_argument("key")
+    sp.add_argument("item_id")
+    sp.add_argument("--text", required=True, help="the merged text, as `show` prints it under the item")
+    sp.add_argument("--operator", default="")
     return p
 
 
@@ -186,14 +247,20 @@ def main(argv: list[str] | None = None) -> int:
             snap = stub.Edit(knowledge_pb2.EditItemRequest(key=args.key, item_id=args.item_id, text=args.text,
                                                            operator=_operator(args.operator)), timeout=args.timeout)
             print(f"edited {args.item_id}: {args.key} is now version {snap.version}")
+        elif cmd == "split":
+            snap = stub.Split(knowledge_pb2.EditItemRequest(key=args.key, item_id=args.item_id, text=args.text,
+                                                            operator=_operator(args.operator)), timeout=args.timeout)
+            new = next((it.item_id for it in snap.items if it.item_id != args.item_id
+                        and it.text.strip() == args.text.strip()), "?")
+            print(f"split {new} off {args.item_id} (pending): {args.key} is now version {snap.version}")
         else:
-            call = {"approve": stub.Approve, "reject": stub.Reject, "pin": stub.Pin}[cmd]
+            call = {"approve": stub.Approve, "reject": stub.Reject, "pin": stub.Pin, "retire": stub.Retire,
+                    "restore": stub.Restore}[cmd]
             snap = call(knowledge_pb2.ItemActionRequest(key=args.key, item_id=args.item_id,
                                                         operator=_operator(args.operator),
                                                         override_screen=getattr(args, "override_screen", False)),
                         timeout=args.timeout)
-            done = {"approve": "approved", "reject": "rejected", "pin": "pinned"}[cmd]
-            print(f"{done} {args.item_id}: {args.key} is now version {snap.version}")
+            print(f"{DONE[cmd]} {args.item_id}: {args.key} is now version {snap.version}")
         return 0
     except grpc.RpcError as e:
         code = e.code()

@@ -2,7 +2,7 @@
 processes, the real broker, tiny model, TLS and keys on): the operator signs in with the operator key,
 every page renders, a reward curve gets points once traffic is served, fed back and graded (a 3 s feedback
 window), and an approval clicked on the knowledge page reaches the Knowledge service (read back over its
-gRPC API).
+gRPC API), as do retiring it and undoing that (restore).
 
 Needs Debian's `chromium` and `chromium-driver` (`make setup` installs them where apt-get is usable) and
 the `selenium` package; skipped with the reason otherwise. Part of `make test` (28 s on the 2-core
@@ -127,6 +127,11 @@ def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
              ignore=LOADING)
     operator_key = stack.creds.token(stack.creds.operator_token)
     browser = _browser()
+
+    def click(selector: str) -> bool:
+        """Click what `selector` finds (a redraw may replace it under us: wait_for retries)."""
+        browser.find_element(By.CSS_SELECTOR, selector).click()
+        return True
     try:
         browser.get(url)                                     # not signed in: the sign-in form
         assert browser.current_url.endswith("/login")
@@ -170,9 +175,20 @@ def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
         item_id = row[0].get_attribute("data-item")
         key = browser.find_element(By.CSS_SELECTOR, "section.base").get_attribute("data-key")
         row[0].find_element(By.CSS_SELECTOR, "button.approve").click()
-        wait_for(lambda: browser.find_elements(
+        approved = wait_for(lambda: browser.find_elements(
             By.CSS_SELECTOR, f"tr.item-approved[data-item='{item_id}']"), what="the item shown approved", stall_s=20,
             every=0.3, ignore=LOADING)
+        assert approved[0].find_element(By.CSS_SELECTOR, "td.status-approved").text.startswith("serving in context")
+        # retire it (after the confirmation), then undo that: the actions offered follow the item's state
+        assert not approved[0].find_elements(By.CSS_SELECTOR, "button.approve, button.restore")
+        for action, shown in (("retire", "retired"), ("restore", "approved")):
+            wait_for(partial(click, f"tr[data-item='{item_id}'] button.{action}"), what=f"the {action} button",
+                     stall_s=20, every=0.3, ignore=LOADING)
+            wait_for(partial(click, "#confirm-ok"), what="the confirmation", stall_s=10, every=0.2, ignore=LOADING)
+            wait_for(partial(browser.find_elements, By.CSS_SELECTOR, f"tr.item-{shown}[data-item='{item_id}']"),
+                     what=f"the item shown {shown}", stall_s=20, every=0.3, ignore=LOADING)
+        counts = browser.find_element(By.CSS_SELECTOR, "section.base p.counts").text
+        assert "serving in context: 1" in counts and "retired: 0" in counts, counts
     finally:
         browser.quit()
 
@@ -180,5 +196,5 @@ def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
         snap = knowledge_pb2_grpc.KnowledgeStub(ch).Get(knowledge_pb2.GetKnowledgeRequest(key=key), timeout=10)
     item = next(i for i in snap.items if i.item_id == item_id)
     assert item.status == events_pb2.ITEM_STATUS_APPROVED
-    review = item.provenance[-1]
-    assert review.action == "approved" and review.principal.role == "operator", item.provenance
+    reviews = [(p.action, p.principal.role) for p in item.provenance][-3:]
+    assert reviews == [("approved", "operator"), ("retired", "operator"), ("restored", "operator")], item.provenance

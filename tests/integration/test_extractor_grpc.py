@@ -101,7 +101,7 @@ def test_approve_reject_pin_edit_change_the_training_view(running: tuple, topics
 
     # the CLI prints it readably, and can approve
     out = cli_run(["--endpoint", f"127.0.0.1:{app.port}", "show", KEY])
-    assert f"{KEY}  version {s4.version}" in out and "[PINNED  ]" in out and "Warranty: 24 months for every device." in out
+    assert f"{KEY}  version {s4.version}" in out and "[serving in context]" in out and "Warranty: 24 months for every device." in out
     assert "approval: required" in out and "by correction" in out
     assert "pinned by anonymous:anonymous" in out and "created by unknown:?" in out      # provenance shown
     cli_out = cli_run(["--endpoint", f"127.0.0.1:{app.port}", "approve", KEY, b, "--operator", "cli-user"])

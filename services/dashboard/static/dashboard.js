@@ -219,7 +219,55 @@ async function knowledgeAction(action, key, item, text) {
   } catch (e) { showError(`${action} ${item}: ${e.message}`); }
 }
 
+// Actions that change what is served are confirmed first; approve / reject / edit are not (as before).
+const KNOWLEDGE_CONFIRM = {
+  retire: (it) => `Retire ${it.id}? It leaves the serving context and training (restore undoes it).`,
+  restore: (it) => `Restore ${it.id}? It serves in context again` +
+    (it.superseded_by ? `, next to ${it.superseded_by.id} which superseded it.` : "."),
+  split: (it, text) => `Split "${text}" off ${it.id}? It becomes a pending item of its own, with its sources.`,
+};
+
+async function confirmedKnowledgeAction(action, key, it, text) {
+  if (KNOWLEDGE_CONFIRM[action] && !(await confirmDialog(KNOWLEDGE_CONFIRM[action](it, text)))) return;
+  await knowledgeAction(action, key, it.id, text);
+}
+
 let editing = false;   // do not redraw under an open editor
+
+function itemCell(b, it) {
+  const cell = el("td", { class: "text" }, el("div", { class: "item-text" }, it.text));
+  if (it.screen_flags.length) {
+    cell.append(el("div", { class: "fail" }, `screen: ${it.screen_flags.join(", ")}`,
+      it.status === "rejected" ? ""
+        : el("div", { class: "small" }, "read it: approve, retire or restore it only with the CLI's --override-screen; or edit it")));
+  }
+  if (it.questions.length) {
+    cell.append(el("div", { class: "small questions" }, "questions: ", it.questions.join(" · ")));
+  }
+  if (it.answer_terms.length) {
+    cell.append(el("div", { class: "small answer-terms" }, "answer terms: ",
+      it.answer_terms.map((t) => el("span", { class: "tag" }, t))));
+  }
+  if (it.superseded_by) {
+    const s = it.superseded_by;
+    cell.append(el("div", { class: "supersession" }, `superseded by ${s.id}`, s.status ? ` (${s.status})` : "",
+      s.text ? `: ${s.text} ` : " (no longer in the base) ",
+      it.actions.includes("restore")
+        ? el("button", { class: "restore", onclick: () => confirmedKnowledgeAction("restore", b.key, it) }, "undo") : ""));
+  }
+  for (const s of it.supersedes) {
+    cell.append(el("div", { class: "small supersedes" }, `supersedes ${s.id}: ${s.text}`));
+  }
+  if (it.merges.length) {
+    cell.append(el("div", { class: "merges" }, el("div", { class: "small" }, `merged (${it.merges.length}):`),
+      it.merges.map((m) => el("div", { class: "merge" },
+        m.text ? `“${m.text}”` : "(the same text)",
+        el("span", { class: "small" }, ` from ${m.sources.join(", ") || "-"} · ${when(m.at)} · by ${m.by || "?"} (${m.role || "?"})`),
+        m.can_split ? el("button", { class: "split", onclick: () => confirmedKnowledgeAction("split", b.key, it, m.text) }, "undo merge")
+          : m.split ? el("span", { class: "small" }, " (split off)") : ""))));
+  }
+  return cell;
+}
 
 function renderKnowledge(data) {
   if (editing) return;
@@ -227,26 +275,32 @@ function renderKnowledge(data) {
   if (!data.bases.length) return;
   root.replaceChildren(...data.bases.map((b) => el("section", { class: "base", "data-key": b.key },
     el("h2", {}, b.key, el("span", { class: "small" },
-      ` version ${b.version}, ${b.items.length} items, ${b.pending} pending${b.require_approval ? ", approval required" : ""}`)),
-    el("table", {}, el("thead", {}, el("tr", {}, ["status", "item", "provenance", "actions"].map((h) => el("th", {}, h)))),
+      ` version ${b.version}, ${b.items.length} items${b.require_approval ? ", approval required" : ""}`)),
+    el("p", { class: "counts" }, Object.entries(b.counts).map(([state, n]) =>
+      el("span", { class: "tag", "data-state": state }, `${state}: ${n}`))),
+    el("table", {}, el("thead", {}, el("tr", {}, ["state", "item", "provenance", "actions"].map((h) => el("th", {}, h)))),
       el("tbody", {}, b.items.map((it) => {
-        const textCell = el("td", { class: "text" }, it.text,
-          it.screen_flags.length ? el("div", { class: "fail" }, `screen: ${it.screen_flags.join(", ")}`) : "");
+        const textCell = itemCell(b, it);
         const actions = el("td", {});
-        if (it.status === "proposed") {
-          actions.append(
-            el("button", { class: "approve", onclick: () => knowledgeAction("approve", b.key, it.id) }, "approve"),
-            el("button", { class: "reject", onclick: () => knowledgeAction("reject", b.key, it.id) }, "reject"));
+        const label = { approve: "approve", reject: "reject", retire: "retire", restore: "restore" };
+        for (const action of it.actions) {
+          if (action === "edit") {
+            actions.append(el("button", { class: "edit", onclick: () => {
+              editing = true;
+              const area = el("textarea", { rows: 3 }, it.text);
+              textCell.replaceChildren(area,
+                el("button", { onclick: () => { editing = false; knowledgeAction("edit", b.key, it.id, area.value); } }, "save"),
+                el("button", { onclick: () => { editing = false; refresh(); } }, "cancel"));
+            } }, "edit"));
+          } else if (!(action === "restore" && it.superseded_by)) {   // a supersession's undo sits by it
+            actions.append(el("button", { class: action, onclick: () => confirmedKnowledgeAction(action, b.key, it) },
+              label[action] || action));
+          }
         }
-        actions.append(el("button", { class: "edit", onclick: () => {
-          editing = true;
-          const area = el("textarea", { rows: 3 }, it.text);
-          textCell.replaceChildren(area,
-            el("button", { onclick: () => { editing = false; knowledgeAction("edit", b.key, it.id, area.value); } }, "save"),
-            el("button", { onclick: () => { editing = false; refresh(); } }, "cancel"));
-        } }, "edit"));
         return el("tr", { "data-item": it.id, class: `item-${it.status}` },
-          el("td", { class: `status-${it.status}` }, it.status),
+          el("td", { class: `status-${it.status}` }, it.state,
+            it.state_detail ? el("div", { class: "small" }, it.state_detail) : "",
+            it.revision > 1 ? el("div", { class: "small" }, `revision ${it.revision}`) : ""),
           textCell,
           el("td", { class: "small" }, it.provenance.map((p) =>
             el("div", {}, `${when(p.at)} ${p.action} by ${p.by || "?"} (${p.role || "?"}) ${p.source}`)),

@@ -1,9 +1,11 @@
-"""The dashboard's HTTP surface without the services: who gets in (operator key by bearer or sign-in cookie;
-backend keys refused), what an action must carry (the action header, the confirmation, valid fields), and
-the graded fold served as JSON. Requests that pass these checks go to the services (the browser test)."""
+"""The dashboard's HTTP surface: who gets in (operator key by bearer or sign-in cookie; backend keys refused),
+what an action must carry (the action header, the confirmation, valid fields), and the graded fold served as
+JSON, without the services; knowledge reads and actions (restore, retire, split) through the real Knowledge
+gRPC service in process. The whole stack: the browser test."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,20 @@ from starlette.testclient import TestClient
 from services.dashboard.app import Dashboard, build
 from services.dashboard.auth import ACTION_HEADER, COOKIE
 from services.dashboard.config import DashboardSettings
+from services.extractor.server import create_knowledge_server
 from shared.config import CommonSettings
+from shared.proto.apprentice.v1 import events_pb2
+from tests.unit.dashboard.knowledge_states import (
+    KAYAKS,
+    RETURNS,
+    RETURNS_MERGED,
+    TENT_18,
+    TENT_24,
+    Lifecycle,
+    lifecycle,
+)
 from tests.unit.dashboard.test_aggregates import graded
+from tests.unit.extractor.test_review import KEY
 
 OPERATOR, BACKEND = "operator-secret-0123456789", "backend-secret-0123456789"
 KEYS = f"operator:alice={OPERATOR},backend:shop@shop={BACKEND}"
@@ -85,6 +99,11 @@ def test_sign_in_sets_an_http_only_strict_cookie_and_sign_out_clears_it(client: 
     ("/api/weights/delete", {"version": "v2", "confirm": "v2"}, {ACTION_HEADER: "1"}, 400, "unknown action"),
     ("/api/knowledge/approve", {"key": "demo/support"}, {ACTION_HEADER: "1"}, 400, "`item_id` is required"),
     ("/api/knowledge/edit", {"key": "k", "item_id": "i"}, {ACTION_HEADER: "1"}, 400, "`text` is required"),
+    ("/api/knowledge/split", {"key": "k", "item_id": "i", "text": " "}, {ACTION_HEADER: "1"}, 400,
+     "`text` is required"),
+    ("/api/knowledge/restore", {"key": "k"}, {ACTION_HEADER: "1"}, 400, "`item_id` is required"),
+    ("/api/knowledge/retire", {"key": "k", "item_id": "i"}, {}, 403, ACTION_HEADER),
+    ("/api/knowledge/pin", {"key": "k", "item_id": "i"}, {ACTION_HEADER: "1"}, 400, "unknown action"),
     ("/api/knowledge/approve", {"key": 3, "item_id": "i"}, {ACTION_HEADER: "1"}, 400, "must be a string"),
 ])
 def test_actions_are_validated_before_any_call(client: TestClient, path: str, body: dict[str, object],
@@ -128,3 +147,77 @@ def test_oversized_bodies_are_refused_without_reading_them(client: TestClient) -
                     headers={"content-type": "application/x-www-form-urlencoded"})
     assert r.status_code == 413 and COOKIE not in r.headers.get("set-cookie", "")
     assert client.get("/api/learning", headers=auth).status_code == 200       # and it keeps serving
+
+
+@pytest.fixture
+def knowledge_service(tmp_path: Path) -> Iterator[tuple[Lifecycle, int]]:
+    """The real Knowledge gRPC service (same keys as the dashboard) over a base with an item in every state."""
+    lc = lifecycle()
+    server, port, _ = create_knowledge_server(lc.store, 0, host="127.0.0.1",
+                                              common=CommonSettings(auth_keys=SecretStr(KEYS), home=tmp_path))
+    server.start()
+    yield lc, port
+    server.stop(0)
+
+
+def dashboard_of(tmp_path: Path, port: int) -> Dashboard:
+    # reads with the operator key (the stack gives the dashboard one); actions with the signed-in caller's
+    common = CommonSettings(auth_keys=SecretStr(KEYS), auth_token=SecretStr(OPERATOR), home=tmp_path, model="m")
+    app, _ = build(DashboardSettings(common=common, weights_endpoint="127.0.0.1:1",
+                                     extractor_endpoint=f"127.0.0.1:{port}"), start_reader=False)
+    return app
+
+
+def test_knowledge_page_reads_states_and_undoes_through_the_service(
+        tmp_path: Path, knowledge_service: tuple[Lifecycle, int], caplog: pytest.LogCaptureFixture) -> None:
+    lc, port = knowledge_service
+    client = TestClient(dashboard_of(tmp_path, port).asgi)
+    auth = {"authorization": f"Bearer {OPERATOR}"}
+    [base] = client.get("/api/knowledge", headers=auth).json()["bases"]
+    assert base["counts"] == {"pending": 1, "serving in context": 2, "consolidated": 1, "retired": 2, "rejected": 1}
+    assert {i["text"]: i["actions"] for i in base["items"]}[TENT_18] == ["restore", "edit"]
+
+    def act(action: str, item: str, **extra: str) -> dict[str, events_pb2.KnowledgeItem]:
+        before = lc.snapshot().version
+        r = client.post(f"/api/knowledge/{action}", json={"key": KEY, "item_id": lc.ids[item], **extra},
+                        headers={**auth, ACTION_HEADER: "1"})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"key": KEY, "version": before + 1}
+        return {it.text: it for it in lc.snapshot().items}
+
+    caplog.set_level("INFO", logger="services.dashboard.app")
+    # undo a supersession: the retired item serves again; the review names the signed-in operator
+    items = act("restore", TENT_18)
+    assert items[TENT_18].status == events_pb2.ITEM_STATUS_APPROVED and items[TENT_18].superseded_by == ""
+    review = items[TENT_18].provenance[-1]
+    assert (review.action, review.principal.key_id, review.principal.role) == ("restored", "alice", "operator")
+    # retire a serving item by hand
+    items = act("retire", KAYAKS)
+    assert items[KAYAKS].status == events_pb2.ITEM_STATUS_RETIRED and "alice" in items[KAYAKS].retired_reason
+    # undo a merge: the merged text is a pending item of its own again, with its source
+    items = act("split", RETURNS, text=RETURNS_MERGED)
+    assert items[RETURNS_MERGED].status == events_pb2.ITEM_STATUS_PROPOSED
+    assert list(items[RETURNS_MERGED].source_interaction_ids) == ["i2"]
+    assert list(items[RETURNS].source_interaction_ids) == ["i1"]
+    audited = [tuple(getattr(r, f) for f in ("action", "key", "item", "caller"))
+               for r in caplog.records if r.getMessage() == "operator action"]
+    assert audited == [(f"knowledge.{a}", KEY, lc.ids[t], "alice")
+                       for a, t in (("restore", TENT_18), ("retire", KAYAKS), ("split", RETURNS))]
+    [base] = client.get("/api/knowledge", headers=auth).json()["bases"]
+    assert base["counts"] == {"pending": 2, "serving in context": 2, "consolidated": 1, "retired": 2, "rejected": 1}
+
+    # what cannot succeed is the service's refusal, shown as such, and changes nothing
+    version = lc.snapshot().version
+    r = client.post("/api/knowledge/restore", json={"key": KEY, "item_id": lc.ids[TENT_24]},
+                    headers={**auth, ACTION_HEADER: "1"})
+    assert r.status_code == 409 and "not retired" in r.json()["error"]
+    r = client.post("/api/knowledge/split", json={"key": KEY, "item_id": lc.ids[TENT_24], "text": "never merged"},
+                    headers={**auth, ACTION_HEADER: "1"})
+    assert r.status_code == 400 and "no merge of that text" in r.json()["error"]
+    # the same checks as every action: the action header, an operator key
+    r = client.post("/api/knowledge/retire", json={"key": KEY, "item_id": lc.ids[TENT_24]}, headers=auth)
+    assert r.status_code == 403 and ACTION_HEADER in r.json()["error"]
+    r = client.post("/api/knowledge/retire", json={"key": KEY, "item_id": lc.ids[TENT_24]},
+                    headers={"authorization": f"Bearer {BACKEND}", ACTION_HEADER: "1"})
+    assert r.status_code == 403
+    assert lc.snapshot().version == version

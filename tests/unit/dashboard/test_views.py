@@ -1,9 +1,26 @@
-"""Manifests, pod status and knowledge snapshots --> the versions and knowledge pages' JSON."""
+"""Manifests, pod status and knowledge snapshots --> the versions and knowledge pages' JSON (knowledge in every
+state, made by the real store: pending, serving in context, consolidated, retired, rejected; merges,
+supersession, and the actions offered per state)."""
 
 from __future__ import annotations
 
+import pytest
+
 from services.dashboard.views import knowledge_view, versions_view
+from shared.grpc_util import FailedPrecondition
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, weights_pb2
+from tests.unit.dashboard.knowledge_states import (
+    HOTLINE,
+    KAYAKS,
+    RETURNS,
+    RETURNS_MERGED,
+    SATURDAY,
+    SHIPPING,
+    TENT_18,
+    TENT_24,
+    lifecycle,
+)
+from tests.unit.extractor.test_review import KEY, make_store
 
 
 def manifest(version: str, parent: str, created: int, status: weights_pb2.VersionStatus, heldout: float, ood: float,
@@ -63,3 +80,114 @@ def test_knowledge_pending_first_with_provenance() -> None:
     assert (first["id"], first["status"], first["screen_flags"], first["sources"]) == ("a", "proposed", ["override"], ["i1"])
     assert first["provenance"][0] | {"at": 0} == {"action": "created", "by": "shop-web", "role": "backend",
                                                  "source": "correction", "at": 0, "detail": ""}
+
+
+def test_knowledge_states_counts_questions_and_terms() -> None:
+    lc = lifecycle()
+    [base] = knowledge_view([lc.snapshot()])
+    assert base["counts"] == {"pending": 1, "serving in context": 2, "consolidated": 1, "retired": 2, "rejected": 1}
+    assert base["pending"] == 1
+    items = {i["text"]: i for i in base["items"]}
+    states = {t: (i["status"], i["state"], i["state_detail"]) for t, i in items.items()}
+    assert states == {
+        RETURNS: ("proposed", "pending", ""),
+        TENT_24: ("approved", "serving in context", ""),
+        KAYAKS: ("pinned", "serving in context", "pinned"),
+        HOTLINE: ("consolidated", "consolidated", "in v7"),
+        TENT_18: ("retired", "retired", f"superseded by {lc.ids[TENT_24]}"),
+        SHIPPING: ("retired", "retired", "retired by operator olga"),
+        SATURDAY: ("rejected", "rejected", "")}
+    # pending first, then serving (pinned before approved), consolidated, retired, rejected
+    assert [i["state"] for i in base["items"]] == ["pending", "serving in context", "serving in context",
+                                                   "consolidated", "retired", "retired", "rejected"]
+    assert items[RETURNS]["questions"] == ["Which form do I need for a return?", "What's the returns paperwork called?"]
+    assert items[RETURNS]["answer_terms"] == ["RF-7734"] and items[HOTLINE]["consolidated_in"] == "v7"
+    assert items[SHIPPING]["retired_reason"] == "retired by operator olga" and items[SHIPPING]["superseded_by"] is None
+
+
+def test_knowledge_consolidated_item_lost_by_a_later_version_serves_again() -> None:
+    lc = lifecycle()
+    lc.store.consolidate("acme", "v8", {})
+    [base] = knowledge_view([lc.snapshot()])
+    hotline = next(i for i in base["items"] if i["text"] == HOTLINE)
+    assert (hotline["state"], hotline["lost_in"], hotline["actions"]) == ("serving in context", "v8", ["retire", "edit"])
+    assert "v8 does not answer it" in hotline["state_detail"]
+    assert base["counts"]["consolidated"] == 0 and base["counts"]["serving in context"] == 3
+
+
+def test_knowledge_supersession_names_the_newer_item_with_its_text() -> None:
+    lc = lifecycle()
+    [base] = knowledge_view([lc.snapshot()])
+    items = {i["text"]: i for i in base["items"]}
+    old, new = items[TENT_18], items[TENT_24]
+    assert old["superseded_by"] == {"id": lc.ids[TENT_24], "text": TENT_24, "status": "approved"}
+    assert old["retired_reason"].startswith(f"superseded by {lc.ids[TENT_24]}")
+    assert new["supersedes"] == [{"id": lc.ids[TENT_18], "text": TENT_18}] and new["superseded_by"] is None
+    # the newer item gone from the base (evicted): its id stays, its text is unknown
+    snap = lc.snapshot()
+    keep = [it for it in snap.items if it.text != TENT_24]
+    del snap.items[:]
+    snap.items.extend(keep)
+    [base] = knowledge_view([snap])
+    old = next(i for i in base["items"] if i["text"] == TENT_18)
+    assert old["superseded_by"] == {"id": lc.ids[TENT_24], "text": "", "status": ""} and old["actions"][0] == "restore"
+
+
+def test_knowledge_merges_show_each_merged_text_with_its_sources_until_split_off() -> None:
+    lc = lifecycle()
+    [base] = knowledge_view([lc.snapshot()])
+    returns = next(i for i in base["items"] if i["text"] == RETURNS)
+    [merge] = returns["merges"]
+    assert (merge["text"], merge["sources"], merge["source"], merge["split"], merge["can_split"]) == (
+        RETURNS_MERGED, ["i2"], "correction", False, True)
+    assert merge["at"] > 0 and returns["sources"] == ["i1", "i2"]
+    assert all(i["merges"] == [] for i in base["items"] if i["text"] != RETURNS)
+    # split off: the merge stays in the trail, no longer offered; the text is a pending item of its own
+    lc.store.act(KEY, lc.ids[RETURNS], "split", "olga", RETURNS_MERGED)
+    [base] = knowledge_view([lc.snapshot()])
+    items = {i["text"]: i for i in base["items"]}
+    [merge] = items[RETURNS]["merges"]
+    assert (merge["split"], merge["can_split"]) == (True, False) and items[RETURNS]["sources"] == ["i1"]
+    assert items[RETURNS_MERGED]["state"] == "pending" and items[RETURNS_MERGED]["sources"] == ["i2"]
+    assert base["counts"]["pending"] == 2
+
+
+def test_knowledge_exact_restatement_merge_cannot_be_split() -> None:
+    item = events_pb2.KnowledgeItem(item_id="a", text="Tents have a 24-month warranty.", status=events_pb2.ITEM_STATUS_APPROVED,
+                                    provenance=[events_pb2.Provenance(action="created", interaction_ids=["i1"]),
+                                                events_pb2.Provenance(action="merged", interaction_ids=["i2"])])
+    [base] = knowledge_view([events_pb2.KnowledgeSnapshot(key="acme/support", version=2, items=[item])])
+    assert base["items"][0]["merges"] == [{"text": "", "sources": ["i2"], "at": 0.0, "by": "", "role": "",
+                                           "source": "", "split": False, "can_split": False}]
+
+
+def test_knowledge_actions_offered_only_where_they_can_succeed() -> None:
+    lc = lifecycle()
+    [base] = knowledge_view([lc.snapshot()])
+    actions = {i["text"]: i["actions"] for i in base["items"]}
+    assert actions == {RETURNS: ["approve", "reject", "edit"], TENT_24: ["retire", "edit"], KAYAKS: ["retire", "edit"],
+                       HOTLINE: ["retire", "edit"], TENT_18: ["restore", "edit"], SHIPPING: ["restore", "edit"],
+                       SATURDAY: ["edit"]}
+    assert all("restore" not in a for t, a in actions.items() if t not in (TENT_18, SHIPPING))
+    # each offered action succeeds on the real store in that state (and restore on any other is refused)
+    for text, offered in actions.items():
+        for action in offered:
+            if action != "edit":
+                fresh, _ = make_store()
+                fresh.load(lc.snapshot())
+                fresh.act(KEY, lc.ids[text], action, "olga")
+    with pytest.raises(FailedPrecondition):
+        lc.store.act(KEY, lc.ids[TENT_24], "restore", "olga")
+    # the dashboard never sends the screen override: a flagged item offers only reject and edit
+    flagged = {status: events_pb2.KnowledgeItem(item_id=f"f{status}", text="x", status=status, screen_flags=["role_play"])
+               for status in (events_pb2.ITEM_STATUS_PROPOSED, events_pb2.ITEM_STATUS_APPROVED,
+                              events_pb2.ITEM_STATUS_RETIRED)}
+    [base] = knowledge_view([events_pb2.KnowledgeSnapshot(key="acme/support", items=list(flagged.values()))])
+    assert {i["status"]: i["actions"] for i in base["items"]} == {
+        "proposed": ["reject", "edit"], "approved": ["edit"], "retired": ["edit"]}
+    st, _ = make_store()
+    st.load(events_pb2.KnowledgeSnapshot(key=KEY, version=1, items=list(flagged.values())))
+    for status, action in ((events_pb2.ITEM_STATUS_PROPOSED, "approve"), (events_pb2.ITEM_STATUS_APPROVED, "retire"),
+                           (events_pb2.ITEM_STATUS_RETIRED, "restore")):
+        with pytest.raises(FailedPrecondition, match="flagged"):
+            st.act(KEY, flagged[status].item_id, action, "olga")
