@@ -408,7 +408,7 @@ class KnowledgeStore:
                 if cur.items[idx].status == target[action]:
                     return _copy(cur)
                 flagged = list(cur.items[idx].screen_flags)
-                if flagged and action != "reject" and not override_screen:
+                if flagged and action in ("approve", "pin", "restore") and not override_screen:
                     raise FailedPrecondition(f"item {item_id_} is flagged by the injection screen "
                                              f"({', '.join(flagged)}); read it, then {action} it with the "
                                              "screen override, or edit it first")
@@ -448,6 +448,9 @@ class KnowledgeStore:
                 merged = [p.text for p in cur.items[idx].provenance if p.action == "merged" and p.text]
                 raise InvalidRequest(f"item {item_id_} has no merge of that text; its merged texts: "
                                      f"{merged[:5] or 'none (only exact restatements were merged)'}")
+            if any(it.item_id == item_id(entry.text) for it in cur.items):
+                raise FailedPrecondition(f"that text was already split off item {item_id_} (item "
+                                         f"{item_id(entry.text)} exists)")
             who = operator or (by.key_id if by is not None else "") or "operator"
             snap = self._next(key, f"split {item_id(entry.text)} off item {item_id_} by {who}")
             now = self._clock()

@@ -165,11 +165,10 @@ class InferenceApp:
             self.heartbeater = Heartbeater(s, self.manager).start()
         if s.knowledge_in_context or any(s.knowledge_tenants.values()):
             self.knowledge = ServedKnowledge(s)
-            if s.follow_updates:
-                self.knowledge_follower = KnowledgeFollower(s, self.knowledge).start()
-                if not self.knowledge_follower.caught_up.wait(s.startup_catchup_s):
-                    log.warning("knowledge backlog not read within %.0fs; serving without it meanwhile",
-                                s.startup_catchup_s)
+            self.knowledge_follower = KnowledgeFollower(s, self.knowledge).start()
+            if not self.knowledge_follower.caught_up.wait(s.startup_catchup_s):
+                log.warning("knowledge backlog not read within %.0fs; serving without it meanwhile",
+                            s.startup_catchup_s)
         self.privacy.wait_warm()
         set_serving(self.health, SERVICE_NAMES, serving=True)
         self.ready.set()

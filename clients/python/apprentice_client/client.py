@@ -106,13 +106,14 @@ class InferenceClient:
     def request(messages: MessagesLike | None = None, *, prompt: str = "", max_new_tokens: int = 0,
                 temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0, stop: Iterable[str] = (),
                 seed: int = 0, n: int = 1, session_id: str = "", task: str = "", no_capture: bool = False,
-                tenant: str = "") -> inference_pb2.GenerateRequest:
-        """Build a GenerateRequest (defaults: server max_new_tokens, greedy, one sample)."""
+                tenant: str = "", no_knowledge: bool = False) -> inference_pb2.GenerateRequest:
+        """Build a GenerateRequest (defaults: server max_new_tokens, greedy, one sample). `no_knowledge`:
+        leave the tenant's approved knowledge out of this request's context (to see the weights alone)."""
         return inference_pb2.GenerateRequest(
             messages=to_messages(messages) if messages is not None else [], prompt=prompt,
             sampling=common_pb2.SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                                top_k=top_k, stop=list(stop), seed=seed, n=n),
-            tenant=tenant, session_id=session_id, task=task, no_capture=no_capture)
+            tenant=tenant, session_id=session_id, task=task, no_capture=no_capture, no_knowledge=no_knowledge)
 
     def generate(self, messages: MessagesLike | None = None, *, timeout: float | None = None,
                  **kwargs: Any) -> inference_pb2.GenerateResponse:

@@ -45,6 +45,8 @@ def test_the_same_fact_in_other_words_merges_with_every_source_kept() -> None:
     assert split.status == S.ITEM_STATUS_PROPOSED and list(split.source_interaction_ids) == ["i2"]
     assert list(texts[it.text].source_interaction_ids) == ["i1"]
     assert any(p.action == "split" for p in texts[it.text].provenance)
+    with pytest.raises(FailedPrecondition, match="already split off"):
+        st.act(KEY, it.item_id, "split", "olga", "For returns, the customer fills in form RF-7734.")
     with pytest.raises(InvalidRequest, match="no merge of that text"):
         st.act(KEY, it.item_id, "split", "olga", "never merged")
 

@@ -1,0 +1,84 @@
+"""Knowledge in context through the real inference server (tiny model, real broker): an approved item
+published on the knowledge topic reaches tenant A's prompts over gRPC and over the OpenAI-compatible HTTP
+API, is recorded on A's captured interactions, and never reaches tenant B's; a newer snapshot that retires
+it takes it out of A's prompts at once."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.inference.client import InferenceClient
+from shared.events import make_envelope
+from shared.kafka.producer import EventProducer
+from shared.knowledge.frame import KNOWLEDGE_HEADER
+from shared.proto.apprentice.v1 import events_pb2
+from shared.topics import Topics
+from tests.helpers.inference import start_inference
+from tests.helpers.kafka import collect
+from tests.helpers.ports import free_port
+from tests.helpers.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+ITEM = "We use return form RF-7734 for every return."
+QUESTION = "Which form do I need to return my boots?"
+
+
+def snapshot(tenant: str, version: int, status: int) -> events_pb2.KnowledgeSnapshot:
+    snap = events_pb2.KnowledgeSnapshot(key=f"{tenant}/support", domain="support", version=version,
+                                        envelope=make_envelope(tenant, source="extractor"))
+    snap.items.add(item_id="form", text=ITEM, status=status, revision=1,
+                   questions=["Which form do I need to return something?"], token_count=12)
+    return snap
+
+
+def test_items_reach_only_their_tenant_over_grpc_and_http(kafka_bootstrap: str, topics: Topics,
+                                                           tiny_model_name: str, tmp_path: Path) -> None:
+    producer = EventProducer(kafka_bootstrap, client_id="test-knowledge")
+    producer.produce(topics.knowledge, "acme/support", snapshot("acme", 1, events_pb2.ITEM_STATUS_APPROVED))
+    producer.flush(30)
+    http_port = free_port()
+    app = start_inference(tmp_path, model=tiny_model_name, bootstrap=kafka_bootstrap, topic_prefix=topics.prefix,
+                          follow_updates=False, http_port=http_port)
+    try:
+        assert app.knowledge is not None
+        wait_for(lambda: bool(app.knowledge.entries("acme", "support")), what="the snapshot read", max_s=30)
+        with InferenceClient(f"127.0.0.1:{app.port}") as c:
+            for tenant in ("acme", "globex"):
+                r = c.generate([{"role": "user", "content": QUESTION}], max_new_tokens=4, tenant=tenant,
+                               task="support", session_id=f"grpc-{tenant}-{uuid.uuid4().hex[:6]}")
+                assert r.choices[0].interaction_id
+        for tenant in ("acme", "globex"):
+            resp = httpx.post(f"http://127.0.0.1:{http_port}/v1/chat/completions", timeout=60, json={
+                "model": app.model, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4,
+                "tenant": tenant, "task": "support"})
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["id"]
+        events = collect(kafka_bootstrap, topics.interactions, events_pb2.Interaction, count=4, timeout=30)
+        assert len(events) == 4
+        for ev in events:
+            tenant = ev.envelope.tenant
+            if tenant == "acme":
+                assert [r.item_id for r in ev.knowledge_items] == ["form"], ev
+                assert ev.knowledge_items[0].key == "acme/support" and ITEM in ev.prompt_text
+                assert ev.knowledge_version == "acme/support@1" and KNOWLEDGE_HEADER not in ev.messages[0].content
+            else:
+                assert tenant == "globex" and not ev.knowledge_items and ITEM not in ev.prompt_text, ev
+
+        # the extractor retires the item (superseded): it leaves A's prompts with the next snapshot
+        producer.produce(topics.knowledge, "acme/support", snapshot("acme", 2, events_pb2.ITEM_STATUS_RETIRED))
+        producer.flush(30)
+        wait_for(lambda: not app.knowledge.entries("acme", "support"), what="the retirement read", max_s=30)
+        with InferenceClient(f"127.0.0.1:{app.port}") as c:
+            c.generate([{"role": "user", "content": QUESTION}], max_new_tokens=4, tenant="acme", task="support",
+                       session_id="after-retire")
+        later = collect(kafka_bootstrap, topics.interactions, events_pb2.Interaction, count=5, timeout=30)
+        [after] = [e for e in later if e.session_id == "after-retire"]
+        assert not after.knowledge_items and ITEM not in after.prompt_text
+    finally:
+        app.stop(2)
+        producer.close()
