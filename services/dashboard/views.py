@@ -86,12 +86,13 @@ def _curve_points(ordered: list[weights_pb2.Manifest], suite: str, metric: str,
 
 def item_actions(it: events_pb2.KnowledgeItem, status: str) -> list[str]:
     """The item actions (`POST /api/knowledge/{action}`) that can succeed in the item's state, as the
-    dashboard sends them: never with the injection-screen override, which every action but reject and edit
-    of a flagged item needs (the CLI's `--override-screen`, after reading it). Splits are per merge."""
+    dashboard sends them: never with the injection-screen override, which approving, pinning or restoring a
+    flagged item needs (the CLI's `--override-screen`, after reading it); rejecting, retiring and editing
+    take it out of service and need none. Splits are per merge."""
     actions = {"proposed": ["approve", "reject"], "approved": ["retire"], "pinned": ["retire"],
                "consolidated": ["retire"], "retired": ["restore"]}.get(status, [])
     if it.screen_flags:
-        actions = [a for a in actions if a == "reject"]
+        actions = [a for a in actions if a in ("reject", "retire")]
     return [*actions, "edit"]
 
 

@@ -23,10 +23,10 @@ import pytest
 
 from services.extractor.knowledge import training_view
 from services.trainer.knowledge import KnowledgeBase
-from shared.knowledge.frame import knowledge_block, with_knowledge
 from shared.chat_template import encode_chat
 from shared.events import deterministic_id, make_envelope
 from shared.kafka import EventProducer
+from shared.knowledge.frame import knowledge_block, with_knowledge
 from shared.proto.apprentice.v1 import (
     common_pb2,
     events_pb2,

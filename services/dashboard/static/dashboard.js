@@ -239,7 +239,7 @@ function itemCell(b, it) {
   if (it.screen_flags.length) {
     cell.append(el("div", { class: "fail" }, `screen: ${it.screen_flags.join(", ")}`,
       it.status === "rejected" ? ""
-        : el("div", { class: "small" }, "read it: approve, retire or restore it only with the CLI's --override-screen; or edit it")));
+        : el("div", { class: "small" }, "read it: approve or restore it only with the CLI's --override-screen; or edit, reject or retire it")));
   }
   if (it.questions.length) {
     cell.append(el("div", { class: "small questions" }, "questions: ", it.questions.join(" · ")));

@@ -178,16 +178,16 @@ def test_knowledge_actions_offered_only_where_they_can_succeed() -> None:
                 fresh.act(KEY, lc.ids[text], action, "olga")
     with pytest.raises(FailedPrecondition):
         lc.store.act(KEY, lc.ids[TENT_24], "restore", "olga")
-    # the dashboard never sends the screen override: a flagged item offers only reject and edit
+    # the dashboard never sends the screen override: a flagged item offers only what takes it out of service
     flagged = {status: events_pb2.KnowledgeItem(item_id=f"f{status}", text="x", status=status, screen_flags=["role_play"])
                for status in (events_pb2.ITEM_STATUS_PROPOSED, events_pb2.ITEM_STATUS_APPROVED,
                               events_pb2.ITEM_STATUS_RETIRED)}
     [base] = knowledge_view([events_pb2.KnowledgeSnapshot(key="acme/support", items=list(flagged.values()))])
     assert {i["status"]: i["actions"] for i in base["items"]} == {
-        "proposed": ["reject", "edit"], "approved": ["edit"], "retired": ["edit"]}
+        "proposed": ["reject", "edit"], "approved": ["retire", "edit"], "retired": ["edit"]}
     st, _ = make_store()
     st.load(events_pb2.KnowledgeSnapshot(key=KEY, version=1, items=list(flagged.values())))
-    for status, action in ((events_pb2.ITEM_STATUS_PROPOSED, "approve"), (events_pb2.ITEM_STATUS_APPROVED, "retire"),
-                           (events_pb2.ITEM_STATUS_RETIRED, "restore")):
+    for status, action in ((events_pb2.ITEM_STATUS_PROPOSED, "approve"), (events_pb2.ITEM_STATUS_RETIRED, "restore")):
         with pytest.raises(FailedPrecondition, match="flagged"):
             st.act(KEY, flagged[status].item_id, action, "olga")
+    st.act(KEY, flagged[events_pb2.ITEM_STATUS_APPROVED].item_id, "retire", "olga")   # taking it out needs no override

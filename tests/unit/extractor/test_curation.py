@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.knowledge import embeddings
 from services.extractor.curation import Curator, approx_tokens, item_id, jaccard, normalise
+from shared.knowledge import embeddings
 from shared.proto.apprentice.v1 import events_pb2
 
 S = events_pb2.ItemStatus

@@ -5,6 +5,7 @@ interaction, within the budget; everything else stays out."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ def tok(tiny_model_name: str) -> Any:
     return load_tokenizer(tiny_model_name)
 
 
-def snapshot(tenant: str, items: list[tuple[str, int, list[str]]], *, key: str = "", version: int = 1,
+def snapshot(tenant: str, items: Sequence[tuple[str, Any, list[str]]], *, key: str = "", version: int = 1,
              envelope_tenant: str | None = None) -> events_pb2.KnowledgeSnapshot:
     snap = events_pb2.KnowledgeSnapshot(key=key or f"{tenant}/support", domain="support", version=version,
                                         envelope=make_envelope(envelope_tenant or tenant, source="extractor"))

@@ -11,11 +11,11 @@ from services.trainer import losses
 from services.trainer.batching import make_batch
 from services.trainer.config import TrainerSettings
 from services.trainer.distill import DistillExample
-from shared.knowledge.frame import with_knowledge
 from services.trainer.logprobs import Scorer, teacher_view
 from services.trainer.rounds import Trainer
 from shared.config import CommonSettings
 from shared.generation import encode_prompt, render_chat
+from shared.knowledge.frame import with_knowledge
 
 ITEMS = ["The warranty lasts 14 months from delivery.", "Returns need form R-22.", "Call extension 417."]
 QUESTIONS = ["how long is the warranty?", "which form for returns?", "what extension for billing?", "hello"]
