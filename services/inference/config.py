@@ -192,8 +192,12 @@ class InferenceSettings(BaseSettings):
     """At most this many items per request (the most relevant first)."""
 
     knowledge_min_score: float = Field(default=0.4, ge=-1.0, le=1.0)
-    """Items scoring below this similarity to the request are not relevant and stay out (cosine of
-    all-MiniLM-L6-v2 sentence embeddings; the TF-IDF fallback uses 0.2)."""
+    """Items scoring below this similarity to the request are not relevant and stay out (the larger of the
+    all-MiniLM-L6-v2 cosine and the TF-IDF cosine; the TF-IDF-only fallback uses 0.2)."""
+
+    knowledge_margin: float = Field(default=0.2, ge=0.0, le=2.0)
+    """Items scoring more than this below the best item for the request stay out: a small model reads one
+    relevant note well and is distracted by weaker ones beside it."""
 
     knowledge_retriever: Literal["minilm", "tfidf"] = "minilm"
     """`minilm`: the shipped sentence-embedding model (falls back to `tfidf`, with a warning, when its

@@ -48,10 +48,11 @@ def make_retriever(settings: InferenceSettings) -> Retriever:
         from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
 
         try:
-            return Retriever(MiniLMEmbedder(), min_score=settings.knowledge_min_score)
+            return Retriever(MiniLMEmbedder(), min_score=settings.knowledge_min_score,
+                             margin=settings.knowledge_margin)
         except EmbeddingsUnavailable as e:
             log.warning("knowledge retrieval falls back to TF-IDF: %s", e)
-    return Retriever(None)
+    return Retriever(None, margin=settings.knowledge_margin)
 
 
 def servable_entries(snap: events_pb2.KnowledgeSnapshot) -> list[Entry]:

@@ -6,11 +6,15 @@ ask for the same fact in words that share little with the item ("What paperwork 
 back?" vs "We use return form RF-7734 for every return"), which word-overlap scores miss; sentence
 embeddings were trained for exactly that paraphrase match. An item is scored by its text *and* by the
 questions it was learned from (`KnowledgeItem.questions`): a paraphrase is closest to another phrasing of
-the same question. Where the package is missing, TF-IDF over the same texts is the fallback (the
-`tfidf_rank` below, also the trainer's offline ranking).
+the same question. The English embedder misses questions in other languages ("Was kostet der Service
+Basis?"), which still share the item's own words, so an item's score is the larger of its embedding
+cosine and its TF-IDF cosine over the same texts. Where the package is missing, TF-IDF alone is the
+fallback (the `tfidf_rank` below, also the trainer's offline ranking).
 
-Selection: items scoring below `min_score` are not relevant (a general question gets no shop notes), the
-rest are taken best first while they fit `max_items` and `max_tokens`.
+Selection: items scoring below `min_score` are not relevant (a general question gets no shop notes), nor
+are items more than `margin` below the best one (a small model reads one relevant note well and is
+distracted by weaker ones: docs/oel-probe.md, 11/20 answers with the relevant item alone, 6/20 with two
+distractors beside it); the rest are taken best first while they fit `max_items` and `max_tokens`.
 """
 
 from __future__ import annotations
@@ -82,9 +86,10 @@ class Retriever:
     request embeds only its own query."""
 
     def __init__(self, embedder: Embedder | None, *, min_score: float = 0.4, tfidf_min_score: float = 0.2,
-                 cache_size: int = 20_000) -> None:
+                 margin: float = 0.2, cache_size: int = 20_000) -> None:
         self.embedder = embedder
         self.min_score = min_score if embedder is not None else tfidf_min_score
+        self.margin = margin
         self.kind = "minilm" if embedder is not None else "tfidf"
         self._cache: OrderedDict[str, list[float]] = OrderedDict()
         self._cache_size = cache_size
@@ -116,23 +121,27 @@ class Retriever:
         its questions."""
         if not entries or not query.strip():
             return []
+        docs = [" ".join((e.text, *e.questions)) for e in entries]
+        lexical = dict(tfidf_scores(query, docs))
         if self.embedder is None:
-            docs = [" ".join((e.text, *e.questions)) for e in entries]
-            return [(entries[i], s) for i, s in tfidf_scores(query, docs)]
+            return sorted(((entries[i], s) for i, s in lexical.items()), key=lambda p: -p[1])
         q = self.embedder.embed([query])[0]
         scored = []
-        for e in entries:
+        for i, e in enumerate(entries):
             vecs = self._vectors([e.text, *e.questions])
             best = max(sum(a * b for a, b in zip(q, v, strict=True)) for v in vecs)
-            scored.append((e, best))
+            scored.append((e, max(best, lexical[i])))
         return sorted(scored, key=lambda p: -p[1])
 
     def select(self, query: str, entries: Sequence[Entry], *, max_items: int, max_tokens: int) -> list[tuple[Entry, float]]:
-        """The relevant entries (score >= min_score), best first, within `max_items` and `max_tokens`."""
+        """The relevant entries (score >= min_score and >= the best score - margin), best first, within
+        `max_items` and `max_tokens`."""
         chosen: list[tuple[Entry, float]] = []
         used = 0
-        for e, s in self.score(query, entries):
-            if s < self.min_score or len(chosen) >= max_items:
+        scored = self.score(query, entries)
+        floor = max(self.min_score, scored[0][1] - self.margin) if scored else self.min_score
+        for e, s in scored:
+            if s < floor or len(chosen) >= max_items:
                 break
             cost = e.tokens or max(1, len(e.text) // 4)
             if used + cost > max_tokens:
