@@ -61,5 +61,11 @@ def main(argv: list[str]) -> int:
 def summary_line(s: dict[str, Any]) -> str:
     """The run's verdict in one line; a task without an OOD set says so instead of an OOD change."""
     ood = f"OOD change {s['ood_diff']:+.1%}" if s.get("ood_diff") is not None else "no OOD set"
-    return (f"held-out success {s['heldout_diff']:+.1%} vs round 0 (95% CI {s['heldout_diff_ci95'][0]:+.1%} to "
+    line = (f"held-out success {s['heldout_diff']:+.1%} vs round 0 (95% CI {s['heldout_diff_ci95'][0]:+.1%} to "
             f"{s['heldout_diff_ci95'][1]:+.1%}); improved: {s['improved']}; {ood}")
+    if s.get("weights_only_diff") is not None:
+        lo, hi = s["weights_only_diff_ci95"]
+        line += f"; weights only {s['weights_only_diff']:+.1%} ({lo:+.1%} to {hi:+.1%})"
+    if (lat := s.get("correction_latency_s")) is not None:
+        line += f"; correction to a correct answer p50 {lat['p50']:.0f} s, p95 {lat['p95']:.0f} s (n={lat['n']})"
+    return line

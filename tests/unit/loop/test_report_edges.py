@@ -77,3 +77,35 @@ def test_summary_difference_at_the_extremes() -> None:
     assert s["heldout_diff"] == 1.0 and 0.9 < s["heldout_diff_ci95"][0] < 1.0 and s["heldout_diff_ci95"][1] == 1.0
     s = summarize([_round(0, 100, 100, 10, 10), _round(1, 0, 100, 0, 10)])
     assert s["heldout_diff"] == -1.0 and s["ood_regressed"] is True and not s["improved"]
+
+
+def test_served_and_weights_only_and_correction_latency() -> None:
+    r0, r1 = _round(0, 1, 100), _round(1, 45, 100)
+    r0["eval_weights_only"], r1["eval_weights_only"] = _round(0, 1, 100)["eval"], _round(1, 20, 100)["eval"]
+    r1["correction_latency_s"] = [12.0, 30.0, 8.0, 95.0]
+    s = summarize([r0, r1])
+    assert s["round1_diff"] == pytest.approx(0.44) and s["weights_only_diff"] == pytest.approx(0.19)
+    assert s["weights_only_improved"] is True and s["correction_latency_s"] == {"p50": 12.0, "p95": 95.0, "n": 4,
+                                                                              "max": 95.0}
+    line = summary_line(s)
+    assert "weights only +19.0%" in line and "p50 12 s, p95 95 s (n=4)" in line
+
+
+def test_correction_latency_counts_only_other_questions_after_approval() -> None:
+    from types import SimpleNamespace as X
+
+    from services.loop.demo import correction_latencies, item_states
+    from shared.proto.apprentice.v1 import events_pb2
+
+    approved = {"it": (100.0, "form", ("Which form?",)), "never": (100.0, "phone", ())}
+    exchanges = [X(fact_id="form", question="Which form?", asked_at=101.0, answered_at=102.0, routed=True),   # same q
+                 X(fact_id="form", question="Form code?", asked_at=99.0, answered_at=103.0, routed=True),    # before
+                 X(fact_id="form", question="Form code?", asked_at=104.0, answered_at=106.0, routed=False),  # wrong
+                 X(fact_id="form", question="Form code?", asked_at=107.0, answered_at=110.5, routed=True),
+                 X(fact_id="phone", question="Extension?", asked_at=101.0, answered_at=102.0, routed=False)]
+    assert correction_latencies(approved, exchanges) == {"it": 10.5}
+    kb = events_pb2.KnowledgeSnapshot(items=[events_pb2.KnowledgeItem(status=s) for s in (
+        events_pb2.ITEM_STATUS_PROPOSED, events_pb2.ITEM_STATUS_APPROVED, events_pb2.ITEM_STATUS_PINNED,
+        events_pb2.ITEM_STATUS_CONSOLIDATED, events_pb2.ITEM_STATUS_RETIRED)])
+    assert item_states(kb) == {"pending": 1, "serving": 2, "consolidated": 1, "retired": 1, "rejected": 0}
+    assert item_states(None)["serving"] == 0
