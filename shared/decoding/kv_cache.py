@@ -47,7 +47,11 @@ class RowGroup:
         self.rows = [self.rows[i] for i in keep]
 
     def trim(self) -> None:
-        """Drop leading columns that are padding in every row (left by rows that have left)."""
+        """Drop leading columns that are padding in every row (left by rows that have left). Plain dynamic
+        layers only: a sliding-window layer (Gemma 3) sizes its attention mask from the count of tokens it
+        has seen, which would no longer match its keys; there the padding columns stay, masked."""
+        if not mergeable(self.past):
+            return
         k = int((self.attn != 0).to(torch.int8).argmax(dim=1).min())      # first real column, earliest row
         if k > 0:
             self.attn = self.attn[:, k:]

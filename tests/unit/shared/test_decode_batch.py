@@ -344,3 +344,30 @@ def test_the_prompt_cache_never_serves_one_tenants_prefill_to_another(tiny: Any)
     assert b.stats.cached_prompts == 0 and b.stats.steps == 2 and len(cache) == 2
     b.add([DecodeRow(p, SamplingConfig(max_new_tokens=1), cache_salt="acme")])
     assert b.stats.cached_prompts == 1 and b.stats.steps == 2
+
+
+def test_rows_leaving_a_sliding_window_cache_decode_as_if_alone(tiny: Any) -> None:
+    """Gemma 3 keeps some layers in a sliding window (`DynamicSlidingWindowLayer`), which sizes its mask from
+    the count of tokens it has seen: trimming its padding columns when a row left made that count disagree
+    with its keys (a size-mismatch crash). Rows of a tiny random Gemma 3 decode as alone, past the window too."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    _, tok = tiny
+    config = Gemma3TextConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=256, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Gemma3ForCausalLM(config).eval()
+    prompts = _prompts(tok, 3)[::-1]        # the longest leaves first: every row's first columns become padding
+    budgets = (3, 30, 6)
+    alone = [_run(model, tok, [DecodeRow(p, SamplingConfig(max_new_tokens=k))])[0]
+             for p, k in zip(prompts, budgets, strict=True)]
+    together = _run(model, tok, [DecodeRow(p, SamplingConfig(max_new_tokens=k))
+                                 for p, k in zip(prompts, budgets, strict=True)])
+    assert len(prompts[1]) + budgets[1] > 16                 # past the sliding window
+    for a, t in zip(alone, together, strict=True):
+        assert t.token_ids == a.token_ids
+        assert t.logprobs_t1 == pytest.approx(a.logprobs_t1, abs=1e-4)
