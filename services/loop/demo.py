@@ -373,9 +373,13 @@ class Demo:
     def _evaluate(self, k: int, *, deploy: dict[str, Any] | None, started: float) -> None:
         p = self.progress
         p(f"round {k}: evaluating held-out and out-of-distribution questions")
+        serving = item_states(self.watcher.snapshot().knowledge.get(f"{self.task.tenant}/{self.task.task}"))["serving"]
         ev: dict[str, Any] = self.evaluator.run(k).as_dict()  # JSON-shaped; fields read by name below
-        p(f"round {k}: evaluating the weights alone (no knowledge in context)")
-        weights_only: dict[str, Any] = self.evaluator.run(k, knowledge=False).as_dict()
+        if serving:
+            p(f"round {k}: evaluating the weights alone (no knowledge in context)")
+            weights_only: dict[str, Any] = self.evaluator.run(k, knowledge=False).as_dict()
+        else:   # nothing can be in context: the same requests, asked twice, would only re-sample
+            weights_only = ev
         state = self.watcher.snapshot()
         kb = state.knowledge.get(f"{self.task.tenant}/{self.task.task}")
         versions = {m.version: m for m in self._versions()}
