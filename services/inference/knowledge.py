@@ -15,26 +15,23 @@ questions without it (the extractor then marks it CONSOLIDATED) and comes back i
   prompt text and token ids (what the model saw, and what the trainer's log-probs are computed on) hold the
   frame; `knowledge` records which items (ids, revisions, base version) were there. Raw prompts are left
   alone: there is no system turn to put the frame in without changing what the caller wrote.
-- `KnowledgeFollower` reads the compacted knowledge topic from its start on a background thread.
+- `follow_knowledge` feeds it from the compacted knowledge topic (shared/knowledge/follow.py).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from typing import Any
 
 from services.inference import metrics
 from services.inference.config import InferenceSettings
 from services.inference.requests import PreparedRequest
 from shared.chat_template import encode_chat
-from shared.events import UndecodableEvent
+from shared.knowledge.follow import SnapshotFollower, belongs_to_its_tenant
 from shared.knowledge.frame import with_knowledge
 from shared.knowledge.retrieval import Entry, Retriever
 from shared.proto.apprentice.v1 import events_pb2
-from shared.retry import Backoff
-from shared.validation import decode_record
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +72,8 @@ class ServedKnowledge:
 
     def apply(self, snap: events_pb2.KnowledgeSnapshot) -> bool:
         """Adopt a snapshot when it is the newest of its base; False when refused or stale."""
-        tenant, _, domain = snap.key.partition("/")
-        if not tenant or not domain or tenant != snap.envelope.tenant:
+        if not belongs_to_its_tenant(snap):
             self.refused_other_tenant += 1
-            log.warning("knowledge snapshot refused: key %r does not belong to tenant %r",
-                        snap.key[:80], snap.envelope.tenant[:80])
             return False
         entries = servable_entries(snap)
         with self._lock:
@@ -94,6 +88,12 @@ class ServedKnowledge:
             total = sum(len(v) for v in self._entries.values())
         metrics.KNOWLEDGE_ITEMS.set(total)
         return True
+
+    def forget(self, key: str) -> None:
+        """A tombstone: the base is gone."""
+        with self._lock:
+            self._versions.pop(key, None)
+            self._entries.pop(key, None)
 
     def entries(self, tenant: str, task: str) -> list[Entry]:
         """The servable items of the tenant's base for this task (domain = task, "general" if empty)."""
@@ -127,52 +127,10 @@ class ServedKnowledge:
         metrics.KNOWLEDGE_IN_CONTEXT.labels(outcome="no_room").inc()
 
 
-class KnowledgeFollower:
-    """apprentice.knowledge.v1 (compacted) --> ServedKnowledge.apply, on a background thread, from the
-    topic's start (a private consumer group per pod: every pod needs every base)."""
-
-    def __init__(self, settings: InferenceSettings, served: ServedKnowledge) -> None:
-        self.settings = settings
-        self.served = served
-        self.caught_up = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="knowledge", daemon=True)
-
-    def start(self) -> KnowledgeFollower:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        from shared.kafka.consumer import EventConsumer
-
-        topics = self.settings.common.topics
-        group = topics.group_id(f"inference-knowledge-{self.settings.pod_id}-{uuid.uuid4().hex[:8]}")
-        consumer = EventConsumer(self.settings.common.kafka_bootstrap, group, [topics.knowledge],
-                                 extra_config={"log_level": 3})
-        backoff = Backoff(1.0, 5.0)
-        try:
-            while not self._stop.is_set():
-                try:
-                    msgs = consumer.poll_batch(max_records=200, timeout=0.5)
-                    backoff.reset()
-                except Exception:  # noqa: BLE001 - keep following; the broker may come back
-                    log.exception("knowledge poll failed")
-                    self._stop.wait(backoff.next())
-                    continue
-                if not msgs:
-                    if consumer.assignment():
-                        self.caught_up.set()
-                    continue
-                for m in msgs:
-                    try:
-                        self.served.apply(decode_record(events_pb2.KnowledgeSnapshot, m.value(), m.headers()))
-                    except UndecodableEvent as e:
-                        # logged, not dead-lettered: every pod reads every record (as with model updates)
-                        log.error("undecodable knowledge snapshot skipped: %s", e,
-                                  extra={"partition": m.partition(), "offset": m.offset()})
-        finally:
-            consumer.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
+def follow_knowledge(settings: InferenceSettings, served: ServedKnowledge) -> SnapshotFollower:
+    """A started reader of the knowledge topic into `served` (a private consumer group per pod: every pod
+    needs every base)."""
+    topics = settings.common.topics
+    return SnapshotFollower(settings.common.kafka_bootstrap, topics.knowledge,
+                            topics.group_id(f"inference-knowledge-{settings.pod_id}"),
+                            on_snapshot=served.apply, on_tombstone=served.forget).start()

@@ -41,7 +41,7 @@ from services.inference.hotswap import (
     prune_versions_dir,
     versions_root,
 )
-from services.inference.knowledge import KnowledgeFollower, ServedKnowledge
+from services.inference.knowledge import ServedKnowledge, follow_knowledge
 from services.inference.privacy import CapturePrivacy
 from services.inference.quotas import Lease, QuotaExceeded, TenantQuotas
 from services.inference.requests import (
@@ -63,6 +63,7 @@ from shared.grpc_util import (
     remaining_s,
     set_serving,
 )
+from shared.knowledge.follow import SnapshotFollower
 from shared.logs import trace_id_var
 from shared.proto.apprentice.v1 import inference_pb2, inference_pb2_grpc
 from shared.retry import call
@@ -112,7 +113,7 @@ class InferenceApp:
             clock_skew_s=settings.feedback_clock_skew_s), settings.common.interaction_id_key())
         self.privacy = CapturePrivacy(settings, lambda: self.engine.tokenizer)
         self.knowledge: ServedKnowledge | None = None          # knowledge in context (knowledge.py)
-        self.knowledge_follower: KnowledgeFollower | None = None
+        self.knowledge_follower: SnapshotFollower | None = None
         self.quotas = TenantQuotas.from_settings(settings)
 
     # --- life cycle -------------------------------------------------------------------------------
@@ -165,7 +166,7 @@ class InferenceApp:
             self.heartbeater = Heartbeater(s, self.manager).start()
         if s.knowledge_in_context or any(s.knowledge_tenants.values()):
             self.knowledge = ServedKnowledge(s)
-            self.knowledge_follower = KnowledgeFollower(s, self.knowledge).start()
+            self.knowledge_follower = follow_knowledge(s, self.knowledge)
             if not self.knowledge_follower.caught_up.wait(s.startup_catchup_s):
                 log.warning("knowledge backlog not read within %.0fs; serving without it meanwhile",
                             s.startup_catchup_s)

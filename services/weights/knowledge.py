@@ -1,11 +1,9 @@
 """The knowledge topic --> each tenant's current knowledge items --> what the eval gate asks a candidate.
 
 Approved knowledge serves in the prompt context until the weights hold it; the gate is where that is
-decided, so the weights service keeps a view of every knowledge base: the compacted topic
-`apprentice.knowledge.v1` (key "tenant/domain", value `KnowledgeSnapshot`, the highest `version` per key is
-the base) read from its beginning on every start. It is state, not a stream of work: nothing is committed,
-and each replica reads every partition (a consumer group of its own). A record whose key names another
-tenant than its `envelope.tenant` is ignored (a producer may not write into another tenant's base).
+decided, so the weights service keeps a view of every knowledge base, fed by the shared reader of the
+compacted knowledge topic (shared/knowledge/follow.py: from the beginning on every start, nothing
+committed, a snapshot whose key names another tenant than its envelope refused).
 
 Checked items: status APPROVED, PINNED or CONSOLIDATED with at least one question and one answer term;
 newest first (updated, else created), at most `knowledge_max_items` per gate run, each asked up to
@@ -16,12 +14,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from dataclasses import dataclass
 
-from shared.events import UndecodableEvent
+from shared.knowledge.follow import belongs_to_its_tenant, key_tenant
 from shared.proto.apprentice.v1 import events_pb2
-from shared.validation import decode_record
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +45,6 @@ class ItemCheck:
     def metric(self) -> str:
         """The EvalResult metric: one per item revision, so a rewritten item is a new check."""
         return f"item:{self.key}:{self.item_id}@{self.revision}"
-
-
-def key_tenant(key: str) -> str:
-    """The tenant part of a "tenant/domain" key ("" when the key has no domain part)."""
-    tenant, sep, _ = key.partition("/")
-    return tenant if sep else ""
 
 
 def _questions(item: events_pb2.KnowledgeItem) -> tuple[str, ...]:
@@ -95,11 +85,9 @@ class KnowledgeView:
 
     def apply(self, snap: events_pb2.KnowledgeSnapshot) -> bool:
         """Take one snapshot record; True when it became its key's current base."""
-        key = snap.key or f"{snap.envelope.tenant}/{snap.domain}"
-        if not snap.envelope.tenant or key_tenant(key) != snap.envelope.tenant:
+        key = snap.key
+        if not belongs_to_its_tenant(snap):
             self.ignored_other_tenant += 1
-            log.warning("knowledge record ignored: key %r is not of its tenant %r", key[:200],
-                        snap.envelope.tenant[:128])
             return False
         with self._lock:
             current = self._snapshots.get(key)
@@ -129,62 +117,3 @@ class KnowledgeView:
     def wait_ready(self, timeout: float) -> bool:
         """True once the follower read the topic to the end it had at start (or when nothing follows)."""
         return not self.followed or self._ready.wait(timeout)
-
-
-class KnowledgeFollower:
-    """Reads the knowledge topic from its beginning into a `KnowledgeView`, forever (a daemon thread's
-    body): a consumer group of its own per start (every partition; nothing committed), and the view
-    marked ready once the consumer's position reached the high watermarks seen at its assignment."""
-
-    def __init__(self, view: KnowledgeView, bootstrap: str, topic: str, group_prefix: str) -> None:
-        from shared.kafka import EventConsumer
-
-        self.view = view
-        self.topic = topic
-        self.consumer = EventConsumer(bootstrap, f"{group_prefix}-{uuid.uuid4().hex[:12]}", [topic],
-                                      auto_offset_reset="earliest")
-        self._ends: dict[int, int] | None = None
-        view.followed = True
-
-    def poll(self, timeout: float = 0.5) -> int:
-        """One poll: apply what arrived; returns the records read."""
-        msgs = self.consumer.poll_batch(max_records=200, timeout=timeout)
-        for msg in msgs:
-            value = msg.value()
-            if value is None:                            # tombstone: compaction deletes the key
-                raw_key = msg.key()
-                if raw_key:
-                    self.view.forget(raw_key.decode("utf-8", "replace") if isinstance(raw_key, bytes) else raw_key)
-                continue
-            try:
-                snap = decode_record(events_pb2.KnowledgeSnapshot, value, msg.headers())
-            except UndecodableEvent as e:
-                # re-read on every start, so a dead letter would repeat forever; the extractor owns the topic
-                log.error("skipping undecodable knowledge record", extra={"offset": msg.offset(), "error": str(e)})
-                continue
-            self.view.apply(snap)
-        if self._ends is None or not self.view.wait_ready(0):
-            self._check_caught_up()
-        return len(msgs)
-
-    def _check_caught_up(self) -> None:
-        from confluent_kafka import TopicPartition
-
-        raw = self.consumer.raw
-        assigned = [tp for tp in self.consumer.assignment() if tp.topic == self.topic]
-        if not assigned:
-            return                                        # the group has not assigned the partitions yet
-        if self._ends is None:
-            ends = {}
-            for tp in assigned:
-                low, high = raw.get_watermark_offsets(TopicPartition(self.topic, tp.partition), timeout=10)
-                if high > low:
-                    ends[tp.partition] = high
-            self._ends = ends
-        positions = raw.position([TopicPartition(self.topic, p) for p in self._ends]) if self._ends else []
-        if all(tp.offset >= self._ends[tp.partition] for tp in positions):   # unfetched: OFFSET_INVALID < 0
-            self.view.mark_ready()
-            log.info("knowledge view caught up", extra={"topic": self.topic, "partitions": len(assigned)})
-
-    def close(self) -> None:
-        self.consumer.close()

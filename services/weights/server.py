@@ -20,7 +20,7 @@ from services.weights.audit_trail import Trail
 from services.weights.blobstore import make_blob_store
 from services.weights.config import WeightsSettings
 from services.weights.evaluator import Evaluator
-from services.weights.knowledge import KnowledgeFollower, KnowledgeView
+from services.weights.knowledge import KnowledgeView
 from services.weights.metrics import ORDERS, PODS
 from services.weights.orders import OrderDesk
 from services.weights.pods import PodRegistry
@@ -41,6 +41,7 @@ from shared.grpc_util import (
     set_serving,
 )
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer, ensure_topics
+from shared.knowledge.follow import SnapshotFollower
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 from shared.retry import Backoff, call
 from shared.security.identity import acting_as
@@ -197,25 +198,19 @@ class WeightsService:
                 log.exception("watchdog failed")
 
     def _knowledge_loop(self) -> None:
-        """Follow the knowledge topic into the gate's view (knowledge.py); a broker error retries."""
+        """Follow the knowledge topic into the gate's view (shared/knowledge/follow.py) until the service stops."""
         assert self.knowledge is not None
-        s = self.settings
-        backoff = Backoff(1.0, 5.0)
-        follower: KnowledgeFollower | None = None
+        view, s = self.knowledge, self.settings
+        follower = SnapshotFollower(s.common.kafka_bootstrap, self.topics.knowledge,
+                                    self.topics.group_id(s.consumer_group + "-knowledge"),
+                                    on_snapshot=view.apply, on_tombstone=view.forget, name="weights-knowledge").start()
         try:
             while not self._stop.is_set():
-                try:
-                    if follower is None:
-                        follower = KnowledgeFollower(self.knowledge, s.common.kafka_bootstrap, self.topics.knowledge,
-                                                     self.topics.group_id(s.consumer_group + "-knowledge"))
-                    follower.poll(0.5)
-                    backoff.reset()
-                except Exception:  # noqa: BLE001 - the broker may come back; the view is rebuilt by reading on
-                    log.exception("knowledge follower error; retrying")
-                    self._stop.wait(backoff.next())
+                if follower.caught_up.wait(0.5):
+                    view.mark_ready()
+                    self._stop.wait()
         finally:
-            if follower is not None:
-                follower.close()
+            follower.stop()
 
     def _consume_loop(self) -> None:
         s = self.settings
