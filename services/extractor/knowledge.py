@@ -235,12 +235,25 @@ class KnowledgeStore:
 
     def _count_outcomes(self, key: str, items: Iterable[events_pb2.KnowledgeItem], turns: Sequence,
                         now: Timestamp) -> bool:
-        """ACE-style counters: items that were in context (the turn's knowledge version) when the turn
-        succeeded count as helpful, when it failed as harmful."""
+        """ACE-style counters: items that were in context when the turn succeeded count as helpful, when it
+        failed as harmful. In context = the items the interaction names (`knowledge_items`, recorded by the
+        serving pod); for an interaction that names none, every reviewed item of its `knowledge_version`."""
         changed = False
         by_id = {it.item_id: it for it in items}
         for t in turns:
             if not t.has_signal:
+                continue
+            if t.knowledge_items:
+                for k, iid in t.knowledge_items:
+                    it = by_id.get(iid)
+                    if k != key or it is None:
+                        continue
+                    if t.success:
+                        it.helpful += 1
+                    else:
+                        it.harmful += 1
+                    it.updated_at.CopyFrom(now)
+                    changed = True
                 continue
             version = parse_knowledge_version(t.knowledge_version, key)
             ctx = self._history.get(key, {}).get(version) if version is not None else None

@@ -87,6 +87,7 @@ class Turn:
     asked_by: Source = Source()     # the caller of the Generate request
     corrected_by: tuple[Source, ...] = ()   # the caller of each correction, same order as `corrections`
     feedback_by: tuple[Source, ...] = ()    # the caller of every feedback event joined to this turn
+    knowledge_items: tuple[tuple[str, str], ...] = ()   # (key, item id) of each item that was in its context
 
     @property
     def ref(self) -> str:
@@ -162,6 +163,7 @@ def turn_from_graded(g: events_pb2.GradedInteraction) -> Turn:
         feedback=tuple(lines),
         corrections=tuple(corrections),
         knowledge_version=inter.knowledge_version,
+        knowledge_items=tuple((r.key, r.item_id) for r in inter.knowledge_items),
         policy_version=inter.policy_version,
         occurred_at=ts.seconds + ts.nanos / 1e9,
         asked_by=Source.of(inter.envelope),

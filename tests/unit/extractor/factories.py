@@ -16,7 +16,7 @@ def graded(*, tenant: str = "acme", task: str = "support", session: str = "s1", 
            success: bool = False, reward: float = -1.0, correction: str = "", thumbs: float = 0.0,
            comment: str = "", knowledge_version: str = "", quarantined: bool = False, at_s: int = 0,
            group: tuple[str, int, int] | None = None, asked_by: str = "",
-           corrected_by: str = "") -> events_pb2.GradedInteraction:
+           corrected_by: str = "", in_context: tuple[tuple[str, str], ...] = ()) -> events_pb2.GradedInteraction:
     """One graded interaction; `history` = earlier (user, assistant) rounds of the same session.
     `asked_by` / `corrected_by`: the caller recorded on the interaction / the feedback, as "role:key_id"
     (a backend's tenant is the record's), "" = none recorded."""
@@ -29,7 +29,8 @@ def graded(*, tenant: str = "acme", task: str = "support", session: str = "s1", 
         envelope=_signed(make_envelope(tenant, source="test", occurred_at=when), asked_by, tenant),
         interaction_id=iid, session_id=session,
         task=task, model="tiny-random", policy_version="base", knowledge_version=knowledge_version,
-        messages=msgs, response_text=answer, finish_reason="stop")
+        messages=msgs, response_text=answer, finish_reason="stop",
+        knowledge_items=[events_pb2.KnowledgeRef(key=k, item_id=i, revision=1) for k, i in in_context])
     if group is not None:
         inter.group_id, inter.sample_index, inter.group_size = group
     feedback = []

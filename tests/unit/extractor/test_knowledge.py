@@ -147,6 +147,16 @@ def test_helpful_harmful_counters_follow_the_knowledge_version_in_context() -> N
     other = traj(graded(iid="o", session="c", success=True, reward=1.0, knowledge_version="beta/x@1"))
     snap, _ = st.apply("acme/support", [Extracted(wins, []), Extracted(loss, []), Extracted(other, [])])
     assert snap is not None and (snap.items[0].helpful, snap.items[0].harmful) == (1, 1)
+    # an interaction that names the items in its context counts exactly those
+    second, _ = st.apply("acme/support", [Extracted(traj(graded(iid="i2", session="s2")),
+                                                    [Candidate("Quote the shipping as 3 days.", "x", ["i2"], AGENT)])])
+    assert second is not None and len(second.items) == 2
+    rule, ship = second.items[0].item_id, second.items[1].item_id
+    named = traj(graded(iid="n", session="d", success=True, reward=1.0, knowledge_version="acme/support@2",
+                        in_context=(("acme/support", ship), ("beta/x", rule))))
+    snap, _ = st.apply("acme/support", [Extracted(named, [])])
+    assert snap is not None
+    assert [(i.helpful, i.harmful) for i in snap.items] == [(1, 1), (1, 0)]   # not the whole version
     assert parse_knowledge_version("acme/support:3", "acme/support") == 3
     assert parse_knowledge_version("", "acme/support") is None
 
