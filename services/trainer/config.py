@@ -152,6 +152,11 @@ class TrainerSettings(BaseSettings):
     """sft_filtered without an external grader: keep teacher samples whose mean token log-prob is at
     least this (the teacher was confident)."""
 
+    sft_max_repetition: float = Field(default=0.1, ge=0.0, le=1.0)
+    """sft_filtered: drop teacher samples whose share of repeated token 3-grams exceeds this (a sample that
+    loops on the fact passes an answer check; imitating it teaches the loop, which the eval gate's
+    repetition check then refuses). The same measure as the gate's (shared/decoding/repetition.py)."""
+
     sft_verifier: str = ""
     """sft_filtered: a verifier `package.module:function` called as `fn(messages, text, **params) -> bool | None` on
     each teacher sample (messages = the deployment prompt, without knowledge); only samples it passes

@@ -7,7 +7,9 @@ Methods (selectable, because docs/oel-probe.md found pure on-policy reverse KL a
 - gkd: a fraction λ of the sequences is sampled from the teacher (with c); those take the forward KL over
   the teacher's top-k, the rest the reverse KL (GKD, Agarwal et al. 2024).
 - sft_filtered: y ~ π_k(·|c, x); samples that pass the filter (a grader/verifier given by the caller, else
-  the teacher's own confidence) become supervised targets for π_θ(·|x).
+  the teacher's own confidence) and do not repeat themselves (share of repeated 3-grams at most
+  `sft_max_repetition`: a sample that loops on the fact still passes an answer check, and imitating it
+  teaches the loop, which the eval gate then refuses) become supervised targets for π_θ(·|x).
 
 The teacher is a frozen snapshot taken by the caller at round start; the next round snapshots the
 consolidated model, so the teacher follows the student (on-policy consistency).
@@ -33,6 +35,7 @@ from services.trainer.policy import Policy
 from services.trainer.steplog import StepHook
 from shared.chat_template import encode_chat, encode_text
 from shared.decoding.params import SamplingConfig
+from shared.decoding.repetition import repetition_rate
 from shared.generation import generate
 from shared.knowledge.frame import with_knowledge
 from shared.knowledge.retrieval import tfidf_rank
@@ -63,6 +66,7 @@ class DistillConfig:
     max_new_tokens: int = 48
     temperature: float = 1.0
     sft_min_mean_logprob: float = -1.5
+    sft_max_repetition: float = 0.1
     teacher_samples: int = 1
     seed: int = 0
 
@@ -75,7 +79,8 @@ class DistillConfig:
         return cls(method=s.distill_method, topk=s.distill_topk, gkd_lambda=s.gkd_lambda, batch=s.distill_batch,
                    steps=s.distill_steps, micro_batch_size=s.micro_batch_size,
                    max_new_tokens=s.distill_max_new_tokens, temperature=s.distill_temperature,
-                   sft_min_mean_logprob=s.sft_min_mean_logprob, teacher_samples=s.teacher_samples, seed=s.seed)
+                   sft_min_mean_logprob=s.sft_min_mean_logprob, sft_max_repetition=s.sft_max_repetition,
+                   teacher_samples=s.teacher_samples, seed=s.seed)
 
 
 def context_from_base(kb: KnowledgeBase, retrieval: str, n_items: int) -> ContextFn:
@@ -114,6 +119,12 @@ def _sample(model: nn.Module, tok: Any, prompts: list[list[int]], cfg: DistillCo
     out = generate(model, tok, prompts, params)
     model.train(was)
     return out
+
+
+def fluent_rows(samples: Sequence[Any], rows: Sequence[int], max_repetition: float) -> list[int]:
+    """The rows whose sample repeats itself no more than `max_repetition` (share of repeated token 3-grams,
+    shared/decoding/repetition.py): the SFT targets worth imitating."""
+    return [r for r in rows if repetition_rate(samples[r].token_ids) <= max_repetition]
 
 
 def _distinct(samples: Sequence[Any]) -> list[Any]:
@@ -234,8 +245,10 @@ def consolidation_round(policy: Policy, teacher: nn.Module, examples: Sequence[D
         rows = [r for r, s in enumerate(samples) if s.token_ids]
         if cfg.method == "sft_filtered":
             conf = confident(cfg.sft_min_mean_logprob)
-            rows = [r for r in rows if (accept(chosen[owner[r]], samples[r].text) if accept
-                                        else conf(samples[r].logprobs_t1))]
+            fluent = fluent_rows(samples, rows, cfg.sft_max_repetition)
+            m["rejected_repetitive"] = m.get("rejected_repetitive", 0.0) + len(rows) - len(fluent)
+            rows = [r for r in fluent if (accept(chosen[owner[r]], samples[r].text) if accept
+                                          else conf(samples[r].logprobs_t1))]
             m["accepted"] += len(rows)
         if not rows:
             continue

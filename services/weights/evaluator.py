@@ -50,6 +50,7 @@ from services.weights.gate import (
 from services.weights.knowledge import KnowledgeView
 from services.weights.metrics import EVAL_SECONDS, EVALS
 from services.weights.store import WeightStore
+from shared.decoding.repetition import repetition_rate
 from shared.grading import grade_rule, parse_rule_spec
 from shared.grpc_util import FailedPrecondition, NotFound
 from shared.orders import BASE
@@ -57,15 +58,6 @@ from shared.progress import progress
 from shared.proto.apprentice.v1 import weights_pb2
 
 log = logging.getLogger(__name__)
-
-
-def repetition_rate(ids: Sequence[int], n: int = 3) -> float:
-    """Share of the sequence's n-grams that repeat an earlier one: 1 - unique / total (0 below n tokens).
-
-    [1,2,3,1,2,3] has 3-grams 123,231,312,123 -> 1 - 3/4 = 0.25; a model stuck on one token gives ~1.
-    """
-    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
-    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
 def nonfinite_tensors(files_dir: Path) -> tuple[list[str], int]:

@@ -149,3 +149,16 @@ def test_no_knowledge_no_round(tiny) -> None:  # noqa: ANN001
     t = make_trainer(tiny)
     r = t.consolidation_round(examples(), [])
     assert r.metrics["steps"] == 0 and r.metrics["n_examples"] == 0
+
+
+def test_repetitive_teacher_samples_are_not_sft_targets() -> None:
+    from services.trainer.distill import fluent_rows
+    from shared.decoding.params import Sample
+
+    fine = Sample(token_ids=[5, 6, 7, 8, 9, 10, 11, 12])                    # no 3-gram twice
+    loop = Sample(token_ids=[5, 6, 7, 5, 6, 7, 5, 6, 7, 5])                 # 8 3-grams, 3 distinct: 0.625
+    edge = Sample(token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3])        # 11 3-grams, 1 repeat: ~0.09
+    samples = [fine, loop, edge]
+    assert fluent_rows(samples, [0, 1, 2], 0.1) == [0, 2]
+    assert fluent_rows(samples, [0, 1, 2], 0.0) == [0]
+    assert fluent_rows(samples, [1], 1.0) == [1]

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from services.weights.evaluator import repetition_rate
 from services.weights.gate import (
     coarse_limits,
     compare,
@@ -15,6 +14,7 @@ from services.weights.gate import (
     integrity_result,
     verdict,
 )
+from shared.decoding.repetition import repetition_rate
 from shared.proto.apprentice.v1 import weights_pb2
 
 
