@@ -123,12 +123,14 @@ class TrainerSettings(BaseSettings):
     gkd_lambda: float = 0.5
     """GKD mixture: share of sequences sampled from the teacher."""
 
-    retrieval: Literal["all", "tfidf"] = "tfidf"
-    """Teacher context: the whole knowledge base, or the items most similar to the prompt. docs/oel-probe.md
-    measured 10/20 with the relevant item vs 6/20 with all ten."""
+    retrieval: Literal["serving", "all", "tfidf"] = "serving"
+    """Teacher context: what a serving pod would put in that prompt's context (`serving`: the same
+    retriever, threshold and margin as inference, so the teacher is the policy users were served), the whole
+    knowledge base (`all`), or the `retrieval_items` most similar by TF-IDF (`tfidf`). docs/oel-probe.md
+    measured 11/20 with the relevant item alone, 6/20 with two distractors, 6/20 with all ten."""
 
     retrieval_items: int = 3
-    """Items put in the teacher's context under tfidf retrieval."""
+    """At most this many items in the teacher's context (serving and tfidf retrieval)."""
 
     knowledge_snapshots: int = 3
     """Recent snapshots kept per knowledge key; one is sampled per example (the OEL recipe)."""

@@ -91,7 +91,7 @@ def context_from_base(kb: KnowledgeBase, retrieval: str, n_items: int) -> Contex
 
 
 def context_from_items(items: Sequence[str], retrieval: str = "tfidf", n_items: int = 3) -> ContextFn:
-    """Teacher context from a fixed list of items (the demo, tests)."""
+    """Teacher context from a fixed list of items (tests, probes); any retrieval but `all` ranks by TF-IDF."""
     items = list(items)
 
     def fn(ex: DistillExample, rng: random.Random) -> list[str]:

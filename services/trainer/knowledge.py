@@ -4,8 +4,9 @@ Only reviewed items (APPROVED, PINNED, CONSOLIDATED) may reach training (docs/ar
 the snapshot's `require_approval`. Items are data, never instructions: they enter the teacher's prompt in the
 same frame that serving uses (shared/knowledge/frame.py). Keys are "<tenant>/<domain>", domain = the request's task tag ("general" if
 empty). The last `keep` snapshots of a key are kept and one is sampled per example (the OEL recipe
-trains on several knowledge snapshots); the teacher sees either all of its items or the few most
-similar to the prompt (TF-IDF cosine; docs/oel-probe.md measured the relevant item to beat the whole base).
+trains on several knowledge snapshots); the teacher sees what a serving pod would add to that prompt (the
+same retriever, threshold and margin: the relevant item, rarely more; docs/oel-probe.md measured the
+relevant item alone to beat it with distractors, 11/20 vs 6/20), or the whole base, or the TF-IDF top n.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from services.trainer.rollouts import domain_of
-from shared.knowledge.retrieval import tfidf_rank
+from shared.knowledge.retrieval import Entry, Retriever, tfidf_rank
 from shared.proto.apprentice.v1 import events_pb2
 
 # CONSOLIDATED items still teach: they left the serving context because the weights hold them, and
@@ -28,6 +29,7 @@ class Snapshot:
     key: str
     version: int
     items: tuple[str, ...]      # trainable item texts
+    entries: tuple[Entry, ...] = ()   # the same items with their questions, for the serving retriever
 
 
 class KnowledgeBase:
@@ -36,6 +38,7 @@ class KnowledgeBase:
         self.keep = keep
         self.snapshots: dict[str, deque[Snapshot]] = {}
         self.skipped_other_tenant = 0
+        self._retriever: Retriever | None = None
 
     def apply(self, snap: events_pb2.KnowledgeSnapshot) -> bool:
         """Take one snapshot record; True when it is a new version of this tenant with trainable items."""
@@ -46,9 +49,11 @@ class KnowledgeBase:
         hist = self.snapshots.setdefault(key, deque(maxlen=self.keep))
         if hist and snap.version <= hist[-1].version:
             return False
-        items = tuple(i.text for i in snap.items if i.status in TRAINABLE and i.text.strip())
-        hist.append(Snapshot(key, snap.version, items))
-        return bool(items)
+        kept = [i for i in snap.items if i.status in TRAINABLE and i.text.strip()]
+        entries = tuple(Entry(key=key, item_id=i.item_id, revision=i.revision, snapshot_version=snap.version,
+                              text=i.text, questions=tuple(i.questions), tokens=i.token_count) for i in kept)
+        hist.append(Snapshot(key, snap.version, tuple(i.text for i in kept), entries))
+        return bool(kept)
 
     def key_for(self, task: str) -> str:
         return f"{self.tenant}/{domain_of(task)}"
@@ -60,17 +65,35 @@ class KnowledgeBase:
     def has_items(self, task: str) -> bool:
         return any(s.items for s in self.snapshots.get(self.key_for(task)) or ())
 
-    def context(self, query: str, task: str, rng: random.Random, *, retrieval: str = "tfidf",
+    def context(self, query: str, task: str, rng: random.Random, *, retrieval: str = "serving",
                 n_items: int = 3) -> list[str]:
         """Items for the teacher's context: a snapshot sampled among the recent ones of the prompt's
-        domain, then all its items (retrieval="all") or the n most similar to `query` ("tfidf")."""
+        domain, then all its items (retrieval="all"), the n most similar to `query` ("tfidf"), or what the
+        serving pods would put in this prompt's context ("serving": the same retriever, threshold and
+        margin, shared/knowledge/retrieval.py; nothing when no item is relevant)."""
         hist = [s for s in self.snapshots.get(self.key_for(task)) or () if s.items]
         if not hist:
             return []
-        items = list(rng.choice(hist).items)
+        snap = rng.choice(hist)
+        items = list(snap.items)
+        if retrieval == "serving":
+            chosen = self.retriever().select(query, list(snap.entries), max_items=n_items, max_tokens=1 << 20)
+            order = {e.item_id: i for i, e in enumerate(snap.entries)}
+            return [e.text for e, _ in sorted(chosen, key=lambda p: order[p[0].item_id])]   # the base's order
         if retrieval == "all" or len(items) <= n_items:
             return items
         if retrieval != "tfidf":
-            raise ValueError(f"unknown retrieval {retrieval!r} (use 'all' or 'tfidf')")
-        order = tfidf_rank(query, items)[:n_items]
-        return [items[i] for i in sorted(order)]      # keep the base's order in the prompt
+            raise ValueError(f"unknown retrieval {retrieval!r} (use 'serving', 'all' or 'tfidf')")
+        order_ = tfidf_rank(query, items)[:n_items]
+        return [items[i] for i in sorted(order_)]      # keep the base's order in the prompt
+
+    def retriever(self) -> Retriever:
+        """The serving pods' retriever (the shipped sentence embedder, else TF-IDF), built on first use."""
+        if self._retriever is None:
+            from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
+
+            try:
+                self._retriever = Retriever(MiniLMEmbedder())
+            except EmbeddingsUnavailable:
+                self._retriever = Retriever(None)
+        return self._retriever

@@ -101,7 +101,8 @@ def test_sft_filtered_uses_only_accepted_teacher_samples(tiny) -> None:  # noqa:
 
 def test_sft_filtered_draws_several_teacher_samples_per_prompt(tiny) -> None:  # noqa: ANN001
     """teacher_samples = 3: up to 3 distinct samples per prompt are judged; each passing one is a target."""
-    t = make_trainer(tiny, distill_method="sft_filtered", teacher_samples=3, steps=1)
+    # the random tiny model's samples loop: the repetition filter (its own test below) is off here
+    t = make_trainer(tiny, distill_method="sft_filtered", teacher_samples=3, steps=1, sft_max_repetition=1.0)
     judged: list[tuple[str, str]] = []
 
     def accept_all(ex: DistillExample, text: str) -> bool:

@@ -71,8 +71,15 @@ def test_old_versions_ignored_and_snapshots_sampled() -> None:
     kb.apply(snapshot("acme", "support", 2, [("v2 item", APPROVED)]))
     assert not kb.apply(snapshot("acme", "support", 1, [("v1 item", APPROVED)]))
     kb.apply(snapshot("acme", "support", 3, [("v3 item", APPROVED)]))
-    seen = {kb.context("q", "support", random.Random(seed))[0] for seed in range(20)}
+    seen = {kb.context("q", "support", random.Random(seed), retrieval="all")[0] for seed in range(20)}
     assert seen == {"v2 item", "v3 item"}
+
+
+def test_serving_retrieval_gives_the_teacher_what_a_pod_would_serve() -> None:
+    kb = KnowledgeBase("acme")
+    kb.apply(snapshot("acme", "general", 1, [(t, APPROVED) for t in ITEMS]))
+    assert kb.context("How many months does the warranty last?", "", random.Random(0)) == [ITEMS[0]]
+    assert kb.context("Translate 'good morning' into French.", "", random.Random(0)) == []   # nothing relevant
 
 
 def test_retrieval_keeps_the_most_similar_items_in_base_order() -> None:
