@@ -124,17 +124,19 @@ class Curator:
     def _cos(self, a: str, b: str) -> float:
         return sum(x * y for x, y in zip(self._embedding(a), self._embedding(b), strict=True))
 
-    def same_subject(self, text: str, questions: Sequence[str], it: events_pb2.KnowledgeItem) -> bool:
-        """Two items speak about the same thing (whatever they say about it)."""
+    def same_subject(self, text: str, questions: Sequence[str], it: events_pb2.KnowledgeItem, *,
+                     by_questions: bool = True) -> bool:
+        """Two items speak about the same thing (whatever they say about it): by their texts, or (where
+        `by_questions`) by the questions they answer."""
         if self.embedder is not None:
             if self._cos(text, it.text) >= self.subject_threshold:
                 return True
-            return any(self._cos(q, r) >= 0.8 for q in questions[:3] for r in list(it.questions)[:3])
+            return by_questions and any(self._cos(q, r) >= 0.8 for q in questions[:3] for r in list(it.questions)[:3])
         terms = {w for t in (*answer_terms(text, questions), *it.answer_terms) for w in normalise(t).split()}
         a, b = word_set(text) - terms, word_set(it.text) - terms
         if a and b and len(a & b) / len(a | b) >= 0.4:
             return True
-        return any(jaccard(q, r) >= 0.5 for q in questions[:3] for r in list(it.questions)[:3])
+        return by_questions and any(jaccard(q, r) >= 0.5 for q in questions[:3] for r in list(it.questions)[:3])
 
     @staticmethod
     def _shared_term(terms: Sequence[str], other_terms: Sequence[str], other_text: str) -> bool:
@@ -163,12 +165,14 @@ class Curator:
         if self._shared_term(list(new.answer_terms), old.answer_terms, old.text) or \
                 any(term_in(t, new.text) for t in old.answer_terms):
             return False
-        return self.same_subject(new.text, list(new.questions), old)
+        # by the texts alone: questions are phrased alike across subjects ("How much is X?", "How much is Y?"),
+        # and a false contradiction retires a good item
+        return self.same_subject(new.text, (), old, by_questions=False)
 
     def duplicate_of(self, text: str, items: Sequence[events_pb2.KnowledgeItem],
-                     questions: Sequence[str] = ()) -> tuple[int, str] | None:
-        """Index of the item `text` duplicates and how ("exact", "near", "embedding", "same_fact"), else
-        None. RETIRED items take no merges (a superseded fact restated is a new proposal)."""
+                     questions: Sequence[str] = (), *, facts: bool = True) -> tuple[int, str] | None:
+        """Index of the item `text` duplicates and how ("exact", "near", "embedding", "same_fact" where
+        `facts`), else None. RETIRED items take no merges (a superseded fact restated is a new proposal)."""
         norm = normalise(text)
         terms = answer_terms(text, questions)
 
@@ -196,7 +200,7 @@ class Curator:
             if sims[j] >= self.embedding_threshold:
                 return j, "embedding"
         for i, it in enumerate(items):
-            if it.status != S.ITEM_STATUS_RETIRED and self.same_fact(text, questions, it):
+            if facts and it.status != S.ITEM_STATUS_RETIRED and self.same_fact(text, questions, it):
                 return i, "same_fact"
         return None
 

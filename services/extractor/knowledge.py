@@ -403,7 +403,7 @@ class KnowledgeStore:
                 if new_text == cur.items[idx].text:
                     return _copy(cur)
                 others = [it for i, it in enumerate(cur.items) if i != idx]
-                dup = self.curator.duplicate_of(new_text, others)
+                dup = self.curator.duplicate_of(new_text, others, facts=False)   # an operator's wording is deliberate
                 if dup is not None:
                     raise InvalidRequest(f"edited text duplicates item {others[dup[0]].item_id} ({dup[1]})")
                 snap = self._next(key, f"edit item {item_id_} by {who}")
