@@ -64,7 +64,12 @@ class DemoBudget:
     def quick(rounds: int) -> DemoBudget:
         return DemoBudget(rounds=rounds, users_per_round=10, eval_samples=0, max_new_tokens=24,
                           round_timeout_s=900, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "1",
-                                                            "APPRENTICE_TRAINER_DISTILL_BATCH": "4"})
+                                                            "APPRENTICE_TRAINER_DISTILL_BATCH": "4",
+                                                            # --quick runs a random model in tests: its samples
+                                                            # loop and never end, and the target filters would
+                                                            # leave the plumbing nothing to carry
+                                                            "APPRENTICE_TRAINER_SFT_MAX_REPETITION": "1.0",
+                                                            "APPRENTICE_TRAINER_SFT_FINISHED_ONLY": "false"})
 
 
 class Progress:

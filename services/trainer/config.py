@@ -159,6 +159,12 @@ class TrainerSettings(BaseSettings):
     loops on the fact passes an answer check; imitating it teaches the loop, which the eval gate's
     repetition check then refuses). The same measure as the gate's (shared/decoding/repetition.py)."""
 
+    sft_finished_only: bool = True
+    """sft_filtered: keep only teacher samples that ended with the end-of-turn token. A sample cut at
+    `distill_max_new_tokens` has none, and a student trained on it learns not to stop (measured: the demo's
+    round-2 candidate, trained on cut samples too, repeated itself in 15% of its greedy 3-grams, and the
+    gate refused it)."""
+
     sft_verifier: str = ""
     """sft_filtered: a verifier `package.module:function` called as `fn(messages, text, **params) -> bool | None` on
     each teacher sample (messages = the deployment prompt, without knowledge); only samples it passes

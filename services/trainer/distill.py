@@ -7,9 +7,10 @@ Methods (selectable, because docs/oel-probe.md found pure on-policy reverse KL a
 - gkd: a fraction λ of the sequences is sampled from the teacher (with c); those take the forward KL over
   the teacher's top-k, the rest the reverse KL (GKD, Agarwal et al. 2024).
 - sft_filtered: y ~ π_k(·|c, x); samples that pass the filter (a grader/verifier given by the caller, else
-  the teacher's own confidence) and do not repeat themselves (share of repeated 3-grams at most
-  `sft_max_repetition`: a sample that loops on the fact still passes an answer check, and imitating it
-  teaches the loop, which the eval gate then refuses) become supervised targets for π_θ(·|x).
+  the teacher's own confidence), ended by themselves and do not repeat themselves (share of repeated
+  3-grams at most `sft_max_repetition`: a sample that loops on the fact still passes an answer check, and
+  imitating it, or an answer cut at the length limit, teaches the loop, which the eval gate then refuses)
+  become supervised targets for π_θ(·|x).
 
 The teacher is a frozen snapshot taken by the caller at round start; the next round snapshots the
 consolidated model, so the teacher follows the student (on-policy consistency).
@@ -67,6 +68,7 @@ class DistillConfig:
     temperature: float = 1.0
     sft_min_mean_logprob: float = -1.5
     sft_max_repetition: float = 0.1
+    sft_finished_only: bool = True
     teacher_samples: int = 1
     seed: int = 0
 
@@ -80,6 +82,7 @@ class DistillConfig:
                    steps=s.distill_steps, micro_batch_size=s.micro_batch_size,
                    max_new_tokens=s.distill_max_new_tokens, temperature=s.distill_temperature,
                    sft_min_mean_logprob=s.sft_min_mean_logprob, sft_max_repetition=s.sft_max_repetition,
+                   sft_finished_only=s.sft_finished_only,
                    teacher_samples=s.teacher_samples, seed=s.seed)
 
 
@@ -121,10 +124,14 @@ def _sample(model: nn.Module, tok: Any, prompts: list[list[int]], cfg: DistillCo
     return out
 
 
-def fluent_rows(samples: Sequence[Any], rows: Sequence[int], max_repetition: float) -> list[int]:
-    """The rows whose sample repeats itself no more than `max_repetition` (share of repeated token 3-grams,
+def fluent_rows(samples: Sequence[Any], rows: Sequence[int], max_repetition: float,
+                finished_only: bool = True) -> list[int]:
+    """The rows whose sample ended by itself (where `finished_only`: a target cut at the length limit has no
+    end-of-turn token, and imitating it teaches the student not to stop, the first step into a loop) and
+    repeats itself no more than `max_repetition` (share of repeated token 3-grams,
     shared/decoding/repetition.py): the SFT targets worth imitating."""
-    return [r for r in rows if repetition_rate(samples[r].token_ids) <= max_repetition]
+    return [r for r in rows if (not finished_only or samples[r].finish_reason == "stop")
+            and repetition_rate(samples[r].token_ids) <= max_repetition]
 
 
 def _distinct(samples: Sequence[Any]) -> list[Any]:
@@ -245,7 +252,7 @@ def consolidation_round(policy: Policy, teacher: nn.Module, examples: Sequence[D
         rows = [r for r, s in enumerate(samples) if s.token_ids]
         if cfg.method == "sft_filtered":
             conf = confident(cfg.sft_min_mean_logprob)
-            fluent = fluent_rows(samples, rows, cfg.sft_max_repetition)
+            fluent = fluent_rows(samples, rows, cfg.sft_max_repetition, cfg.sft_finished_only)
             m["rejected_repetitive"] = m.get("rejected_repetitive", 0.0) + len(rows) - len(fluent)
             rows = [r for r in fluent if (accept(chosen[owner[r]], samples[r].text) if accept
                                           else conf(samples[r].logprobs_t1))]

@@ -38,6 +38,10 @@ def tiny(tiny_model_name: str):  # noqa: ANN201
 
 def make_trainer(tiny, **kw) -> Trainer:  # noqa: ANN001
     model, tok = tiny
+    # the random tiny model's 6-token samples loop and never end: the target filters (tested on their own
+    # below) would leave nothing to train on
+    kw.setdefault("sft_max_repetition", 1.0)
+    kw.setdefault("sft_finished_only", False)
     s = TrainerSettings(common=CommonSettings(model="tiny-random"), tenant="acme", lr=kw.pop("lr", 2e-3), distill_batch=4,
                         distill_steps=kw.pop("steps", 2), distill_max_new_tokens=6, micro_batch_size=2,
                         retrieval_items=1, **kw)
@@ -101,8 +105,7 @@ def test_sft_filtered_uses_only_accepted_teacher_samples(tiny) -> None:  # noqa:
 
 def test_sft_filtered_draws_several_teacher_samples_per_prompt(tiny) -> None:  # noqa: ANN001
     """teacher_samples = 3: up to 3 distinct samples per prompt are judged; each passing one is a target."""
-    # the random tiny model's samples loop: the repetition filter (its own test below) is off here
-    t = make_trainer(tiny, distill_method="sft_filtered", teacher_samples=3, steps=1, sft_max_repetition=1.0)
+    t = make_trainer(tiny, distill_method="sft_filtered", teacher_samples=3, steps=1)
     judged: list[tuple[str, str]] = []
 
     def accept_all(ex: DistillExample, text: str) -> bool:
@@ -156,10 +159,12 @@ def test_repetitive_teacher_samples_are_not_sft_targets() -> None:
     from services.trainer.distill import fluent_rows
     from shared.decoding.params import Sample
 
-    fine = Sample(token_ids=[5, 6, 7, 8, 9, 10, 11, 12])                    # no 3-gram twice
-    loop = Sample(token_ids=[5, 6, 7, 5, 6, 7, 5, 6, 7, 5])                 # 8 3-grams, 3 distinct: 0.625
-    edge = Sample(token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3])        # 11 3-grams, 1 repeat: ~0.09
-    samples = [fine, loop, edge]
-    assert fluent_rows(samples, [0, 1, 2], 0.1) == [0, 2]
+    fine = Sample(token_ids=[5, 6, 7, 8, 9, 10, 11, 12], finish_reason="stop")          # no 3-gram twice
+    loop = Sample(token_ids=[5, 6, 7, 5, 6, 7, 5, 6, 7, 5], finish_reason="stop")       # 3 distinct of 8: 0.625
+    edge = Sample(token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3], finish_reason="stop")  # 1 of 11: ~0.09
+    cut = Sample(token_ids=[5, 6, 7, 8, 9], finish_reason="length")                    # fluent but unfinished
+    samples = [fine, loop, edge, cut]
+    assert fluent_rows(samples, [0, 1, 2, 3], 0.1) == [0, 2]
+    assert fluent_rows(samples, [0, 1, 2, 3], 0.1, finished_only=False) == [0, 2, 3]
     assert fluent_rows(samples, [0, 1, 2], 0.0) == [0]
     assert fluent_rows(samples, [1], 1.0) == [1]
