@@ -97,8 +97,9 @@ class ExtractorSettings(BaseSettings):
     """Give the extractor the current base so it does not repeat it (OEL `exp_sel_with_prev`)."""
 
     correction_items: bool = True
-    """Also turn each correction's text into an item ("When asked ..., answer: ..."). A small policy is
-    weak at writing rules from a trajectory; the human correction is the strongest source (docs/oel-probe.md)."""
+    """Also turn each correction's text into an item (the corrected answer, its question kept beside it). A
+    small policy is weak at writing rules from a trajectory; the human correction is the strongest source
+    (docs/oel-probe.md)."""
 
     llm_items: bool = True
     """Ask the extractor LLM for items. False = knowledge from human corrections only, no LLM call: for a
