@@ -5,8 +5,8 @@ Rules (OEL accumulation plus ACE-style curation):
 - an exact duplicate (same normalised text) or near duplicate (word-set Jaccard >= threshold, or embedding
   cosine >= threshold when an embedder is configured, unless the two state different values) is merged
   into the existing item: its provenance grows, no new item appears. Rejected items take part, so a rejected rule is not proposed again;
-- the same fact in other words is merged too: the same subject (`same_subject`) and a shared answer term
-  (shared/knowledge/terms.py: the code, number or name the fact is about);
+- the same fact in other words is merged too: the same subject (`same_subject`) and no answer term the item
+  lacks (shared/knowledge/terms.py: the code, number or name the fact is about);
 - a contradiction is the same subject with disjoint answer terms (the warranty is 18 months / 24 months):
   `contradicts` tells the store, which retires the older item when the newer one is approved;
 - the active items (proposed + approved) are capped in tokens: items whose harmful count exceeds helpful
@@ -144,11 +144,14 @@ class Curator:
             normalise(t) == normalise(o) for t in terms for o in other_terms)
 
     def same_fact(self, text: str, questions: Sequence[str], it: events_pb2.KnowledgeItem) -> bool:
-        """A shared answer term and the same subject; a shared code or number (RF-7734, 4410) needs only
-        some words in common besides it (two facts rarely share a code and a topic)."""
+        """Every answer term of `text` is the item's and the subject is the same; a shared code or number
+        (RF-7734, 4410) needs only some words in common besides it (two facts rarely share a code and a
+        topic)."""
         terms = answer_terms(text, questions)
         if not terms or not self._shared_term(terms, it.answer_terms, it.text):
             return False
+        if not all(self._shared_term([t], it.answer_terms, it.text) for t in terms):
+            return False        # it says more ("24 months, batteries 6 months"): new information, not a restatement
         if self.same_subject(text, questions, it):
             return True
         coded = [t for t in terms if any(ch.isdigit() for ch in t) and len(t) >= 3]
