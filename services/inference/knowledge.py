@@ -111,6 +111,8 @@ class ServedKnowledge:
             return
         chosen = self.retriever.select(users[-1], entries, max_items=self.settings.knowledge_max_items,
                                        max_tokens=self.settings.knowledge_budget_for(p.tenant))
+        if not chosen:
+            return
         while chosen:
             texts = [e.text for e, _ in chosen]
             encoded = encode_chat(tokenizer, with_knowledge([{"role": m.role, "content": m.content}
