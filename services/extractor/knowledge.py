@@ -244,24 +244,14 @@ class KnowledgeStore:
             if not t.has_signal:
                 continue
             if t.knowledge_items:
-                for k, iid in t.knowledge_items:
-                    it = by_id.get(iid)
-                    if k != key or it is None:
-                        continue
-                    if t.success:
-                        it.helpful += 1
-                    else:
-                        it.harmful += 1
-                    it.updated_at.CopyFrom(now)
-                    changed = True
-                continue
-            version = parse_knowledge_version(t.knowledge_version, key)
-            ctx = self._history.get(key, {}).get(version) if version is not None else None
-            if ctx is None:
-                continue
-            for old in ctx.items:
-                it = by_id.get(old.item_id)
-                if it is None or old.status not in TRAINING:
+                ids = [iid for k, iid in t.knowledge_items if k == key]
+            else:
+                version = parse_knowledge_version(t.knowledge_version, key)
+                ctx = self._history.get(key, {}).get(version) if version is not None else None
+                ids = [old.item_id for old in ctx.items if old.status in TRAINING] if ctx is not None else []
+            for iid in ids:
+                it = by_id.get(iid)
+                if it is None:
                     continue
                 if t.success:
                     it.helpful += 1
