@@ -31,8 +31,9 @@ from shared.kafka.security import PLAINTEXT, KafkaSecurity
 if TYPE_CHECKING:
     from shared.config import CommonSettings
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-POM = REPO_ROOT / "compose" / "kafka" / "pom.xml"
+POM = Path(__file__).with_name("pom.xml")
+"""The Maven file naming the broker's jars: package data beside this module, so an installed wheel (which
+has no source tree around it) can fetch them too."""
 DEFAULT_PORT, DEFAULT_SASL_PORT = 9092, 9094
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 SCRAM_ITERATIONS = 8192

@@ -22,9 +22,11 @@ from typing import Any
 from confluent_kafka import Consumer, Message
 from google.protobuf.message import Message as ProtoMessage
 
-from shared.kafka.local_broker import REPO_ROOT, LocalBroker
+from shared.kafka.local_broker import LocalBroker
 from shared.kafka.security import SecuritySource, librdkafka_config
 from tests.helpers.ports import free_ports
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def consumer(bootstrap: str, *, group: str = "reader", isolation: str = "read_committed",
