@@ -13,8 +13,11 @@ tenant keeps only its newest flagged examples.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import OrderedDict, defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,34 @@ UPDATE_ACTIONS = {events_pb2.UPDATE_ACTION_PROMOTE: "promote", events_pb2.UPDATE
                   events_pb2.UPDATE_ACTION_ROLLBACK: "rollback"}
 TEXT_CHARS = 400
 """Prompt and response text kept per example (the page shows an excerpt; the topic has the rest)."""
+
+
+TICK_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+"""Time-axis tick steps: whole seconds, minutes, hours, a day (longer spans: whole days)."""
+MAX_TICKS = 8
+
+
+def ms(t: float) -> int:
+    """Seconds since the epoch (UTC, as envelopes carry them) --> milliseconds since the epoch, what the
+    browser's `Date` takes; it shows them in the viewer's own time zone."""
+    return round(t * 1000)
+
+
+def time_axis(starts: Iterable[float], bucket_s: float, *, now: float | None = None) -> dict[str, int]:
+    """The x axis of a chart of the buckets starting at `starts` (seconds since the epoch), each point drawn
+    at its bucket's start, in ms since the epoch: `min`/`max` half a bucket beyond the first and last bucket,
+    a lone bucket a whole bucket either side (the axis spans minutes around it, not the years a zero-width
+    range would be widened to), no bucket the current one; `step` a tick step of whole seconds, minutes,
+    hours or days giving at most MAX_TICKS ticks; `bucket` the bucket width."""
+    ts = sorted(starts)
+    if not ts:
+        now = time.time() if now is None else now
+        ts = [(now // bucket_s) * bucket_s]
+    pad = bucket_s if ts[0] == ts[-1] else bucket_s / 2
+    lo, hi = ts[0] - pad, ts[-1] + pad
+    span = hi - lo
+    step = next((s for s in TICK_STEPS_S if span / s <= MAX_TICKS), 0) or 86400 * math.ceil(span / 86400 / MAX_TICKS)
+    return {"min": ms(lo), "max": ms(hi), "step": step * 1000, "bucket": ms(bucket_s)}
 
 
 @dataclass(frozen=True)
@@ -162,8 +193,9 @@ class GradedFold:
         return (t // self.bucket_s) * self.bucket_s
 
     def curves(self, tenant: str | None = None) -> list[dict[str, Any]]:
-        """Per (tenant, task): one series per policy version of (bucket start, interactions, mean reward over
-        those with signal, success rate, mean response tokens), buckets in time order."""
+        """Per (tenant, task): one series per policy version of (bucket start in seconds `t` and in ms since
+        the epoch `ms`, interactions, mean reward over those with signal, success rate, mean response
+        tokens), buckets in time order; `axis`: the time axis over every version's buckets (time_axis)."""
         grouped: dict[tuple[str, str], dict[str, dict[float, _Bucket]]] = defaultdict(
             lambda: defaultdict(lambda: defaultdict(_Bucket)))
         for p in self._snapshot(tenant):
@@ -172,18 +204,20 @@ class GradedFold:
         for (ten, task), versions in sorted(grouped.items()):
             series = []
             for version, buckets in sorted(versions.items()):
-                points = [{"t": t, "n": b.n, "with_signal": b.signal,
+                points = [{"t": t, "ms": ms(t), "n": b.n, "with_signal": b.signal,
                            "reward": b.reward_sum / b.signal if b.signal else None,
                            "success": b.success / b.n, "tokens": b.tokens_sum / b.n}
                           for t, b in sorted(buckets.items())]
                 series.append({"version": version, "points": points,
                                "n": sum(b.n for b in buckets.values())})
-            out.append({"tenant": ten, "task": task, "series": series})
+            out.append({"tenant": ten, "task": task, "series": series, "axis": time_axis(
+                {t for buckets in versions.values() for t in buckets}, self.bucket_s)})
         return out
 
     def hacking(self, tenant: str | None = None) -> list[dict[str, Any]]:
-        """Per tenant: flagged and quarantined counts per bucket, totals per detector flag, and the newest
-        flagged examples (newest first)."""
+        """Per tenant: flagged and quarantined counts per bucket (start `t` in seconds, `ms` in ms since the
+        epoch), its time `axis` (time_axis), totals per detector flag, and the newest flagged examples
+        (newest first)."""
         per: dict[str, dict[float, _Bucket]] = defaultdict(lambda: defaultdict(_Bucket))
         flags: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         totals: dict[str, _Bucket] = defaultdict(_Bucket)
@@ -200,8 +234,9 @@ class GradedFold:
             out.append({
                 "tenant": ten, "interactions": tot.n, "flagged": tot.flagged, "quarantined": tot.quarantined,
                 "flags": dict(sorted(flags[ten].items())),
-                "points": [{"t": t, "n": b.n, "flagged": b.flagged, "quarantined": b.quarantined}
+                "points": [{"t": t, "ms": ms(t), "n": b.n, "flagged": b.flagged, "quarantined": b.quarantined}
                            for t, b in sorted(per[ten].items())],
+                "axis": time_axis(per[ten], self.bucket_s),
                 "examples": [e.__dict__ | {"flags": list(e.flags)} for e in examples.get(ten, [])]})
         return out
 

@@ -43,7 +43,9 @@ from services.dashboard.aggregates import GradedFold, UpdatesFold
 from services.dashboard.backends import Backends, Targets
 from services.dashboard.config import DashboardSettings
 from services.dashboard.reader import TopicReader
-from services.dashboard.views import knowledge_view, versions_view
+from services.dashboard.views import knowledge_view, version_actions, versions_view
+from shared.orders import BASE
+from shared.proto.apprentice.v1 import weights_pb2
 from shared.security.binding import is_loopback
 from shared.security.keys import KeyRing
 from shared.security.server_security import ServerSecurity
@@ -85,6 +87,26 @@ def _grpc_error(e: grpc.RpcError) -> JSONResponse:
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = e.details() if hasattr(e, "details") else str(e)
     return JSONResponse({"error": f"{code.name}: {details}"}, status_code=GRPC_HTTP.get(code, 502))
+
+
+REFUSALS = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS)
+"""gRPC codes by which a service refuses an order (its message says why); others mean it failed."""
+
+
+def _order_words(action: str, version: str) -> str:
+    """"promote v3", "canary v3", "roll back to v3", "roll back to the previous version"."""
+    return f"{'roll back to' if action == 'rollback' else action} {version or 'the previous version'}"
+
+
+def _order_error(action: str, version: str, e: grpc.RpcError) -> JSONResponse:
+    """A refused or failed weights order, in words: what was asked and the service's reason."""
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = e.details() if hasattr(e, "details") else str(e)
+    what = _order_words(action, version)
+    message = (f"the weights service refused to {what}: {details}" if code in REFUSALS
+               else f"could not {what}: the weights service answered {code.name}: {details}")
+    return JSONResponse({"error": message, "code": code.name}, status_code=GRPC_HTTP.get(code, 502))
 
 
 class Dashboard:
@@ -249,14 +271,38 @@ class Dashboard:
             reason = _text(body, "reason") or f"dashboard: {action} by {caller.identity.key_id}"
         except BadRequest as e:
             return JSONResponse({"error": str(e)}, status_code=400)
+        if (refused := await self._refusal(action, version)) is not None:
+            return refused
         try:
             ack = await run_in_threadpool(lambda: self.backends.weights_order(
                 action, version, fraction=fraction, reason=reason, token=caller.token))
         except grpc.RpcError as e:
-            return _grpc_error(e)
+            return _order_error(action, version, e)
         log.info("operator action", extra={"action": f"weights.{action}", "version": ack.version,
                                            "caller": caller.identity.key_id})
         return _json({"order_id": ack.order_id, "action": ack.action, "version": ack.version})
+
+    async def _refusal(self, action: str, version: str) -> JSONResponse | None:
+        """The page's own rules (views.version_actions) on the current state: an order that cannot succeed
+        is answered with the reason the page shows, without sending it. None = send it (also when the state
+        cannot be read: the order's own answer then says what is wrong)."""
+        if not version:
+            return None
+        try:
+            manifests, status = await run_in_threadpool(self.backends.versions)
+        except grpc.RpcError:
+            return None
+        m = next((m for m in manifests if m.version == version), None)
+        if m is None and version == BASE:
+            m = weights_pb2.Manifest(model=self.s.common.model, version=BASE,
+                                     status=weights_pb2.VERSION_STATUS_APPROVED)
+        if m is None:
+            return JSONResponse({"error": f"cannot {_order_words(action, version)}: {self.s.common.model} has no "
+                                          f"version {version}"}, status_code=404)
+        offered, why = version_actions(m, {x.version for x in manifests}, status)
+        if action in offered:
+            return None
+        return JSONResponse({"error": f"cannot {_order_words(action, version)}: {why[action]}"}, status_code=409)
 
     async def api_knowledge_action(self, request: Request) -> Response:
         if isinstance(caller := self._api(request, action=True), JSONResponse):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shared.orders import BASE
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 
 ITEM_STATUS = {events_pb2.ITEM_STATUS_PROPOSED: "proposed", events_pb2.ITEM_STATUS_APPROVED: "approved",
@@ -34,8 +35,82 @@ def version_status(m: weights_pb2.Manifest) -> str:
     return name.removeprefix("VERSION_STATUS_").lower()
 
 
+WEIGHTS_ACTIONS = ("promote", "canary", "rollback")
+
+
+def served_for(status: weights_pb2.StatusResponse | None, tenant: str) -> str:
+    """The version `tenant`'s slot serves outside any canary: its own, else the operator slot's (""), else
+    the base (shared/orders.py `promoted_for`, from the weights service's status)."""
+    if status is None:
+        return BASE
+    slots = dict(status.tenant_versions)
+    return slots.get(tenant) or slots.get("") or status.promoted_version or BASE
+
+
+def canary_for(status: weights_pb2.StatusResponse | None, tenant: str) -> str:
+    """The canary running in `tenant`'s own slot ("" = none); slots never share canaries."""
+    if status is None:
+        return ""
+    if status.tenant_canaries:
+        return status.tenant_canaries.get(tenant, "")
+    return "" if tenant else status.canary_version
+
+
+def _slot_name(tenant: str) -> str:
+    return f"tenant {tenant}" if tenant else "every tenant"
+
+
+def version_actions(m: weights_pb2.Manifest, stored: set[str],
+                    status: weights_pb2.StatusResponse | None) -> tuple[list[str], dict[str, str]]:
+    """The weights orders (`POST /api/weights/{action}`) that can succeed on version `m` as the dashboard
+    sends them (never with force), and for each other one why not, in the words of the row's note. The
+    weights service's rules (services/weights/orders.py): promote and canary pass the eval gate (a candidate
+    is evaluated first; rejected and rolled-back versions are refused), neither for the base or a version its
+    slot serves already, nor for a LoRA whose base version is not stored; a rollback to a version goes to
+    that version's slot, is refused for a rejected one and for the one its slot serves when no canary runs
+    there (with one, it ends the canary); a version with non-finite weights is never served."""
+    version, tenant = m.version, m.tenant
+    serving, canary = served_for(status, tenant), canary_for(status, tenant)
+    served = f"served now ({_slot_name(tenant)})"
+    why: dict[str, str] = {}
+    integrity = next((r for r in m.eval_results if r.suite == "integrity" and r.metric == "nonfinite_tensors"), None)
+    if integrity is not None and not integrity.passed:
+        return [], dict.fromkeys(WEIGHTS_ACTIONS, "non-finite weights: never served")
+    state = version_status(m)
+    if version == BASE:
+        why["promote"] = "the base: serve it with a rollback to it"
+        why["canary"] = "the base cannot be a canary"
+    else:
+        refused = {"rejected": "rejected by the eval gate",
+                   "rolled_back": "rolled back (the CLI's promote --force serves it again)"}.get(state, "")
+        if not refused and m.kind == "lora" and m.base_version not in ("", BASE) and m.base_version not in stored:
+            refused = f"its base version {m.base_version} is not stored"
+        if not refused and serving == version:
+            refused = served
+        if refused:
+            why["promote"] = why["canary"] = refused
+    if state == "rejected":
+        why["rollback"] = "rejected by the eval gate"
+    elif serving == version and not canary:
+        why["rollback"] = served
+    return [a for a in WEIGHTS_ACTIONS if a not in why], why
+
+
+def promoted_text(status: weights_pb2.StatusResponse | None) -> str:
+    """What is promoted, in words: the operator slot's version alone ("base", "v3") when no tenant has a
+    slot of its own, else each tenant slot's and the operator slot's for every other tenant:
+    "v3 for tenant shop · base for every other tenant"."""
+    default = served_for(status, "")
+    own = sorted((t, v) for t, v in (status.tenant_versions.items() if status is not None else []) if t and v)
+    if not own:
+        return default
+    return " · ".join([*(f"{v} for tenant {t}" for t, v in own), f"{default} for every other tenant"])
+
+
 def versions_view(manifests: list[weights_pb2.Manifest], status: weights_pb2.StatusResponse | None) -> dict[str, Any]:
-    """Lineage, gate results and serving state of every version, oldest first, plus which pod serves what."""
+    """Lineage, gate results and serving state of every version, oldest first, with the actions that can
+    succeed on each (and why the others cannot), plus which pod serves what."""
+    stored = {m.version for m in manifests}
     canary_fraction = status.canary_fraction if status is not None else 0.0
     canary_requests: dict[str, int] = {}
     for pod in status.pods if status is not None else []:
@@ -44,6 +119,7 @@ def versions_view(manifests: list[weights_pb2.Manifest], status: weights_pb2.Sta
     rows = []
     ordered = sorted(manifests, key=lambda m: (_seconds(m.created_at), m.version))
     for m in ordered:
+        actions, not_offered = version_actions(m, stored, status)
         rows.append({
             "version": m.version, "parent": m.parent_version or "base", "algorithm": m.algorithm, "kind": m.kind,
             "tenant": m.tenant, "status": version_status(m), "reason": m.status_reason, "pinned": m.pinned,
@@ -55,7 +131,9 @@ def versions_view(manifests: list[weights_pb2.Manifest], status: weights_pb2.Sta
                       "threshold": r.threshold, "passed": r.passed, "detail": r.detail,
                       "comparison": r.comparison, "baseline_version": r.baseline_version} for r in m.eval_results],
             "canary": ({"fraction": canary_fraction, "requests": canary_requests.get(m.version, 0)}
-                       if status is not None and m.version == status.canary_version else None)})
+                       if status is not None and m.version == status.canary_version else None),
+            "serving": served_for(status, m.tenant) == m.version, "slot_canary": canary_for(status, m.tenant),
+            "actions": actions, "not_offered": not_offered})
     curve = [{"label": label, "points": _curve_points(ordered, suite, metric, with_base)}
              for suite, metric, label, with_base in CURVE_METRICS]
     pods = []
@@ -66,8 +144,11 @@ def versions_view(manifests: list[weights_pb2.Manifest], status: weights_pb2.Sta
                  "detail": p.detail or p.last_error, "heartbeat_age_s": p.heartbeat_age_s} for p in status.pods]
     return {"versions": rows, "curve": [c for c in curve if c["points"]], "pods": pods,
             "promoted": status.promoted_version if status is not None else "",
+            "promoted_text": promoted_text(status),
             "canary": status.canary_version if status is not None else "", "canary_fraction": canary_fraction,
-            "tenant_versions": dict(status.tenant_versions) if status is not None else {}}
+            "tenant_versions": dict(status.tenant_versions) if status is not None else {},
+            "tenant_canaries": {t: v for t, v in sorted(status.tenant_canaries.items()) if t and v}
+            if status is not None else {}}
 
 
 def _curve_points(ordered: list[weights_pb2.Manifest], suite: str, metric: str,

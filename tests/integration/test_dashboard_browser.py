@@ -2,11 +2,13 @@
 processes, the real broker, tiny model, TLS and keys on): the operator signs in with the operator key,
 every page renders, a reward curve gets points once traffic is served, fed back and graded (a 3 s feedback
 window), and an approval clicked on the knowledge page reaches the Knowledge service (read back over its
-gRPC API), as do retiring it and undoing that (restore).
+gRPC API), as do retiring it and undoing that (restore). Every page is watched through several refreshes
+(one a second here) and fails the test on any browser console error or error box; the time charts' x axes
+span the minutes around their buckets (ms since the epoch), not years.
 
 Needs Debian's `chromium` and `chromium-driver` (`make setup` installs them where apt-get is usable) and
-the `selenium` package; skipped with the reason otherwise. Part of `make test` (28 s on the 2-core
-machine, most of it starting six processes); `make test-browser` runs it alone.
+the `selenium` package; skipped with the reason otherwise. Part of `make test` (about 50 s: starting six
+processes, then a few seconds of refreshes per page); `make test-browser` runs it alone.
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ def _browser() -> Any:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
                 "--window-size=1400,1000"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})    # console messages and uncaught errors
     options.accept_insecure_certs = True    # the stack's development CA is not in the browser's store
     return webdriver.Chrome(service=Service(DRIVER), options=options)
 
@@ -116,6 +120,65 @@ def _traffic(stack: Any, n: int) -> list[str]:
     return ids
 
 
+COUNT_REFRESHES = """
+window.__refreshes = 0;
+const fetched = window.fetch;
+window.fetch = async (...args) => {
+  const response = await fetched(...args);
+  if (String(args[0]).startsWith("/api/") && !(args[1] && args[1].method === "POST")) window.__refreshes += 1;
+  return response;
+};
+"""
+"""Counts the page's data fetches (one per refresh), installed by the test after the page loaded."""
+
+REFRESHES = 4
+"""Refreshes each page is watched through (the stack refreshes every second)."""
+
+
+def _console_errors(browser: Any) -> list[str]:
+    """The browser's SEVERE log entries since the last call (console.error, uncaught exceptions, failed loads)."""
+    return [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _stays_clean(browser: Any, page: str) -> None:
+    """Stay on the current page through REFRESHES refreshes: no console error, no error box, and every
+    refresh still draws (the page's `data-loaded` stamp moves on)."""
+    from selenium.webdriver.common.by import By
+
+    loaded = browser.execute_script("return document.body.dataset.loaded || ''")
+    browser.execute_script(COUNT_REFRESHES)
+    wait_for(lambda: browser.execute_script("return window.__refreshes") >= REFRESHES,
+             what=f"{REFRESHES} refreshes of the {page} page", stall_s=10 + 3 * REFRESHES, every=0.2)
+    errors = _console_errors(browser)
+    assert not errors, f"the {page} page logged errors while refreshing: {errors}"
+    box = browser.find_element(By.ID, "error")
+    assert not box.is_displayed(), f"the {page} page shows an error: {box.text}"
+    assert browser.execute_script("return document.body.dataset.loaded || ''") != loaded, \
+        f"the {page} page stopped drawing its refreshes"
+
+
+X_AXIS = """
+const chart = Chart.getChart(arguments[0]);
+return {min: chart.scales.x.min, max: chart.scales.x.max, now: Date.now(),
+        ticks: chart.scales.x.ticks.map((t) => t.value),
+        xs: chart.data.datasets.flatMap((d) => d.data.map((p) => p.x))};
+"""
+"""The drawn x range of a time chart, its ticks and its points' x values (ms since the epoch)."""
+
+
+def _time_axis_fits(browser: Any, canvas: Any, what: str) -> None:
+    """The chart's x axis spans minutes around its points (not years), its points at about now, its ticks
+    on whole seconds at even steps."""
+    axis = browser.execute_script(X_AXIS, canvas)
+    assert axis["xs"], (what, axis)
+    assert 0 < axis["max"] - axis["min"] <= 3600_000, (what, axis)
+    assert all(axis["min"] < x < axis["max"] for x in axis["xs"]), (what, axis)
+    assert all(abs(x - axis["now"]) < 600_000 for x in axis["xs"]), (what, axis)
+    ticks = axis["ticks"]
+    assert len(ticks) >= 2 and all(t % 1000 == 0 for t in ticks), (what, axis)
+    assert len({b - a for a, b in zip(ticks, ticks[1:], strict=False)}) == 1, (what, axis)
+
+
 def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
     from selenium.webdriver.common.by import By
 
@@ -143,6 +206,7 @@ def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
         wait_for(lambda: browser.find_elements(By.ID, "learning"), what="the learning page", stall_s=10, every=0.2,
                  ignore=LOADING)
         assert browser.get_cookie("apprentice_dashboard")["httpOnly"]
+        _console_errors(browser)                             # the refused sign-in's 401 is expected
 
         _traffic(stack, 6)
         # graded after the 3 s window: the page's next refreshes draw the reward curve of tenant demo, base
@@ -155,11 +219,20 @@ def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
             browser.find_element(By.CSS_SELECTOR, "section.curve .summary").text),
             what="every answer graded on the page", stall_s=60, every=0.5, ignore=LOADING)
         assert "versions: base (6)" in summary, summary
+        _time_axis_fits(browser, canvas[0], "the reward curve")
+        _stays_clean(browser, "learning")
 
-        for page, element in (("versions", "promoted"), ("hacking", "hacking"), ("health", "service-weights")):
+        for page, element in (("versions", "promoted"), ("hacking", "hacking"), ("health", "service-weights"),
+                              ("knowledge", "knowledge")):
             browser.find_element(By.ID, f"nav-{page}").click()
             wait_for(partial(browser.find_elements, By.ID, element), what=f"the {page} page drawn", stall_s=15,
                      every=0.2, ignore=LOADING)
+            if page == "hacking":
+                hacking = wait_for(partial(browser.find_elements, By.CSS_SELECTOR, "canvas[id^='hacking-demo']"),
+                                   what="the hacking chart of tenant demo", stall_s=15, every=0.2, ignore=LOADING)
+                _time_axis_fits(browser, hacking[0], "the hacking chart")
+            _stays_clean(browser, page)
+        browser.find_element(By.ID, "nav-health").click()
         wait_for(lambda: all(
             "healthy" in browser.find_element(By.ID, f"service-{n}").text
             for n in ("inference", "grader", "extractor", "trainer", "weights")),

@@ -54,26 +54,84 @@ function confirmDialog(text) {
   });
 }
 
-function lineChart(id, canvas, datasets, yLabel, yMax) {
-  let chart = charts.get(id);
-  const options = {
-    animation: false, responsive: true, maintainAspectRatio: false, parsing: false,
-    scales: {
-      x: { type: "linear", ticks: { callback: (v) => when(v) } },
-      y: { title: { display: true, text: yLabel }, beginAtZero: true, ...(yMax ? { max: yMax } : {}) },
-    },
-    plugins: { legend: { position: "bottom" } },
+// Time axes: x values are ms since the epoch (the server's `ms`), shown in the viewer's time zone; the
+// server's `axis` gives the range (padded around the buckets: one bucket does not stretch the axis over
+// years), a whole-second/minute/hour/day tick step and the bucket width.
+function timeLabel(ms, span) {
+  const d = new Date(ms);
+  return span > 36 * 3600e3 ? d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" })
+    : d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", ...(span <= 3600e3 ? { second: "2-digit" } : {}) });
+}
+
+// Ticks on whole multiples of the step in the viewer's time zone (whole minutes, hours, local midnights);
+// Chart.js's own linear ticks would divide the range evenly (05:09, 08:54, ...).
+function timeTicks(axis) {
+  return (scale) => {
+    const zone = -new Date(axis.min).getTimezoneOffset() * 60e3;
+    const ticks = [];
+    for (let v = Math.ceil((axis.min + zone) / axis.step) * axis.step - zone; v <= axis.max && ticks.length < 100; v += axis.step) {
+      ticks.push({ value: v });
+    }
+    scale.ticks = ticks;
   };
-  if (!chart || chart.canvas !== canvas) {
-    chart = new Chart(canvas, { type: "line", data: { datasets }, options });
+}
+
+function timeScale(axis) {
+  if (!axis) return { type: "linear", ticks: { callback: (v) => new Date(v).toLocaleTimeString() } };
+  const span = axis.max - axis.min;
+  return {
+    type: "linear", min: axis.min, max: axis.max, afterBuildTicks: timeTicks(axis),
+    ticks: { maxRotation: 0, callback: (v) => timeLabel(v, span) },
+  };
+}
+
+function timeTooltip(axis) {
+  return { callbacks: { title: (items) => items.length ? (axis
+    ? `${new Date(items[0].parsed.x).toLocaleString()} (+${axis.bucket / 1000} s bucket)`
+    : new Date(items[0].parsed.x).toLocaleString()) : "" } };
+}
+
+// One Chart per canvas: a refresh updates the chart drawn on that canvas in place; a chart whose canvas
+// was replaced or left the page is destroyed first (Chart.js refuses a second chart on a canvas).
+function lineChart(id, canvas, datasets, yLabel, { yMax, x, tooltip } = {}) {
+  let chart = charts.get(id);
+  if (chart && chart.canvas !== canvas) {
+    chart.destroy();
+    charts.delete(id);
+    chart = undefined;
+  }
+  const other = Chart.getChart(canvas);
+  if (!chart && other) other.destroy();
+  const scales = {
+    x: x || { type: "linear" },
+    y: { title: { display: true, text: yLabel }, beginAtZero: true, ...(yMax ? { max: yMax } : {}) },
+  };
+  const plugins = { legend: { position: "bottom" }, ...(tooltip ? { tooltip } : {}) };
+  if (!chart) {
+    chart = new Chart(canvas, {
+      type: "line", data: { datasets },
+      options: { animation: false, responsive: true, maintainAspectRatio: false, parsing: false, scales, plugins },
+    });
     charts.set(id, chart);
   } else {
     chart.data.datasets = datasets;
+    chart.options.scales = scales;
+    chart.options.plugins = plugins;
     chart.update("none");
   }
   const points = datasets.reduce((n, d) => n + d.data.length, 0);
   canvas.dataset.points = String(points);
   return chart;
+}
+
+// Charts whose canvas left the page (a tenant or curve gone): destroyed, so nothing holds them.
+function pruneCharts() {
+  for (const [id, chart] of charts) {
+    if (!chart.canvas || !chart.canvas.isConnected) {
+      chart.destroy();
+      charts.delete(id);
+    }
+  }
 }
 
 function chartBox(id) {
@@ -105,15 +163,17 @@ function renderLearning(data) {
       `${total} graded interactions; versions: ${curve.series.map((s) => `${s.version} (${s.n})`).join(", ")}`;
     const sets = (field) => curve.series.map((s, i) => ({
       label: s.version, borderColor: COLORS[i % COLORS.length], backgroundColor: COLORS[i % COLORS.length],
-      data: s.points.filter((p) => p[field] !== null).map((p) => ({ x: p.t, y: p[field] })), tension: 0.2,
+      data: s.points.filter((p) => p[field] !== null).map((p) => ({ x: p.ms, y: p[field] })), tension: 0.2,
     }));
-    lineChart(ids[0], document.getElementById(ids[0]), sets("reward"), "mean reward");
-    lineChart(ids[1], document.getElementById(ids[1]), sets("success"), "KPI success rate", 1);
-    lineChart(ids[2], document.getElementById(ids[2]), sets("tokens"), "response tokens");
+    const time = { x: timeScale(curve.axis), tooltip: timeTooltip(curve.axis) };
+    lineChart(ids[0], document.getElementById(ids[0]), sets("reward"), "mean reward", time);
+    lineChart(ids[1], document.getElementById(ids[1]), sets("success"), "KPI success rate", { ...time, yMax: 1 });
+    lineChart(ids[2], document.getElementById(ids[2]), sets("tokens"), "response tokens", time);
   }
   for (const section of root.querySelectorAll("section.curve")) {
     if (!seen.has(section.id.slice(6))) section.remove();
   }
+  pruneCharts();
 }
 
 // --- versions -------------------------------------------------------------------------------------
@@ -126,7 +186,8 @@ async function weightsAction(action, version) {
   }
   const what = { promote: `Promote ${version} to every pod (through the eval gate)?`,
                  canary: `Canary ${version} on ${fraction} of requests?`,
-                 rollback: version ? `Roll back to ${version}?` : "Roll back to the previous version?" }[action];
+                 rollback: version ? `Roll back to ${version} (a canary running in its slot ends)?`
+                   : "Roll back to the previous version?" }[action];
   if (!(await confirmDialog(what))) return;
   try {
     await post(`/api/weights/${action}`, { version, fraction, confirm: version || "previous" });
@@ -135,13 +196,31 @@ async function weightsAction(action, version) {
   } catch (e) { showError(`${action} ${version}: ${e.message}`); }
 }
 
+// The orders that can succeed on a version (the server's `actions`); for the others, why not (`not_offered`).
+function versionActions(v) {
+  const label = {
+    promote: "promote",
+    canary: v.slot_canary === v.version ? "change canary share" : "canary",
+    rollback: v.serving ? `end canary ${v.slot_canary}` : "roll back to",
+  };
+  const buttons = v.actions.map((a) => el("button", { onclick: () => weightsAction(a, v.version), class: a }, label[a]));
+  const reasons = new Map();   // one note per reason: "served now" for promote, canary and rollback alike
+  for (const [a, why] of Object.entries(v.not_offered || {})) reasons.set(why, [...(reasons.get(why) || []), a]);
+  const words = { promote: "promote", canary: "canary", rollback: "roll back" };
+  const notes = [...reasons].map(([why, actions]) => el("div", { class: "small not-offered", "data-actions": actions.join(" ") },
+    v.actions.length ? `no ${actions.map((a) => words[a]).join(" or ")}: ${why}` : why));
+  return [...buttons, ...notes];
+}
+
 function renderVersions(data) {
   const serving = document.getElementById("serving");
   serving.replaceChildren(
-    el("div", { class: "card" }, el("b", {}, "promoted"), el("span", { id: "promoted" }, data.promoted || "base"),
-      ...Object.entries(data.tenant_versions || {}).map(([t, v]) => el("div", { class: "small" }, `${t}: ${v}`))),
+    el("div", { class: "card" }, el("b", {}, "promoted"), el("span", { id: "promoted" }, data.promoted_text || "base")),
     el("div", { class: "card" }, el("b", {}, "canary"),
-      el("span", {}, data.canary ? `${data.canary} (${Math.round(data.canary_fraction * 100)}%)` : "none")),
+      el("span", { id: "canary" }, [
+        ...(data.canary ? [`${data.canary} (${Math.round(data.canary_fraction * 100)}%)`] : []),
+        ...Object.entries(data.tenant_canaries || {}).map(([t, v]) => `${v} for tenant ${t}`),
+      ].join(" · ") || "none")),
     el("div", { class: "card" }, el("b", {}, "rollback"),
       el("button", { onclick: () => weightsAction("rollback", ""), id: "rollback-previous" }, "to previous")));
   const tbody = document.querySelector("#versions-table tbody");
@@ -155,20 +234,15 @@ function renderVersions(data) {
     el("td", {}, v.eval.map((e) => el("div", { class: e.passed ? "pass" : "fail" },
       `${e.suite}/${e.metric}: ${num(e.candidate)} (${e.comparison ? `vs ${e.comparison} ${e.baseline_version}` : "base"} ${num(e.baseline)})`))),
     el("td", { class: "small" }, v.data_offsets.map((o) => el("div", {}, `${o.topic}[${o.partition}] ${o.start}-${o.end}`))),
-    el("td", {},
-      el("button", { onclick: () => weightsAction("promote", v.version), class: "promote" }, "promote"),
-      el("button", { onclick: () => weightsAction("canary", v.version), class: "canary" }, "canary"),
-      el("button", { onclick: () => weightsAction("rollback", v.version), class: "rollback" }, "roll back to")))));
+    el("td", { class: "actions" }, versionActions(v)))));
   const versions = ["base", ...data.versions.map((v) => v.version)];   // the base model's scores open the curve
   const canvas = document.getElementById("gate-curve");
   const datasets = data.curve.map((c, i) => ({
     label: c.label, borderColor: COLORS[i % COLORS.length], backgroundColor: COLORS[i % COLORS.length],
     data: c.points.map((p) => ({ x: versions.indexOf(p.version), y: p.value })),
   }));
-  const chart = lineChart("gate-curve", canvas, datasets, "score");
-  chart.options.scales.x.ticks.callback = (v) => versions[v] ?? "";
-  chart.options.scales.x.ticks.stepSize = 1;
-  chart.update("none");
+  lineChart("gate-curve", canvas, datasets, "score",
+    { x: { type: "linear", ticks: { stepSize: 1, callback: (v) => versions[v] ?? "" } } });
   document.querySelector("#pods-table tbody").replaceChildren(...data.pods.map((p) => el("tr", {},
     el("td", {}, p.pod), el("td", {}, p.serving), el("td", {}, p.canary || "-"),
     el("td", { class: "small" }, Object.entries(p.tenants).map(([t, v]) => `${t || "*"}: ${v}`).join(", ") || "-"),
@@ -184,30 +258,40 @@ function renderVersions(data) {
 function renderHacking(data) {
   const root = document.getElementById("hacking");
   if (!data.tenants.length) return;
-  root.replaceChildren(...data.tenants.map((t) => {
+  // One section per tenant, kept across refreshes: its chart stays on its canvas and is updated in place.
+  const sections = data.tenants.map((t) => {
     const id = `hacking-${t.tenant.replace(/[^A-Za-z0-9_-]/g, "_")}`;
-    const section = el("section", { class: "tenant" },
-      el("h2", {}, t.tenant),
-      el("p", {}, `${t.flagged} of ${t.interactions} interactions flagged, ${t.quarantined} quarantined. `,
-        Object.entries(t.flags).map(([f, n]) => el("span", { class: "tag" }, `${f}: ${n}`))),
-      el("div", { class: "chart-box" }, chartBox(id)),
-      el("table", { class: "examples" },
-        el("thead", {}, el("tr", {}, ["when", "version", "flags", "reward", "prompt", "response"].map((h) => el("th", {}, h)))),
-        el("tbody", {}, t.examples.map((e) => el("tr", {},
-          el("td", {}, when(e.served_at)), el("td", {}, e.policy_version),
-          el("td", {}, e.flags.join(", "), e.quarantined ? el("div", { class: "fail" }, "quarantined") : ""),
-          el("td", {}, num(e.reward)), el("td", { class: "text" }, e.prompt), el("td", { class: "text" }, e.response))))));
+    let section = document.getElementById(`tenant-${id}`);
+    if (!section) {
+      section = el("section", { class: "tenant", id: `tenant-${id}`, "data-tenant": t.tenant },
+        el("h2", {}, t.tenant),
+        el("p", { class: "summary" }),
+        el("div", { class: "chart-box" }, chartBox(id)),
+        el("table", { class: "examples" },
+          el("thead", {}, el("tr", {}, ["when", "version", "flags", "reward", "prompt", "response"].map((h) => el("th", {}, h)))),
+          el("tbody", {})));
+    }
+    section.querySelector(".summary").replaceChildren(
+      `${t.flagged} of ${t.interactions} interactions flagged, ${t.quarantined} quarantined. `,
+      ...Object.entries(t.flags).map(([f, n]) => el("span", { class: "tag" }, `${f}: ${n}`)));
+    section.querySelector("tbody").replaceChildren(...t.examples.map((e) => el("tr", {},
+      el("td", {}, when(e.served_at)), el("td", {}, e.policy_version),
+      el("td", {}, e.flags.join(", "), e.quarantined ? el("div", { class: "fail" }, "quarantined") : ""),
+      el("td", {}, num(e.reward)), el("td", { class: "text" }, e.prompt), el("td", { class: "text" }, e.response))));
     return section;
-  }));
+  });
+  if (sections.length !== root.children.length || sections.some((section, i) => root.children[i] !== section)) {
+    root.replaceChildren(...sections);
+  }
   for (const t of data.tenants) {
     const id = `hacking-${t.tenant.replace(/[^A-Za-z0-9_-]/g, "_")}`;
-    charts.delete(id);
     lineChart(id, document.getElementById(id), [
-      { label: "flagged", borderColor: COLORS[1], backgroundColor: COLORS[1], data: t.points.map((p) => ({ x: p.t, y: p.flagged })) },
-      { label: "quarantined", borderColor: COLORS[4], backgroundColor: COLORS[4], data: t.points.map((p) => ({ x: p.t, y: p.quarantined })) },
-      { label: "interactions", borderColor: COLORS[6], backgroundColor: COLORS[6], data: t.points.map((p) => ({ x: p.t, y: p.n })) },
-    ], "interactions per bucket");
+      { label: "flagged", borderColor: COLORS[1], backgroundColor: COLORS[1], data: t.points.map((p) => ({ x: p.ms, y: p.flagged })) },
+      { label: "quarantined", borderColor: COLORS[4], backgroundColor: COLORS[4], data: t.points.map((p) => ({ x: p.ms, y: p.quarantined })) },
+      { label: "interactions", borderColor: COLORS[6], backgroundColor: COLORS[6], data: t.points.map((p) => ({ x: p.ms, y: p.n })) },
+    ], "interactions per bucket", { x: timeScale(t.axis), tooltip: timeTooltip(t.axis) });
   }
+  pruneCharts();
 }
 
 // --- knowledge ------------------------------------------------------------------------------------
@@ -341,6 +425,7 @@ async function refresh() {
     entry[1](await api(entry[0]));
     document.body.dataset.loaded = String(Date.now());
   } catch (e) {
+    console.error(`refreshing the ${PAGE} page:`, e);
     showError(e.message);
   }
 }

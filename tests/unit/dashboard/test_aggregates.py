@@ -3,7 +3,9 @@ policy version and time bucket, hacking counts and examples, redelivered orders 
 
 from __future__ import annotations
 
-from services.dashboard.aggregates import GradedFold, UpdatesFold
+from datetime import UTC, datetime
+
+from services.dashboard.aggregates import GradedFold, UpdatesFold, time_axis
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 
 T0 = 1_700_000_040.0
@@ -41,10 +43,12 @@ def test_curves_split_by_version_and_bucket_with_highest_revision() -> None:
     by_version = {s["version"]: s for s in demo["series"]}
     assert set(by_version) == {"base", "v1"}
     [base_bucket] = by_version["base"]["points"]
-    assert base_bucket == {"t": T0, "n": 2, "with_signal": 2, "reward": 0.5, "success": 0.5, "tokens": 6.0}
+    assert base_bucket == {"t": T0, "ms": T0 * 1000, "n": 2, "with_signal": 2, "reward": 0.5, "success": 0.5,
+                           "tokens": 6.0}
     [v1_bucket] = by_version["v1"]["points"]
     # d has no signal: it counts for success and length, not for the mean reward
-    assert v1_bucket == {"t": T0 + 60, "n": 2, "with_signal": 1, "reward": 0.5, "success": 0.5, "tokens": 4.0}
+    assert v1_bucket == {"t": T0 + 60, "ms": (T0 + 60) * 1000, "n": 2, "with_signal": 1, "reward": 0.5,
+                         "success": 0.5, "tokens": 4.0}
     assert shop["series"][0]["points"][0]["reward"] == 1.0
     assert [c["tenant"] for c in fold.curves("shop")] == ["shop"]
     assert fold.records == 7
@@ -67,8 +71,8 @@ def test_hacking_counts_flags_and_keeps_newest_examples() -> None:
     [demo] = fold.hacking()
     assert (demo["interactions"], demo["flagged"], demo["quarantined"]) == (4, 3, 2)
     assert demo["flags"] == {"judge_kpi_disagreement": 2, "length_exploit": 2}
-    assert demo["points"] == [{"t": T0, "n": 2, "flagged": 1, "quarantined": 1},
-                              {"t": T0 + 60, "n": 2, "flagged": 2, "quarantined": 1}]
+    assert demo["points"] == [{"t": T0, "ms": T0 * 1000, "n": 2, "flagged": 1, "quarantined": 1},
+                              {"t": T0 + 60, "ms": (T0 + 60) * 1000, "n": 2, "flagged": 2, "quarantined": 1}]
     # newest first, two kept, and d's second revision replaced its first
     assert [(e["interaction_id"], e["quarantined"]) for e in demo["examples"]] == [("d", True), ("c", False)]
     assert demo["examples"][0]["prompt"] == "question d"
@@ -91,3 +95,34 @@ def test_updates_fold_counts_each_order_once() -> None:
     [o] = fold.timeline("m")
     assert (o["action"], o["version"], o["fraction"], o["by"]) == ("canary", "v2", 0.25, "alice")
     assert fold.timeline("other") == []
+
+
+def test_time_axis_spans_minutes_around_zero_one_or_many_buckets() -> None:
+    # one bucket: a bucket either side of it (Chart.js would widen a zero-width range by 5% of the value:
+    # years, for seconds or ms since the epoch), in ms since the epoch, the point in the middle
+    one = time_axis([T0], 60)
+    assert one == {"min": (T0 - 60) * 1000, "max": (T0 + 60) * 1000, "step": 15_000, "bucket": 60_000}
+    # many: half a bucket beyond the first and last, ticks on whole minutes / hours
+    many = time_axis([T0 + 120, T0, T0 + 60], 60)
+    assert (many["min"], many["max"]) == ((T0 - 30) * 1000, (T0 + 150) * 1000)
+    assert many["step"] == 30_000
+    day = time_axis([T0 + 3600 * h for h in range(24)], 3600)
+    assert day["step"] == 3 * 3600_000 and (day["max"] - day["min"]) == 24 * 3600_000
+    weeks = time_axis([T0, T0 + 30 * 86400], 3600)
+    assert weeks["step"] % 86_400_000 == 0 and (weeks["max"] - weeks["min"]) / weeks["step"] <= 8
+    # none: the current bucket
+    assert time_axis([], 10, now=T0 + 7) == {"min": (T0 - 10) * 1000, "max": (T0 + 10) * 1000, "step": 5000,
+                                             "bucket": 10_000}
+
+
+def test_chart_points_are_utc_epoch_ms_with_their_axis() -> None:
+    fold = GradedFold(bucket_s=10)
+    fold.add(graded("a", t=3, reward=1.0, flags=("length_exploit",)))
+    [curve] = fold.curves()
+    [point] = curve["series"][0]["points"]
+    # the bucket start as the browser's Date takes it: the same instant as the envelope's UTC time
+    assert datetime.fromtimestamp(point["ms"] / 1000, UTC) == datetime.fromtimestamp(T0, UTC)
+    assert curve["axis"]["min"] < point["ms"] < curve["axis"]["max"]
+    assert curve["axis"]["max"] - curve["axis"]["min"] == 20_000           # two buckets, not years
+    [tenant] = fold.hacking()
+    assert tenant["axis"] == curve["axis"] and tenant["points"][0]["ms"] == point["ms"]

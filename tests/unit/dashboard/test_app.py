@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from pydantic import SecretStr
 from starlette.testclient import TestClient
@@ -17,7 +18,7 @@ from services.dashboard.auth import ACTION_HEADER, COOKIE
 from services.dashboard.config import DashboardSettings
 from services.extractor.server import create_knowledge_server
 from shared.config import CommonSettings
-from shared.proto.apprentice.v1 import events_pb2
+from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 from tests.unit.dashboard.knowledge_states import (
     KAYAKS,
     RETURNS,
@@ -221,3 +222,65 @@ def test_knowledge_page_reads_states_and_undoes_through_the_service(
                     headers={"authorization": f"Bearer {BACKEND}", ACTION_HEADER: "1"})
     assert r.status_code == 403
     assert lc.snapshot().version == version
+
+
+class FakeWeights:
+    """The weights service as the dashboard's backends see it: v1 served to every tenant, no canary, v2
+    approved; orders are recorded, or refused with `refuse` (a gRPC error)."""
+
+    def __init__(self, refuse: grpc.RpcError | None = None) -> None:
+        self.orders: list[tuple[str, str]] = []
+        self.refuse = refuse
+
+    def versions(self) -> tuple[list[weights_pb2.Manifest], weights_pb2.StatusResponse]:
+        return ([weights_pb2.Manifest(model="m", version="v1", status=weights_pb2.VERSION_STATUS_PROMOTED),
+                 weights_pb2.Manifest(model="m", version="v2", status=weights_pb2.VERSION_STATUS_APPROVED)],
+                weights_pb2.StatusResponse(model="m", promoted_version="v1", tenant_versions={"": "v1"}))
+
+    def weights_order(self, action: str, version: str, **_: object) -> weights_pb2.OrderAck:
+        if self.refuse is not None:
+            raise self.refuse
+        self.orders.append((action, version))
+        return weights_pb2.OrderAck(order_id="o1", model="m", version=version, action=action)
+
+
+class Refused(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.FAILED_PRECONDITION
+
+    def details(self) -> str:
+        return "m: tenant '*' has no previous version to roll back to (serving 'v1'); name one with --version"
+
+
+@pytest.mark.parametrize(("action", "version", "status", "message"), [
+    ("canary", "v1", 409, "cannot canary v1: served now (every tenant)"),
+    ("promote", "v1", 409, "cannot promote v1: served now (every tenant)"),
+    ("rollback", "v1", 409, "cannot roll back to v1: served now (every tenant)"),
+    ("promote", "base", 409, "cannot promote base: the base: serve it with a rollback to it"),
+    ("promote", "v7", 404, "cannot promote v7: m has no version v7"),
+])
+def test_an_order_that_cannot_succeed_is_refused_with_the_reason_and_not_sent(
+        tmp_path: Path, action: str, version: str, status: int, message: str) -> None:
+    app = dashboard(tmp_path)
+    app.backends = weights = FakeWeights()  # type: ignore[assignment]
+    r = TestClient(app.asgi).post(f"/api/weights/{action}", json={"version": version, "confirm": version,
+                                                                   "fraction": 0.1},
+                                  headers={"authorization": f"Bearer {OPERATOR}", ACTION_HEADER: "1"})
+    assert (r.status_code, r.json()["error"]) == (status, message)
+    assert weights.orders == []
+
+
+def test_a_legal_order_is_sent_and_a_refusal_reads_as_words(tmp_path: Path) -> None:
+    app = dashboard(tmp_path)
+    app.backends = weights = FakeWeights()  # type: ignore[assignment]
+    client = TestClient(app.asgi)
+    auth = {"authorization": f"Bearer {OPERATOR}", ACTION_HEADER: "1"}
+    r = client.post("/api/weights/canary", json={"version": "v2", "confirm": "v2", "fraction": 0.1}, headers=auth)
+    assert r.status_code == 200 and weights.orders == [("canary", "v2")]
+    # what only the service knows (here: no history to roll back to) comes back as its reason, not a gRPC status
+    app.backends = FakeWeights(refuse=Refused())  # type: ignore[assignment]
+    r = client.post("/api/weights/rollback", json={"confirm": "previous"}, headers=auth)
+    assert r.status_code == 409
+    assert r.json()["error"] == ("the weights service refused to roll back to the previous version: m: tenant '*' "
+                                 "has no previous version to roll back to (serving 'v1'); name one with --version")
+    assert r.json()["code"] == "FAILED_PRECONDITION"

@@ -4,6 +4,8 @@ supersession, and the actions offered per state)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from services.dashboard.views import knowledge_view, versions_view
@@ -191,3 +193,89 @@ def test_knowledge_actions_offered_only_where_they_can_succeed() -> None:
         with pytest.raises(FailedPrecondition, match="flagged"):
             st.act(KEY, flagged[status].item_id, action, "olga")
     st.act(KEY, flagged[events_pb2.ITEM_STATUS_APPROVED].item_id, "retire", "olga")   # taking it out needs no override
+
+
+def _row(view: dict[str, Any], version: str) -> dict[str, Any]:
+    return next(r for r in view["versions"] if r["version"] == version)
+
+
+def test_versions_offer_only_the_orders_the_weights_service_accepts() -> None:
+    s = weights_pb2
+    v1 = manifest("v1", "", 100, s.VERSION_STATUS_RETIRED, 0.2, 0.6, 0.0)
+    v2 = manifest("v2", "v1", 200, s.VERSION_STATUS_PROMOTED, 0.3, 0.6, 0.0)
+    v3 = manifest("v3", "v2", 300, s.VERSION_STATUS_CANARY, 0.4, 0.6, 0.0)
+    v4 = manifest("v4", "v3", 400, s.VERSION_STATUS_REJECTED, 0.1, 0.6, 0.5)
+    v5 = manifest("v5", "v2", 500, s.VERSION_STATUS_ROLLED_BACK, 0.3, 0.6, 0.0)
+    v6 = manifest("v6", "v2", 600, s.VERSION_STATUS_APPROVED, 0.3, 0.6, 0.0)
+    v7 = manifest("v7", "v2", 700, s.VERSION_STATUS_CANDIDATE, 0.3, 0.6, 0.0)
+    v8 = manifest("v8", "v2", 800, s.VERSION_STATUS_APPROVED, 0.3, 0.6, 0.0)
+    v8.kind, v8.base_version = "lora", "v0"                                  # its base version is gone
+    status = s.StatusResponse(model="m", promoted_version="v2", canary_version="v3", canary_fraction=0.1,
+                              tenant_versions={"": "v2"}, tenant_canaries={"": "v3"})
+    view = versions_view([v1, v2, v3, v4, v5, v6, v7, v8], status)
+    offered = {r["version"]: r["actions"] for r in view["versions"]}
+    assert offered == {
+        "v1": ["promote", "canary", "rollback"],     # retired: promoted again, or rolled back to
+        "v2": ["rollback"],                          # served: only ending the canary of its slot
+        "v3": ["promote", "canary", "rollback"],     # the canary: graduate it, change its share, roll back to it
+        "v4": [],                                    # rejected by the gate
+        "v5": ["rollback"],                          # rolled back: promote / canary need the CLI's force
+        "v6": ["promote", "canary", "rollback"],
+        "v7": ["promote", "canary", "rollback"],     # a candidate: promote / canary run the eval gate first
+        "v8": ["rollback"]}
+    served = _row(view, "v2")
+    assert served["serving"] and served["slot_canary"] == "v3"
+    assert served["not_offered"] == {"promote": "served now (every tenant)", "canary": "served now (every tenant)"}
+    assert _row(view, "v4")["not_offered"] == dict.fromkeys(("promote", "canary", "rollback"),
+                                                            "rejected by the eval gate")
+    assert "--force" in _row(view, "v5")["not_offered"]["promote"]
+    assert _row(view, "v8")["not_offered"]["canary"] == "its base version v0 is not stored"
+    assert not _row(view, "v1")["serving"] and _row(view, "v1")["not_offered"] == {}
+
+    # no canary: the served version offers nothing (the weights service: "nothing to roll back")
+    quiet = versions_view([v1, v2], s.StatusResponse(model="m", promoted_version="v2", tenant_versions={"": "v2"}))
+    assert _row(quiet, "v2")["actions"] == []
+    assert set(_row(quiet, "v2")["not_offered"].values()) == {"served now (every tenant)"}
+    # nothing promoted yet: the base serves, every approved version can go
+    fresh = versions_view([v6], s.StatusResponse(model="m", promoted_version="base", tenant_versions={"": "base"}))
+    assert _row(fresh, "v6")["actions"] == ["promote", "canary", "rollback"]
+
+
+def test_versions_actions_follow_the_version_tenant_slot() -> None:
+    s = weights_pb2
+    shop3 = manifest("v3", "", 300, s.VERSION_STATUS_PROMOTED, 0.4, 0.6, 0.0)
+    shop3.tenant = "shop"
+    op2 = manifest("v2", "", 200, s.VERSION_STATUS_PROMOTED, 0.3, 0.6, 0.0)
+    shop4 = manifest("v4", "v3", 400, s.VERSION_STATUS_CANARY, 0.4, 0.6, 0.0)
+    shop4.tenant = "shop"
+    status = s.StatusResponse(model="m", promoted_version="v2", tenant_versions={"": "v2", "shop": "v3"},
+                              tenant_canaries={"shop": "v4"})
+    view = versions_view([op2, shop3, shop4], status)
+    assert _row(view, "v2")["actions"] == [] and _row(view, "v2")["not_offered"]["canary"] == "served now (every tenant)"
+    shop = _row(view, "v3")
+    assert shop["actions"] == ["rollback"] and shop["slot_canary"] == "v4"     # ends shop's canary
+    assert shop["not_offered"]["promote"] == "served now (tenant shop)"
+    assert _row(view, "v4")["actions"] == ["promote", "canary", "rollback"]
+    assert view["tenant_canaries"] == {"shop": "v4"}
+
+
+def test_versions_integrity_failure_is_never_served() -> None:
+    m = manifest("v9", "", 900, weights_pb2.VERSION_STATUS_APPROVED, 0.3, 0.6, 0.0)
+    m.eval_results.append(weights_pb2.EvalResult(suite="integrity", metric="nonfinite_tensors", candidate=3,
+                                                 passed=False))
+    [row] = versions_view([m], None)["versions"]
+    assert row["actions"] == [] and set(row["not_offered"].values()) == {"non-finite weights: never served"}
+
+
+@pytest.mark.parametrize(("tenant_versions", "text"), [
+    ({}, "base"),                                                        # nothing promoted: the base
+    ({"": "base"}, "base"),
+    ({"": "v2"}, "v2"),
+    ({"": "base", "default": "v3"}, "v3 for tenant default · base for every other tenant"),
+    ({"": "v2", "shop": "v4", "default": "v3"}, "v3 for tenant default · v4 for tenant shop · v2 for every other tenant"),
+])
+def test_promoted_card_reads_as_a_sentence(tenant_versions: dict[str, str], text: str) -> None:
+    status = weights_pb2.StatusResponse(model="m", promoted_version=tenant_versions.get("", ""),
+                                        tenant_versions=tenant_versions)
+    assert versions_view([], status)["promoted_text"] == text
+    assert versions_view([], None)["promoted_text"] == "base"
