@@ -138,11 +138,27 @@ def up(argv: list[str]) -> int:
         if ports.http:
             print(f"      or:  curl http://localhost:{ports.http}/v1/chat/completions "
                   "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'")
+    if (secrets / "ca.pem").exists():
+        _print_client_env(settings.home)
     if ports.dashboard:
         secure = (secrets / "ca.pem").exists()
         print(f"Dashboard: {'https' if secure else 'http'}://localhost:{ports.dashboard}/"
               + (f"  (sign in with the operator key in {secrets / 'operator.token'})" if secure else ""))
     return 0 if all(service_health(ports).values()) else 1
+
+
+def _print_client_env(home: Path) -> None:
+    """The lines of `apprentice env`: stock clients (OpenAI SDKs, curl, Node, Go) fail with a bare
+    "Connection error." until told the stack's CA, so `up` shows how, right where it shows the URLs."""
+    from services.loop.client_env import env_lines
+
+    try:
+        lines = env_lines(home)
+    except FileNotFoundError:
+        return
+    print("\nStock clients (OpenAI SDKs, curl, Node, Go) trust and reach the stack with these lines "
+          "(or: eval \"$(apprentice env)\"):")
+    print("\n".join(line for line in lines if not line.startswith("#")))
 
 
 def _wait_for_services(home: Path, ports: Ports, sup: subprocess.Popen[bytes], wait_s: float) -> dict[str, bool]:

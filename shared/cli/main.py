@@ -23,6 +23,8 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "down": ("services.loop.stack_cli", "down", "stop the local stack"),
     "status": ("services.loop.stack_cli", "status", "health, versions, lag, spool depth of the local stack"),
     "secrets": ("shared.security.devpki", "main", "create a stack's development CA, keys and tokens"),
+    "env": ("services.loop.client_env", "main",
+            "print the shell lines that make stock clients trust the local stack: eval \"$(apprentice env)\""),
     "dashboard": ("services.dashboard.__main__", "main", "the operator dashboard: what the model is learning (web)"),
 }
 

@@ -331,8 +331,9 @@ def test_authentication_errors_and_other_statuses(door: Door) -> None:
 
 
 def test_tls_only_and_only_for_clients_that_trust_the_ca(door: Door, tmp_path: Path) -> None:
-    with pytest.raises(httpx.HTTPError):
-        httpx.get(f"http://127.0.0.1:{door.app.http_port}/v1/models", timeout=10)
+    plain = httpx.get(f"http://127.0.0.1:{door.app.http_port}/v1/models", timeout=10)   # served nothing, told how
+    assert plain.status_code == 400 and plain.text.startswith(
+        f"this port speaks HTTPS: use https://127.0.0.1:{door.app.http_port}/v1 and trust the stack's CA"), plain.text
     other_ca, _ = make_ca(tmp_path / "other")
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{door.base_url}/models", verify=ssl.create_default_context(cafile=str(other_ca)), timeout=10)

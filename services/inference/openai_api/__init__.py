@@ -33,7 +33,7 @@ def start_http(app: InferenceApp) -> HttpServer:
     host = service_host(s.host, s.common, extra_keys=s.legacy_key_entries())
     return HttpServer(HttpApi(app).asgi, host, s.http_port, s.common, name="inference HTTP API",
                       port_var="APPRENTICE_INFERENCE_HTTP_PORT (0 disables the HTTP API)", grace_s=s.grace_s,
-                      backlog=2048, keep_alive_s=30).start()
+                      backlog=2048, keep_alive_s=30, https_path="/v1").start()
 
 
 __all__ = ["start_http"]
