@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 TENANT_METADATA = "x-apprentice-tenant"
+LIST_SCOPE_METADATA = "x-apprentice-list-scope"
+"""Trailing metadata of a list whose result depends on who asks: "all" (every tenant), "tenant" (one) or
+"none" (a caller that must name a tenant and named none). An empty list then tells "nothing exists yet"
+from "nothing visible to you" (the knowledge CLI words them differently)."""
 
 
 class ServiceError(Exception):

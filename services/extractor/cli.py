@@ -39,8 +39,13 @@ STATE = {S.ITEM_STATUS_PROPOSED: "pending", S.ITEM_STATUS_APPROVED: "serving in 
 relevant requests' prompts; a consolidated one is answered by a promoted version's weights instead."""
 STATES = ("pending", "serving in context", "consolidated", "retired", "rejected", "?")
 STATE_WIDTH = max(len(s) for s in STATES)
-NOTHING_VISIBLE = ("no knowledge bases visible (only operator keys list every tenant; others name one: "
-                   "--tenant T, or show TENANT/DOMAIN)")
+NOTHING_VISIBLE = ("no knowledge bases visible without a tenant: this caller is not an operator (a service "
+                   "key, or a server without keys), so it names one: --tenant T, or show TENANT/DOMAIN")
+"""An empty list for a caller that may not list every tenant: not "there are none" (and not an error either;
+a refused read is PERMISSION_DENIED, printed as such)."""
+NO_BASES_YET = ("no knowledge bases yet: the extractor creates one per TENANT/DOMAIN from graded "
+                "interactions (corrections and feedback on served answers)")
+"""An empty list for a caller that sees everything it asked for: nothing has been learnt yet."""
 ORDER = {S.ITEM_STATUS_PINNED: 0, S.ITEM_STATUS_APPROVED: 1, S.ITEM_STATUS_PROPOSED: 2, S.ITEM_STATUS_CONSOLIDATED: 3,
          S.ITEM_STATUS_RETIRED: 4, S.ITEM_STATUS_REJECTED: 5}
 DONE = {"approve": "approved", "reject": "rejected", "pin": "pinned", "retire": "retired", "restore": "restored"}
@@ -215,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd or "list"
     import grpc
 
+    from shared.cli.failures import EXIT_UNREACHABLE, grpc_unreachable_reason, unreachable
+    from shared.grpc_util import LIST_SCOPE_METADATA
     from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc
     from shared.security.channels import open_channel
 
@@ -228,16 +235,22 @@ def main(argv: list[str] | None = None) -> int:
             tenant = getattr(args, "tenant", "") or key.partition("/")[0]
             return (("x-apprentice-tenant", tenant),) if tenant else ()
 
+        def listed() -> tuple[list[str], str]:
+            """The keys the caller may list, and what an empty list means (`nothing_listed`)."""
+            resp, call = stub.List.with_call(knowledge_pb2.ListKnowledgeRequest(tenant=args.tenant),
+                                             timeout=args.timeout)
+            scope = dict(call.trailing_metadata() or ()).get(LIST_SCOPE_METADATA, "")
+            return [b.key for b in resp.bases], nothing_listed(args.tenant, str(scope))
+
         if cmd == "list":
-            resp = stub.List(knowledge_pb2.ListKnowledgeRequest(tenant=args.tenant), timeout=args.timeout)
-            snaps = [stub.Get(knowledge_pb2.GetKnowledgeRequest(key=b.key), timeout=args.timeout, metadata=named(b.key))
-                     for b in resp.bases]
-            print(format_list(snaps) if snaps or args.tenant else NOTHING_VISIBLE)
+            keys, empty = listed()
+            snaps = [stub.Get(knowledge_pb2.GetKnowledgeRequest(key=k), timeout=args.timeout, metadata=named(k))
+                     for k in keys]
+            print(format_list(snaps) if snaps else empty)
         elif cmd == "show":
-            keys = [args.key] if args.key else [b.key for b in stub.List(
-                knowledge_pb2.ListKnowledgeRequest(tenant=args.tenant), timeout=args.timeout).bases]
+            keys, empty = ([args.key], "") if args.key else listed()
             if not keys:
-                print("no knowledge bases yet" if args.tenant else NOTHING_VISIBLE)
+                print(empty)
             for i, key in enumerate(keys):
                 snap = stub.Get(knowledge_pb2.GetKnowledgeRequest(key=key, version=args.version,
                                                                   training_view=args.training_view),
@@ -264,26 +277,59 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except grpc.RpcError as e:
         code = e.code()
-        if code == grpc.StatusCode.UNAVAILABLE and cmd in ("list", "show"):
-            print(f"(no extractor at {args.endpoint}; reading the knowledge topic)", file=sys.stderr)
-            return _print_offline(cmd, args)
+        reason = grpc_unreachable_reason(e)
+        if (reason is not None or code == grpc.StatusCode.UNAVAILABLE) and cmd in ("list", "show"):
+            return _print_offline(cmd, args, extractor_down=True)
+        if reason is not None:  # the stack is down (or elsewhere): which service, where, what to do
+            print(f"apprentice knowledge {cmd}: {unreachable('extractor', args.endpoint, reason)}", file=sys.stderr)
+            return EXIT_UNREACHABLE
         print(f"apprentice knowledge {cmd}: {code.name}: {e.details()}", file=sys.stderr)
         return 1
     finally:
         channel.close()
 
 
-def _print_offline(cmd: str, args: argparse.Namespace) -> int:
+def nothing_listed(tenant: str, scope: str) -> str:
+    """What an empty `list` means, by the scope the server says it listed (LIST_SCOPE_METADATA): nothing
+    learnt yet (every tenant, or the caller's or the named one) or nothing visible to this caller; a server
+    that does not say is read the cautious way."""
+    if tenant:
+        return f"no knowledge bases yet for tenant {tenant!r}" + NO_BASES_YET.removeprefix("no knowledge bases yet")
+    return NO_BASES_YET if scope in ("all", "tenant") else NOTHING_VISIBLE
+
+
+def _print_offline(cmd: str, args: argparse.Namespace, *, extractor_down: bool = False) -> int:
+    """`list` / `show` from the compacted knowledge topic (`--from-topic`, or no extractor answers). With
+    the broker down as well, one line says that both are down and how to start them."""
+    from shared.cli.failures import EXIT_UNREACHABLE, KAFKA, kafka_unreachable, unreachable
+    from shared.config import CommonSettings
+    from shared.kafka.admin import broker_answers
+
+    common = CommonSettings()
+    if not broker_answers(common.kafka_bootstrap, security=common):
+        line = unreachable(KAFKA, common.kafka_bootstrap)
+        if extractor_down:
+            line = (f"neither the extractor service at {args.endpoint} nor the Kafka broker at "
+                    f"{common.kafka_bootstrap} (its knowledge topic) is answering; start the local stack with "
+                    "`apprentice up` (or set APPRENTICE_EXTRACTOR_ENDPOINT / APPRENTICE_KAFKA_BOOTSTRAP)")
+        print(f"apprentice knowledge {cmd}: {line}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if extractor_down:
+        print(f"(no extractor at {args.endpoint}; reading the knowledge topic)", file=sys.stderr)
     try:
         snaps = _from_topic([args.key] if cmd == "show" and args.key else None)
     except Exception as e:  # noqa: BLE001 - tell the person what failed
+        if kafka_unreachable(e):
+            print(f"apprentice knowledge {cmd}: {unreachable(KAFKA, common.kafka_bootstrap)}", file=sys.stderr)
+            return EXIT_UNREACHABLE
         print(f"apprentice knowledge {cmd}: cannot read the knowledge topic: {e}", file=sys.stderr)
         return 1
     if cmd == "list":
-        print(format_list([s for s in snaps if not args.tenant or s.key.startswith(args.tenant + "/")]))
+        listed = [s for s in snaps if not args.tenant or s.key.startswith(args.tenant + "/")]
+        print(format_list(listed) if listed else nothing_listed(args.tenant, "all"))
         return 0
     if not snaps:
-        print(f"no knowledge base {args.key!r}" if args.key else "no knowledge bases yet")
+        print(f"no knowledge base {args.key!r}" if args.key else NO_BASES_YET)
         return 1 if args.key else 0
     from services.extractor.knowledge import training_view
 

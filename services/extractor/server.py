@@ -24,6 +24,7 @@ from services.extractor.trajectories import split_key
 from shared.audit import AuditLog
 from shared.config import CommonSettings
 from shared.grpc_util import (
+    LIST_SCOPE_METADATA,
     TENANT_METADATA,
     NotFound,
     PermissionDenied,
@@ -94,6 +95,8 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServicer):
     def List(self, request: knowledge_pb2.ListKnowledgeRequest, context: Any) -> knowledge_pb2.ListKnowledgeResponse:
         require(len(request.tenant) <= 128, "tenant must be at most 128 characters")
         tenant = self._read_scope(context, request.tenant)
+        context.set_trailing_metadata(((LIST_SCOPE_METADATA, "none" if tenant is None else "tenant" if tenant
+                                        else "all"),))
         out = knowledge_pb2.ListKnowledgeResponse()
         if tenant is None:
             return out       # no tenant identity, none named: nothing

@@ -78,9 +78,13 @@ def up(argv: list[str]) -> int:
     ap.add_argument("--wait", type=float, default=300.0, help="seconds to wait for every service to be healthy")
     ap.add_argument("--task", default=None, help="a task file or shipped task name: its tenant, task and KPI "
                     "configure the grader, the gate's eval sets and the trainer (services/loop/README.md)")
+    ap.add_argument("--use-running-broker", action="store_true",
+                    help="share the broker that answers at the Kafka address even when it is another home's "
+                         "(another checkout's); without it `up` refuses and names whose it is "
+                         "(also APPRENTICE_USE_RUNNING_BROKER=1)")
     ns = ap.parse_args(argv)
     settings = CommonSettings()
-    from shared.cli.kafka_cmds import kafka
+    from shared.cli.kafka_cmds import SHARE_ENV, foreign_broker, kafka
     from shared.models import ModelUnavailable, check_model_name
 
     try:  # before anything starts: every service would fail on it, restarted again and again
@@ -88,6 +92,11 @@ def up(argv: list[str]) -> int:
     except ModelUnavailable as e:
         print(f"apprentice up: {e}", file=sys.stderr)
         return 2
+    if not (ns.use_running_broker or os.environ.get(SHARE_ENV, "") not in ("", "0")):
+        refusal = foreign_broker(settings)  # another home's broker: its data is not where ours would be
+        if refusal is not None:
+            print(f"apprentice up: {refusal}", file=sys.stderr)
+            return 1
     if kafka(["start"]) != 0:
         return 1
     if _supervisor_pid(settings.home):

@@ -9,6 +9,7 @@ Exit codes: 0 ok, 1 the service refused (the message says why), 2 bad usage, 3 t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from datetime import UTC, datetime
@@ -73,6 +74,40 @@ def _print_table(rows: list[list[str]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
+def _serving(stub: Any, model: str, timeout: float) -> dict[str, str]:
+    """Tenant slot ("" = every tenant) -> the version it serves, from Status; {} when Status is refused
+    (`list` still lists)."""
+    import grpc
+
+    from shared.proto.apprentice.v1 import weights_pb2 as W
+
+    try:
+        return dict(stub.Status(W.StatusRequest(model=model), timeout=timeout).tenant_versions)
+    except grpc.RpcError:
+        return {}
+
+
+def _serving_text(serving: dict[str, str]) -> str:
+    from shared.orders import BASE
+
+    if not serving:
+        return "unknown"
+    return ", ".join(f"{v or BASE} for {'every tenant' if not k else 'tenant ' + k}" for k, v in sorted(serving.items()))
+
+
+def list_json(model: str, resp: Any, serving: dict[str, str]) -> dict[str, Any]:
+    """`list --json`: one shape whether or not anything was trained. The base model is always the first
+    entry of `versions` (it is always available, though the store holds trained versions only), so an empty
+    store is `{"versions": [base]}` rather than `{}`; `serving` is each tenant slot's version ("" = every
+    tenant)."""
+    from shared.events import to_dict
+    from shared.orders import BASE
+
+    base = {"model": model, "version": BASE, "kind": BASE}
+    return {"model": model, "serving": {k: v or BASE for k, v in serving.items()},
+            "versions": [base, *to_dict(resp).get("versions", [])]}
+
+
 def _run(ns: argparse.Namespace, stub: Any) -> int:
     from shared.events import to_json
     from shared.proto.apprentice.v1 import weights_pb2 as W
@@ -80,8 +115,12 @@ def _run(ns: argparse.Namespace, stub: Any) -> int:
     model, t = ns.model, ns.timeout
     if ns.cmd == "list":
         resp = stub.List(W.ListVersionsRequest(model=model), timeout=t)
+        serving = _serving(stub, model, t)
         if ns.json:
-            print(to_json(resp))
+            print(json.dumps(list_json(model, resp, serving), ensure_ascii=False))
+            return 0
+        if not resp.versions:  # the store holds trained versions only: a bare header read as "broken"
+            print(f"only the base model {model}; no trained versions yet (serving: {_serving_text(serving)})")
             return 0
         rows = [["VERSION", "STATUS", "KIND", "TENANT", "PARENT", "CREATED", "SIZE", "PIN", "REASON"]]
         for m in resp.versions:
@@ -137,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ns.model = getattr(ns, "model", None)
     import grpc
 
+    from shared.cli.failures import grpc_unreachable_reason, unreachable
     from shared.proto.apprentice.v1 import weights_pb2_grpc
     from shared.security.channels import open_channel
 
@@ -149,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(ns, weights_pb2_grpc.WeightsStub(channel))
         except grpc.RpcError as e:
             code = e.code()
+            reason = grpc_unreachable_reason(e)
+            if reason is not None:  # the stack is down (or elsewhere): say which service, where, what to do
+                print(f"apprentice weights {ns.cmd}: {unreachable('weights', ns.endpoint, reason)}", file=sys.stderr)
+                return 3
             print(f"apprentice weights {ns.cmd}: {code.name}: {e.details()}", file=sys.stderr)
             return 3 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) else 1
 

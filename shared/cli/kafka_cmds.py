@@ -6,14 +6,68 @@ import argparse
 import sys
 import time
 import uuid
+from typing import TYPE_CHECKING
 
+from shared.cli.failures import EXIT_UNREACHABLE
 from shared.config import CommonSettings
+
+if TYPE_CHECKING:
+    from shared.kafka.local_broker import BrokerStatus
+
+SHARE_ENV = "APPRENTICE_USE_RUNNING_BROKER"
+"""Set to 1: `apprentice up` shares a broker of another home that answers at its address (as
+`--use-running-broker`)."""
 
 
 def _broker(settings: CommonSettings, *, sasl: bool = False, sasl_port: int = 9094):  # noqa: ANN202 - lazy imports
     from shared.kafka.local_broker import LocalBroker
 
     return LocalBroker.for_settings(settings, sasl=sasl, sasl_port=sasl_port)
+
+
+def whose(st: BrokerStatus) -> str:
+    """The answering broker in words: the home it belongs to (and its pid) when it is another home's local
+    broker, else the data folder it reports."""
+    if st.serving_home is not None:
+        pid = st.serving_pid
+        return (f"the broker of {st.serving_home}" + (f" (pid {pid})" if pid else "")
+                + f", data {st.serving_data_dir}")
+    if st.serving_data_dir is not None:
+        return f"a broker with its data in {st.serving_data_dir}"
+    return "a broker this home did not start (it does not say where its data is)"
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+    import socket
+
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def foreign_broker(settings: CommonSettings) -> str | None:
+    """Why `apprentice up` must not use the broker at its configured address unless asked to share: a
+    broker answers on this machine there, but it is not this home's (another checkout's, typically on
+    9092), so this stack would write into a data folder `kafka status` did not name. None when the broker
+    is this home's, none answers (`up` starts one), or the address is another machine's (a cluster the
+    user pointed at on purpose)."""
+    from shared.kafka.local_broker import BrokerError
+
+    try:
+        broker = _broker(settings)
+    except BrokerError:
+        return None                       # `kafka start` says what is wrong with the settings
+    if not _loopback(broker.host):
+        return None
+    st = broker.status()
+    if not st.foreign:
+        return None
+    stop = f"APPRENTICE_HOME={st.serving_home} apprentice kafka stop" if st.serving_home else "stop it"
+    return (f"the Kafka broker at {st.bootstrap} is not this home's ({settings.home}): it is {whose(st)}. "
+            f"Stop it ({stop}), give this home a broker of its own on another port "
+            f"(APPRENTICE_KAFKA_BOOTSTRAP=127.0.0.1:29092), or share it: --use-running-broker (or {SHARE_ENV}=1)")
 
 
 def kafka(argv: list[str]) -> int:
@@ -40,7 +94,8 @@ def kafka(argv: list[str]) -> int:
             st = broker.start()
             how = "started" if st.owned else "reused (already running)"
             print(f"kafka broker {how} at {st.bootstrap} in {time.monotonic() - t0:.1f}s"
-                  + (f" (pid {st.pid})" if st.pid else ""))
+                  + (f" (pid {st.pid})" if st.pid else "")
+                  + (f"; not this home's: {whose(st)}" if st.foreign else ""))
             if st.sasl_bootstrap:
                 print(f"SASL/SCRAM listener at {st.sasl_bootstrap}, user {broker.sasl_user!r}; clients use it with:")
                 for name, value in broker.sasl_env().items():
@@ -54,15 +109,32 @@ def kafka(argv: list[str]) -> int:
             print("kafka broker stopped" if broker.stop() else "no broker started by apprentice is running")
         else:
             st = broker.status()
+            sasl = f"; SASL/SCRAM at {st.sasl_bootstrap}" if st.sasl_bootstrap else ""
+            if st.foreign:  # the data folder of the broker that answers, never this home's unused one
+                print(f"kafka broker up at {st.bootstrap}, not this home's: {whose(st)}{sasl} "
+                      f"(this home's broker would keep its data in {st.data_dir})")
+                return 0
             state = "up" if st.running else "down"
             owner = f", started by apprentice (pid {st.pid})" if st.owned else (", external" if st.running else "")
-            sasl = f"; SASL/SCRAM at {st.sasl_bootstrap}" if st.sasl_bootstrap else ""
-            print(f"kafka broker {state} at {st.bootstrap}{owner}{sasl}; data {st.data_dir}")
+            print(f"kafka broker {state} at {st.bootstrap}{owner}{sasl}; data {st.serving_data_dir or st.data_dir}")
             return 0 if st.running else 1
     except BrokerError as e:
         print(f"apprentice kafka {ns.action}: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _unreachable(command: str, settings: CommonSettings) -> bool:
+    """Probe the broker first (quietly): when it does not answer, say so in one line (shared/cli/failures.py)
+    instead of the Kafka client's retry log followed by a traceback. (`tail` follows a topic like `tail -F`:
+    it keeps waiting for a broker that is starting, with the client's one "unreachable" line.)"""
+    from shared.cli.failures import KAFKA, unreachable
+    from shared.kafka.admin import broker_answers
+
+    if broker_answers(settings.kafka_bootstrap, timeout=5.0, security=settings):
+        return False
+    print(f"apprentice {command}: {unreachable(KAFKA, settings.kafka_bootstrap)}", file=sys.stderr)
+    return True
 
 
 def topics(argv: list[str]) -> int:
@@ -76,6 +148,8 @@ def topics(argv: list[str]) -> int:
     settings = CommonSettings()
     from shared.kafka.admin import ensure_topics, list_topics
 
+    if _unreachable("topics", settings):
+        return EXIT_UNREACHABLE
     if not ns.no_create:
         from confluent_kafka import KafkaException
 

@@ -52,8 +52,44 @@ def package_version() -> str:
         return "unknown"
 
 
+SERVER_COMMANDS = ("serve", "demo", "dashboard")
+"""Commands that run servers or a whole stack: an error there is a bug or a crash to see in full, never worded
+as "the stack is down"."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Two failures every command shares end here in one way (shared/cli/failures.py): a
+    service or broker that does not answer is one line on stderr with exit 3 (no traceback), and a reader
+    that closed the pipe (`| head -1`) ends the command quietly with exit 141."""
+    from shared.cli.failures import (
+        EXIT_BROKEN_PIPE,
+        EXIT_UNREACHABLE,
+        describe_unreachable,
+        flush_stdout,
+        quiet_stdout,
+    )
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv else ""
+    try:
+        rc = _main(argv)
+    except BrokenPipeError:
+        quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except SystemExit:  # argparse's --help and usage errors: their text may meet a closed pipe as well
+        if not flush_stdout():
+            return EXIT_BROKEN_PIPE
+        raise
+    except Exception as e:
+        line = None if command in SERVER_COMMANDS else describe_unreachable(e, command)
+        if line is None:
+            raise
+        print(f"apprentice {command}: {line}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    return rc if flush_stdout() else EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="apprentice", description="On-the-job learning for deployed LLMs.")
     parser.add_argument("-V", "--version", action="version", version=f"apprentice {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

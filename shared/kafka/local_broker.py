@@ -3,6 +3,11 @@
 Recipe in docs/architecture.md §10. `start` reuses any broker that already answers on the bootstrap address;
 `stop` only stops a broker whose pid file this module wrote.
 
+Whose broker answers is the broker's own word: its `log.dirs`, read over the Admin API (`serving_data_dir`).
+A pid file says only what this home started; a broker on 9092 started from another checkout answers just
+the same, and `apprentice up` used to reuse it silently while `kafka status` named this home's data folder,
+which that broker never reads. `BrokerStatus.foreign` and `serving_home` say whose it is.
+
 With `sasl_port` the broker also serves a SASL_PLAINTEXT listener there (SCRAM-SHA-512). Its one user
 (`sasl_user`) gets a random password, generated once and kept in `<home>/kafka/sasl/<user>.password`
 (mode 0600, outside the repository); the user is (re)created through the Admin API on every start, so a
@@ -53,6 +58,39 @@ class BrokerStatus:
     data_dir: Path
     sasl_bootstrap: str | None = None
     """The SASL_PLAINTEXT (SCRAM-SHA-512) listener, when this broker serves one."""
+    serving_data_dir: Path | None = None
+    """The data folder of the broker that answers at `bootstrap`, as it reports it (`log.dirs`): `data_dir`
+    when it is this home's; None when none answers or it does not say."""
+
+    @property
+    def foreign(self) -> bool:
+        """A broker answers at `bootstrap` but it is not this home's: it keeps its data elsewhere (or, when it
+        does not say where, this home did not start it)."""
+        if not self.running:
+            return False
+        if self.serving_data_dir is not None:
+            return self.serving_data_dir.resolve() != self.data_dir.resolve()
+        return not self.owned
+
+    @property
+    def serving_home(self) -> Path | None:
+        """The Apprentice home of the answering broker when its data folder is a local broker's
+        (`<home>/kafka/data`), else None (another kind of broker, or it does not say)."""
+        d = self.serving_data_dir
+        if d is None or d.name != "data" or d.parent.name != "kafka":
+            return None
+        return d.parent.parent
+
+    @property
+    def serving_pid(self) -> int | None:
+        """The pid recorded in the answering broker's home (`serving_home`), if that home has one."""
+        home = self.serving_home
+        if home is None:
+            return None
+        try:
+            return int((home / "kafka" / "broker.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
 
 
 class LocalBroker:
@@ -92,7 +130,10 @@ class LocalBroker:
         if protocol != "PLAINTEXT":
             raise BrokerError(f"the local broker serves PLAINTEXT and SASL_PLAINTEXT, not {protocol}: point "
                               "APPRENTICE_KAFKA_BOOTSTRAP at a cluster with TLS listeners instead")
-        return cls(settings.home, host=host, port=port, sasl_port=sasl_port if sasl else None)
+        # the controller listens next to the broker (9092 -> 9093, as ever): a second home's broker on
+        # another port must not collide with the first one's controller on 9093
+        return cls(settings.home, host=host, port=port, controller_port=port + 1,
+                   sasl_port=sasl_port if sasl else None)
 
     @property
     def bootstrap(self) -> str:
@@ -287,11 +328,36 @@ class LocalBroker:
             pass
         return pid
 
+    def serving_data_dir(self, timeout: float = 5.0) -> Path | None:
+        """The data folder of the broker that answers at `bootstrap`, as it reports it: its `log.dirs`
+        (the first one), read over the Admin API. Whatever started that broker, this names whose it is;
+        None when none answers or it does not say (a cluster that refuses to describe its configs)."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import ConfigResource, ResourceType
+
+        try:
+            client = admin(self.bootstrap, quiet=True, security=PLAINTEXT)
+            brokers = client.list_topics(timeout=timeout).brokers
+            # the broker listening on this port (a cluster has several; the local broker is node 1)
+            node = next((b.id for b in brokers.values() if b.port == self.port), next(iter(brokers), None))
+            if node is None:
+                return None
+            futures = client.describe_configs([ConfigResource(ResourceType.BROKER, str(node))],
+                                              request_timeout=timeout)
+            config = next(iter(futures.values())).result(timeout)
+        except (KafkaException, StopIteration, TimeoutError, ValueError):
+            return None
+        entry = config.get("log.dirs") or config.get("log.dir")
+        first = (entry.value or "").split(",")[0].strip() if entry is not None else ""
+        return Path(first) if first else None
+
     def status(self) -> BrokerStatus:
         pid = self._owned_pid()
-        return BrokerStatus(running=broker_answers(self.bootstrap, security=PLAINTEXT), owned=pid is not None,
+        running = broker_answers(self.bootstrap, security=PLAINTEXT)
+        return BrokerStatus(running=running, owned=pid is not None,
                             pid=pid, bootstrap=self.bootstrap, data_dir=self.data,
-                            sasl_bootstrap=self.sasl_bootstrap if self._sasl_answers() else None)
+                            sasl_bootstrap=self.sasl_bootstrap if self._sasl_answers() else None,
+                            serving_data_dir=self.serving_data_dir() if running else None)
 
     def start(self, timeout: float = 90.0) -> BrokerStatus:
         """Start the broker unless one already answers; return once a metadata request succeeds (and,

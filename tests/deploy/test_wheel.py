@@ -225,6 +225,7 @@ def stack_from_wheel(wheel_venv: WheelVenv, kafka_bootstrap: str, topics: Topics
     ports, home, cwd = Ports(), tmp_path / "home", tmp_path / "cwd"
     cwd.mkdir()
     env = {**wheel_venv.env, "APPRENTICE_HOME": str(home), "APPRENTICE_MODEL": tiny_model_name,
+           "APPRENTICE_USE_RUNNING_BROKER": "1",   # the suite's broker is not this home's: share it
            "APPRENTICE_KAFKA_BOOTSTRAP": kafka_bootstrap, "APPRENTICE_TOPIC_PREFIX": topics.prefix,
            "APPRENTICE_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "APPRENTICE_INFERENCE_PORT": str(ports.inference), "APPRENTICE_WEIGHTS_PORT": str(ports.weights),

@@ -43,6 +43,7 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
     ports = Ports()   # free ports: never collide with a stack (or test) that already listens on 50051...
     home = tmp_path / "home"
     env = {**os.environ, "APPRENTICE_HOME": str(home), "APPRENTICE_MODEL": tiny_model_name,
+           "APPRENTICE_USE_RUNNING_BROKER": "1",   # the suite's broker is not this home's: share it
            "APPRENTICE_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "APPRENTICE_INFERENCE_PORT": str(ports.inference), "APPRENTICE_WEIGHTS_PORT": str(ports.weights),
            "APPRENTICE_EXTRACTOR_PORT": str(ports.extractor), "APPRENTICE_INFERENCE_POD_ID": "pod-up",
@@ -68,7 +69,8 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
         recorded = json.loads((home / "endpoints.json").read_text())
         assert recorded["grpc"]["weights"] == f"127.0.0.1:{ports.weights}" and recorded["model"] == tiny_model_name
         listed = apprentice("weights", "list")
-        assert listed.returncode == 0 and listed.stdout.startswith("VERSION"), listed.stdout + listed.stderr
+        assert listed.returncode == 0 and listed.stdout.startswith(f"only the base model {tiny_model_name};"), \
+            listed.stdout + listed.stderr
         kb = apprentice("knowledge", "list")
         assert kb.returncode == 0 and "reading the knowledge topic" not in kb.stderr, kb.stdout + kb.stderr
 
