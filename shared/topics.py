@@ -21,6 +21,7 @@ CHECKPOINTS = "apprentice.checkpoints.v1"
 MODEL_UPDATES = "apprentice.model-updates.v1"
 DEADLETTER = "apprentice.deadletter.v1"
 AUDIT = "apprentice.audit.v1"
+GRADER_RULES = "apprentice.grader-rules.v1"
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ SPECS: tuple[TopicSpec, ...] = (
     TopicSpec(DEADLETTER, partitions=1, retention_ms=30 * 24 * 3600 * 1000),
     # Operator actions are kept a year: who promoted, forced, rolled back or approved what.
     TopicSpec(AUDIT, partitions=1, retention_ms=365 * 24 * 3600 * 1000),
+    # Grading rules set at run time (`apprentice grader rules set`), keyed <tenant>/<task>: kept for good.
+    TopicSpec(GRADER_RULES, partitions=1, compacted=True, retention_ms=-1),
 )
 
 BASE_NAMES: tuple[str, ...] = tuple(s.name for s in SPECS)
@@ -84,6 +87,10 @@ class Topics:
     @property
     def audit(self) -> str:
         return self.prefix + AUDIT
+
+    @property
+    def grader_rules(self) -> str:
+        return self.prefix + GRADER_RULES
 
     def group_id(self, name: str) -> str:
         """The consumer group id of `name` ("extractor", "weights", ...) in this namespace."""

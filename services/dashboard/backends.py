@@ -147,7 +147,11 @@ class Backends:
             lag: Any = partition_lag(self.s.common)
         except Exception as e:  # noqa: BLE001 - the page shows what it can
             lag = {"error": str(e)}
-        return {"services": services, "spool_depth": spool, "lag": lag}
+        from services.grader.waiting import describe, from_metrics
+
+        waiting = from_metrics(texts["grader"])
+        return {"services": services, "spool_depth": spool, "lag": lag,
+                "grader_waiting": {**(waiting.as_dict() if waiting else {}), "lines": describe(waiting)}}
 
 
 def partition_lag(common: CommonSettings) -> list[dict[str, Any]]:

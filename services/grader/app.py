@@ -41,6 +41,8 @@ from services.grader.join import Joiner, Rejected
 from services.grader.judge_client import JudgeBackend
 from services.grader.limits import limits_of
 from services.grader.routing import DEADLETTER_HEADERS, dead_letter
+from services.grader.rulebook import RuleBook
+from services.grader.waiting import WaitingIndex
 from shared.grading import GraderConfig
 from shared.kafka.security import faust_credentials
 from shared.validation import KafkaHeaders
@@ -63,15 +65,17 @@ class GraderApp:
     """The faust app and what its stages share: topics, tables, the due index, and the ways to send."""
 
     def __init__(self, settings: GraderSettings, config: GraderConfig, *,
-                 judge: JudgeBackend | None = None) -> None:
+                 judge: JudgeBackend | None = None, book: RuleBook | None = None) -> None:
         self.settings = settings
         self.config = config
         topics = settings.common.topics
         self.stats = DetectorStats(config.detectors)
-        self.joiner = Joiner(config, self.stats, retention_s=settings.retention_s,
+        self.joiner = Joiner(book or RuleBook(config), self.stats, retention_s=settings.retention_s,
                              orphan_feedback_s=settings.orphan_feedback_s, source=SOURCE, limits=limits_of(settings))
         self.due: dict[bytes, tuple[float, bool, int]] = {}
         """key -> (next time the ticker must look at it, window still open, join partition)."""
+        self.waiting = WaitingIndex()
+        """The open windows by tenant and task (waiting.py), kept beside `due`."""
         self.judge_due: dict[bytes, float] = {}
         """judge group key -> when the ticker must close it."""
 
@@ -158,3 +162,4 @@ class GraderApp:
         self.recovery.forget(gone)
         for key in [k for k, (_d, _o, p) in self.due.items() if p in gone]:
             del self.due[key]
+            self.waiting.discard(key.decode(errors="replace"))

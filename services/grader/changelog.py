@@ -33,13 +33,16 @@ log = logging.getLogger(__name__)
 
 
 def internal_topics(settings: GraderSettings) -> list[NewTopic]:
-    """The join and judge topics (a week of retention, like the sources) and the two compacted changelogs."""
+    """The join and judge topics (a week of retention, like the sources), the two compacted changelogs, and
+    the runtime-rules topic when the stack's topics were created before it existed."""
     P, R = settings.partitions, settings.replication
     week = {"retention.ms": str(7 * 24 * 3600 * 1000)}
     compacted = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": str(3600 * 1000)}
     return [NewTopic(settings.join_topic, P, R, config=week), NewTopic(settings.judge_topic, P, R, config=week),
             NewTopic(settings.pending_changelog, P, R, config=compacted),
-            NewTopic(settings.judge_changelog, P, R, config=compacted)]
+            NewTopic(settings.judge_changelog, P, R, config=compacted),
+            # the runtime rules (a contract topic, shared/topics.py; `apprentice topics` creates it too)
+            NewTopic(settings.common.topics.grader_rules, 1, R, config={**compacted, "retention.ms": "-1"})]
 
 
 def ensure_internal_topics(settings: GraderSettings, timeout: float = 30.0) -> list[str]:

@@ -135,9 +135,11 @@ class GradeStage:
                     dirty.append(key)
             if step.state is None:
                 g.due.pop(key, None)
+                g.waiting.discard(key.decode(errors="replace"))
             else:
                 due, open_ = g.joiner.due(step.state)
                 g.due[key] = (due, open_, p)
+                g.waiting.update(key.decode(errors="replace"), step.state, open_)
 
         # (a) states, with their emission markers, durable before any record leaves; the table takes
         # them only then, so that a batch that fails here is applied again from the states before it

@@ -81,6 +81,7 @@ class EmissionRecovery:
                 continue
             due, open_ = g.joiner.due(st)
             g.due[key] = (due, open_, st.partition)
+            g.waiting.update(key.decode(errors="replace"), st, open_)
             if st.revision > 0 and st.pending_seq > confirmed[st.partition]:
                 in_doubt.append(st)
         if not in_doubt:

@@ -21,12 +21,14 @@ import asyncio
 import contextlib
 import logging
 import threading
+from typing import Any
 
 import faust
 
 from services.grader.app import GraderApp
 from services.grader.changelog import ensure_internal_topics
 from services.grader.config import GraderSettings
+from services.grader.rulebook import RuleBook
 from shared.grading import GraderConfig
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,8 @@ class FaustRuntime:
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._code = 0
+        self.book = RuleBook(config)
+        self._rules: Any = None
 
     def start(self) -> None:
         """Create the internal topics, then build and start the faust worker on its thread; returns once
@@ -59,6 +63,9 @@ class FaustRuntime:
         # join topic was sometimes missing from the first assignment ("Ignoring missing topic"), and
         # this worker then graded nothing until some later rebalance.
         ensure_internal_topics(self.settings)
+        from services.grader.rules_follower import follow
+
+        self._rules = follow(self.settings, self.book)  # the runtime rules, read whole before any grading
         self._thread = threading.Thread(target=self._run, name="faust-worker", daemon=True)
         self._thread.start()
         self._built.wait()
@@ -70,7 +77,7 @@ class FaustRuntime:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         try:
-            self.grader = GraderApp(self.settings, self.config)
+            self.grader = GraderApp(self.settings, self.config, book=self.book)
             worker = _Worker(self.grader.app, loglevel=self.settings.log_level, quiet=True,
                              redirect_stdouts=False, override_logging=False, loop=loop)
         except BaseException as e:
@@ -106,6 +113,9 @@ class FaustRuntime:
             self._thread.join(grace)
             if self._thread.is_alive():
                 log.error("the faust worker did not stop within the grace", extra={"seconds": grace})
+        if self._rules is not None:
+            self._rules.stop()
+            self._rules = None
 
     @property
     def exit_code(self) -> int:

@@ -35,6 +35,7 @@ class Ticker:
         self.g = g
         self._stalls = StallTracker(g.settings.stall_after_s)
         self._stall_check_at = 0.0
+        self._rules_seen = g.joiner.book.revision
 
     async def run(self) -> None:
         """(faust task) Every `tick_interval_s` until the app stops; a failed tick is retried next time."""
@@ -64,6 +65,12 @@ class Ticker:
                 log.exception("stall check failed")
         ticks: JoinItems = {}
         open_count = 0
+        if self._rules_seen != g.joiner.book.revision:  # a rule set or deleted at run time: every open window
+            self._rules_seen = g.joiner.book.revision   # is looked at again under the new rules
+            for key, (_due, open_, p) in list(g.due.items()):
+                if open_:
+                    g.due[key] = (now, open_, p)
+            log.info("grading rules changed; looking at every open window again")
         for key, (due, open_, p) in list(g.due.items()):
             open_count += open_
             if due <= now and p in active:
@@ -86,6 +93,7 @@ class Ticker:
             await asyncio.gather(*futs)
         M.PENDING.set(open_count)
         M.export_stats(g.stats)
+        M.export_waiting(g.waiting, g.joiner)
 
     async def _unstall(self, now: float) -> None:
         """Resume and seek back to their committed offset the source and join partitions whose commit

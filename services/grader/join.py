@@ -33,6 +33,7 @@ from services.grader.bundles import BadJoinRecord
 from services.grader.components import combine, compute_components, feedback_complete
 from services.grader.limits import Limits, Refusal, check_join, check_pairing, check_same_producer
 from services.grader.plan import plan_for
+from services.grader.rulebook import RuleBook
 from services.grader.state import PendingState
 from shared.events import deterministic_id, new_id
 from shared.grading import GraderConfig, TaskGraders
@@ -114,9 +115,13 @@ def encode_judge(interaction_id: str, grader: str, value: float, has_signal: boo
 
 
 class Joiner:
-    def __init__(self, config: GraderConfig, stats: D.DetectorStats, *, retention_s: float,
+    def __init__(self, config: GraderConfig | RuleBook, stats: D.DetectorStats, *, retention_s: float,
                  orphan_feedback_s: float, source: str = "grader", limits: Limits | None = None) -> None:
-        self.config = config
+        self.book = config if isinstance(config, RuleBook) else RuleBook(config)
+        """The file's config plus the rules set at run time (rulebook.py); followed by rules_follower.py."""
+        self._book_revision = self.book.revision
+        self.unread: dict[tuple[str, str, str], int] = {}
+        """(tenant, task, feedback kind) -> feedback events joined that no grader of the task reads."""
         self.limits = limits or Limits()
         self.stats = stats
         self.retention_s = retention_s
@@ -127,8 +132,16 @@ class Joiner:
     def task_for(self, interaction: events_pb2.Interaction) -> TaskGraders | None:
         return self.task_of(interaction.envelope.tenant, interaction.task)
 
+    @property
+    def config(self) -> GraderConfig:
+        """The config in effect: the file's, with the runtime rules merged in."""
+        return self.book.config
+
     def task_of(self, tenant: str, task: str) -> TaskGraders | None:
-        """`config.for_task`, remembered: the config never changes while the grader runs."""
+        """`config.for_task`, remembered until the runtime rules change."""
+        if self._book_revision != self.book.revision:
+            self._book_revision = self.book.revision
+            self._tasks.clear()
         key = (tenant, task)
         if key not in self._tasks:
             if len(self._tasks) > 100_000:  # tenants x tasks is small; this only bounds a flood of junk
@@ -201,6 +214,10 @@ class Joiner:
         window = task.feedback_window_s if task is not None else 0.0
         occurred = it.envelope.occurred_at.ToMicroseconds() / 1e6 if it.envelope.HasField("occurred_at") else now
         state.deadline = occurred + window
+        state.window = window
+        state.tenant, state.task = it.envelope.tenant, it.task
+        for raw in state.feedback:  # feedback that arrived before its interaction
+            self._note_unread(it, events_pb2.FeedbackEvent.FromString(raw))
         step = self._decide(state, now, changed=True, interaction=it)
         step.refused = refused
         return step
@@ -229,7 +246,25 @@ class Joiner:
             raise Refused(refusal, fb.envelope.tenant)
         state.mark_seen(fb.envelope.event_id)
         state.feedback.append(body)
+        if it is not None:
+            self._note_unread(it, fb)
         return self._decide(state, now, changed=True, interaction=it)
+
+    def _note_unread(self, it: events_pb2.Interaction, fb: events_pb2.FeedbackEvent) -> None:
+        """Count (and log once per tenant, task and kind) feedback that no grader of its task reads: it
+        neither ends the wait nor changes the reward, which an operator must be able to see."""
+        task = self.task_for(it)
+        kind = feedback_kind(fb)
+        if (task is not None and kind in reads(task)) or (fb.kind == "kpi" and fb.kpi_name in self.config.detectors.infra_kpis):
+            return
+        key = (it.envelope.tenant, it.task, kind)
+        if key not in self.unread:
+            if len(self.unread) > 10_000:
+                self.unread.clear()
+            log.warning("feedback that no grader of its task reads: it does not end the wait nor count in the "
+                        "reward; set a rule with `apprentice grader rules set`",
+                        extra={"tenant": key[0], "task": key[1], "kind": kind})
+        self.unread[key] = self.unread.get(key, 0) + 1
 
     def _judge(self, state: PendingState, body: bytes, now: float) -> Step:
         try:
@@ -255,10 +290,26 @@ class Joiner:
             if now >= max(state.deadline, state.emitted_at) + self.retention_s:
                 return Step(None, True, note="retention over")
             return Step(state, False)
+        changed = self._rewindow(state)
         if now >= state.deadline:
             state.closed = True
             return self._decide(state, now, changed=True)
-        return Step(state, False)
+        # Early ticks come after a change of the runtime rules (the runtimes tick every open window then):
+        # under the new rules the feedback already here may be complete.
+        return self._decide(state, now, changed=changed)
+
+    def _rewindow(self, state: PendingState) -> bool:
+        """An open window follows its task's current window (a rule set at run time): the deadline moves by
+        the difference. States written before windows were recorded (window < 0) keep their deadline."""
+        if state.window < 0 or state.interaction is None:
+            return False
+        task = self.task_of(state.tenant, state.task)
+        window = task.feedback_window_s if task is not None else 0.0
+        if window == state.window:
+            return False
+        state.deadline += window - state.window
+        state.window = window
+        return True
 
     # --- the decision --------------------------------------------------------------------------
     def _decide(self, state: PendingState, now: float, *, changed: bool,
@@ -323,7 +374,7 @@ class Joiner:
             envelope=envelope,
             interaction=it, reward=reward, has_signal=has_signal, components=components,
             feedback=feedback, no_signal_reason=reason, success=comb.success and infra is None,
-            grader_config_version=self.config.version)
+            grader_config_version=self.book.version_of(it.envelope.tenant, it.task, task))
         if infra is not None:
             record.flags.append(infra)
         digest_src = _COMPACT_JSON.encode([round(reward, 9), has_signal, reason,
@@ -349,6 +400,16 @@ class Joiner:
             if flag not in record.flags:
                 record.flags.append(flag)
         record.quarantined = D.quarantined(cfg, record.flags)
+
+
+def feedback_kind(fb: events_pb2.FeedbackEvent) -> str:
+    """`correction`, `thumbs`, `rating`, or `kpi:<name>`: what a grader must read to use `fb`."""
+    return f"kpi:{fb.kpi_name}" if fb.kind == "kpi" else fb.kind
+
+
+def reads(task: TaskGraders) -> frozenset[str]:
+    """The feedback kinds (as `feedback_kind` spells them) some grader of `task` reads."""
+    return plan_for(task).reads
 
 
 def _timestamp(now: float) -> tuple[int, int]:

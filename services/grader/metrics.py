@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.grader import waiting as W
 from services.grader.detectors import DetectorStats
 from shared.metrics import label_value
 from shared.proto.apprentice.v1 import events_pb2
@@ -36,6 +37,17 @@ RECOVERED = Counter("apprentice_grader_recovery_total",
                     ["outcome"])
 JUDGE_CALLS = Counter("apprentice_grader_judge_calls_total", "LLM judge calls, by outcome", ["outcome"])
 PENDING = Gauge("apprentice_grader_pending", "Interactions in the table whose window is still open")
+WAITING = Gauge(W.WAITING, "Interactions whose feedback window is open, by tenant and task", ["tenant", "task"])
+WAITING_FIRST = Gauge(W.FIRST, "Earliest window end (epoch seconds) of the interactions waiting for feedback",
+                      ["tenant", "task"])
+WAITING_LAST = Gauge(W.LAST, "Latest window end (epoch seconds) of the interactions waiting for feedback",
+                     ["tenant", "task"])
+WAITING_WINDOW = Gauge(W.WINDOW, "Feedback window (seconds) of a task with interactions waiting",
+                       ["tenant", "task"])
+UNREAD_FEEDBACK = Counter(W.UNREAD.removesuffix("_total"),
+                        "Feedback events joined that no grader of their task reads (counted by this worker)",
+                        ["tenant", "task", "kind"])
+RULES = Gauge("apprentice_grader_runtime_rules", "Grading rules set at run time (apprentice grader rules set) in effect")
 BATCH_SECONDS = Histogram("apprentice_grader_batch_seconds", "Time to process one join batch",
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
 
@@ -50,6 +62,8 @@ MEAN_REWARD = Gauge("apprentice_grader_mean_reward", "Mean reward of records wit
 
 
 _children: dict[tuple[Any, ...], Any] = {}
+_unread_exported: dict[tuple[str, str, str], int] = {}
+"""(tenant, task, kind) -> the count of the joiner's `unread` already added to the counter."""
 NO_CONFIG_NOTE = "no grader config for "
 
 
@@ -100,3 +114,24 @@ def export_stats(stats: DetectorStats) -> None:
         MEAN_LENGTH.labels(*labels).set(s.mean_length)
         TRUNCATION.labels(*labels).set(s.truncation_rate)
         MEAN_REWARD.labels(*labels).set(s.mean_reward)
+
+
+def export_waiting(index: W.WaitingIndex, joiner: Any) -> None:
+    """The waiting summary and the unread-feedback counts into their gauges (once per tick). Series of
+    tasks that no longer wait are removed."""
+    summary = index.summary()
+    for g in (WAITING, WAITING_FIRST, WAITING_LAST, WAITING_WINDOW):
+        g.clear()
+    for (tenant, task), (n, first, last) in summary.items():
+        WAITING.labels(tenant, task).set(n)
+        WAITING_FIRST.labels(tenant, task).set(first)
+        WAITING_LAST.labels(tenant, task).set(last)
+        graders = joiner.task_of(tenant, task)
+        if graders is not None:
+            WAITING_WINDOW.labels(tenant, task).set(graders.feedback_window_s)
+    for key, n in list(joiner.unread.items()):
+        done = _unread_exported.get(key, 0)
+        if n > done:
+            _child(UNREAD_FEEDBACK, *key).inc(n - done)
+        _unread_exported[key] = n
+    RULES.set(len(joiner.book.rules()))

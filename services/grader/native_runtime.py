@@ -48,6 +48,7 @@ from services.grader.join import Joiner
 from services.grader.judge_client import JudgeBackend
 from services.grader.limits import limits_of
 from services.grader.routing import DEADLETTER_HEADERS, GRADED_HEADERS
+from services.grader.rulebook import RuleBook
 from services.grader.stage import AfterCommit, TxnStage
 from services.grader.state import SEQ_KEY_PREFIX, PendingState
 from services.grader.store import StateStore
@@ -76,6 +77,7 @@ class GradeStage(TxnStage):
                                  join_topic=settings.join_topic, partitions=settings.partitions)
         self.out_topics = (topics.graded, topics.deadletter)
         self._next_tick = 0.0
+        self._rules_seen = joiner.book.revision
         point, _, count = settings.fault_injection.partition(":")
         self._fault = (point, int(count)) if point else None
         self._emitting_batches = 0
@@ -92,10 +94,15 @@ class GradeStage(TxnStage):
         for m in msgs:
             add(m, out, now)
         if now >= self._next_tick:
+            if self._rules_seen != self.joiner.book.revision:  # a rule set or deleted at run time
+                self._rules_seen = self.joiner.book.revision
+                n = self.store.retick_open(now)
+                log.info("grading rules changed; looking at every open window again", extra={"open": n})
             self.batch.tick(out, now)
             self._next_tick = now + self.settings.tick_interval_s
             M.PENDING.set(self.store.open_windows)
             M.export_stats(self.joiner.stats)
+            M.export_waiting(self.store.waiting, self.joiner)
         if not out:
             for (kind, outcome), n in out.events.items():  # duplicates only: nothing to commit
                 M.count_event(kind, outcome, n)
@@ -163,9 +170,10 @@ class NativeRuntime:
     def __init__(self, settings: GraderSettings, config: GraderConfig, *, judge: JudgeBackend | None = None) -> None:
         self.settings = settings
         self.config = config
-        self.joiner = Joiner(config, DetectorStats(config.detectors), retention_s=settings.retention_s,
+        self.joiner = Joiner(RuleBook(config), DetectorStats(config.detectors), retention_s=settings.retention_s,
                              orphan_feedback_s=settings.orphan_feedback_s, limits=limits_of(settings))
         self.judge = judge
+        self._rules: Any = None
         self.stopping = threading.Event()
         self.failed = False
         self.code = 0
@@ -177,6 +185,9 @@ class NativeRuntime:
     def start(self) -> None:
         s = self.settings
         ensure_internal_topics(s)
+        from services.grader.rules_follower import follow
+
+        self._rules = follow(s, self.joiner.book)  # the runtime rules, read whole before any grading
         self._identity = claim_identity(s.app_id, s.instance_id, s.datadir)
         log.info("native grader starting", extra={"app_id": s.app_id, "worker": self._identity.name})
         self._worker = threading.Thread(target=self._work, args=(self._identity.name,), name="grader", daemon=True)
@@ -207,6 +218,8 @@ class NativeRuntime:
                           "kill -9", extra={"seconds": grace})
                 logging.shutdown()
                 os._exit(self.code)
+        if self._rules is not None:
+            self._rules.stop()
         if self._identity is not None:
             self._identity.release()
 

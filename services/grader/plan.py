@@ -50,6 +50,8 @@ class TaskPlan:
     """Some grader reads `reference` (a reference_key, or a verifier, which always receives it)."""
     judge_and_kpi: bool
     """Both an LLM judge and a KPI grader: the judge-vs-KPI detector applies."""
+    reads: frozenset[str] = frozenset()
+    """Feedback kinds some feedback/kpi grader reads, weight 0 included (`correction`, `kpi:<name>`, ...)."""
 
     @classmethod
     def build(cls, task: TaskGraders) -> TaskPlan:
@@ -62,7 +64,9 @@ class TaskPlan:
             uses_reference=any(isinstance(g, VerifierSpec) or getattr(g, "reference_key", None) is not None
                                for g in task.graders),
             judge_and_kpi=any(isinstance(g, JudgeSpec) for g in task.graders)
-            and any(isinstance(g, KpiSpec) for g in task.graders))
+            and any(isinstance(g, KpiSpec) for g in task.graders),
+            reads=frozenset(f"kpi:{g.kpi}" if isinstance(g, KpiSpec) else g.kind for g in task.graders
+                            if isinstance(g, FeedbackSpec | KpiSpec)))
 
 
 def _grade_fn(spec: Any) -> GradeFn:

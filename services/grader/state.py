@@ -54,6 +54,12 @@ class PendingState:
     """Batch sequence of the last emission. Confirmed when <= the partition's confirmed sequence."""
     pending_ts: float = 0.0
     """Wall clock just before the last emission was sent (where recovery starts looking)."""
+    tenant: str = ""
+    task: str = ""
+    """The interaction's tenant and task (the pending summary; set when the interaction arrives)."""
+    window: float = -1.0
+    """The feedback window `deadline` was computed with; a rule that changes the task's window moves the
+    deadline by the difference (join.py). -1: unknown (a state written before this field existed)."""
 
     # --- idempotency -----------------------------------------------------------------------------
     def has_seen(self, event_id: str) -> bool:

@@ -13,6 +13,7 @@ import heapq
 from collections.abc import Callable, Iterable
 
 from services.grader.state import PendingState
+from services.grader.waiting import WaitingIndex
 
 DueFn = Callable[[PendingState], tuple[float, bool]]
 """state --> (epoch seconds of its next tick, window still open) (`Joiner.due`)."""
@@ -26,6 +27,8 @@ class StateStore:
         """key -> (next tick, window open), the truth; heap entries that disagree with it are stale."""
         self._heap: list[tuple[float, str, int]] = []
         self._open = 0
+        self.waiting = WaitingIndex()
+        """The open windows by tenant and task (waiting.py)."""
 
     # --- partitions ---------------------------------------------------------------------------------
     def load(self, partition: int, states: Iterable[tuple[str, PendingState]]) -> int:
@@ -75,6 +78,16 @@ class StateStore:
             self._compact()
         return out
 
+    def retick_open(self, now: float) -> int:
+        """Make every open window due at `now` (the runtime rules changed: windows and graders may differ
+        now); returns how many."""
+        where = {key: p for p, table in self.partitions.items() for key in table}
+        keys = [key for key, (_due, open_) in self._due.items() if open_ and key in where]
+        for key in keys:
+            self._due[key] = (now, True)
+            heapq.heappush(self._heap, (now, key, where[key]))
+        return len(keys)
+
     @property
     def open_windows(self) -> int:
         """States whose feedback window is still open (the `pending` gauge)."""
@@ -89,12 +102,14 @@ class StateStore:
         due = max(due, not_before)
         self._due[key] = (due, open_)
         self._open += open_
+        self.waiting.update(key, state, open_)
         heapq.heappush(self._heap, (due, key, partition))
 
     def _unindex(self, key: str) -> None:
         old = self._due.pop(key, None)
         if old is not None:
             self._open -= old[1]
+        self.waiting.discard(key)
 
     def _compact(self) -> None:
         """Rebuild the heap from the live index (every update pushes an entry; old ones go stale)."""

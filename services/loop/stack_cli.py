@@ -280,6 +280,10 @@ def collect_status(settings: CommonSettings) -> dict[str, Any]:
                                  "ports": service_ports(ports)[name]}
                           for name, ok in health.items()}
     report["spool_depth"] = metric_sum(_metrics(ports.metrics["inference"]), spool_depth_metric())
+    from services.grader.waiting import from_metrics
+
+    waiting = from_metrics(_metrics(ports.metrics["grader"]))  # answers waiting for feedback (services/grader/waiting.py)
+    report["grader_waiting"] = waiting.as_dict() if waiting is not None else None
     report["pods"], report["knowledge"] = _versions(settings, ports)
     if report["broker"]["up"]:
         try:

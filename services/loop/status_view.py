@@ -98,6 +98,10 @@ def render_status(report: dict[str, Any], now: float | None = None) -> str:
         lines.append("knowledge " + ", ".join(f"{k} v{v.get('version')} ({v.get('items')} items)" for k, v in kb.items()))
     elif isinstance(kb, dict) and "error" in kb:
         lines.append(f"knowledge unavailable: {kb['error']}")
+    if "grader_waiting" in report:
+        from services.grader.waiting import describe
+
+        lines += describe(report["grader_waiting"])
     spool = report.get("spool_depth")
     lines.append(f"spool    {spool:g} events not yet acknowledged" if spool is not None else "spool    n/a")
     lag = report.get("lag") or {}

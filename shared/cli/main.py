@@ -26,6 +26,7 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "env": ("services.loop.client_env", "main",
             "print the shell lines that make stock clients trust the local stack: eval \"$(apprentice env)\""),
     "dashboard": ("services.dashboard.__main__", "main", "the operator dashboard: what the model is learning (web)"),
+    "grader": ("services.grader.cli", "main", "set, list or delete a tenant's grading rules while the grader runs"),
 }
 
 

@@ -145,6 +145,11 @@ class KeyRing:
                         self._load_file(strict=False)
         return self._fixed + self._file_entries
 
+    def entries(self) -> list[KeyEntry]:
+        """Every accepted entry now (the file re-read when it changed): the grader checks operator
+        signatures on runtime rules against the operator entries' digests."""
+        return self._entries()
+
     # --- lookups ----------------------------------------------------------------------------------
     @property
     def enabled(self) -> bool:

@@ -402,6 +402,9 @@ function renderHealth(data) {
   document.getElementById("spool").textContent =
     `Inference spool depth: ${data.spool_depth ?? "unknown"} · graded records read: ${data.dashboard.graded_records}` +
     (data.dashboard.reader_error ? ` · reader: ${data.dashboard.reader_error}` : "");
+  const waiting = data.grader_waiting || { lines: [] };
+  document.getElementById("grader-waiting").replaceChildren(...waiting.lines.map((line) =>
+    el("p", { class: line.includes("no rule reads") || waiting.waiting > 0 ? "warn" : "" }, line)));
   const tbody = document.querySelector("#lag-table tbody");
   if (Array.isArray(data.lag)) {
     tbody.replaceChildren(...data.lag.map((r) => el("tr", {},

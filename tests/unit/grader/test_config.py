@@ -17,7 +17,11 @@ def test_default_config_has_the_demo_task() -> None:
     kpi = next(g for g in demo.graders if isinstance(g, KpiSpec))
     assert kpi.kpi == "resolved" and kpi.success and kpi.map == {1.0: 1.0, 0.0: 0.0}
     assert demo.needs_feedback and [g.name for g in demo.feedback_graders] == ["resolved"]
-    assert cfg.for_task("acme", "billing") is not None  # the catch-all
+    catch_all = cfg.for_task("acme", "billing")
+    assert catch_all is not None and (catch_all.tenant, catch_all.task) == ("*", "*")
+    # a correction ends the wait of a task without rules (a -1, as a thumbs down); KPIs need a rule
+    assert {g.kind for g in catch_all.feedback_graders} == {"thumbs", "rating", "correction"}  # type: ignore[union-attr]
+    assert catch_all.emit_when == "any_feedback"
 
 
 def test_most_specific_task_entry_wins() -> None:

@@ -311,4 +311,5 @@ base). tests/deploy/test_helm.py checks this list against shared/topics.py. */}}
 - {name: apprentice.model-updates.v1, partitions: 1, retentionMs: 604800000}
 - {name: apprentice.deadletter.v1, partitions: 1, retentionMs: 2592000000}
 - {name: apprentice.audit.v1, partitions: 1, retentionMs: 31536000000}
+- {name: apprentice.grader-rules.v1, partitions: 1, retentionMs: -1, compacted: true}
 {{- end -}}

@@ -1,0 +1,213 @@
+"""`apprentice grader rules set|list|delete`: a tenant's grading rules, changed while the grader runs.
+
+The rules go to the compacted topic `apprentice.grader-rules.v1` (rulebook.py says what a record holds and
+how the grader checks it); every grader worker follows it and applies a rule within about one tick.
+
+    apprentice grader rules set --tenant acme --task billing --kpi resolved --window 30s
+    apprentice grader rules set --tenant acme --task billing --file rules.yaml
+    apprentice grader rules list [--json]
+    apprentice grader rules delete --tenant acme --task billing
+
+`--file` holds one `tasks:` entry of the grader config (shared/grading/schema.py), without tenant and task
+or with the same ones. The rules are validated with the grader's schema before anything is written. The
+record is signed with the operator key this command runs with (APPRENTICE_AUTH_TOKEN[_FILE], which the CLI
+takes from the local stack's secrets); a grader with a key ring applies only records an operator key signed.
+Exit codes: 0 ok, 1 refused (the message says why), 2 bad usage, 3 the broker is unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.grader.rulebook import RuleRecord, RuleRefused, new_record, rule_key, sign
+
+
+def duration(text: str) -> float:
+    """`30`, `30s`, `5m`, `2h`, `1d` --> seconds."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 5m or 2h")
+    return float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="apprentice grader", description="The grader's rules, set at run time.")
+    sub = p.add_subparsers(dest="what", required=True, metavar="rules")
+    rules = sub.add_parser("rules", help="set, list or delete a tenant's grading rules")
+    cmds = rules.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def target(a: argparse.ArgumentParser) -> None:
+        a.add_argument("--tenant", required=True, help="the tenant ('*' = every tenant, with --all-tenants)")
+        a.add_argument("--task", default="*", help="the task (default '*': every task of the tenant)")
+        a.add_argument("--all-tenants", action="store_true", help="allow --tenant '*'")
+
+    s = cmds.add_parser("set", help="add or replace the rules of a tenant (and task)")
+    target(s)
+    s.add_argument("--file", type=Path, help="YAML/JSON: one `tasks:` entry of the grader config")
+    s.add_argument("--kpi", action="append", default=[], metavar="NAME",
+                   help="reward the KPI NAME (values 0..1 -> reward 0..1); repeatable")
+    s.add_argument("--feedback", action="append", default=[], choices=["thumbs", "rating", "correction"],
+                   help="reward this user feedback kind too; repeatable")
+    s.add_argument("--window", type=duration, default=None, help="feedback window, e.g. 30s, 10m (default 300s)")
+    s.add_argument("--operator", default="", help="who sets it (default: your user name; the key id when signed)")
+    d = cmds.add_parser("delete", help="remove a runtime rule (the config file's rules apply again)")
+    target(d)
+    d.add_argument("--operator", default="")
+    ls = cmds.add_parser("list", help="the runtime rules in effect")
+    ls.add_argument("--json", action="store_true")
+    return p
+
+
+def inline_rules(kpis: list[str], feedback: list[str], window: float | None) -> dict[str, Any]:
+    """The common case as a TaskGraders document: every named KPI and feedback kind rewarded; the first
+    feedback ends the wait (later feedback revises the record)."""
+    graders: list[dict[str, Any]] = [{"name": re.sub(r"[^A-Za-z0-9_.\-]", "_", k), "type": "kpi", "kpi": k,
+                                      "success": n == 0} for n, k in enumerate(kpis)]
+    graders += [{"name": kind, "type": "feedback", "kind": kind, "success": not graders and n == 0}
+                for n, kind in enumerate(feedback)]
+    doc: dict[str, Any] = {"emit_when": "any_feedback", "graders": graders}
+    if window is not None:
+        doc["feedback_window_s"] = window
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    from shared.config import CommonSettings
+
+    common = CommonSettings()
+    try:
+        if ns.cmd == "list":
+            return _list(common, as_json=ns.json)
+        if ns.cmd == "set":
+            if ns.file is not None and (ns.kpi or ns.feedback):
+                print("apprentice grader: give either --file or --kpi/--feedback, not both", file=sys.stderr)
+                return 2
+            if ns.file is not None:
+                try:
+                    doc = yaml.safe_load(ns.file.read_text())
+                except (OSError, yaml.YAMLError) as e:
+                    print(f"apprentice grader: cannot read {ns.file}: {e}", file=sys.stderr)
+                    return 2
+                if isinstance(doc, dict) and ns.window is not None:
+                    doc["feedback_window_s"] = ns.window
+            elif ns.kpi or ns.feedback:
+                doc = inline_rules(ns.kpi, ns.feedback, ns.window)
+            else:
+                print("apprentice grader: say what to reward: --file rules.yaml, or --kpi NAME / --feedback KIND",
+                      file=sys.stderr)
+                return 2
+            rec = new_record(ns.tenant, ns.task, operator=ns.operator or getpass.getuser(), rules=doc,
+                             wildcard=ns.all_tenants)
+        else:
+            rec = new_record(ns.tenant, ns.task, operator=ns.operator or getpass.getuser(), rules=None,
+                             deleted=True, wildcard=ns.all_tenants)
+    except RuleRefused as e:
+        print(f"apprentice grader: {e}", file=sys.stderr)
+        return 1
+    return _write(common, rec)
+
+
+def _token(common: Any) -> str:
+    from shared.security.keys import read_secret
+
+    return read_secret(common.auth_token.get_secret_value(), common.auth_token_file)
+
+
+def _write(common: Any, rec: RuleRecord) -> int:
+    from confluent_kafka import Producer
+
+    from shared.cli.failures import EXIT_UNREACHABLE, KAFKA, unreachable
+    from shared.kafka.admin import broker_answers, ensure_topics
+    from shared.kafka.security import librdkafka_config
+
+    if not broker_answers(common.kafka_bootstrap, security=common):
+        print(f"apprentice grader: {unreachable(KAFKA, common.kafka_bootstrap)}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    token = _token(common)
+    if token:
+        rec = sign(rec, token)
+    ensure_topics(common.kafka_bootstrap, common.topics, security=common)
+    errors: list[str] = []
+    producer = Producer({**librdkafka_config(common), "bootstrap.servers": common.kafka_bootstrap, "acks": "all"})
+    producer.produce(common.topics.grader_rules, rec.model_dump_json().encode(), rec.key.encode(),
+                     on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
+    if producer.flush(30) or errors:
+        print(f"apprentice grader: the rule was not written: {errors[0] if errors else 'timed out'}", file=sys.stderr)
+        return 1
+    what = "deleted" if rec.deleted else "set"
+    print(f"grading rule {what} for tenant {rec.tenant}, task {rec.task} (revision {rec.revision}"
+          f"{', signed' if token else ', unsigned'}); the grader applies it within a few seconds")
+    return 0
+
+
+def read_rules(common: Any, timeout_s: float = 15.0) -> dict[str, tuple[dict[str, Any] | None, str]]:
+    """key -> (the latest record's JSON, "" or why it does not read as a rule record) on the rules topic."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from shared.kafka.security import librdkafka_config
+
+    topic = common.topics.grader_rules
+    c = Consumer({**librdkafka_config(common), "bootstrap.servers": common.kafka_bootstrap,
+                  "group.id": common.topics.group_id("apprentice-cli-rules"), "enable.auto.commit": False})
+    out: dict[str, tuple[dict[str, Any] | None, str]] = {}
+    try:
+        md = c.list_topics(topic, timeout=10).topics.get(topic)
+        if md is None or md.error is not None:
+            return out
+        parts = sorted(md.partitions)
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        done = {p for p, e in ends.items() if e <= 0}
+        deadline = time.monotonic() + timeout_s
+        while len(done) < len(parts) and time.monotonic() < deadline:
+            for m in c.consume(500, 0.5):
+                if m.error() is not None:
+                    continue
+                key = (m.key() or b"").decode(errors="replace")
+                try:
+                    out[key] = (json.loads(m.value() or b"null"), "")
+                    RuleRecord.model_validate(out[key][0])
+                except ValueError as e:
+                    out[key] = (None, str(e).splitlines()[0])
+                if (m.offset() or 0) + 1 >= ends[m.partition() or 0]:
+                    done.add(m.partition() or 0)
+    finally:
+        c.close()
+    return out
+
+
+def _list(common: Any, *, as_json: bool) -> int:
+    from shared.cli.failures import EXIT_UNREACHABLE, KAFKA, unreachable
+    from shared.kafka.admin import broker_answers
+
+    if not broker_answers(common.kafka_bootstrap, security=common):
+        print(f"apprentice grader: {unreachable(KAFKA, common.kafka_bootstrap)}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    rules = {k: v for k, v in read_rules(common).items() if v[0] is None or not v[0].get("deleted")}
+    if as_json:
+        print(json.dumps([{"key": k, "record": r, "error": err} for k, (r, err) in sorted(rules.items())], indent=1))
+        return 0
+    if not rules:
+        print("no grading rules set at run time (the grader's config file applies)")
+        return 0
+    for key, (r, err) in sorted(rules.items()):
+        if r is None:
+            print(f"{key}: not a rule record ({err})")
+            continue
+        doc = r.get("rules") or {}
+        graders = ", ".join(f"{g.get('type')} {g.get('kpi') or g.get('kind') or g.get('name')}"
+                            for g in doc.get("graders", []))
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("set_at") or 0))
+        print(f"{rule_key(r['tenant'], r['task'])}: window {doc.get('feedback_window_s', 300):g} s, {graders} "
+              f"(revision {r['revision']}, by {r['operator']} at {when}{', signed' if r.get('signature') else ''})")
+    return 0
