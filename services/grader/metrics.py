@@ -13,6 +13,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.grader import waiting as W
 from services.grader.detectors import DetectorStats
+from services.grader.plan import plan_for
 from shared.metrics import label_value
 from shared.proto.apprentice.v1 import events_pb2
 
@@ -47,6 +48,8 @@ WAITING_WINDOW = Gauge(W.WINDOW, "Feedback window (seconds) of a task with inter
 UNREAD_FEEDBACK = Counter(W.UNREAD.removesuffix("_total"),
                         "Feedback events joined that no grader of their task reads (counted by this worker)",
                         ["tenant", "task", "kind"])
+UNREAD_NOW = Gauge(W.UNREAD_NOW, "Feedback events joined that the grading rules in effect still do not read "
+                   "(this worker's count; 0 once a rule reads the kind)", ["tenant", "task", "kind"])
 RULES = Gauge("apprentice_grader_runtime_rules", "Grading rules set at run time (apprentice grader rules set) in effect")
 BATCH_SECONDS = Histogram("apprentice_grader_batch_seconds", "Time to process one join batch",
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
@@ -129,9 +132,13 @@ def export_waiting(index: W.WaitingIndex, joiner: Any) -> None:
         graders = joiner.task_of(tenant, task)
         if graders is not None:
             WAITING_WINDOW.labels(tenant, task).set(graders.feedback_window_s)
+    UNREAD_NOW.clear()
     for key, n in list(joiner.unread.items()):
         done = _unread_exported.get(key, 0)
         if n > done:
             _child(UNREAD_FEEDBACK, *key).inc(n - done)
         _unread_exported[key] = n
+        graders = joiner.task_of(key[0], key[1])
+        if graders is None or key[2] not in plan_for(graders).reads:
+            UNREAD_NOW.labels(*key).set(n)
     RULES.set(len(joiner.book.rules()))

@@ -8,6 +8,8 @@ and export its summary at every tick as Prometheus gauges (metrics.py):
     apprentice_grader_waiting_last_deadline_seconds{tenant,task}    latest window end (epoch s)
     apprentice_grader_waiting_window_seconds{tenant,task}           the task's window now
     apprentice_grader_unread_feedback_total{tenant,task,kind}       feedback no grader of the task reads
+    apprentice_grader_unread_feedback_now{tenant,task,kind}         the same, only while the rules in
+                                                                    effect still read none of it
 
 `apprentice status` and the dashboard's Health page read them back from the grader's /metrics
 (`from_metrics`) and print `describe`'s lines. Pure: no Kafka, no prometheus_client here.
@@ -28,6 +30,9 @@ FIRST = "apprentice_grader_waiting_first_deadline_seconds"
 LAST = "apprentice_grader_waiting_last_deadline_seconds"
 WINDOW = "apprentice_grader_waiting_window_seconds"
 UNREAD = "apprentice_grader_unread_feedback_total"
+UNREAD_NOW = "apprentice_grader_unread_feedback_now"
+"""What status and the dashboard read: the counter above never goes down, so a kind that a rule set since
+reads would otherwise keep being reported as unread."""
 
 
 class WaitingIndex:
@@ -114,9 +119,9 @@ def from_metrics(text: str | None) -> WaitingReport | None:
     by: dict[tuple[str, str], Waiting] = {}
     report = WaitingReport()
     attr = {WAITING: "count", FIRST: "first_deadline", LAST: "last_deadline", WINDOW: "window_s"}
-    for name, labels, value in samples(text, {*attr, UNREAD}):
+    for name, labels, value in samples(text, {*attr, UNREAD_NOW}):
         tenant, task = labels.get("tenant", ""), labels.get("task", "")
-        if name == UNREAD:
+        if name == UNREAD_NOW:
             if value > 0:
                 report.unread[(tenant, task, labels.get("kind", ""))] = int(value)
             continue

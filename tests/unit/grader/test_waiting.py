@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from services.grader import metrics as M
 from services.grader.detectors import DetectorStats
 from services.grader.join import Joiner
+from services.grader.rulebook import new_record, parse_record
 from services.grader.state import PendingState
 from services.grader.store import StateStore
 from services.grader.waiting import WaitingIndex, describe, from_metrics
@@ -51,7 +52,8 @@ def test_native_store_keeps_the_index_and_reticks_open_windows() -> None:
 def exposition(index: WaitingIndex, joiner: Joiner) -> str:
     M.export_waiting(index, joiner)
     registry = CollectorRegistry()
-    for g in (M.WAITING, M.WAITING_FIRST, M.WAITING_LAST, M.WAITING_WINDOW, M.UNREAD_FEEDBACK):
+    for g in (M.WAITING, M.WAITING_FIRST, M.WAITING_LAST, M.WAITING_WINDOW, M.UNREAD_FEEDBACK,
+              M.UNREAD_NOW):
         registry.register(g)
     return generate_latest(registry).decode()
 
@@ -75,6 +77,22 @@ def test_metrics_round_trip_and_the_operator_line() -> None:
     assert lines[1].startswith("grader: feedback kinds no rule reads: correction, kpi resolved")
     assert describe(from_metrics("")) == ["grader: no answers waiting for feedback"]
     assert "unavailable" in describe(None)[0]
+
+
+def test_a_kind_a_rule_now_reads_is_no_longer_reported_unread() -> None:
+    """The unread counter never goes down; what status shows follows the rules in effect."""
+    joiner = Joiner(CONFIG, DetectorStats(CONFIG.detectors), retention_s=3600, orphan_feedback_s=600)
+    joiner.unread[("acme", "billing", "correction")] = 2
+    joiner.unread[("acme", "billing", "kpi:resolved")] = 1
+    before = describe(from_metrics(exposition(WaitingIndex(), joiner)))
+    assert before[1].startswith("grader: feedback kinds no rule reads: correction, kpi resolved")
+    kpi = {"graders": [{"name": "resolved", "type": "kpi", "kpi": "resolved", "map": {"1": 1.0, "0": 0.0}}]}
+    record = new_record("acme", "billing", operator="op", rules=kpi).canonical()
+    assert joiner.book.apply(parse_record(b"acme/billing", record, operator_digests=None))
+    after = describe(from_metrics(exposition(WaitingIndex(), joiner)))
+    assert after[1].startswith("grader: feedback kinds no rule reads: correction (") and "resolved" not in after[1]
+    text = exposition(WaitingIndex(), joiner)
+    assert 'apprentice_grader_unread_feedback_total{kind="kpi:resolved",task="billing",tenant="acme"} 1.0' in text
 
 
 def test_status_and_dashboard_show_the_waiting_count_and_time(monkeypatch: Any) -> None:
