@@ -30,6 +30,8 @@ class TopicSpec:
     partitions: int
     compacted: bool = False
     retention_ms: int = 7 * 24 * 3600 * 1000  # a week: late feedback may come hours later; replays need days
+    json_values: bool = False
+    """Values are JSON documents (an operator's settings), not protobuf events with an envelope."""
 
 
 # Partition counts bound how many replicas of a consumer can share the work (docs/architecture.md §3).
@@ -44,10 +46,12 @@ SPECS: tuple[TopicSpec, ...] = (
     # Operator actions are kept a year: who promoted, forced, rolled back or approved what.
     TopicSpec(AUDIT, partitions=1, retention_ms=365 * 24 * 3600 * 1000),
     # Grading rules set at run time (`apprentice grader rules set`), keyed <tenant>/<task>: kept for good.
-    TopicSpec(GRADER_RULES, partitions=1, compacted=True, retention_ms=-1),
+    TopicSpec(GRADER_RULES, partitions=1, compacted=True, retention_ms=-1, json_values=True),
 )
 
 BASE_NAMES: tuple[str, ...] = tuple(s.name for s in SPECS)
+EVENT_TOPICS: tuple[str, ...] = tuple(s.name for s in SPECS if not s.json_values)
+"""The topics whose values are protobuf events (shared/events.py MESSAGE_TYPES has a type for each)."""
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shared.cli.failures import EXIT_UNREACHABLE
 from shared.config import CommonSettings
+from shared.topics import EVENT_TOPICS
 
 if TYPE_CHECKING:
     from shared.kafka.local_broker import BrokerStatus
@@ -168,6 +170,19 @@ def topics(argv: list[str]) -> int:
     return 0
 
 
+def json_value(data: bytes | None) -> Any:
+    """A JSON topic's record value as a document (None for a tombstone); UndecodableEvent when it is not
+    JSON, so that `tail` prints the error line it prints for an undecodable event."""
+    from shared.events import UndecodableEvent
+
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise UndecodableEvent(f"not a JSON document: {e}") from e
+
+
 def tail(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="apprentice tail", description="Print a topic's records as JSON lines.")
     ap.add_argument("topic", help="contract name (apprentice.graded.v1) or short name (graded)")
@@ -176,8 +191,6 @@ def tail(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=0.0, help="stop after S seconds without records (0 = never)")
     ns = ap.parse_args(argv)
     settings = CommonSettings()
-    import json
-
     from confluent_kafka import Consumer
 
     from shared.events import UndecodableEvent, decode, message_type, to_dict
@@ -189,7 +202,8 @@ def tail(argv: list[str]) -> int:
     except KeyError as e:
         print(f"apprentice tail: {e.args[0]}", file=sys.stderr)
         return 2
-    msg_type = message_type(settings.topics.base_of(topic))
+    base = settings.topics.base_of(topic)
+    msg_type = None if base not in EVENT_TOPICS else message_type(base)   # None: JSON values, printed as such
     consumer = Consumer({**librdkafka_config(settings), **client_log_config(settings.kafka_bootstrap),
                          "bootstrap.servers": settings.kafka_bootstrap,
                          "group.id": f"apprentice-tail-{uuid.uuid4()}",
@@ -208,7 +222,8 @@ def tail(argv: list[str]) -> int:
             meta = {"topic": m.topic(), "partition": m.partition(), "offset": m.offset(),
                     "key": (m.key() or b"").decode(errors="replace")}
             try:
-                record = {**meta, "value": to_dict(decode(msg_type, m.value()))}
+                value = json_value(m.value()) if msg_type is None else to_dict(decode(msg_type, m.value()))
+                record = {**meta, "value": value}
             except UndecodableEvent as e:
                 record = {**meta, "error": str(e)}
             print(json.dumps(record, ensure_ascii=False), flush=True)

@@ -91,6 +91,25 @@ def test_apprentice_tail_prints_a_produced_event_as_json(kafka_bootstrap: str, t
     assert record["value"]["envelope"]["event_id"] == ev.envelope.event_id
 
 
+def test_apprentice_tail_prints_a_json_topic_as_its_documents(kafka_bootstrap: str, topics: Topics) -> None:
+    """The grading-rules topic holds JSON, not protobuf events: `tail` prints the document (and an error
+    line for a value that is not JSON) instead of failing on a missing message type."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topics.grader_rules, b'{"tenant": "acme", "task": "billing"}', key=b"acme/billing")
+    producer.produce(topics.grader_rules, b"\xff not json", key=b"junk/x")
+    producer.flush(30)
+    env = dict(os.environ, APPRENTICE_TOPIC_PREFIX=topics.prefix, APPRENTICE_KAFKA_BOOTSTRAP=kafka_bootstrap)
+    out = subprocess.run([sys.executable, "-m", "shared.cli.main", "tail", "grader-rules", "--from-beginning",
+                          "--max", "2", "--timeout", "30"], capture_output=True, text=True, env=env, timeout=90,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second = (json.loads(line) for line in out.stdout.strip().splitlines())
+    assert first["key"] == "acme/billing" and first["value"] == {"tenant": "acme", "task": "billing"}
+    assert second["key"] == "junk/x" and "not a JSON document" in second["error"]
+
+
 def test_broker_start_twice_is_harmless_and_status_reports_it(kafka_bootstrap: str) -> None:
     env = dict(os.environ, APPRENTICE_KAFKA_BOOTSTRAP=kafka_bootstrap)
     cli = [sys.executable, "-m", "shared.cli.main", "kafka"]

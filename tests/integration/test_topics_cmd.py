@@ -33,10 +33,12 @@ def test_creates_every_topic_with_its_partitions_and_compaction(kafka_bootstrap:
     for s in specs:
         assert len(md[s.name].partitions) == s.partitions, s.name
         assert all(len(p.replicas) == 1 for p in md[s.name].partitions.values())
-    (knowledge,) = [s for s in specs if s.compacted]
-    config = client.describe_configs([ConfigResource("topic", knowledge.name)])
-    values = next(iter(config.values())).result(10)
-    assert values["cleanup.policy"].value == "compact"
+    compacted = [s for s in specs if s.compacted]
+    assert compacted
+    for spec in compacted:
+        config = client.describe_configs([ConfigResource("topic", spec.name)])
+        values = next(iter(config.values())).result(10)
+        assert values["cleanup.policy"].value == "compact", spec.name
 
 
 def test_more_replicas_than_brokers_is_a_one_line_error(prefix: str, capsys: pytest.CaptureFixture[str]) -> None:

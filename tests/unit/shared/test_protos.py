@@ -55,7 +55,7 @@ def _scalar(f):
     return 7
 
 
-@pytest.mark.parametrize("base_topic", topics.BASE_NAMES)
+@pytest.mark.parametrize("base_topic", topics.EVENT_TOPICS)
 def test_every_event_round_trips(base_topic: str) -> None:
     msg_type = events.message_type(base_topic)
     msg = _sample(msg_type)
