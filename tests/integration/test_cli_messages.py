@@ -23,8 +23,7 @@ import grpc
 import pytest
 
 from services.weights.cli import list_json
-from services.weights.config import WeightsSettings
-from services.weights.server import RunningServer, start
+from services.weights.server import RunningServer
 from shared.cli import main as cli_main
 from shared.cli.failures import describe_unreachable
 from shared.config import CommonSettings
@@ -32,6 +31,7 @@ from shared.kafka.local_broker import LocalBroker
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 from tests.helpers.kafka import private_broker
 from tests.helpers.ports import free_port
+from tests.helpers.weights import start_weights
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -117,9 +117,7 @@ def test_up_refuses_another_homes_broker_and_status_names_its_data(other_homes_b
 @pytest.fixture
 def weights_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningServer]:
     monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", f"test-{uuid.uuid4().hex[:8]}.")  # no Kafka traffic here
-    settings = WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=tmp_path / "store",
-                               policy="manual")
-    running = start(settings, consume=False)
+    running = start_weights(tmp_path / "store")
     yield running
     running.stop(grace=1.0)
 

@@ -82,6 +82,9 @@ def test_revisions_order_changes_and_deletion_restores_the_file() -> None:
     (b"acme/billing", b"{not json", "not a rule record"),
     (b"acme/billing", None, "tombstone"),
     (b"ac me/billing", record("ac me"), "not a rule record"),
+    (b"acme/billing", b" " * (64 * 1024 + 1), "bytes"),
+    (b"acme/billing", record(rules={"feedback_window_s": float("nan"), "graders": KPI["graders"]}),
+     "feedback_window_s"),
 ])
 def test_invalid_records_are_refused(key: bytes, value: bytes | None, why: str) -> None:
     with pytest.raises(RuleRefused, match=None) as e:
