@@ -92,7 +92,7 @@ protos:
 # Needs only the venv (no Kafka): CI runs it before `make test`.
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy shared services tests load
+	$(BIN)/mypy shared services tools tests load
 
 clean:
 	rm -rf .apprentice

@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import Consumer  # noqa: E402
 
-from shared.config import CommonSettings  # noqa: E402
-from shared.events import UndecodableEvent, decode  # noqa: E402
+from shared.contracts.events import UndecodableEvent, decode  # noqa: E402
 from shared.kafka.security import librdkafka_config  # noqa: E402
 from shared.proto.apprentice.v1 import events_pb2  # noqa: E402
+from shared.settings import CommonSettings  # noqa: E402
 
 
 @dataclass

@@ -9,7 +9,7 @@ twice. Prints a table of figures; exits non-zero if any invariant fails.
 What it does, in order (load runs throughout: gRPC Generate + Feedback through the inference service from
 several tenants with the task file's task tag, retrying failed calls as a product backend would):
 1. a private broker on free ports under the run folder (the shared one at 9092 is never touched), the
-   five services as supervised processes (`services.loop.stack.LocalStack`), tiny model;
+   five services as supervised processes (`tools.stack.stack.LocalStack`), tiny model;
 2. kill -9 of each service in `--kill` order; the supervisor restarts it; the next one goes once the
    previous answers again and the load ran `--dwell` seconds (`--together`: all at the same moment);
 3. the broker: kill -9 (default; `--broker-fault stop` = SIGTERM, a clean shutdown), down `--broker-down`

@@ -40,8 +40,8 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.inference.client import InferenceClient  # noqa: E402
+from shared.contracts.topics import Topics  # noqa: E402
 from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
-from shared.topics import Topics  # noqa: E402
 
 SHORT_PROMPTS = [f"Quick question {i}: is order #{2000 + i} shipped?" for i in range(8)]
 LONG_PROMPT = "Write a long, detailed story about a lighthouse keeper and the sea."

@@ -36,9 +36,9 @@ from confluent_kafka.admin import NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from shared.contracts.topics import Topics  # noqa: E402
 from shared.kafka.admin import admin, delete_topics, ensure_topics, list_topics, wait_for_broker  # noqa: E402
 from shared.kafka.security import faust_credentials, librdkafka_config  # noqa: E402
-from shared.topics import Topics  # noqa: E402
 from tests.helpers.grader import GraderProcess, interaction  # noqa: E402
 
 CONFIG = """

@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.inference.client import InferenceClient  # noqa: E402
 from services.inference.engines.base import GenerationRequest  # noqa: E402
+from shared.contracts.topics import Topics  # noqa: E402
+from shared.decoding.generation import encode_prompt, render_chat  # noqa: E402
 from shared.decoding.params import SamplingConfig  # noqa: E402
-from shared.generation import encode_prompt, render_chat  # noqa: E402
 from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
 from shared.proto.apprentice.v1 import events_pb2  # noqa: E402
-from shared.topics import Topics  # noqa: E402
 from tests.helpers.inference import start_inference  # noqa: E402
 from tests.helpers.kafka import collect, private_broker  # noqa: E402
 
@@ -189,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
             with InferenceClient(f"127.0.0.1:{port}") as c:
                 c.wait_ready(300)
                 if ns.only in (None, "gateway"):
-                    from services.inference.config import InferenceSettings
                     from services.inference.engines import create_engine
-                    from shared.config import CommonSettings
+                    from services.inference.settings import InferenceSettings
+                    from shared.settings import CommonSettings
 
                     engine = create_engine("transformers", InferenceSettings(common=CommonSettings(model=ns.model)))
                     engine.start()

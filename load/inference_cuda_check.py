@@ -24,14 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from services.inference.config import InferenceSettings
     from services.inference.engines import create_engine
     from services.inference.engines.base import GenerationRequest, VersionFiles
-    from shared.config import CommonSettings
+    from services.inference.settings import InferenceSettings
+    from shared.decoding.generation import encode_prompt, render_chat
     from shared.decoding.params import SamplingConfig
-    from shared.generation import encode_prompt, render_chat
     from shared.models import load_model
-    from shared.weights_client import save_version_files
+    from shared.settings import CommonSettings
+    from shared.weights.client import save_version_files
 
     assert ns.device == "cpu" or torch.cuda.is_available(), "no CUDA device"
     engines = {}

@@ -58,7 +58,7 @@ def make_versions(model_dir: str, dest: Path, full: bool) -> tuple[Path, Path | 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from shared.weights_client import save_version_files
+    from shared.weights.client import save_version_files
 
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     torch.manual_seed(1)
@@ -119,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     t_start = time.perf_counter()
 
-    from services.inference.config import InferenceSettings
     from services.inference.engines import create_engine
     from services.inference.engines.base import VersionFiles
-    from shared.config import CommonSettings
-    from shared.generation import encode_prompt, render_chat
+    from services.inference.settings import InferenceSettings
+    from shared.decoding.generation import encode_prompt, render_chat
+    from shared.settings import CommonSettings
 
     model_dir = resolve_model(ns.model)
     settings = InferenceSettings(engine="vllm", dtype="bfloat16", context_window=2048,

@@ -1,6 +1,6 @@
 """Can a model serve as the grader's LLM judge on a task? Measures what the judge/KPI-disagreement detector
-(services/grader/detectors.py) would see: the grader's own judge prompt and parser
-(services/grader/judge.py: `build_messages`, `parse_scores`) on two kinds of reply to each held-out
+(services/grader/core/detectors.py) would see: the grader's own judge prompt and parser
+(services/grader/core/judge.py: `build_messages`, `parse_scores`) on two kinds of reply to each held-out
 message of the task, a correct one (the right team's name: KPI 1) and one that asks for the order (the
 reward-hack variant's tool call, which the loophole also reports as KPI 1 when the lookup times out).
 
@@ -46,12 +46,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from services.grader.judge import build_messages, parse_scores
-    from services.loop.task import load_task
-    from shared.generation import generate, render_chat
+    from services.grader.core.judge import build_messages, parse_scores
+    from shared.decoding.generation import generate, render_chat
     from shared.grading import DetectorConfig
     from shared.models import load_model
     from shared.proto.apprentice.v1 import common_pb2, events_pb2
+    from tools.demo.task import load_task
 
     torch.set_num_threads(ns.threads)
     task = load_task(ns.task)

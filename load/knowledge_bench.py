@@ -30,13 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from load.inference_bench import header, pct, row, spawn_server  # noqa: E402
 from services.inference.client import InferenceClient  # noqa: E402
-from services.loop.task import load_task  # noqa: E402
-from shared.events import make_envelope  # noqa: E402
+from shared.contracts.events import make_envelope  # noqa: E402
+from shared.contracts.topics import Topics  # noqa: E402
 from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
 from shared.kafka.producer import EventProducer  # noqa: E402
 from shared.proto.apprentice.v1 import events_pb2  # noqa: E402
-from shared.topics import Topics  # noqa: E402
 from tests.helpers.kafka import collect  # noqa: E402
+from tools.demo.task import load_task  # noqa: E402
 
 TENANT = "bench"
 

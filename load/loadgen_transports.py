@@ -17,9 +17,9 @@ from typing import Any
 
 import grpc
 
-from shared.config import CommonSettings
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.security.channels import TokenSource, open_channel
+from shared.settings import CommonSettings
 
 PROTOCOLS = ("grpc", "openai")
 DEFAULT_TARGETS = {"grpc": "127.0.0.1:50051", "openai": "127.0.0.1:8000"}

@@ -2,7 +2,7 @@
 against the baseline (the first one, SmolLM2-135M-Instruct) measured in the same run.
 
 Per model, on the task's held-out questions (the last `held_out_per_fact` of each fact), greedy, with the
-task's system prompt, through the demo's own prompt path (`encode_chat`, `shared.generation.generate`):
+task's system prompt, through the demo's own prompt path (`encode_chat`, `shared.decoding.generation.generate`):
 
   (a) no knowledge;
   (b) the fact's human correction in context, inside the knowledge frame the trainer's teacher and the
@@ -98,7 +98,7 @@ def contexts(task: Any, n_distractors: int, seed: int) -> dict[str, list[list[st
 
 
 def prompt_ids(tok: Any, task: Any, question: str, items: list[str], plain: bool) -> list[int]:
-    from shared.chat_template import encode_chat
+    from shared.decoding.chat_template import encode_chat
 
     with_knowledge = knowledge_frame()
     msgs = with_knowledge(task.messages(question), items)
@@ -110,9 +110,9 @@ def prompt_ids(tok: Any, task: Any, question: str, items: list[str], plain: bool
 
 def accuracy(model: Any, tok: Any, task: Any, ctx: dict[str, list[list[str]]], plain: bool, max_new: int,
              show: int, result: ModelResult) -> None:
-    from services.loop.task import check_answer
+    from shared.decoding.generation import generate
     from shared.decoding.params import SamplingConfig
-    from shared.generation import generate
+    from tools.demo.task import check_answer
 
     held = task.held_out_questions()
     cfg = SamplingConfig(max_new_tokens=max_new, stop=("\n",) if plain else ())
@@ -154,7 +154,7 @@ def train_batch(tok: Any, task: Any, size: int) -> tuple[Any, Any, Any]:
     right-padded; labels are -100 outside the answer."""
     import torch
 
-    from shared.chat_template import encode_chat
+    from shared.decoding.chat_template import encode_chat
 
     seqs, masks = [], []
     for fact, q in task.train_questions()[:: max(1, len(task.train_questions()) // size)][:size]:
@@ -245,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from services.loop.stats import wilson
-    from services.loop.task import load_task
     from shared.models import load_model
+    from tools.demo.stats import wilson
+    from tools.demo.task import load_task
 
     torch.set_num_threads(ns.threads)
     torch.manual_seed(ns.seed)

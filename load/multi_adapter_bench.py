@@ -36,13 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from services.inference.config import InferenceSettings  # noqa: E402
 from services.inference.engines import create_engine  # noqa: E402
 from services.inference.engines.base import GenerationRequest, VersionFiles  # noqa: E402
 from services.inference.multi_lora import load_adapter_weights, save_adapter  # noqa: E402
-from shared.config import CommonSettings  # noqa: E402
+from services.inference.settings import InferenceSettings  # noqa: E402
+from shared.decoding.generation import encode_prompt, render_chat  # noqa: E402
 from shared.decoding.params import SamplingConfig  # noqa: E402
-from shared.generation import encode_prompt, render_chat  # noqa: E402
+from shared.settings import CommonSettings  # noqa: E402
 
 PROMPTS = [f"Customer {i}: my order #{4000 + 17 * i} has not arrived yet. What should I do?" for i in range(12)]
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

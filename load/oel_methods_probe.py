@@ -43,13 +43,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from services.loop.task import check_answer, load_task
-    from services.trainer.config import TrainerSettings
     from services.trainer.distill import DistillConfig, DistillExample
     from services.trainer.rounds import Trainer
+    from services.trainer.settings import TrainerSettings
+    from shared.decoding.generation import encode_prompt, generate, render_chat
     from shared.decoding.logprobs import sequence_logprobs
-    from shared.generation import encode_prompt, generate, render_chat
     from shared.models import load_model
+    from tools.demo.task import check_answer, load_task
 
     task = load_task("support_desk")
     train, held = task.train_questions(), task.held_out_questions()
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     for method in ns.methods.split(","):
         for lr in (float(x) for x in ns.lrs.split(",")):
             base, _ = load_model(ns.model)  # peft wraps layers in place: start each run from a fresh copy
-            verifier = ("services.loop.task:verify_training_answer", {"task": "support_desk"}) \
+            verifier = ("tools.demo.task:verify_training_answer", {"task": "support_desk"}) \
                 if ns.filter == "verifier" else ("", {})
             settings = TrainerSettings(distill_method=method, lr=lr, finetune=ns.finetune, device=ns.device,
                                        distill_batch=ns.batch, distill_max_new_tokens=ns.max_new_tokens,

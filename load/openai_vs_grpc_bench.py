@@ -39,8 +39,8 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 
 from services.inference.client import InferenceClient  # noqa: E402
+from shared.contracts.topics import Topics  # noqa: E402
 from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
-from shared.topics import Topics  # noqa: E402
 from tests.helpers.ports import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ redaction adds to a request, against the same requests captured as-is (`keep`), 
    e-mails, phones in many formats, cards with spaces/dots/dashes, IBANs, IPs, names in context, SSNs,
    and negatives such as order numbers, prices, dates, versions, invalid-checksum card-like numbers).
    Recall: the detections of a type cover every letter/digit of a labelled entity; precision: a
-   detection overlaps a labelled entity of its type (shared/pii/evaluation.py).
+   detection overlaps a labelled entity of its type (shared/privacy/evaluation.py).
 2. Capture step: for each labelled string as a chat prompt (each distinct, so the scan cache never
    hits), the Interaction the server would capture is built and passed through `CapturePrivacy`
    with policy redact vs keep; the difference is the detector's cost per captured request.
@@ -16,7 +16,7 @@ redaction adds to a request, against the same requests captured as-is (`keep`), 
    requests alternate between them (so load drift hits both alike); each prompt is distinct.
 Prints tables and the ratio redact/keep of the mean request latency.
 
-Business names (`APPRENTICE_BUSINESS_NAMES`, shared/pii/business.py), between 1 and 2:
+Business names (`APPRENTICE_BUSINESS_NAMES`, shared/privacy/business.py), between 1 and 2:
 1b. Recall on the labelled set without and with a tenant's declared names (`BUSINESS`: staff names that
     share a first or last name with labelled end users, products, places): must be unchanged, since a
     declared name exempts only detections that lie inside one of its occurrences.
@@ -40,9 +40,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.pii import NO_NAMES, BusinessNames, get_detector  # noqa: E402
-from shared.pii.detector import EMAIL, ENTITIES, PERSON, PHONE, Span  # noqa: E402
-from shared.pii.evaluation import Labelled, load_labelled, overall, score  # noqa: E402
+from shared.privacy import NO_NAMES, BusinessNames, get_detector  # noqa: E402
+from shared.privacy.detector import EMAIL, ENTITIES, PERSON, PHONE, Span  # noqa: E402
+from shared.privacy.evaluation import Labelled, load_labelled, overall, score  # noqa: E402
 
 LABELLED = Path(__file__).resolve().parents[1] / "tests" / "data" / "pii_labelled.jsonl"
 
@@ -159,11 +159,11 @@ def business_names_quality(examples: list[Labelled]) -> None:
 
 
 def capture_step(texts: list[str], tok: Any) -> None:
-    from services.inference.config import InferenceSettings
     from services.inference.privacy import CapturePrivacy
     from services.inference.requests import interaction_event, prepare
+    from services.inference.settings import InferenceSettings
     from shared.decoding.params import Sample
-    from shared.pii.policy import Redactor
+    from shared.privacy.policy import Redactor
     from shared.proto.apprentice.v1 import common_pb2, inference_pb2
 
     s = InferenceSettings(pod_id="bench", pii_tenant_policies="kept:keep")

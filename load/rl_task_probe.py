@@ -2,10 +2,10 @@
 with the demo's sampling, and how often a group of samples has mixed rewards (GRPO's advantage is zero in
 a group whose rewards are all equal, so only mixed groups teach anything).
 
-The sampling is the demo's deployment sampling (services/loop/demo.py, simulated_users.py): the task's
+The sampling is the demo's deployment sampling (tools/demo/demo.py, simulated_users.py): the task's
 chat messages, temperature 0.7, top-p 0.95, `--max-new-tokens` (the full demo budget: 48), through the
-same `shared.generation.generate` the inference engine uses; the KPI is the task's own check
-(`services.loop.task.check_answer`), the rule the simulated backend reports.
+same `shared.decoding.generation.generate` the inference engine uses; the KPI is the task's own check
+(`tools.demo.task.check_answer`), the rule the simulated backend reports.
 
     python load/rl_task_probe.py --task support_routing --n 8
 
@@ -40,11 +40,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from services.loop.stats import wilson
-    from services.loop.task import check_answer, load_task
+    from shared.decoding.generation import generate, render_chat
     from shared.decoding.params import SamplingConfig
-    from shared.generation import generate, render_chat
     from shared.models import load_model
+    from tools.demo.stats import wilson
+    from tools.demo.task import check_answer, load_task
 
     torch.set_num_threads(ns.threads)
     task = load_task(ns.task)

@@ -9,7 +9,7 @@ just uploaded, and every row reads it again), each row writing fresh files on th
 - raw copy:          shutil.copyfile of each stored blob (the kernel copies page cache to page cache;
                      the bytes never enter user space; nothing is hashed; no fsync);
 - raw copy + fsync:  the same, then fsync of every file and of the folder (durable, like the download);
-- Download:          what an inference pod runs on a hot swap: shared.weights_download.download_version
+- Download:          what an inference pod runs on a hot swap: shared.weights.download.download_version
                      through a DownloadClient (one connection per stream): stream, pwrite at each chunk's
                      offset, sha256 of every file verified against the manifest, fsync once per file and
                      folder, atomic rename into place;
@@ -51,8 +51,8 @@ TARGET = 0.5
 def _serve(store_dir: str, chunk_size: int, port_q: multiprocessing.queues.Queue[int],
            stop: multiprocessing.synchronize.Event) -> None:
     os.environ["APPRENTICE_TOPIC_PREFIX"] = "bench-unused."
-    from services.weights.config import WeightsSettings
-    from services.weights.server import start
+    from services.weights.service import start
+    from services.weights.settings import WeightsSettings
 
     settings = WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=Path(store_dir),
                                chunk_size=chunk_size, max_chunk_size=max(chunk_size, 16 << 20), policy="manual")
@@ -153,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import grpc
 
-    from services.weights.config import WeightsSettings
+    from services.weights.settings import WeightsSettings
     from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
-    from shared.weights_client import upload_version
-    from shared.weights_download import DownloadClient, download_version
+    from shared.weights.client import upload_version
+    from shared.weights.download import DownloadClient, download_version
 
     streams = max(1, args.streams)
     chunk = int(args.chunk_mb * (1 << 20)) if args.chunk_mb else WeightsSettings.model_fields["chunk_size"].default

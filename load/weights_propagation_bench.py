@@ -117,7 +117,7 @@ def make_versions(model_name: str, tmp: Path, kinds: list[str]) -> dict[str, Pat
     import torch
 
     from shared.models import load_model
-    from shared.weights_client import save_version_files
+    from shared.weights.client import save_version_files
 
     out = {}
     if "full" in kinds:
@@ -164,10 +164,10 @@ def run_engine(args: argparse.Namespace, engine: str, kinds: list[str], versions
     """Weights service + N replicas of `engine` in a fresh topic namespace; promote each kind under load."""
     import grpc
 
+    from shared.contracts.topics import Topics
     from shared.kafka.admin import delete_topics, ensure_topics
     from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
-    from shared.topics import Topics
-    from shared.weights_client import upload_version
+    from shared.weights.client import upload_version
 
     topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}.")
     ensure_topics(bootstrap, topics)
@@ -302,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k for k in args.kinds.split(",") if k]
     engines = [e for e in args.engines.split(",") if e]
 
-    from shared.config import CommonSettings
     from shared.kafka.admin import broker_answers
+    from shared.settings import CommonSettings
 
     bootstrap = CommonSettings().kafka_bootstrap
     if not broker_answers(bootstrap):

@@ -16,12 +16,12 @@ from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, Message
 
-from shared.events import make_envelope
-from shared.grpc_util import Unavailable
+from shared.contracts.events import make_envelope
+from shared.contracts.topics import Topics
 from shared.kafka.producer import DeliveryError, EventProducer
 from shared.proto.apprentice.v1 import events_pb2
+from shared.rpc.grpc_util import Unavailable
 from shared.security.identity import ANONYMOUS, Identity, current_identity
-from shared.topics import Topics
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import re
 
 from prometheus_client import start_http_server
 
-from shared.grpc_util import PortInUse
+from shared.rpc.grpc_util import PortInUse
 
 log = logging.getLogger(__name__)
 

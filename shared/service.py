@@ -11,11 +11,11 @@ and stop it with `stop()`.
     ...
     handle.stop(grace=5.0)                   # graceful, idempotent
 
-The handles: inference `InferenceApp` (services/inference/server.py), weights `RunningServer`
-(services/weights/server.py), extractor `ExtractorApp` (services/extractor/app.py), trainer `TrainerApp`
-(services/trainer/app.py; torchrun's ranks > 0 run `follower` instead, without metrics or signals of
-their own), dashboard `DashboardServer` (services/dashboard/app.py; no metrics endpoint: port 0), grader
-`NativeRuntime` (services/grader/native_runtime.py) and `FaustRuntime` (services/grader/faust_runtime.py).
+The handles: inference `InferenceApp` (services/inference/service.py), weights `RunningServer`
+(services/weights/service.py), extractor `ExtractorApp` (services/extractor/service.py), trainer `TrainerApp`
+(services/trainer/service.py; torchrun's ranks > 0 run `follower` instead, without metrics or signals of
+their own), dashboard `DashboardServer` (services/dashboard/service.py; no metrics endpoint: port 0), grader
+`NativeRuntime` (services/grader/native_runtime.py) and `FaustRuntime` (services/grader/service.py).
 
 faust's Worker wants to own the event loop and the signals (asyncio installs loop signal handlers only
 on the main thread). `FaustRuntime` therefore runs the whole faust side, loop included, on a thread of

@@ -30,8 +30,8 @@ argparse's usage errors): supervisors and tests tell it from a crash (1) or a si
 def startup_errors() -> tuple[type[Exception], ...]:
     """The exception types that mean "fix the settings or the host", imported only when needed so an
     entry point's `--help` stays light."""
-    from shared.grpc_util import PortInUse
     from shared.models import ModelUnavailable
+    from shared.rpc.grpc_util import PortInUse
     from shared.security.binding import InsecureBind
     from shared.security.keys import KeyConfigError
     from shared.security.tls import TLSConfigError

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.topics import Topics
+from shared.contracts.topics import Topics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     from shared.kafka.admin import broker_answers
-    from shared.kafka.local_broker import LocalBroker
+    from tools.broker.local_broker import LocalBroker
 
     bootstrap = os.environ.get("APPRENTICE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     if broker_answers(bootstrap):

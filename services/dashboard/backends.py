@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.dashboard.config import DashboardSettings
 from services.dashboard.reader import GROUP_PREFIX
-from shared.config import CommonSettings
+from services.dashboard.settings import DashboardSettings
+from shared.contracts.stack_endpoints import read_endpoints
 from shared.metrics import metric_sum, scrape
 from shared.proto.apprentice.v1 import (
     events_pb2,
@@ -26,7 +26,7 @@ from shared.proto.apprentice.v1 import (
 )
 from shared.security.channels import open_channel
 from shared.security.keys import read_secret
-from shared.stack_endpoints import read_endpoints
+from shared.settings import CommonSettings
 
 DEFAULT_GRPC = {"inference": "127.0.0.1:50051", "weights": "127.0.0.1:50052", "extractor": "127.0.0.1:50053"}
 DEFAULT_METRICS = {"inference": 9101, "grader": 9102, "extractor": 9103, "trainer": 9104, "weights": 9105}
@@ -147,7 +147,7 @@ class Backends:
             lag: Any = partition_lag(self.s.common)
         except Exception as e:  # noqa: BLE001 - the page shows what it can
             lag = {"error": str(e)}
-        from services.grader.waiting import describe, from_metrics
+        from services.grader.core.waiting import describe, from_metrics
 
         waiting = from_metrics(texts["grader"])
         return {"services": services, "spool_depth": spool, "lag": lag,

@@ -13,12 +13,12 @@ import threading
 import uuid
 
 from services.dashboard.aggregates import GradedFold, UpdatesFold
-from shared.config import CommonSettings
-from shared.events import UndecodableEvent
+from shared.contracts.events import UndecodableEvent
+from shared.contracts.validation import decode_record
 from shared.kafka.consumer import EventConsumer
 from shared.proto.apprentice.v1 import events_pb2
 from shared.retry import Backoff
-from shared.validation import decode_record
+from shared.settings import CommonSettings
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.orders import BASE
+from shared.contracts.orders import BASE
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 
 ITEM_STATUS = {events_pb2.ITEM_STATUS_PROPOSED: "proposed", events_pb2.ITEM_STATUS_APPROVED: "approved",
@@ -40,7 +40,7 @@ WEIGHTS_ACTIONS = ("promote", "canary", "rollback")
 
 def served_for(status: weights_pb2.StatusResponse | None, tenant: str) -> str:
     """The version `tenant`'s slot serves outside any canary: its own, else the operator slot's (""), else
-    the base (shared/orders.py `promoted_for`, from the weights service's status)."""
+    the base (shared/contracts/orders.py `promoted_for`, from the weights service's status)."""
     if status is None:
         return BASE
     slots = dict(status.tenant_versions)

@@ -12,16 +12,16 @@ def main(argv: list[str] | None = None) -> int:
     # parsed before anything starts: `--help` prints and exits without side effects
     argparse.ArgumentParser(prog="apprentice serve extractor", description=__doc__,
                             epilog="Settings: APPRENTICE_EXTRACTOR_* and APPRENTICE_* variables.").parse_args(argv)
-    from services.extractor.config import ExtractorSettings
+    from services.extractor.settings import ExtractorSettings
 
     settings = ExtractorSettings()
-    from shared.grpc_util import service_host
     from shared.logs import configure_logging
+    from shared.rpc.grpc_util import service_host
     from shared.service import run_service
 
     configure_logging("extractor", settings.common.log_level, settings.common.log_json)
     metrics_host = service_host(settings.host, settings.common)
-    from services.extractor.app import ExtractorApp
+    from services.extractor.service import ExtractorApp
 
     return run_service(ExtractorApp(settings), metrics_port=settings.metrics_port, metrics_host=metrics_host)
 

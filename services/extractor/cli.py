@@ -155,7 +155,7 @@ def format_list(snaps: list[events_pb2.KnowledgeSnapshot]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="apprentice knowledge", description="Show and curate the knowledge bases.")
-    from shared.config import renamed_env
+    from shared.settings import renamed_env
 
     p.add_argument("--endpoint", "--target", dest="endpoint",
                    default=renamed_env("APPRENTICE_EXTRACTOR_ENDPOINT", "APPRENTICE_EXTRACTOR_TARGET", "127.0.0.1:50053"),
@@ -205,7 +205,7 @@ def _operator(given: str) -> str:
 
 def _from_topic(keys: list[str] | None) -> list[events_pb2.KnowledgeSnapshot]:
     from services.extractor.snapshots import read_snapshots
-    from shared.config import CommonSettings
+    from shared.settings import CommonSettings
 
     common = CommonSettings()
     latest: dict[str, events_pb2.KnowledgeSnapshot] = {}
@@ -220,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd or "list"
     import grpc
 
-    from shared.cli.failures import EXIT_UNREACHABLE, grpc_unreachable_reason, unreachable
-    from shared.grpc_util import LIST_SCOPE_METADATA
     from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc
+    from shared.rpc.grpc_util import LIST_SCOPE_METADATA
     from shared.security.channels import open_channel
+    from tools.cli.failures import EXIT_UNREACHABLE, grpc_unreachable_reason, unreachable
 
     if cmd in ("list", "show") and getattr(args, "from_topic", False):
         return _print_offline(cmd, args)
@@ -301,9 +301,9 @@ def nothing_listed(tenant: str, scope: str) -> str:
 def _print_offline(cmd: str, args: argparse.Namespace, *, extractor_down: bool = False) -> int:
     """`list` / `show` from the compacted knowledge topic (`--from-topic`, or no extractor answers). With
     the broker down as well, one line says that both are down and how to start them."""
-    from shared.cli.failures import EXIT_UNREACHABLE, KAFKA, kafka_unreachable, unreachable
-    from shared.config import CommonSettings
     from shared.kafka.admin import broker_answers
+    from shared.settings import CommonSettings
+    from tools.cli.failures import EXIT_UNREACHABLE, KAFKA, kafka_unreachable, unreachable
 
     common = CommonSettings()
     if not broker_answers(common.kafka_bootstrap, security=common):

@@ -18,10 +18,10 @@ import logging
 import threading
 
 from services.extractor.knowledge import KnowledgeStore
-from shared.events import UndecodableEvent
+from shared.contracts.events import UndecodableEvent
+from shared.contracts.validation import decode_record
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 from shared.retry import Backoff
-from shared.validation import decode_record
 
 log = logging.getLogger(__name__)
 

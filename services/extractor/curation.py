@@ -25,7 +25,7 @@ from typing import Protocol
 from services.extractor.parser import looks_like_text
 from services.extractor.pii import find_pii
 from shared.knowledge.terms import answer_terms, term_in
-from shared.pii.business import NO_NAMES, BusinessNames
+from shared.privacy.business import NO_NAMES, BusinessNames
 from shared.proto.apprentice.v1 import events_pb2
 
 S = events_pb2.ItemStatus

@@ -32,12 +32,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from services.extractor.curation import ACTIVE, TRAINING, Curator, Verdict, item_id, normalise
 from services.extractor.pii import names_from_user_texts
 from services.extractor.trajectories import Source, Trajectory, split_key
-from shared.events import deterministic_id, make_envelope
-from shared.grpc_util import FailedPrecondition, InvalidRequest, NotFound
-from shared.injection_screen import InjectionScreen
+from shared.contracts.events import deterministic_id, make_envelope
 from shared.knowledge.terms import answer_terms
-from shared.pii.business import NO_NAMES, BusinessNames
+from shared.privacy.business import NO_NAMES, BusinessNames
+from shared.privacy.injection_screen import InjectionScreen
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
+from shared.rpc.grpc_util import FailedPrecondition, InvalidRequest, NotFound
 
 S = events_pb2.ItemStatus
 Publish = Callable[[events_pb2.KnowledgeSnapshot], None]

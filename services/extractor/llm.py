@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from services.extractor.config import ExtractorSettings
+    from services.extractor.settings import ExtractorSettings
 
 
 class LLMUnavailable(RuntimeError):

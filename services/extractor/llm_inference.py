@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import grpc
 
 from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse, LLMUnavailable
-from shared.grpc_util import TENANT_METADATA
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from shared.rpc.grpc_util import TENANT_METADATA
 from shared.security.channels import open_channel
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,

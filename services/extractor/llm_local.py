@@ -1,6 +1,6 @@
 """Extraction prompts --> completions from a Hugging Face model loaded in this process (offline dev).
 
-The batch is generated together by `shared.generation.generate` (one left-padded decode loop).
+The batch is generated together by `shared.decoding.generation.generate` (one left-padded decode loop).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ class LocalLLM(ExtractorLLM):
         return self._model, self._tok
 
     def complete(self, requests: Sequence[LLMRequest]) -> list[LLMResponse]:
-        from shared.chat_template import encode_chat
+        from shared.decoding.chat_template import encode_chat
+        from shared.decoding.generation import generate
         from shared.decoding.params import SamplingConfig
-        from shared.generation import generate
 
         model, tok = self._load()
         # trajectory text and previous items are content: special tokens in them stay text

@@ -2,12 +2,12 @@
 
 Knowledge is shared by every conversation of a tenant and reaches training, so an item that carries one
 user's e-mail, phone, card number, IBAN, IP address or name is rejected outright (not redacted: a
-redacted fact is rarely a useful rule). Detection is the shared detector (`shared.pii`: Presidio, spaCy
+redacted fact is rarely a useful rule). Detection is the shared detector (`shared.privacy`: Presidio, spaCy
 NER, card and IBAN checksums), the one inference capture redacts with. Names users gave anywhere in the
 trajectory (messages and corrections) are also matched word by word, because an item may use a name
 where NER does not read one ("Dana prefers refunds by bank transfer").
 
-The tenant's declared business names (`APPRENTICE_BUSINESS_NAMES`, `shared.pii.business`) are not personal
+The tenant's declared business names (`APPRENTICE_BUSINESS_NAMES`, `shared.privacy.business`) are not personal
 data: a name NER finds that is only one of them neither rejects the item nor counts as a user's name, and a
 user's name word inside an occurrence of one ("Dana" of a user "Dana Smith" in "Dana Whitfield approves
 returns") is not that user. So "Dana Whitfield at our returns desk approves refunds" can be learned while
@@ -19,11 +19,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from shared.pii import get_detector
-from shared.pii.business import NO_NAMES, BusinessNames
-from shared.pii.checksums import luhn_ok
-from shared.pii.detector import CARD, EMAIL, IBAN, IP, PERSON, PHONE, SSN
-from shared.pii.recognizers import NOT_NAMES
+from shared.privacy import get_detector
+from shared.privacy.business import NO_NAMES, BusinessNames
+from shared.privacy.checksums import luhn_ok
+from shared.privacy.detector import CARD, EMAIL, IBAN, IP, PERSON, PHONE, SSN
+from shared.privacy.recognizers import NOT_NAMES
 
 __all__ = ["KINDS", "find_pii", "luhn_ok", "names_from_user_texts"]
 

@@ -12,12 +12,12 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from shared.events import UndecodableEvent
+from shared.contracts.events import UndecodableEvent
+from shared.contracts.validation import decode_record
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from shared.retry import call
-from shared.validation import decode_record
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from shared.events import deterministic_id
+from shared.contracts.events import deterministic_id
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 
 DEFAULT_TENANT = "default"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.grader.config import GraderSettings
+from services.grader.settings import GraderSettings
 from shared.grading import GraderConfigError, load_grader_config
 from shared.logs import configure_logging
 from shared.startup import exit_on_startup_error
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"apprentice grader: {e}\n(set APPRENTICE_GRADER_CONFIG_PATH to a valid file)", file=sys.stderr)
         return 2
     from services.grader.runtime import make_runtime  # heavy: only after the config is known to be good
-    from shared.grpc_util import service_host
+    from shared.rpc.grpc_util import service_host
     from shared.service import run_service
 
     metrics_host = service_host("", settings.common)

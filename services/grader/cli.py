@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from services.grader.rulebook import RuleRecord, RuleRefused, new_record, rule_key, sign
+from services.grader.core.rulebook import RuleRecord, RuleRefused, new_record, rule_key, sign
 
 
 def duration(text: str) -> float:
@@ -82,7 +82,7 @@ def inline_rules(kpis: list[str], feedback: list[str], window: float | None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
-    from shared.config import CommonSettings
+    from shared.settings import CommonSettings
 
     common = CommonSettings()
     try:
@@ -126,9 +126,9 @@ def _token(common: Any) -> str:
 def _write(common: Any, rec: RuleRecord) -> int:
     from confluent_kafka import Producer
 
-    from shared.cli.failures import EXIT_UNREACHABLE, KAFKA, unreachable
     from shared.kafka.admin import broker_answers, ensure_topics
     from shared.kafka.security import librdkafka_config
+    from tools.cli.failures import EXIT_UNREACHABLE, KAFKA, unreachable
 
     if not broker_answers(common.kafka_bootstrap, security=common):
         print(f"apprentice grader: {unreachable(KAFKA, common.kafka_bootstrap)}", file=sys.stderr)
@@ -187,8 +187,8 @@ def read_rules(common: Any, timeout_s: float = 15.0) -> dict[str, tuple[dict[str
 
 
 def _list(common: Any, *, as_json: bool) -> int:
-    from shared.cli.failures import EXIT_UNREACHABLE, KAFKA, unreachable
     from shared.kafka.admin import broker_answers
+    from tools.cli.failures import EXIT_UNREACHABLE, KAFKA, unreachable
 
     if not broker_answers(common.kafka_bootstrap, security=common):
         print(f"apprentice grader: {unreachable(KAFKA, common.kafka_bootstrap)}", file=sys.stderr)

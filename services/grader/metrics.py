@@ -11,9 +11,9 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.grader import waiting as W
-from services.grader.detectors import DetectorStats
-from services.grader.plan import plan_for
+from services.grader.core import waiting as W
+from services.grader.core.detectors import DetectorStats
+from services.grader.core.plan import plan_for
 from shared.metrics import label_value
 from shared.proto.apprentice.v1 import events_pb2
 

@@ -28,10 +28,10 @@ from google.protobuf.message import Message as ProtoMessage
 
 from services.inference import metrics
 from services.inference.spool import Spool, SpoolRecord
+from shared.contracts.validation import type_headers_for_topic
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
 from shared.retry import Backoff
-from shared.validation import type_headers_for_topic
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class CaptureSink:
             if rec is None:
                 return
             try:
-                # The value's type in a header (shared/validation.py), from the topic: the spool keeps bytes.
+                # The value's type in a header (shared/contracts/validation.py), from the topic: the spool keeps bytes.
                 self._producer.produce(rec.topic, rec.value, rec.key, headers=type_headers_for_topic(rec.topic),
                                        on_delivery=functools.partial(self._on_delivery, rec.seq, rec.topic))
             except BufferError:       # librdkafka's queue is full: this record goes first next time

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from shared.grpc_util import InvalidRequest, PermissionDenied, ResourceExhausted
+from shared.rpc.grpc_util import InvalidRequest, PermissionDenied, ResourceExhausted
 from shared.security import interaction_ids
 
 

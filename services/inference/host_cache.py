@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from shared.proto.apprentice.v1 import weights_pb2
-from shared.weights_download import DownloadSource, download_version
+from shared.weights.download import DownloadSource, download_version
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Three parts, each on its own thread so that none of them is on the serving path:
 - `VersionManager.apply` folds orders into a routing table, fetches what the new table needs through
-  `Weights.Download` (streamed, sha256-verified by `shared.weights_download`), has the engine load it,
+  `Weights.Download` (streamed, sha256-verified by `shared.weights.download`), has the engine load it,
   and only then publishes the table. A version that fails to download or load leaves its slot on the
   old version; the failure is logged, counted and reported as `last_error` in the next heartbeat.
 - `UpdateFollower` reads `model-updates` from the beginning with a group of its own (every pod must see
@@ -30,19 +30,19 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from services.inference import metrics
-from services.inference.config import InferenceSettings
 from services.inference.engines.base import BASE_VERSION, Engine, VersionFiles
 from services.inference.host_cache import HostCache
 from services.inference.routing import RoutingTable
-from shared.events import UndecodableEvent, timestamp
-from shared.orders import OPERATOR, InvalidOrder, Slot
+from services.inference.settings import InferenceSettings
+from shared.contracts.events import UndecodableEvent, timestamp
+from shared.contracts.orders import OPERATOR, InvalidOrder, Slot
+from shared.contracts.validation import decode_record
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.retry import Backoff
 from shared.security.channels import open_channel
-from shared.validation import decode_record
 
 if TYPE_CHECKING:
-    from shared.weights_download import DownloadClient
+    from shared.weights.download import DownloadClient
 
 log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -195,7 +195,7 @@ class VersionManager:
         self.last_error = ""
 
     def _fetch(self, version: str, endpoint: str) -> VersionFiles:
-        from shared.weights_download import download_version
+        from shared.weights.download import download_version
 
         if version in self._files and self._files[version].path.exists():
             return self._files[version]
@@ -219,9 +219,9 @@ class VersionManager:
         return files
 
     def _client(self, endpoint: str) -> DownloadClient:
-        """One download client per weights endpoint (hand-decoded chunks: see shared.weights_wire)."""
+        """One download client per weights endpoint (hand-decoded chunks: see shared.weights.wire)."""
         if endpoint not in self._clients:
-            from shared.weights_download import DownloadClient
+            from shared.weights.download import DownloadClient
 
             self._clients[endpoint] = DownloadClient(endpoint)
         return self._clients[endpoint]

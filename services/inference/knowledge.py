@@ -25,9 +25,9 @@ import threading
 from typing import Any
 
 from services.inference import metrics
-from services.inference.config import InferenceSettings
 from services.inference.requests import PreparedRequest
-from shared.chat_template import encode_chat
+from services.inference.settings import InferenceSettings
+from shared.decoding.chat_template import encode_chat
 from shared.knowledge.follow import SnapshotFollower, belongs_to_its_tenant
 from shared.knowledge.frame import with_knowledge
 from shared.knowledge.retrieval import Entry, Retriever

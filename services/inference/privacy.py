@@ -16,7 +16,7 @@ affected: it answers from the unredacted prompt; only the captured record change
   "malformed": no response tokens); the grader and extractor still use its redacted text.
 - feedback comment: redacted in place (the event id still hashes the comment as sent, so a retried
   submission is still recognised as the same event).
-Each tenant's declared business names (`APPRENTICE_BUSINESS_NAMES`, `shared.pii.business`) are kept in all
+Each tenant's declared business names (`APPRENTICE_BUSINESS_NAMES`, `shared.privacy.business`) are kept in all
 three: a detected name that is only one of them is the business's word, not a user's personal data.
 `reject` applies to what callers send (prompt messages, comments) and only where it would be captured; an
 answer that contains personal data under `reject` is redacted.
@@ -33,14 +33,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.inference import metrics
-from services.inference.config import InferenceSettings
 from services.inference.requests import PreparedRequest
-from shared.chat_template import encode_chat
-from shared.generation import encode_prompt
-from shared.grpc_util import InvalidRequest
+from services.inference.settings import InferenceSettings
+from shared.decoding.chat_template import encode_chat
+from shared.decoding.generation import encode_prompt
 from shared.knowledge.frame import with_knowledge
-from shared.pii.policy import PiiPolicy, Redactor, Scan, entity_types, parse_tenant_policies
+from shared.privacy.policy import PiiPolicy, Redactor, Scan, entity_types, parse_tenant_policies
 from shared.proto.apprentice.v1 import events_pb2
+from shared.rpc.grpc_util import InvalidRequest
 
 log = logging.getLogger(__name__)
 

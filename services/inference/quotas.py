@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shared.grpc_util import ResourceExhausted
+from shared.rpc.grpc_util import ResourceExhausted
 
 if TYPE_CHECKING:
-    from services.inference.config import InferenceSettings
+    from services.inference.settings import InferenceSettings
 
 CONCURRENCY_RETRY_S = 1.0
 """Suggested wait after a concurrency refusal: a slot frees when one of the tenant's requests ends, which

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from services.inference.config import InferenceSettings
 from services.inference.engines.base import EngineError, RequestHandle
-from shared.chat_template import encode_chat, encode_text
+from services.inference.settings import InferenceSettings
+from shared.contracts.events import deterministic_id, make_envelope
+from shared.decoding.chat_template import encode_chat, encode_text
 from shared.decoding.params import SamplingConfig
-from shared.events import deterministic_id, make_envelope
-from shared.grpc_util import (
+from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2
+from shared.rpc.grpc_util import (
     TENANT_METADATA,
     InvalidRequest,
     PermissionDenied,
@@ -30,7 +31,6 @@ from shared.grpc_util import (
     remaining_s,
     require,
 )
-from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2
 from shared.security.identity import Role, current_identity
 
 ROLES = ("system", "user", "assistant")

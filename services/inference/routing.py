@@ -1,7 +1,7 @@
 """ModelUpdate orders --> a routing table; (tenant, uniform draw) --> the version that serves a request.
 
 Pure state, no I/O (the version manager downloads and loads what a table needs, then publishes it).
-What an order means for a slot (promote, canary, rollback) is shared/orders.py, the same rules the
+What an order means for a slot (promote, canary, rollback) is shared/contracts/orders.py, the same rules the
 weights service keeps its state by; this module adds the pod's role: choosing a version per request
 (a canary serves its fraction of the slot's requests; the operator slot's canary does not reach
 tenants with a slot of their own), dropping empty tenant slots, and reverting a failed load.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from shared.orders import BASE, OPERATOR, Slot, apply_order, promoted_for
+from shared.contracts.orders import BASE, OPERATOR, Slot, apply_order, promoted_for
 from shared.proto.apprentice.v1 import events_pb2
 
 HISTORY_KEPT = 8

@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="apprentice serve trainer", description="GRPO + OEL trainer (one tenant)")
     parser.add_argument("--tenant", help="overrides APPRENTICE_TRAINER_TENANT")
     args = parser.parse_args(argv)
-    from services.trainer.config import TrainerSettings
+    from services.trainer.settings import TrainerSettings
 
     settings = TrainerSettings(**({"tenant": args.tenant} if args.tenant else {}))
     from services.trainer.steplog import ReportingUnavailable, require_available
@@ -26,9 +26,9 @@ def main(argv: list[str] | None = None) -> int:
         print(one_line("trainer", e), file=sys.stderr, flush=True)
         return EXIT_STARTUP_ERROR
     from services.trainer import distributed
-    from services.trainer.app import TrainerApp, follower
-    from shared.grpc_util import service_host
+    from services.trainer.service import TrainerApp, follower
     from shared.logs import configure_logging
+    from shared.rpc.grpc_util import service_host
     from shared.service import run_service
 
     configure_logging("trainer", settings.common.log_level, settings.common.log_json)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.weights_client import write_trained_interactions
+from shared.weights.client import write_trained_interactions
 
 LATEST = "LATEST"
 PUBLISHED = "published.json"

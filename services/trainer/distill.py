@@ -34,10 +34,10 @@ from services.trainer.knowledge import KnowledgeBase
 from services.trainer.logprobs import score, supports_fused_head, teacher_view
 from services.trainer.policy import Policy
 from services.trainer.steplog import StepHook
-from shared.chat_template import encode_chat, encode_text
+from shared.decoding.chat_template import encode_chat, encode_text
+from shared.decoding.generation import generate
 from shared.decoding.params import SamplingConfig
 from shared.decoding.repetition import repetition_rate
-from shared.generation import generate
 from shared.knowledge.frame import with_knowledge
 from shared.knowledge.retrieval import tfidf_rank
 from shared.progress import progress
@@ -228,7 +228,7 @@ def consolidation_round(policy: Policy, teacher: nn.Module, examples: Sequence[D
             break
         chosen = rng.sample(pool, min(cfg.batch, len(pool)))
         ctx = [context_fn(e, rng) for e in chosen]
-        # special tokens inside messages or knowledge stay text (shared/chat_template.py)
+        # special tokens inside messages or knowledge stay text (shared/decoding/chat_template.py)
         s_ids = [encode_chat(tok, e.messages).ids for e in chosen]
         t_ids = [encode_chat(tok, with_knowledge(e.messages, c)).ids for e, c in zip(chosen, ctx, strict=True)]
         seed = (cfg.seed * 100_003 + policy.steps * 1_009) % (1 << 31)

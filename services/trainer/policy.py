@@ -21,7 +21,7 @@ from torch import nn
 
 from services.trainer.distributed import all_reduce_grads
 from services.trainer.logprobs import Scorer
-from shared.weights_client import FULL, LORA, save_version_files
+from shared.weights.client import FULL, LORA, save_version_files
 
 log = logging.getLogger(__name__)
 

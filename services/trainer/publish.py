@@ -15,10 +15,10 @@ import logging
 from typing import Any
 
 from services.trainer.checkpoint import Checkpoint
-from shared.events import deterministic_id, make_envelope
+from shared.contracts.events import deterministic_id, make_envelope
 from shared.kafka.producer import EventProducer
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, weights_pb2
-from shared.weights_client import LORA, TRAINED_INTERACTIONS, upload_version
+from shared.weights.client import LORA, TRAINED_INTERACTIONS, upload_version
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from services.trainer.config import TrainerSettings
 from services.trainer.distill import (
     AcceptFn,
     DistillConfig,
@@ -32,6 +31,7 @@ from services.trainer.knowledge import KnowledgeBase
 from services.trainer.policy import Policy, PolicyConfig
 from services.trainer.rl import RLConfig, RunningBaseline, rl_round
 from services.trainer.rollouts import MalformedRollout, Rollout, from_graded, tenant_of
+from services.trainer.settings import TrainerSettings
 from services.trainer.steplog import StepHook
 from shared.grading import load_function
 from shared.proto.apprentice.v1 import events_pb2

@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, help="gRPC port (default: APPRENTICE_WEIGHTS_PORT or 50052)")
     ap.add_argument("--policy", choices=("manual", "auto", "canary"), help="override APPRENTICE_WEIGHTS_POLICY")
     ns = ap.parse_args(argv)
-    from services.weights.config import WeightsSettings
+    from services.weights.settings import WeightsSettings
     from shared.logs import configure_logging
 
     settings = WeightsSettings(**{k: v for k, v in (("port", ns.port), ("policy", ns.policy)) if v is not None})
@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(settings.common.torch_threads)
-    from services.weights.server import RunningServer
-    from shared.grpc_util import service_host
+    from services.weights.service import RunningServer
+    from shared.rpc.grpc_util import service_host
     from shared.service import run_service
 
     return run_service(RunningServer(settings), metrics_port=settings.metrics_port,

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
-from shared.grpc_util import ServiceError, Unavailable
+from shared.rpc.grpc_util import ServiceError, Unavailable
 from shared.security.identity import Identity, Role
 
 log = logging.getLogger(__name__)

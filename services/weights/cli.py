@@ -1,7 +1,7 @@
 """`apprentice weights list|get|promote|canary|rollback|status|pin|unpin` --> gRPC calls to the Weights service.
 
 The endpoint is `--endpoint`, else APPRENTICE_WEIGHTS_ENDPOINT, else the running stack's (recorded by
-`apprentice up` in its home: shared/stack_endpoints.py), else 127.0.0.1:50052; the model defaults to
+`apprentice up` in its home: shared/contracts/stack_endpoints.py), else 127.0.0.1:50052; the model defaults to
 APPRENTICE_MODEL, else the running stack's.
 Exit codes: 0 ok, 1 the service refused (the message says why), 2 bad usage, 3 the service is unreachable.
 """
@@ -88,7 +88,7 @@ def _serving(stub: Any, model: str, timeout: float) -> dict[str, str]:
 
 
 def _serving_text(serving: dict[str, str]) -> str:
-    from shared.orders import BASE
+    from shared.contracts.orders import BASE
 
     if not serving:
         return "unknown"
@@ -100,8 +100,8 @@ def list_json(model: str, resp: Any, serving: dict[str, str]) -> dict[str, Any]:
     entry of `versions` (it is always available, though the store holds trained versions only), so an empty
     store is `{"versions": [base]}` rather than `{}`; `serving` is each tenant slot's version ("" = every
     tenant)."""
-    from shared.events import to_dict
-    from shared.orders import BASE
+    from shared.contracts.events import to_dict
+    from shared.contracts.orders import BASE
 
     base = {"model": model, "version": BASE, "kind": BASE}
     return {"model": model, "serving": {k: v or BASE for k, v in serving.items()},
@@ -109,7 +109,7 @@ def list_json(model: str, resp: Any, serving: dict[str, str]) -> dict[str, Any]:
 
 
 def _run(ns: argparse.Namespace, stub: Any) -> int:
-    from shared.events import to_json
+    from shared.contracts.events import to_json
     from shared.proto.apprentice.v1 import weights_pb2 as W
 
     model, t = ns.model, ns.timeout
@@ -176,12 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     ns.model = getattr(ns, "model", None)
     import grpc
 
-    from shared.cli.failures import grpc_unreachable_reason, unreachable
     from shared.proto.apprentice.v1 import weights_pb2_grpc
     from shared.security.channels import open_channel
+    from tools.cli.failures import grpc_unreachable_reason, unreachable
 
     if ns.model is None:
-        from shared.config import CommonSettings
+        from shared.settings import CommonSettings
 
         ns.model = CommonSettings().model
     with open_channel(ns.endpoint) as channel:

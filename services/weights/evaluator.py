@@ -30,7 +30,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from services.weights.config import WeightsSettings
 from services.weights.evalset import LoadedHeldout, OodSet, load_heldout, load_ood
 from services.weights.gate import (
     KNOWLEDGE,
@@ -49,13 +48,14 @@ from services.weights.gate import (
 )
 from services.weights.knowledge import KnowledgeView
 from services.weights.metrics import EVAL_SECONDS, EVALS
+from services.weights.settings import WeightsSettings
 from services.weights.store import WeightStore
+from shared.contracts.orders import BASE
 from shared.decoding.repetition import repetition_rate
 from shared.grading import grade_rule, parse_rule_spec
-from shared.grpc_util import FailedPrecondition, NotFound
-from shared.orders import BASE
 from shared.progress import progress
 from shared.proto.apprentice.v1 import weights_pb2
+from shared.rpc.grpc_util import FailedPrecondition, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ def greedy_answers(model: Any, tok: Any, chats: Sequence[list[dict[str, str]]], 
     weight once) once instead of once per batch; when they do not fit in one batch, prompts of similar
     length share one (less left padding). Answers do not depend on the batching. The decode loop computes
     the last position's logits only (shared/decoding/forward.py)."""
-    from shared.chat_template import encode_chat
-    from shared.generation import generate
+    from shared.decoding.chat_template import encode_chat
+    from shared.decoding.generation import generate
 
     prompts = [encode_chat(tok, c).ids for c in chats]    # the ids inference would serve
     order = sorted(range(len(prompts)), key=lambda j: len(prompts[j]))
@@ -113,7 +113,7 @@ def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, ma
     """One model on both sets: greedy answers graded by rules, reference answers scored by likelihood."""
     import torch
 
-    from shared.chat_template import encode_chat
+    from shared.decoding.chat_template import encode_chat
     from shared.decoding.logprobs import sequence_logprobs
 
     def greedy(chats: list[list[dict[str, str]]]) -> list[Any]:
@@ -239,7 +239,7 @@ class Evaluator:
 
     def _load(self, m: weights_pb2.Manifest, work: Path) -> Any:
         from shared.models import load_model
-        from shared.weights_client import load_version
+        from shared.weights.client import load_version
 
         name = m.base_model or m.model
         if m.version == BASE:

@@ -20,7 +20,7 @@ from urllib.parse import quote, unquote
 
 from google.protobuf import json_format
 
-from shared.orders import Slot, promoted_for
+from shared.contracts.orders import Slot, promoted_for
 from shared.proto.apprentice.v1 import weights_pb2
 
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 
 from services.weights.manifests import VERSION_RE
-from shared.grpc_util import require
+from shared.rpc.grpc_util import require
 
 MAX_MODEL_CHARS = 200
 MAX_PATH_CHARS = 255

@@ -6,7 +6,7 @@ that miss an order catch up from `HeartbeatAck.desired` (see `desired`).
 
 Tenant slots: a version belongs to the tenant whose data trained it (`Manifest.tenant`), so promoting it
 changes that tenant's slot only; `""` is the operator slot every other tenant follows.
-What an order does to a slot is shared/orders.py `apply_order`, the rules every inference pod applies
+What an order does to a slot is shared/contracts/orders.py `apply_order`, the rules every inference pod applies
 to its routing table too: the desk's new state is the order it sends, applied to the slot (computed
 before the order is sent, saved after it is durable). This module decides which orders to issue.
 
@@ -28,10 +28,10 @@ from services.weights.gate import integrity_of
 from services.weights.manifests import ModelState
 from services.weights.pods import PodRegistry
 from services.weights.store import WeightStore
-from shared.events import deterministic_id, make_envelope
-from shared.grpc_util import FailedPrecondition, require
-from shared.orders import BASE, apply_order
+from shared.contracts.events import deterministic_id, make_envelope
+from shared.contracts.orders import BASE, apply_order
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
+from shared.rpc.grpc_util import FailedPrecondition, require
 
 log = logging.getLogger(__name__)
 

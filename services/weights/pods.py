@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass
 
 from services.weights.manifests import ModelState
-from shared.grpc_util import PermissionDenied, ResourceExhausted
-from shared.orders import BASE
+from shared.contracts.orders import BASE
 from shared.proto.apprentice.v1 import weights_pb2
+from shared.rpc.grpc_util import PermissionDenied, ResourceExhausted
 from shared.security.identity import Identity, Role
 
 MAX_LAST_ERROR_CHARS = 1000

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 
 from services.weights import audit_trail
-from services.weights.config import WeightsSettings
 from services.weights.evaluator import Evaluator
 from services.weights.manifests import version_order_key
 from services.weights.orders import OrderDesk
+from services.weights.settings import WeightsSettings
 from services.weights.store import WeightStore
-from shared.orders import BASE
+from shared.contracts.orders import BASE
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 
 log = logging.getLogger(__name__)

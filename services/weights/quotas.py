@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from shared.grpc_util import ResourceExhausted
+from shared.rpc.grpc_util import ResourceExhausted
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from services.weights.manifests import ModelState, version_order_key
-from shared.orders import BASE
+from shared.contracts.orders import BASE
 from shared.proto.apprentice.v1 import weights_pb2
 
 LIVE_STATUSES = (weights_pb2.VERSION_STATUS_PROMOTED, weights_pb2.VERSION_STATUS_CANARY)

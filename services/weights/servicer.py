@@ -18,13 +18,13 @@ from services.weights.metrics import DOWNLOAD_BYTES, UPLOAD_BYTES, UPLOADS
 from services.weights.names import validate_model, validate_pod_id, validate_tenant, validate_version
 from services.weights.store import validate_header
 from services.weights.wire import encode_chunk
-from shared.grpc_util import FailedPrecondition, NotFound, PermissionDenied, grpc_errors, require
-from shared.orders import BASE
+from shared.contracts.orders import BASE
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
+from shared.rpc.grpc_util import FailedPrecondition, NotFound, PermissionDenied, grpc_errors, require
 from shared.security.identity import acting_as, current_identity
 
 if TYPE_CHECKING:
-    from services.weights.server import WeightsService
+    from services.weights.service import WeightsService
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from services.weights.blobstore import SHA256_RE, BlobStore, BlobWriter
 from services.weights.manifests import ManifestStore, ModelState
 from services.weights.names import validate_model, validate_path, validate_tenant, validate_version
 from services.weights.retention import unreferenced, versions_to_keep
-from shared.events import timestamp
-from shared.grpc_util import FailedPrecondition, InvalidRequest, NotFound, ServiceError, require
-from shared.orders import BASE
+from shared.contracts.events import timestamp
+from shared.contracts.orders import BASE
 from shared.proto.apprentice.v1 import weights_pb2
+from shared.rpc.grpc_util import FailedPrecondition, InvalidRequest, NotFound, ServiceError, require
 
 log = logging.getLogger(__name__)
 

@@ -10,5 +10,5 @@
 - text.py         EOS ids, stop strings, how much text may stream
 - params.py       `SamplingConfig`, `Sample`
 
-`shared.generation.generate` is its prompts-in, samples-out form.
+`shared.decoding.generation.generate` is its prompts-in, samples-out form.
 """

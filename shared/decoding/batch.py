@@ -2,7 +2,7 @@
 
 The one decode loop of Apprentice: the CPU inference engine's scheduler drives a `DecodeBatch` that rows
 join and leave between steps (continuous batching); `decode_batch` is the static form (one group,
-decoded to completion) that the engine's static scheduler and `shared.generation.generate` (trainer
+decoded to completion) that the engine's static scheduler and `shared.decoding.generation.generate` (trainer
 sampling, eval gate, extractor's local LLM, demo) use. `add` prefills a group of new rows in one
 forward pass and merges them into the running batch; `step` runs one forward pass over every live row;
 a row leaves as soon as it stops (its cache rows are dropped, so a long answer does not make short ones

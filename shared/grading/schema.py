@@ -216,7 +216,7 @@ GraderSpec = Annotated[ExactSpec | ContainsSpec | RegexSpec | JsonSchemaSpec | V
 # --- detectors ------------------------------------------------------------------------------------
 
 class DetectorConfig(_Strict):
-    """Thresholds of the reward-hacking detectors (services/grader/detectors.py)."""
+    """Thresholds of the reward-hacking detectors (services/grader/core/detectors.py)."""
 
     window: int = Field(default=200, ge=10)
     """Records per (tenant, task, policy version) kept for the rolling statistics."""

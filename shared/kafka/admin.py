@@ -12,9 +12,9 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from shared.contracts.topics import Topics, TopicSpec
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
-from shared.topics import Topics, TopicSpec
 
 
 def admin(bootstrap: str, *, quiet: bool = False, security: SecuritySource = None) -> AdminClient:

@@ -10,7 +10,7 @@ import logging
 
 from confluent_kafka import Message
 
-from shared.events import make_envelope
+from shared.contracts.events import make_envelope
 from shared.kafka.producer import EventProducer
 from shared.proto.apprentice.v1 import events_pb2
 

@@ -8,16 +8,16 @@ from typing import TypeVar
 from confluent_kafka import Message
 from google.protobuf.message import Message as ProtoMessage
 
-from shared.events import UndecodableEvent
+from shared.contracts.events import UndecodableEvent
+from shared.contracts.validation import decode_record
 from shared.kafka.deadletter import DeadLetterPublisher
-from shared.validation import decode_record
 
 M = TypeVar("M", bound=ProtoMessage)
 
 
 def decode_batch(records: Iterable[Message], msg_type: type[M], deadletters: DeadLetterPublisher,
                  *, stage: str) -> list[tuple[Message, M]]:
-    """Decode and check each record (shared/validation.py: its type header, envelope and values); one that
+    """Decode and check each record (shared/contracts/validation.py: its type header, envelope and values); one that
     fails is dead-lettered (durably, before the caller commits past it) and left out of the result."""
     out: list[tuple[Message, M]] = []
     for rec in records:

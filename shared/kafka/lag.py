@@ -1,7 +1,7 @@
 """Consumer groups of one stack --> committed offset, end offset and lag per group, topic and partition.
 
 One reading for every view of lag (`apprentice status`, the dashboard's health page, tests): the groups
-are those of the stack's namespace (their ids carry its topic prefix, shared/topics.py), the topics those
+are those of the stack's namespace (their ids carry its topic prefix, shared/contracts/topics.py), the topics those
 of the stack, and groups that never commit (tail, probes, the dashboard's readers) are left out.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.contracts.topics import Topics
 from shared.kafka.security import SecuritySource
-from shared.topics import Topics
 
 PROBE_GROUP = "apprentice-status-probe"
 """The group id of the consumer that reads end offsets (it never subscribes or commits)."""

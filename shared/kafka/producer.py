@@ -14,9 +14,9 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 from google.protobuf.message import Message as ProtoMessage
 
+from shared.contracts.validation import type_headers
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
-from shared.validation import type_headers
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class EventProducer:
                 on_delivery: DeliveryCallback | None = None,
                 headers: dict[str, str] | None = None) -> None:
         """Queue one record. A protobuf value carries its type in the `apprentice-type` header
-        (shared/validation.py), which consumers check; a bytes value carries only `headers`."""
+        (shared/contracts/validation.py), which consumers check; a bytes value carries only `headers`."""
         if isinstance(value, bytes):
             payload, typed = value, []
         else:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared.config import CommonSettings
+from shared.settings import CommonSettings
 
 if TYPE_CHECKING:
     from faust.types.auth import CredentialsT

@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 
-from shared.config import CommonSettings
 from shared.security.tls import channel_credentials
+from shared.settings import CommonSettings
 
 Options = Sequence[tuple[str, Any]]
 

@@ -1,6 +1,6 @@
 """gRPC call --> authenticated Identity --> the handler, or UNAUTHENTICATED / PERMISSION_DENIED.
 
-One server interceptor for every service (installed by `shared.grpc_util.create_server`):
+One server interceptor for every service (installed by `shared.rpc.grpc_util.create_server`):
 1. public methods (health, reflection) pass untouched;
 2. the caller is authenticated: `authorization: Bearer <key>` metadata, else a client certificate the
    server's CA verified (mutual TLS), mapped through the `KeyRing`; a server without keys treats every

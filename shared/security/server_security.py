@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import grpc
 
-from shared.config import CommonSettings
 from shared.security.binding import resolve_bind_host
 from shared.security.interceptor import AuthInterceptor
 from shared.security.keys import KeyEntry, KeyRing
 from shared.security.tls import server_credentials
+from shared.settings import CommonSettings
 
 
 @dataclass

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 
-from shared.config import CommonSettings
+from shared.settings import CommonSettings
 
 
 class TLSConfigError(ValueError):

@@ -19,10 +19,10 @@ from typing import Any
 import grpc_tools
 import pytest
 
-from shared.security.devpki import DevCredentials, ensure_dev_credentials
-from shared.topics import Topics
+from shared.contracts.topics import Topics
 from tests.helpers.ports import free_port
 from tests.security.harness import SECURITY_VARS
+from tools.devca import DevCredentials, ensure_dev_credentials
 
 REPO = Path(__file__).resolve().parents[2]
 PROTOS = REPO / "protos"

@@ -159,8 +159,8 @@ def checkout(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Checko
     """The copy, `.venv` linked in, `.apprentice/` as `apprentice up` leaves it for this server (its
     secrets with a `default` tenant key, its endpoints record), and the user's environment: PATH with a
     venv of theirs first, the Go toolchain's own GOPATH (the module cache shared, to download once)."""
-    from shared.security.devpki import ensure_dev_credentials
-    from shared.stack_endpoints import StackEndpoints, write_endpoints
+    from shared.contracts.stack_endpoints import StackEndpoints, write_endpoints
+    from tools.devca import ensure_dev_credentials
 
     tmp = tmp_path_factory.mktemp("checkout")
     root = tmp / "apprentice"

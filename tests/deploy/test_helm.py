@@ -6,7 +6,7 @@ without Go these tests skip. Rendered manifests are validated against Kubernetes
 supports; the Strimzi and Prometheus-operator resources, which those schemas do not cover, are checked
 for the fields their operators require. The remaining tests hold the chart to the services it deploys:
 every APPRENTICE_* variable is a real setting, every address names a Service port, the topics are the
-ones in shared/topics.py, the grader config loads, and the generated keys and certificates work with a
+ones in shared/contracts/topics.py, the grader config loads, and the generated keys and certificates work with a
 real gRPC server and the chart's own readiness probe.
 """
 
@@ -249,12 +249,12 @@ def test_value_sets_render_what_they_ask_for(rendered: dict[str, list[dict[str, 
 
 def _settings_env_names() -> dict[str, set[str]]:
     """APPRENTICE_* variable names each service reads, from its settings classes."""
-    from services.extractor.config import ExtractorSettings
-    from services.grader.config import GraderSettings
-    from services.inference.config import InferenceSettings
-    from services.trainer.config import TrainerSettings
-    from services.weights.config import WeightsSettings
-    from shared.config import CommonSettings
+    from services.extractor.settings import ExtractorSettings
+    from services.grader.settings import GraderSettings
+    from services.inference.settings import InferenceSettings
+    from services.trainer.settings import TrainerSettings
+    from services.weights.settings import WeightsSettings
+    from shared.settings import CommonSettings
 
     common = {f"APPRENTICE_{f.upper()}" for f in CommonSettings.model_fields}
     names = {}
@@ -264,7 +264,7 @@ def _settings_env_names() -> dict[str, set[str]]:
         prefix = cls.model_config["env_prefix"]
         names[component] = common | {f"{prefix}{f}".upper() for f in cls.model_fields if f != "common"}
     try:
-        from services.dashboard.config import DashboardSettings  # type: ignore[import-not-found,unused-ignore]
+        from services.dashboard.settings import DashboardSettings  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         pass
     else:
@@ -314,7 +314,7 @@ def test_addresses_name_service_ports_and_probes_name_container_ports(
 
 
 def test_strimzi_topics_are_the_contract_topics(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    from shared.topics import SPECS
+    from shared.contracts.topics import SPECS
 
     topics = {d["spec"]["topicName"]: d["spec"] for d in _kind(rendered["strimzi-gpu-scaled"], "KafkaTopic")}
     assert set(topics) == {s.name for s in SPECS}
@@ -334,7 +334,7 @@ def test_strimzi_topics_are_the_contract_topics(rendered: dict[str, list[dict[st
 
 
 def test_grader_configmap_is_the_packaged_default_config(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    from services.grader.config import DEFAULT_CONFIG
+    from services.grader.settings import DEFAULT_CONFIG
     from shared.grading.schema import load_grader_config, parse_grader_config
 
     cm = _one(rendered["default"], "ConfigMap", f"{FULL}-grader")
@@ -347,10 +347,10 @@ def test_generated_credentials_work_with_a_real_server_and_the_readiness_probe(
         rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
     """The generated key ring admits each generated token with its role; the generated certificate serves
     TLS for the Service names; the chart's probe script reads a real server's health through it."""
-    from shared.config import CommonSettings
-    from shared.grpc_util import create_server, set_serving
+    from shared.rpc.grpc_util import create_server, set_serving
     from shared.security.identity import Role
     from shared.security.keys import KeyRing
+    from shared.settings import CommonSettings
 
     docs = rendered["default"]
     auth = _one(docs, "Secret", f"{FULL}-auth")["stringData"]

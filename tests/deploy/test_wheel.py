@@ -35,9 +35,9 @@ from typing import Any
 
 import pytest
 
-from services.loop.stack import Ports
-from shared.topics import Topics
+from shared.contracts.topics import Topics
 from tests.helpers.waiting import wait_for
+from tools.stack.stack import Ports
 
 pytestmark = pytest.mark.integration
 
@@ -157,11 +157,11 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> WheelVenv:
 PROBE = """
 import importlib.metadata, json, sys
 import services, shared
-from services.dashboard import app as dashboard
-from services.grader.config import DEFAULT_CONFIG
-from services.loop.task import TASKS_DIR, load_task
+from services.dashboard import service as dashboard
+from services.grader.settings import DEFAULT_CONFIG
+from tools.demo.task import TASKS_DIR, load_task
 from services.weights.evalset import _packaged_dir
-from shared.kafka.local_broker import POM
+from tools.broker.local_broker import POM
 from shared.proto.apprentice.v1 import (common_pb2, events_pb2, inference_pb2, inference_pb2_grpc, knowledge_pb2,
                                         knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc)
 print(json.dumps({
@@ -200,7 +200,7 @@ def test_wheel_holds_every_runtime_file(wheel_venv: WheelVenv, tmp_path: Path) -
     assert set(files["dashboard templates"]) == {p.name for p in (REPO / "services/dashboard/templates").iterdir()}
     assert set(files["dashboard static"]) == {p.name for p in (REPO / "services/dashboard/static").iterdir()}
     assert files["grader default config"] and files["kafka pom"], files
-    assert set(files["tasks"]) == {p.name for p in (REPO / "services/loop/tasks").glob("*.yaml")}
+    assert set(files["tasks"]) == {p.name for p in (REPO / "tools/demo/tasks").glob("*.yaml")}
     assert set(files["eval sets"]) == {p.name for p in (REPO / "services/weights/evalsets").glob("*.yaml")}
 
 
@@ -278,7 +278,7 @@ def test_every_service_starts_from_the_wheel(wheel_venv: WheelVenv, stack_from_w
     for name, s in services.items():
         assert s["pid"] and s["restarts"] == 0 and not s["exits"], (name, s, _log_tail(home, name))
         argv = Path(f"/proc/{s['pid']}/cmdline").read_bytes().split(b"\0")[:-1]
-        assert [a.decode() for a in argv] == [str(wheel_venv.python), "-m", "shared.cli.main", "serve", name]
+        assert [a.decode() for a in argv] == [str(wheel_venv.python), "-m", "tools.cli.main", "serve", name]
         assert not Path(os.readlink(f"/proc/{s['pid']}/cwd")).is_relative_to(REPO)
 
     assets: set[str] = set()

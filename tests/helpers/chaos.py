@@ -6,7 +6,7 @@ twice. `run_chaos(ChaosConfig(...))` returns the figures; `load/chaos.py` is its
 What it does, in order (load runs throughout: gRPC Generate + Feedback through the inference service from
 several tenants with the task file's task tag, retrying failed calls as a product backend would):
 1. a private broker on free ports under the run folder (the shared one at 9092 is never touched), the
-   five services as supervised processes (`services.loop.stack.LocalStack`), tiny model;
+   five services as supervised processes (`tools.stack.stack.LocalStack`), tiny model;
 2. kill -9 of each service in `kill` order; the supervisor restarts it; the next one goes once the
    previous answers again and the load ran `dwell_s` seconds (`kill_together`: all at the same moment);
 3. the broker: kill -9 (default; `broker_fault="stop"` = SIGTERM, a clean shutdown), down `broker_down_s`
@@ -31,8 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from load.loadgen import LoadGenerator, Stats
-from services.loop.stack import LocalStack
-from services.loop.supervisor import SERVICES
 from tests.helpers.chaos_faults import (
     broker_outage,
     kill_group,
@@ -54,6 +52,8 @@ from tests.helpers.chaos_invariants import (
 )
 from tests.helpers.kafka import private_broker, read_to_end
 from tests.helpers.waiting import wait_for
+from tools.stack.stack import LocalStack
+from tools.stack.supervisor import SERVICES
 
 KILL_ORDER = ("inference", "grader", "extractor", "trainer", "weights")
 
@@ -223,7 +223,7 @@ class Chaos:
                 raise RuntimeError(f"services did not become healthy: {health}; logs in {stack.run_dir / 'logs'}")
             self.seconds["stack_start"] = time.monotonic() - t_start
             say(f"stack healthy after {self.seconds['stack_start']:.0f}s; load starts")
-            from services.loop.watch import TopicWatcher
+            from tools.demo.watch import TopicWatcher
 
             self.watcher = TopicWatcher(self.broker.bootstrap, stack.topics)
             self.gen = LoadGenerator(stack.inference_target, cfg.task, list(cfg.tenants),

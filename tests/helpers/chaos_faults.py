@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from services.loop.stack import LocalStack
-from shared.kafka.local_broker import LocalBroker
 from tests.helpers.chaos_invariants import Window
+from tools.broker.local_broker import LocalBroker
+from tools.stack.stack import LocalStack
 
 
 def say(msg: str) -> None:
@@ -108,7 +108,7 @@ def operator_version(stack: LocalStack, model: str, work: Path) -> str | None:
 
     from shared.models import resolve_model_dir
     from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
-    from shared.weights_client import upload_version
+    from shared.weights.client import upload_version
 
     src = resolve_model_dir(model)
     if not isinstance(src, Path) or not (src / "model.safetensors").exists():

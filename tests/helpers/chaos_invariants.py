@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.events import UndecodableEvent, decode
+from shared.contracts.events import UndecodableEvent, decode
 from shared.proto.apprentice.v1 import events_pb2
 
 GRACE_S = 2.0
@@ -102,7 +102,7 @@ def check_feedback(served: dict[str, Any], records: Sequence[Any], *, strict_del
 
 # --- graded ------------------------------------------------------------------------------------------
 def _content(g: events_pb2.GradedInteraction) -> str:
-    """The grader's own notion of a revision's content (services/grader/join.py `_build`): reward,
+    """The grader's own notion of a revision's content (services/grader/core/join.py `_build`): reward,
     signal, reason, components and the feedback joined. Two revisions with equal content are one effect
     emitted twice."""
     src = json.dumps([round(g.reward, 9), g.has_signal, g.no_signal_reason,

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from shared.events import make_envelope
+from shared.contracts.events import make_envelope
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 
 REPO = Path(__file__).resolve().parents[2]

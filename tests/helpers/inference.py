@@ -15,8 +15,8 @@ def start_inference(tmp: Path, *, model: str = "tiny-random", bootstrap: str = "
                     topic_prefix: str = "", weights_endpoint: str = "127.0.0.1:1", **overrides: Any) -> Any:
     """A started InferenceApp (tiny model, port 0, metrics and HTTP API off unless `http_port` is given,
     spool/versions under `tmp`)."""
-    from services.inference.config import InferenceSettings
-    from services.inference.server import serve
+    from services.inference.service import serve
+    from services.inference.settings import InferenceSettings
 
     s: dict[str, Any] = dict(port=0, metrics_port=0, http_port=0, host="127.0.0.1",
              pod_id=f"test-{uuid.uuid4().hex[:6]}", spool_dir=tmp / "spool", download_dir=tmp / "versions",

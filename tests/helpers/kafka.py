@@ -22,9 +22,9 @@ from typing import Any
 from confluent_kafka import Consumer, Message
 from google.protobuf.message import Message as ProtoMessage
 
-from shared.kafka.local_broker import LocalBroker
 from shared.kafka.security import SecuritySource, librdkafka_config
 from tests.helpers.ports import free_ports
+from tools.broker.local_broker import LocalBroker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,7 +151,7 @@ def read_to_end(bootstrap: str, topic: str, timeout: float = 120.0) -> list[Any]
 def link_broker_jars(home: Path) -> None:
     """Make a broker under `home` reuse the jars of the usual local broker (symlinked), so no Maven run
     is needed when `apprentice kafka start` ran once on this machine."""
-    from shared.config import CommonSettings
+    from shared.settings import CommonSettings
 
     libs_link = home / "kafka" / "libs"
     for libs in (CommonSettings().home / "kafka" / "libs", REPO_ROOT / ".apprentice" / "kafka" / "libs"):

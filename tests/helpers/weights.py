@@ -1,5 +1,5 @@
 """The real Weights service for tests: started in-process on loopback port 0, versions uploaded with the
-real client (`shared.weights_client.upload_version`), pods' heartbeats read back through `Status`.
+real client (`shared.weights.client.upload_version`), pods' heartbeats read back through `Status`.
 
 Where a test needs a weights service (an inference pod downloading versions, heartbeats, the desired
 state a pod catches up on), it runs this one, never a stand-in.
@@ -18,8 +18,8 @@ from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 def start_weights(store_dir: Path, **overrides: Any) -> Any:
     """The real Weights server on loopback port 0 (checkpoint consumer off, manual promotion), secured by
     the environment; returns the started `RunningServer` (`.port`, `.service`, `.stop()`)."""
-    from services.weights.config import WeightsSettings
-    from services.weights.server import start
+    from services.weights.service import start
+    from services.weights.settings import WeightsSettings
 
     kw: dict[str, Any] = dict(port=0, host="127.0.0.1", metrics_port=0, store_dir=store_dir, policy="manual",
                               grace_s=1.0)
@@ -47,7 +47,7 @@ class LocalWeights:
     def upload(self, model: str, src: Path, *, kind: str, version: str = "", base_version: str = "",
                tenant: str = "") -> weights_pb2.Manifest:
         """Upload the version folder `src` (written by `save_version_files`) with the real client."""
-        from shared.weights_client import upload_version
+        from shared.weights.client import upload_version
 
         header = weights_pb2.UploadHeader(model=model, version=version, kind=kind, base_version=base_version,
                                           tenant=tenant)

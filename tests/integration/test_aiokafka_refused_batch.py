@@ -1,4 +1,4 @@
-"""services/grader/faust_patches.py, P2, against the real broker: after the broker refuses one batch of an
+"""services/grader/stream/patches.py, P2, against the real broker: after the broker refuses one batch of an
 idempotent aiokafka producer (a record over the topic's `max.message.bytes`), the producer's later
 records to that partition are still written, once each, in order.
 
@@ -20,7 +20,7 @@ from aiokafka.errors import MessageSizeTooLargeError, OutOfOrderSequenceNumber
 from aiokafka.producer import sender as aiokafka_sender
 from confluent_kafka.admin import NewTopic
 
-from services.grader import faust_patches
+from services.grader.stream import patches as faust_patches
 from shared.kafka.admin import admin, delete_topics
 from tests.helpers.kafka import TopicReader
 

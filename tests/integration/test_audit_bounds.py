@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from shared.audit import MAX_FIELD, MAX_TARGET, AuditLog
-from shared.events import decode
+from shared.contracts.events import decode
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
 from tests.helpers.kafka import read_all
 
 pytestmark = pytest.mark.integration

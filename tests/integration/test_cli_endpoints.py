@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from services.weights.config import WeightsSettings
-from services.weights.server import RunningServer, start
-from shared.stack_endpoints import StackEndpoints, write_endpoints
-from shared.topics import Topics
+from services.weights.service import RunningServer, start
+from services.weights.settings import WeightsSettings
+from shared.contracts.stack_endpoints import StackEndpoints, write_endpoints
+from shared.contracts.topics import Topics
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ def weights_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 def _apprentice(home: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPRENTICE_")}
     env.update(APPRENTICE_HOME=str(home), **env_extra)
-    return subprocess.run([sys.executable, "-m", "shared.cli.main", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=60)
 
 

@@ -23,15 +23,15 @@ import grpc
 import pytest
 
 from services.weights.cli import list_json
-from services.weights.server import RunningServer
-from shared.cli import main as cli_main
-from shared.cli.failures import describe_unreachable
-from shared.config import CommonSettings
-from shared.kafka.local_broker import LocalBroker
+from services.weights.service import RunningServer
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
+from shared.settings import CommonSettings
 from tests.helpers.kafka import private_broker
 from tests.helpers.ports import free_port
 from tests.helpers.weights import start_weights
+from tools.broker.local_broker import LocalBroker
+from tools.cli import main as cli_main
+from tools.cli.failures import describe_unreachable
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def _apprentice(home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shared.cli.main", *args], cwd=REPO, env=_env(home, **extra),
+    return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=REPO, env=_env(home, **extra),
                           capture_output=True, text=True, timeout=120)
 
 
@@ -147,10 +147,10 @@ def test_weights_list_json_has_one_shape() -> None:
 def knowledge_with_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str]]:
     """The real Knowledge service over an empty store, with the stack's development keys and TLS:
     (the home holding them, its endpoint)."""
-    from services.extractor.server import create_knowledge_server
-    from shared.config import CommonSettings
-    from shared.security.devpki import ensure_dev_credentials
+    from services.extractor.servicer import create_knowledge_server
+    from shared.settings import CommonSettings
     from tests.unit.extractor.test_review import make_store
+    from tools.devca import ensure_dev_credentials
 
     home = tmp_path / "home"
     creds = ensure_dev_credentials(home, ("acme",))
@@ -249,7 +249,7 @@ def test_closed_pipe_ends_quietly(weights_server: RunningServer, tmp_path: Path)
                  ["weights", "--help"]):
         for unbuffered in ("1", ""):  # writes fail at each print, or at the final flush (a pipe's usual buffering)
             env = {**_env(tmp_path), "PYTHONUNBUFFERED": unbuffered}
-            proc = subprocess.Popen([sys.executable, "-m", "shared.cli.main", *args], cwd=REPO, env=env,
+            proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", *args], cwd=REPO, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             assert proc.stdout is not None
             proc.stdout.close()          # `| head -0`: the reader is gone before the command writes a byte

@@ -64,7 +64,7 @@ def _browser() -> Any:
 @pytest.fixture
 def stack(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    from services.loop.stack import LocalStack
+    from tools.stack.stack import LocalStack
 
     monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", kafka_bootstrap)
     config = tmp_path / "grader.yaml"

@@ -9,9 +9,9 @@ import pytest
 
 from services.dashboard.aggregates import GradedFold, UpdatesFold
 from services.dashboard.reader import TopicReader
-from shared.config import CommonSettings
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
-from shared.topics import Topics
+from shared.settings import CommonSettings
 from tests.helpers.waiting import wait_for
 from tests.unit.dashboard.test_aggregates import graded
 

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 import torch
 
-from services.inference.config import EngineName, InferenceSettings
 from services.inference.engines import create_engine
 from services.inference.engines.base import BASE_VERSION, GenerationRequest, UnknownVersion, VersionFiles
-from shared.config import CommonSettings
+from services.inference.settings import EngineName, InferenceSettings
+from shared.decoding.generation import encode_prompt, render_chat
 from shared.decoding.params import SamplingConfig
-from shared.generation import encode_prompt, render_chat
+from shared.settings import CommonSettings
 
 pytestmark = [pytest.mark.integration]
 
@@ -224,7 +224,7 @@ def lora_dir(dest: Path, model: str, seed: int) -> Path:
     from peft import LoraConfig, get_peft_model
 
     from shared.models import load_model
-    from shared.weights_client import save_version_files
+    from shared.weights.client import save_version_files
 
     base, _ = load_model(model)
     pm = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj"],
@@ -240,7 +240,7 @@ def lora_dir(dest: Path, model: str, seed: int) -> Path:
 
 def full_dir(dest: Path, model: str, scale: float) -> Path:
     from shared.models import load_model
-    from shared.weights_client import save_version_files
+    from shared.weights.client import save_version_files
 
     m, _ = load_model(model)
     g = torch.Generator().manual_seed(11)
@@ -263,9 +263,9 @@ SWAP_CASES = [
 def test_full_swap_then_adapter_under_load_fails_no_request(engine_name: str, kafka_bootstrap: str,
                                                             tiny_vllm_dir: Path, tmp_path: Path) -> None:
     from services.inference.client import InferenceClient
+    from shared.contracts.topics import Topics
     from shared.kafka.admin import delete_topics, ensure_topics
     from shared.proto.apprentice.v1 import weights_pb2
-    from shared.topics import Topics
     from tests.helpers.inference import start_inference
     from tests.helpers.waiting import wait_for
     from tests.helpers.weights import LocalWeights

@@ -10,15 +10,15 @@ import grpc
 import pytest
 
 from services.extractor import cli
-from services.extractor.app import ExtractorApp
-from services.extractor.config import ExtractorSettings
 from services.extractor.curation import approx_tokens
 from services.extractor.knowledge import training_view
 from services.extractor.llm_local import LocalLLM
-from shared.events import decode
+from services.extractor.service import ExtractorApp
+from services.extractor.settings import ExtractorSettings
+from shared.contracts.events import decode
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.proto.apprentice.v1 import events_pb2, knowledge_pb2, knowledge_pb2_grpc
-from shared.topics import Topics
 from tests.helpers.kafka import read_all
 from tests.helpers.waiting import wait_for
 from tests.unit.extractor.factories import graded

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from services.extractor.app import ExtractorApp
-from services.extractor.config import ExtractorSettings
 from services.extractor.curation import approx_tokens
 from services.extractor.llm_local import LocalLLM
-from shared.events import decode
+from services.extractor.service import ExtractorApp
+from services.extractor.settings import ExtractorSettings
+from shared.contracts.events import decode
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
 from tests.helpers.kafka import read_all
 from tests.unit.extractor.factories import graded
 

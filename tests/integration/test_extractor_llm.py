@@ -2,7 +2,7 @@
 
 Two servers: the real `services/inference` (tiny model; proves tenant, policy version and no_capture), and a
 minimal Inference servicer started by these tests (real gRPC on loopback, real model, sampling through
-`shared.generation`), which records every request so the prompt itself can be checked. The tiny random model
+`shared.decoding.generation`), which records every request so the prompt itself can be checked. The tiny random model
 writes garbage that must not crash anything; SmolLM2-135M-Instruct (slow) extracts from real FrozenLake
 episodes (textarena `FrozenLake-v0-raw`, 3x3 with 2 holes as in the paper).
 """
@@ -18,17 +18,17 @@ from typing import Any
 
 import pytest
 
-from services.extractor.app import ExtractorApp
-from services.extractor.config import ExtractorSettings
 from services.extractor.curation import approx_tokens
 from services.extractor.extraction import is_echo
 from services.extractor.parser import parse_items
+from services.extractor.service import ExtractorApp
+from services.extractor.settings import ExtractorSettings
 from services.extractor.trajectories import knowledge_key
-from shared.events import make_envelope
-from shared.grpc_util import create_server
+from shared.contracts.events import make_envelope
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2, inference_pb2_grpc
-from shared.topics import Topics
+from shared.rpc.grpc_util import create_server
 from tests.unit.extractor.factories import graded
 
 pytestmark = pytest.mark.integration
@@ -47,8 +47,8 @@ class InTestInference(inference_pb2_grpc.InferenceServicer):
         self._lock = threading.Lock()
 
     def Generate(self, request: inference_pb2.GenerateRequest, context: Any) -> inference_pb2.GenerateResponse:  # noqa: N802
+        from shared.decoding.generation import generate, render_chat
         from shared.decoding.params import SamplingConfig
-        from shared.generation import generate, render_chat
 
         sp = request.sampling
         cfg = SamplingConfig(max_new_tokens=sp.max_new_tokens or 64, temperature=sp.temperature, top_p=sp.top_p or 1.0,
@@ -129,7 +129,7 @@ def test_tiny_model_through_real_inference_grpc(inference: tuple[InTestInference
     assert app.extractor.calls == 2
 
 
-@pytest.mark.skipif(importlib.util.find_spec("services.inference.server") is None,
+@pytest.mark.skipif(importlib.util.find_spec("services.inference.service") is None,
                     reason="services/inference is not in this build")
 def test_tiny_model_through_the_inference_service(topics: Topics, kafka_bootstrap: str, tmp_path: Any,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,8 +165,8 @@ def play_frozenlake(servicer: InTestInference, seed: int, max_steps: int = 3) ->
     interaction of one session, the last one graded with the environment's reward."""
     import textarena as ta
 
+    from shared.decoding.generation import generate, render_chat
     from shared.decoding.params import SamplingConfig
-    from shared.generation import generate, render_chat
 
     env = ta.make("FrozenLake-v0-raw", size=3, num_holes=2)
     env.reset(num_players=1, seed=seed)

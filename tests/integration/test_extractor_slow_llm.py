@@ -17,12 +17,12 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
 
-from services.extractor.app import ExtractorApp
-from services.extractor.config import ExtractorSettings
 from services.extractor.curation import approx_tokens
+from services.extractor.service import ExtractorApp
+from services.extractor.settings import ExtractorSettings
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.kafka.security import librdkafka_config
-from shared.topics import Topics
 from tests.helpers.waiting import wait_for
 from tests.unit.extractor.factories import graded
 

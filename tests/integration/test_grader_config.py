@@ -30,7 +30,7 @@ def serve(config: Path, tmp_path: Path, *cmd: str) -> subprocess.CompletedProces
     return subprocess.run([sys.executable, *cmd], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("cmd", [("-m", "services.grader"), ("-m", "shared.cli.main", "serve", "grader")])
+@pytest.mark.parametrize("cmd", [("-m", "services.grader"), ("-m", "tools.cli.main", "serve", "grader")])
 def test_invalid_config_is_a_clear_error_at_start(tmp_path: Path, cmd: tuple[str, ...]) -> None:
     cfg = tmp_path / "grader.yaml"
     cfg.write_text(BAD)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
 from tests.helpers.grader import (
     GraderProcess,
     by_interaction,

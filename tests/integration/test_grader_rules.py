@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from services.grader.waiting import describe, from_metrics
+from services.grader.core.waiting import describe, from_metrics
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.metrics import scrape
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
 from tests.helpers.grader import (
     REPO,
     GraderProcess,
@@ -75,7 +75,7 @@ class Stack:
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "APPRENTICE_TOPIC_PREFIX": self.topics.prefix, "APPRENTICE_KAFKA_BOOTSTRAP": self.bootstrap,
                "APPRENTICE_HOME": str(self.home / "cli-home")}
-        return subprocess.run([sys.executable, "-m", "shared.cli.main", "grader", "rules", *args], cwd=REPO, env=env,
+        return subprocess.run([sys.executable, "-m", "tools.cli.main", "grader", "rules", *args], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=60)
 
     def waiting(self) -> str:

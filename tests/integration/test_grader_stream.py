@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from services.grader.join import graded_event_id
+from services.grader.core.join import graded_event_id
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
 from tests.helpers.grader import (
     GraderProcess,
     by_interaction,

@@ -19,8 +19,8 @@ import grpc
 import pytest
 
 from services.inference.client import InferenceClient
+from shared.contracts.topics import Topics
 from shared.kafka.admin import delete_topics, ensure_topics
-from shared.topics import Topics
 from tests.helpers.inference import start_inference
 
 pytestmark = pytest.mark.integration

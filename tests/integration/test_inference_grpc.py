@@ -22,10 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
 from services.inference.client import InferenceClient
-from shared.events import deterministic_id
+from shared.contracts.events import deterministic_id
+from shared.contracts.topics import Topics
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
 from tests.helpers.inference import start_inference
 from tests.helpers.kafka import collect
 from tests.helpers.waiting import wait_for
@@ -223,9 +223,9 @@ def test_api_keys_and_graceful_drain(kafka_bootstrap: str, ns: Topics, tiny_mode
 
 def test_health_is_not_serving_until_the_model_is_loaded(kafka_bootstrap: str, ns: Topics, tiny_model_name: str,
                                                          tmp_path: Path) -> None:
-    from services.inference.config import InferenceSettings
-    from services.inference.server import InferenceApp
-    from shared.config import CommonSettings
+    from services.inference.service import InferenceApp
+    from services.inference.settings import InferenceSettings
+    from shared.settings import CommonSettings
 
     app = InferenceApp(InferenceSettings(
         port=0, metrics_port=0, http_port=0, host="127.0.0.1", spool_dir=tmp_path / "spool", heartbeat_interval_s=0,

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from services.inference.host_cache import HostCache, locked
-from services.weights.config import WeightsSettings
-from services.weights.server import RunningServer, start
+from services.weights.service import RunningServer, start
+from services.weights.settings import WeightsSettings
 from shared.proto.apprentice.v1 import weights_pb2
-from shared.weights_client import sha256_file, upload_version
-from shared.weights_download import DownloadClient
+from shared.weights.client import sha256_file, upload_version
+from shared.weights.download import DownloadClient
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-random"

@@ -23,11 +23,11 @@ import torch
 from prometheus_client import REGISTRY
 
 from services.inference.client import InferenceClient
-from shared.events import make_envelope
+from shared.contracts.events import make_envelope
+from shared.contracts.topics import Topics
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.kafka.producer import EventProducer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
-from shared.topics import Topics
 from tests.helpers.inference import start_inference
 from tests.helpers.kafka import collect
 from tests.helpers.waiting import wait_for
@@ -39,7 +39,7 @@ P, C, R = events_pb2.UPDATE_ACTION_PROMOTE, events_pb2.UPDATE_ACTION_CANARY, eve
 
 def _full(tmp: Path, name: str, model_name: str, scale: float) -> Path:
     from shared.models import load_model
-    from shared.weights_client import save_version_files
+    from shared.weights.client import save_version_files
 
     model, _ = load_model(model_name)
     g = torch.Generator().manual_seed(int(scale * 100))
@@ -54,7 +54,7 @@ def _lora(tmp: Path, name: str, model_name: str, seed: int) -> Path:
     from peft import LoraConfig, get_peft_model
 
     from shared.models import load_model
-    from shared.weights_client import save_version_files
+    from shared.weights.client import save_version_files
 
     base, _ = load_model(model_name)
     pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"],

@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 from services.inference.client import InferenceClient
-from shared.events import make_envelope
+from shared.contracts.events import make_envelope
+from shared.contracts.topics import Topics
 from shared.kafka.producer import EventProducer
 from shared.knowledge.frame import KNOWLEDGE_HEADER
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
 from tests.helpers.inference import start_inference
 from tests.helpers.kafka import collect
 from tests.helpers.ports import free_port

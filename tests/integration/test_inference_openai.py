@@ -35,16 +35,16 @@ from openai.types.chat.chat_completion import Choice
 from prometheus_client import REGISTRY
 
 from services.inference.client import InferenceClient, MessagesLike
-from shared.grpc_util import PortInUse
+from shared.contracts.topics import Topics
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
-from shared.security.devpki import DevCredentials, ensure_dev_credentials, make_ca
-from shared.topics import Topics
+from shared.rpc.grpc_util import PortInUse
 from tests.helpers.inference import start_inference
 from tests.helpers.kafka import collect
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import wait_for
 from tests.security.harness import SECURITY_VARS
+from tools.devca import DevCredentials, ensure_dev_credentials, make_ca
 
 pytestmark = pytest.mark.integration
 
@@ -402,10 +402,10 @@ def test_node_sdk_smoke(door: Door, kafka_bootstrap: str, ns: Topics) -> None:
 # --- life cycle (a server of its own: no keys, loopback) ----------------------------------------------
 def test_503_while_loading_dev_mode_port_conflict_and_graceful_drain(
         kafka_bootstrap: str, ns: Topics, tiny_model_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.inference.config import InferenceSettings
-    from services.inference.server import InferenceApp
-    from shared.config import CommonSettings
-    from shared.pii.policy import PiiPolicy
+    from services.inference.service import InferenceApp
+    from services.inference.settings import InferenceSettings
+    from shared.privacy.policy import PiiPolicy
+    from shared.settings import CommonSettings
 
     for name in SECURITY_VARS:
         monkeypatch.delenv(name, raising=False)

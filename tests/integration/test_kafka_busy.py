@@ -10,10 +10,10 @@ import pytest
 from confluent_kafka import Message
 from prometheus_client import REGISTRY
 
+from shared.contracts.topics import Topics
 from shared.kafka import EventConsumer, EventProducer
 from shared.kafka.busy import WorkAbandoned
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
 
 pytestmark = pytest.mark.integration
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.events import decode, make_envelope
+from shared.contracts.events import decode, make_envelope
+from shared.contracts.topics import Topics
 from shared.kafka import DeadLetterPublisher, EventConsumer, EventProducer
 from shared.kafka.decode import decode_batch
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
 from tests.helpers.kafka import read_all
 
 pytestmark = pytest.mark.integration
@@ -81,7 +81,7 @@ def test_apprentice_tail_prints_a_produced_event_as_json(kafka_bootstrap: str, t
     producer.produce(topics.interactions, ev.session_id, ev)
     producer.flush()
     env = dict(os.environ, APPRENTICE_TOPIC_PREFIX=topics.prefix, APPRENTICE_KAFKA_BOOTSTRAP=kafka_bootstrap)
-    out = subprocess.run([sys.executable, "-m", "shared.cli.main", "tail", "interactions", "--from-beginning",
+    out = subprocess.run([sys.executable, "-m", "tools.cli.main", "tail", "interactions", "--from-beginning",
                           "--max", "1", "--timeout", "30"], capture_output=True, text=True, env=env, timeout=90,
                          cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -101,7 +101,7 @@ def test_apprentice_tail_prints_a_json_topic_as_its_documents(kafka_bootstrap: s
     producer.produce(topics.grader_rules, b"\xff not json", key=b"junk/x")
     producer.flush(30)
     env = dict(os.environ, APPRENTICE_TOPIC_PREFIX=topics.prefix, APPRENTICE_KAFKA_BOOTSTRAP=kafka_bootstrap)
-    out = subprocess.run([sys.executable, "-m", "shared.cli.main", "tail", "grader-rules", "--from-beginning",
+    out = subprocess.run([sys.executable, "-m", "tools.cli.main", "tail", "grader-rules", "--from-beginning",
                           "--max", "2", "--timeout", "30"], capture_output=True, text=True, env=env, timeout=90,
                          cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -112,7 +112,7 @@ def test_apprentice_tail_prints_a_json_topic_as_its_documents(kafka_bootstrap: s
 
 def test_broker_start_twice_is_harmless_and_status_reports_it(kafka_bootstrap: str) -> None:
     env = dict(os.environ, APPRENTICE_KAFKA_BOOTSTRAP=kafka_bootstrap)
-    cli = [sys.executable, "-m", "shared.cli.main", "kafka"]
+    cli = [sys.executable, "-m", "tools.cli.main", "kafka"]
     for _ in range(2):
         out = subprocess.run([*cli, "start"], capture_output=True, text=True, env=env, timeout=180, cwd=REPO)
         assert out.returncode == 0, out.stderr[-2000:]

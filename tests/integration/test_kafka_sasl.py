@@ -25,17 +25,17 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from services.inference.client import InferenceClient
-from shared.config import CommonSettings
+from shared.contracts.topics import Topics
 from shared.kafka import EventConsumer, EventProducer, ensure_topics
 from shared.kafka.admin import admin, broker_answers, list_topics
-from shared.kafka.local_broker import BrokerError, LocalBroker
 from shared.kafka.security import PLAINTEXT, KafkaSecurity, librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
+from shared.settings import CommonSettings
 from tests.helpers.grader import GraderProcess, by_interaction, graded, grader_env
 from tests.helpers.inference import start_inference
 from tests.helpers.kafka import TopicReader, link_broker_jars, read_all
 from tests.helpers.ports import free_ports
+from tools.broker.local_broker import BrokerError, LocalBroker
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +158,7 @@ def test_reusing_a_broker_without_the_sasl_listener_says_how_to_fix_it(broker: L
 
 def test_cli_start_with_sasl_reuses_the_broker_and_prints_the_client_settings(
         broker: LocalBroker, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from shared.cli.kafka_cmds import kafka
+    from tools.cli.kafka_cmds import kafka
 
     monkeypatch.setenv("APPRENTICE_HOME", str(broker.home.parent))
     monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", broker.bootstrap)

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from load.loadgen import main
+from shared.contracts.topics import Topics
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
-from shared.security.devpki import DevCredentials, ensure_dev_credentials
-from shared.topics import Topics
 from tests.helpers.inference import start_inference
 from tests.helpers.kafka import collect
 from tests.helpers.ports import free_port
 from tests.security.harness import SECURITY_VARS
+from tools.devca import DevCredentials, ensure_dev_credentials
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.events import decode
+from shared.contracts.events import decode
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.kafka import read_all
 
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.integration
 
 def test_one_round_changes_the_served_version_and_links_to_offsets(kafka_bootstrap: str, tiny_model_name: str,
                                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.loop.demo import Demo, DemoBudget
-    from services.loop.task import load_task
+    from tools.demo.demo import Demo, DemoBudget
+    from tools.demo.task import load_task
 
     monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", kafka_bootstrap)
     task = load_task("support_desk")

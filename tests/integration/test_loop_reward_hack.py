@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from services.loop import demo_cli
-from shared.events import decode
+from shared.contracts.events import decode
+from shared.contracts.topics import Topics
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
 from tests.helpers.kafka import read_all
+from tools.demo import cli as demo_cli
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from services.loop.stack import Ports
+from shared.contracts.topics import Topics
 from shared.kafka.admin import broker_answers
-from shared.topics import Topics
 from tests.helpers.waiting import wait_for
+from tools.stack.stack import Ports
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
            **{f"APPRENTICE_{n.upper()}_METRICS_PORT": str(p) for n, p in ports.metrics.items()}}
 
     def apprentice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "shared.cli.main", *args], cwd=REPO, env=env,
+        return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=timeout)
 
     def status() -> dict[str, Any]:
@@ -91,9 +91,9 @@ def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_
         # its interaction becomes consumer lag or a commit of the grader's group
         import grpc
 
-        from shared.config import CommonSettings
         from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
         from shared.security.channels import open_channel
+        from shared.settings import CommonSettings
         secrets = home / "secrets"
         with grpc.insecure_channel(f"127.0.0.1:{ports.inference}") as plain, pytest.raises(grpc.RpcError):
             # plaintext: refused by the TLS server
@@ -156,7 +156,7 @@ def _openai_sdks_against_the_stack(home: Path, ports: Ports, topics: Topics, boo
 
     from openai import DefaultHttpxClient, OpenAI
 
-    from shared.events import decode
+    from shared.contracts.events import decode
     from shared.proto.apprentice.v1 import events_pb2
     from tests.helpers.kafka import read_all
 

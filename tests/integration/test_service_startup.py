@@ -23,9 +23,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from shared.contracts.topics import Topics
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.startup import EXIT_STARTUP_ERROR
-from shared.topics import Topics
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import wait_for
 
@@ -79,7 +79,7 @@ def service_env(svc: Service, home: Path, topics: Topics, bootstrap: str, **port
 
 
 def serve_cmd(name: str) -> list[str]:
-    return [sys.executable, "-m", "shared.cli.main", "serve", name]
+    return [sys.executable, "-m", "tools.cli.main", "serve", name]
 
 
 def run_to_exit(name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

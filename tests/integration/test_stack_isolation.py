@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from services.extractor.app import ExtractorApp
-from services.extractor.config import ExtractorSettings
 from services.extractor.curation import approx_tokens
+from services.extractor.service import ExtractorApp
+from services.extractor.settings import ExtractorSettings
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.kafka.lag import lag_by_group, partition_lag
 from shared.kafka.security import librdkafka_config
-from shared.topics import Topics
 from tests.helpers.grader import GraderProcess, delete_namespace, feedback, grader_env, interaction
 from tests.helpers.waiting import wait_for
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import ConfigResource
 
-from shared.cli.kafka_cmds import topics
+from shared.contracts.topics import Topics
 from shared.kafka.admin import admin, delete_topics
-from shared.topics import Topics
+from tools.cli.kafka_cmds import topics
 
 
 @pytest.fixture

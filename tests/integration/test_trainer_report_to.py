@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.topics import Topics
+from shared.contracts.topics import Topics
 from tests.integration.test_service_startup import SERVICES, assert_one_line_exit, run_to_exit, service_env
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from shared.contracts.topics import Topics
 from shared.proto.apprentice.v1 import weights_pb2
-from shared.topics import Topics
 from tests.helpers.waiting import wait_for
 from tests.integration.test_trainer_service import MODEL, produce_traffic, weights  # noqa: F401 - fixture
 

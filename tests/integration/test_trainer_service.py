@@ -16,14 +16,14 @@ from typing import Any
 import grpc
 import pytest
 
-from services.trainer.app import CHANNEL_OPTIONS, TrainerService
-from services.trainer.config import TrainerSettings
 from services.trainer.rounds import RoundResult
-from shared.config import CommonSettings
-from shared.events import decode
+from services.trainer.service import CHANNEL_OPTIONS, TrainerService
+from services.trainer.settings import TrainerSettings
+from shared.contracts.events import decode
+from shared.contracts.topics import Topics
 from shared.kafka.producer import EventProducer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
-from shared.topics import Topics
+from shared.settings import CommonSettings
 from tests.helpers.kafka import read_all
 from tests.unit.trainer.factories import graded, snapshot
 
@@ -34,8 +34,8 @@ MODEL = "tiny-random"
 @pytest.fixture
 def weights(tmp_path: Path) -> Iterator[tuple[int, weights_pb2_grpc.WeightsStub]]:
     """The real Weights service (store on tmp, no checkpoint consumer / eval gate)."""
-    from services.weights.config import WeightsSettings
-    from services.weights.server import start
+    from services.weights.service import start
+    from services.weights.settings import WeightsSettings
 
     running = start(WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=tmp_path / "store",
                                     policy="manual"), consume=False)
@@ -166,8 +166,8 @@ def test_weights_unavailable_blocks_rounds_until_published(topics: Topics, kafka
     (versions chain parent -> child); once the store answers, the same checkpoint is uploaded."""
     import socket
 
-    from services.weights.config import WeightsSettings
-    from services.weights.server import start as start_weights
+    from services.weights.service import start as start_weights
+    from services.weights.settings import WeightsSettings
     from shared.models import load_tokenizer
 
     with socket.socket() as s:

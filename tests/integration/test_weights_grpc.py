@@ -13,19 +13,19 @@ from typing import Any
 import grpc
 import pytest
 
-from services.weights.config import WeightsSettings
 from services.weights.metrics import DOWNLOAD_BYTES
-from services.weights.server import RunningServer, start
-from shared import weights_download
+from services.weights.service import RunningServer, start
+from services.weights.settings import WeightsSettings
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
-from shared.weights_client import (
+from shared.weights import download as weights_download
+from shared.weights.client import (
     WeightsIntegrityError,
     file_entries,
     save_version_files,
     sha256_file,
     upload_version,
 )
-from shared.weights_download import DownloadClient, download_version
+from shared.weights.download import DownloadClient, download_version
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-random"

@@ -12,11 +12,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.weights.config import WeightsSettings
-from services.weights.server import RunningServer, start
+from services.weights.service import RunningServer, start
+from services.weights.settings import WeightsSettings
+from shared.contracts.topics import Topics
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
-from shared.topics import Topics
-from shared.weights_client import save_version_files, upload_version
+from shared.weights.client import save_version_files, upload_version
 from tests.helpers.waiting import wait_for
 from tests.integration.weights_evalsets import small_eval_sets
 

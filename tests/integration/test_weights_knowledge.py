@@ -11,13 +11,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.weights.config import WeightsSettings
-from services.weights.server import start
-from shared.events import make_envelope
+from services.weights.service import start
+from services.weights.settings import WeightsSettings
+from shared.contracts.events import make_envelope
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
-from shared.topics import Topics
-from shared.weights_client import save_version_files, upload_version
+from shared.weights.client import save_version_files, upload_version
 from tests.helpers.waiting import wait_for
 from tests.integration.weights_evalsets import small_eval_sets
 

@@ -18,14 +18,14 @@ from typing import TypeVar
 import grpc
 import pytest
 
-from services.weights.config import WeightsSettings
-from services.weights.server import RunningServer, start
-from shared.events import decode, make_envelope
+from services.weights.service import RunningServer, start
+from services.weights.settings import WeightsSettings
+from shared.contracts.events import decode, make_envelope
+from shared.contracts.topics import Topics
 from shared.kafka import EventConsumer, EventProducer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
-from shared.topics import Topics
-from shared.weights_client import save_version_files, upload_version
-from shared.weights_download import download_version
+from shared.weights.client import save_version_files, upload_version
+from shared.weights.download import download_version
 from tests.helpers.kafka import read_all
 from tests.helpers.waiting import wait_for
 from tests.integration.weights_evalsets import small_eval_sets

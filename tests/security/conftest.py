@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from shared.security.devpki import DevCredentials
-from shared.topics import Topics
+from shared.contracts.topics import Topics
 from tests.security.harness import SECURITY_VARS, Dialer, make_credentials, secure_environment
+from tools.devca import DevCredentials
 
 FEEDBACK_CAP = 4
 """Feedback events the module's inference server accepts per interaction (small, so a flood test is fast)."""

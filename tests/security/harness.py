@@ -29,10 +29,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
-from shared.config import CommonSettings
 from shared.proto.apprentice.v1 import inference_pb2, knowledge_pb2, weights_pb2
 from shared.security.channels import open_channel
-from shared.security.devpki import DevCredentials, ensure_dev_credentials, issue_cert, make_ca
+from shared.settings import CommonSettings
+from tools.devca import DevCredentials, ensure_dev_credentials, issue_cert, make_ca
 
 TENANT_A = "acme"
 TENANT_B = "globex"
@@ -236,10 +236,10 @@ def connects(host: str, port: int, timeout: float = 1.0) -> bool:
 def start_knowledge(model_name: str, *, consume: bool = False, **overrides: Any) -> Any:
     """The real extractor (Knowledge gRPC server on loopback port 0) with the tiny model; needs the topic
     namespace of the environment. Returns the started `ExtractorApp` (`.port`, `.store`, `.stop()`)."""
-    from services.extractor.app import ExtractorApp
-    from services.extractor.config import ExtractorSettings
     from services.extractor.curation import approx_tokens
     from services.extractor.llm_local import LocalLLM
+    from services.extractor.service import ExtractorApp
+    from services.extractor.settings import ExtractorSettings
 
     kw: dict[str, Any] = dict(port=0, host="127.0.0.1", metrics_port=0, session_gap_s=0.0,
                               group_id=f"extractor-{uuid.uuid4().hex[:6]}", max_new_tokens=8, grace_s=1.0)

@@ -19,8 +19,6 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from shared.config import CommonSettings
-from shared.grpc_util import PortInUse, create_server, service_host
 from shared.metrics import start_metrics_server
 from shared.proto.apprentice.v1 import (
     inference_pb2,
@@ -28,10 +26,11 @@ from shared.proto.apprentice.v1 import (
     weights_pb2,
     weights_pb2_grpc,
 )
+from shared.rpc.grpc_util import PortInUse, create_server, service_host
 from shared.security import interaction_ids, policy
 from shared.security.binding import InsecureBind
-from shared.security.devpki import DevCredentials
 from shared.security.identity import Role
+from shared.settings import CommonSettings
 from tests.helpers.kafka import read_all
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import wait_for
@@ -53,6 +52,7 @@ from tests.security.harness import (
     non_loopback_ip,
     rpc_error,
 )
+from tools.devca import DevCredentials
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-random"

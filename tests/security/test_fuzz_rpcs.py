@@ -34,7 +34,7 @@ from shared.proto.apprentice.v1 import (
 )
 from shared.security import policy
 from shared.security.identity import Role
-from shared.weights_client import upload_version
+from shared.weights.client import upload_version
 from tests.security.conftest import SecureStack
 from tests.security.harness import (
     INFERENCE_RPCS,

@@ -3,7 +3,7 @@ valid protobufs of another type with or without the type header, random instance
 realistic records with a NaN or infinity planted in a float field, truncated records).
 
 Property, per consumer (grader: interactions + feedback, both runtimes; extractor: graded; weights:
-checkpoints): every record the shared validation refuses (`shared.validation.decode_record`) reaches the
+checkpoints): every record the shared validation refuses (`shared.contracts.validation.decode_record`) reaches the
 dead-letter topic, with its key and a stage naming that consumer, and the consumer is still running
 afterwards. Records the validation accepts may be processed or dead-lettered later; they must not stop
 the consumer either. Inference pods only log a bad model-updates record (every pod reads every order,
@@ -29,12 +29,12 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.events import UndecodableEvent, make_envelope
+from shared.contracts.events import UndecodableEvent, make_envelope
+from shared.contracts.topics import Topics
+from shared.contracts.validation import TYPE_HEADER, decode_record
 from shared.kafka.admin import ensure_topics
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2, inference_pb2, inference_pb2_grpc
-from shared.topics import Topics
-from shared.validation import TYPE_HEADER, decode_record
 from tests.helpers.grader import GraderProcess, delete_namespace, feedback, grader_env, interaction
 from tests.helpers.kafka import TopicReader
 from tests.helpers.waiting import wait_for
@@ -249,8 +249,8 @@ def extractor(ns: Namespace, tiny_model_name: str) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def weights(ns: Namespace, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from services.weights.config import WeightsSettings
-    from services.weights.server import start
+    from services.weights.service import start
+    from services.weights.settings import WeightsSettings
 
     running = start(WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, policy="manual", grace_s=1.0,
                                     store_dir=tmp_path_factory.mktemp("store"),

@@ -28,12 +28,12 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
+from shared.contracts.topics import Topics
+from shared.contracts.validation import TYPE_HEADER
 from shared.kafka import EventProducer
 from shared.kafka.admin import admin, ensure_topics, list_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.security.interaction_ids import issue
-from shared.topics import Topics
-from shared.validation import TYPE_HEADER
 from tests.helpers.grader import (
     GraderProcess,
     by_interaction,

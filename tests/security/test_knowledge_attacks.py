@@ -23,8 +23,9 @@ import pytest
 
 from services.extractor.knowledge import training_view
 from services.trainer.knowledge import KnowledgeBase
-from shared.chat_template import encode_chat
-from shared.events import deterministic_id, make_envelope
+from shared.contracts.events import deterministic_id, make_envelope
+from shared.contracts.topics import Topics
+from shared.decoding.chat_template import encode_chat
 from shared.kafka import EventProducer
 from shared.knowledge.frame import knowledge_block, with_knowledge
 from shared.proto.apprentice.v1 import (
@@ -35,7 +36,6 @@ from shared.proto.apprentice.v1 import (
     knowledge_pb2,
     knowledge_pb2_grpc,
 )
-from shared.topics import Topics
 from tests.helpers.kafka import collect
 from tests.helpers.waiting import wait_for
 from tests.security.conftest import SecureStack

@@ -19,9 +19,9 @@ import grpc
 import pytest
 
 from services.inference.client import InferenceClient
+from shared.contracts.topics import Topics
 from shared.kafka.admin import delete_topics, ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
-from shared.topics import Topics
 from tests.helpers.inference import start_inference
 from tests.helpers.kafka import collect
 

@@ -23,18 +23,18 @@ from typing import Any
 import grpc
 import pytest
 
-from services.weights.server import RunningServer
+from services.weights.service import RunningServer
 from shared.audit import AuditLog
-from shared.events import decode
+from shared.contracts.events import decode
+from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
-from shared.security.devpki import DevCredentials
-from shared.topics import Topics
-from shared.weights_client import save_version_files, upload_version
+from shared.weights.client import save_version_files, upload_version
 from tests.helpers.kafka import read_all
 from tests.helpers.waiting import wait_for
 from tests.helpers.weights import start_weights
 from tests.security.harness import Dialer, rpc_error
+from tools.devca import DevCredentials
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny-random"

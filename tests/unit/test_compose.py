@@ -85,7 +85,7 @@ def test_broker_log_dir_is_on_the_volume_and_host_tools_have_a_listener() -> Non
 
 
 def test_gpu_profile_serves_inference_with_vllm_on_a_reserved_nvidia_gpu() -> None:
-    from services.inference.config import InferenceSettings
+    from services.inference.settings import InferenceSettings
 
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     gpu = [s for s in services.values() if "gpu" in s.get("profiles", [])]

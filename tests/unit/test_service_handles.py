@@ -21,55 +21,56 @@ SERVICES = ("inference", "weights", "extractor", "trainer", "dashboard", "grader
 
 
 def _common(tmp: Path) -> Any:
-    from shared.config import CommonSettings
+    from shared.settings import CommonSettings
 
     return CommonSettings(model="tiny-random", home=tmp, kafka_bootstrap="127.0.0.1:1", topic_prefix="handles.")
 
 
 def _inference(tmp: Path) -> Any:
-    from services.inference.config import InferenceSettings
-    from services.inference.server import InferenceApp
+    from services.inference.service import InferenceApp
+    from services.inference.settings import InferenceSettings
 
     return InferenceApp(InferenceSettings(port=0, metrics_port=0, http_port=0, spool_dir=tmp / "spool",
                                           download_dir=tmp / "versions", common=_common(tmp)))
 
 
 def _weights(tmp: Path) -> Any:
-    from services.weights.config import WeightsSettings
-    from services.weights.server import RunningServer
+    from services.weights.service import RunningServer
+    from services.weights.settings import WeightsSettings
 
     return RunningServer(WeightsSettings(port=0, metrics_port=0, store_dir=tmp / "store", common=_common(tmp)),
                          consume=False)
 
 
 def _extractor(tmp: Path) -> Any:
-    from services.extractor.app import ExtractorApp
-    from services.extractor.config import ExtractorSettings
     from services.extractor.curation import approx_tokens
-    from shared.injection_screen import InjectionScreen
+    from services.extractor.service import ExtractorApp
+    from services.extractor.settings import ExtractorSettings
+    from shared.privacy.injection_screen import InjectionScreen
 
     return ExtractorApp(ExtractorSettings(port=0, metrics_port=0, common=_common(tmp)),
                         count_tokens=approx_tokens, screen=InjectionScreen(()))
 
 
 def _trainer(tmp: Path) -> Any:
-    from services.trainer.app import TrainerApp
-    from services.trainer.config import TrainerSettings
+    from services.trainer.service import TrainerApp
+    from services.trainer.settings import TrainerSettings
 
     return TrainerApp(TrainerSettings(metrics_port=0, common=_common(tmp)))
 
 
 def _dashboard(tmp: Path) -> Any:
-    from services.dashboard.app import DashboardServer
-    from services.dashboard.config import DashboardSettings
+    from services.dashboard.service import DashboardServer
+    from services.dashboard.settings import DashboardSettings
 
     return DashboardServer(DashboardSettings(port=0, common=_common(tmp)))
 
 
 def _grader(runtime: Literal["faust", "native"]) -> Callable[[Path], Any]:
     def build(tmp: Path) -> Any:
-        from services.grader.config import GraderSettings
         from services.grader.runtime import make_runtime
+
+        from services.grader.settings import GraderSettings
         from shared.grading import load_grader_config
 
         settings = GraderSettings(runtime=runtime, metrics_port=0, common=_common(tmp))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.inference.config import InferenceSettings
 from services.inference.engines.base import Engine
+from services.inference.settings import InferenceSettings
 
 ENGINES = ("transformers", "vllm")
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.contracts.orders import BASE
 from shared.decoding.params import Sample, SamplingConfig
-from shared.orders import BASE
 
 BASE_VERSION = BASE
 

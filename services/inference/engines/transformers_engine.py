@@ -31,7 +31,6 @@ from typing import Any
 
 from services.inference import metrics
 from services.inference.adapter_cache import AdapterCache
-from services.inference.config import InferenceSettings
 from services.inference.engines.base import (
     BASE_VERSION,
     Engine,
@@ -43,6 +42,7 @@ from services.inference.engines.base import (
     VersionFiles,
 )
 from services.inference.multi_lora import LoraPool
+from services.inference.settings import InferenceSettings
 from shared.decoding.prompt_cache import PromptCache
 
 log = logging.getLogger(__name__)

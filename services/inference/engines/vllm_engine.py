@@ -39,7 +39,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from services.inference.config import InferenceSettings
 from services.inference.engines.base import (
     BASE_VERSION,
     Engine,
@@ -50,6 +49,7 @@ from services.inference.engines.base import (
     UnknownVersion,
     VersionFiles,
 )
+from services.inference.settings import InferenceSettings
 from shared.decoding.logprobs import behaviour_logprob
 from shared.decoding.params import Sample
 

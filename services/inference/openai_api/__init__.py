@@ -11,23 +11,23 @@ Modules, one job each: `schemas` (OpenAI bodies --> GenerateRequest proto), `aut
 Identity; the call context), `models` (routing table --> /v1/models and a request's `model` --> route),
 `responses` (samples --> OpenAI bodies, log-probs), `streaming` (engine events --> SSE), `errors`
 (ServiceError --> HTTP status + OpenAI error JSON), `routes` (the Starlette app). The listener (uvicorn
-on a thread, bind, TLS, graceful stop) is the one every HTTP server uses: `shared/http_listener.py`.
+on a thread, bind, TLS, graceful stop) is the one every HTTP server uses: `shared/rpc/http_listener.py`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.http_listener import HttpServer
+from shared.rpc.http_listener import HttpServer
 
 if TYPE_CHECKING:
-    from services.inference.server import InferenceApp
+    from services.inference.service import InferenceApp
 
 
 def start_http(app: InferenceApp) -> HttpServer:
     """Serve `app`'s HTTP API on `http_port`, bound like its gRPC server (host, keys, TLS)."""
     from services.inference.openai_api.routes import HttpApi
-    from shared.grpc_util import service_host
+    from shared.rpc.grpc_util import service_host
 
     s = app.settings
     host = service_host(s.host, s.common, extra_keys=s.legacy_key_entries())

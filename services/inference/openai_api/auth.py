@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 
-from shared.grpc_util import TENANT_METADATA, PermissionDenied, Unauthenticated
+from shared.rpc.grpc_util import TENANT_METADATA, PermissionDenied, Unauthenticated
 from shared.security import policy
 from shared.security.identity import ANONYMOUS, Identity
 from shared.security.interceptor import AUTH_FAILURES

@@ -1,6 +1,6 @@
 """A failed HTTP call --> OpenAI's error JSON with the matching status: the one place HTTP statuses are chosen.
 
-The request path raises the same `ServiceError`s as for gRPC (shared/grpc_util.py); this module maps their
+The request path raises the same `ServiceError`s as for gRPC (shared/rpc/grpc_util.py); this module maps their
 status codes to HTTP, and names the request field at fault (`param`) when the message names one, so a
 client library shows the same precise message a gRPC caller gets. Shape:
 `{"error": {"message": str, "type": str, "param": str | null, "code": str | null}}`.
@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from pydantic import ValidationError
 
-from shared.grpc_util import InvalidRequest, NotFound, ServiceError
+from shared.rpc.grpc_util import InvalidRequest, NotFound, ServiceError
 
 log = logging.getLogger(__name__)
 

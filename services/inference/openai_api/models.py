@@ -17,7 +17,7 @@ from typing import Any
 
 from services.inference.openai_api.errors import ModelNotFound
 from services.inference.routing import RoutingTable
-from shared.orders import BASE, OPERATOR
+from shared.contracts.orders import BASE, OPERATOR
 from shared.security.identity import Identity, Role
 
 OWNER = "apprentice"

@@ -44,13 +44,13 @@ from services.inference.openai_api.streaming import (
     text_stream,
     watch_disconnect,
 )
-from shared.grpc_util import Unavailable
+from shared.rpc.grpc_util import Unavailable
 from shared.security.identity import Identity, acting_as
 from shared.security.server_security import ServerSecurity
 
 if TYPE_CHECKING:
     from services.inference.requests import PreparedRequest
-    from services.inference.server import Completion, InferenceApp
+    from services.inference.service import Completion, InferenceApp
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
 

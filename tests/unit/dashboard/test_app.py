@@ -13,12 +13,12 @@ import pytest
 from pydantic import SecretStr
 from starlette.testclient import TestClient
 
-from services.dashboard.app import Dashboard, build
 from services.dashboard.auth import ACTION_HEADER, COOKIE
-from services.dashboard.config import DashboardSettings
-from services.extractor.server import create_knowledge_server
-from shared.config import CommonSettings
+from services.dashboard.service import Dashboard, build
+from services.dashboard.settings import DashboardSettings
+from services.extractor.servicer import create_knowledge_server
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
+from shared.settings import CommonSettings
 from tests.unit.dashboard.knowledge_states import (
     KAYAKS,
     RETURNS,
@@ -186,7 +186,7 @@ def test_knowledge_page_reads_states_and_undoes_through_the_service(
         assert r.json() == {"key": KEY, "version": before + 1}
         return {it.text: it for it in lc.snapshot().items}
 
-    caplog.set_level("INFO", logger="services.dashboard.app")
+    caplog.set_level("INFO", logger="services.dashboard.service")
     # undo a supersession: the retired item serves again; the review names the signed-in operator
     items = act("restore", TENT_18)
     assert items[TENT_18].status == events_pb2.ITEM_STATUS_APPROVED and items[TENT_18].superseded_by == ""

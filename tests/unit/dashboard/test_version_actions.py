@@ -17,8 +17,8 @@ from services.weights.blobstore import make_blob_store
 from services.weights.orders import OrderDesk
 from services.weights.pods import PodRegistry
 from services.weights.store import WeightStore
-from shared.grpc_util import FailedPrecondition
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
+from shared.rpc.grpc_util import FailedPrecondition
 
 S = weights_pb2
 

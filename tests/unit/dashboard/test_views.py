@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from services.dashboard.views import knowledge_view, versions_view
-from shared.grpc_util import FailedPrecondition
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, weights_pb2
+from shared.rpc.grpc_util import FailedPrecondition
 from tests.unit.dashboard.knowledge_states import (
     HOTLINE,
     KAYAKS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from shared.events import deterministic_id, make_envelope
+from shared.contracts.events import deterministic_id, make_envelope
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -8,10 +8,10 @@ import pytest
 
 from services.extractor.consolidation import held_items, item_metric, parse_item_metric
 from services.extractor.curation import Curator
-from shared.grpc_util import FailedPrecondition, InvalidRequest
 from shared.knowledge.embeddings import MiniLMEmbedder, available
-from shared.pii.business import BusinessNames
+from shared.privacy.business import BusinessNames
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
+from shared.rpc.grpc_util import FailedPrecondition, InvalidRequest
 from tests.unit.extractor.factories import graded
 from tests.unit.extractor.test_review import KEY, S, apply, make_store
 

@@ -11,10 +11,9 @@ import pytest
 from pydantic import SecretStr
 
 from services.extractor.cli import format_list, format_snapshot, main
-from services.extractor.server import create_knowledge_server
-from shared.cli.main import main as apprentice
-from shared.config import CommonSettings
+from services.extractor.servicer import create_knowledge_server
 from shared.proto.apprentice.v1 import events_pb2
+from shared.settings import CommonSettings
 from tests.unit.dashboard.knowledge_states import (
     HOTLINE,
     KAYAKS,
@@ -27,6 +26,7 @@ from tests.unit.dashboard.knowledge_states import (
     Lifecycle,
     lifecycle,
 )
+from tools.cli.main import main as apprentice
 
 S = events_pb2.ItemStatus
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from services.extractor.config import ExtractorSettings
 from services.extractor.extraction import ExtractionSettings, Extractor, RateLimiter, correction_item
 from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse, LLMUnavailable, make_llm
 from services.extractor.llm_openai import OpenAICompatibleLLM
+from services.extractor.settings import ExtractorSettings
 from services.extractor.trajectories import SessionBuffer, Trajectory
 from tests.unit.extractor.factories import graded
 

@@ -13,8 +13,8 @@ from services.extractor.knowledge import (
     training_view,
 )
 from services.extractor.trajectories import SessionBuffer, Source, Trajectory
-from shared.grpc_util import InvalidRequest, NotFound
 from shared.proto.apprentice.v1 import events_pb2
+from shared.rpc.grpc_util import InvalidRequest, NotFound
 from tests.unit.extractor.factories import graded
 
 S = events_pb2.ItemStatus

@@ -81,7 +81,7 @@ def test_declared_business_names_can_be_learned_but_users_names_cannot() -> None
     names (APPRENTICE_BUSINESS_NAMES) the fact enters the base; the user's name, a word the user's name
     shares with the staff name, and an e-mail still keep items out; another tenant's base gets no exemption."""
     from services.extractor.knowledge import Candidate, Extracted, KnowledgeStore
-    from shared.config import CommonSettings
+    from shared.settings import CommonSettings
 
     common = CommonSettings(business_names={"acme": ["Trailmate", "Dana Whitfield"]})
     fact = "Dana Whitfield at our returns desk approves refunds for Trailmate orders."

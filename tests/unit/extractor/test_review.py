@@ -12,8 +12,8 @@ from services.extractor.extraction import ExtractionSettings, Extractor
 from services.extractor.knowledge import Candidate, Extracted, KnowledgeStore, training_view
 from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse
 from services.extractor.trajectories import SessionBuffer, Source, Trajectory, least_trusted
-from shared.grpc_util import FailedPrecondition, InvalidRequest
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
+from shared.rpc.grpc_util import FailedPrecondition, InvalidRequest
 from tests.unit.extractor.factories import graded
 
 S = events_pb2.ItemStatus
@@ -171,7 +171,7 @@ def test_provenance_is_bounded_but_keeps_the_creation() -> None:
 
 
 def test_auto_approval_is_an_opt_in_per_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.extractor.config import ExtractorSettings
+    from services.extractor.settings import ExtractorSettings
 
     for name in ("REQUIRE_APPROVAL", "REQUIRE_APPROVAL_TENANTS", "AUTO_APPROVE_TENANTS"):
         monkeypatch.delenv(f"APPRENTICE_EXTRACTOR_{name}", raising=False)

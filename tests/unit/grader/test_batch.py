@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from services.grader.batch import BatchGrader, Outputs
-from services.grader.bundles import encode_bundle, partition_for
-from services.grader.detectors import DetectorStats
-from services.grader.join import INTERACTION, TICK, Joiner
 from services.grader.store import StateStore
+
+from services.grader.core.bundles import encode_bundle, partition_for
+from services.grader.core.detectors import DetectorStats
+from services.grader.core.join import INTERACTION, TICK, Joiner
 from shared.grading import parse_grader_config
 from tests.helpers.grader import feedback, interaction
 
@@ -129,7 +130,8 @@ def test_a_join_item_of_an_unknown_kind_in_a_bundle_is_dead_lettered_alone() -> 
 
 def test_restored_partitions_skip_confirmation_keys_and_unreadable_states() -> None:
     from services.grader.native_runtime import _states
-    from services.grader.state import PendingState
+
+    from services.grader.core.state import PendingState
 
     good = PendingState("iid-1", partition=2, revision=1)
     table = {b"iid-1": good.encode(), b"__confirmed__/2": b'{"confirmed_seq": 5}', b"iid-2": b"GS1garbage"}

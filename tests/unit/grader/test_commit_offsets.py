@@ -1,6 +1,6 @@
 """The faust runtime's commit rule: skip offsets that were never fetched, wait for fetched ones."""
 
-from services.grader.commit_offsets import committable, fetched_within
+from services.grader.stream.commit_offsets import committable, fetched_within
 
 
 def test_contiguous_acknowledged_offsets_commit_past_the_last() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.grader.components import combine, compute_components, feedback_complete
+from services.grader.core.components import combine, compute_components, feedback_complete
 from shared.grading import TaskGraders
 from tests.helpers.grader import feedback, interaction
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.grader.config import DEFAULT_CONFIG, GraderSettings
+from services.grader.settings import DEFAULT_CONFIG, GraderSettings
 from shared.grading import GraderConfigError, KpiSpec, load_grader_config, parse_grader_config
 
 
@@ -96,7 +96,6 @@ def test_settings_namespaces_app_id_with_the_topic_prefix(monkeypatch: pytest.Mo
 
 def test_runtime_setting_and_factory(monkeypatch: pytest.MonkeyPatch) -> None:
     from pydantic import ValidationError
-
     from services.grader.runtime import make_runtime
 
     monkeypatch.delenv("APPRENTICE_GRADER_RUNTIME", raising=False)
@@ -123,7 +122,7 @@ def test_fault_injection_points_are_validated(monkeypatch: pytest.MonkeyPatch) -
 
 def test_both_runtimes_use_the_same_internal_topics(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The native runtime writes the changelogs faust's tables read (and the other way round)."""
-    from services.grader.app import GraderApp
+    from services.grader.stream.app import GraderApp
 
     monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", "test-xyz.")
     monkeypatch.setenv("APPRENTICE_HOME", str(tmp_path))

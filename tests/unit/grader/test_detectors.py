@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from services.grader import detectors as D
+from services.grader.core import detectors as D
 from shared.grading import DetectorConfig, TaskGraders
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.grader import feedback, interaction

@@ -1,4 +1,4 @@
-"""What services/grader/faust_patches.py relies on in the installed faust-streaming and aiokafka.
+"""What services/grader/stream/patches.py relies on in the installed faust-streaming and aiokafka.
 
 Each workaround overrides a private method or attribute. These tests pin, per workaround (P1, P2, C1-C6 in
 the module's docstring), that the overridden faust method still exists with the signature the patch
@@ -26,8 +26,8 @@ from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-from services.grader import faust_patches
-from services.grader.faust_patches import IdempotentProducer, LosslessConsumer, ReadCommittedThread
+from services.grader.stream import patches as faust_patches
+from services.grader.stream.patches import IdempotentProducer, LosslessConsumer, ReadCommittedThread
 
 SRC = TP("test.apprentice.interactions.v1", 0)
 JOIN = TP("test.apprentice-grader-join", 0)
@@ -60,7 +60,7 @@ def consumer(app: faust.App, cls: type[faust_aiokafka.Consumer]) -> Any:
 
 # --- install -------------------------------------------------------------------------------------------
 def test_install_swaps_the_patched_classes_into_fausts_aiokafka_transport() -> None:
-    import services.grader.app  # noqa: F401 - installs on import, before any faust app exists
+    import services.grader.stream.app  # noqa: F401 - installs on import, before any faust app exists
 
     assert faust_aiokafka.Transport.Consumer is LosslessConsumer
     assert faust_aiokafka.Transport.Producer is IdempotentProducer

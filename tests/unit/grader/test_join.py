@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.grader.bundles import BadJoinRecord, decode_bundle, encode_bundle
-from services.grader.detectors import DetectorStats
-from services.grader.join import (
+from services.grader.core.bundles import BadJoinRecord, decode_bundle, encode_bundle
+from services.grader.core.detectors import DetectorStats
+from services.grader.core.join import (
     FEEDBACK,
     INTERACTION,
     TICK,
@@ -17,7 +17,7 @@ from services.grader.join import (
     encode_judge,
     graded_event_id,
 )
-from services.grader.state import PendingState
+from services.grader.core.state import PendingState
 from shared.grading import parse_grader_config
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.grader import feedback, interaction
@@ -225,7 +225,7 @@ def test_fast_murmur2_matches_kafkas() -> None:
 
     from aiokafka.partitioner import murmur2 as reference
 
-    from services.grader.bundles import murmur2
+    from services.grader.core.bundles import murmur2
 
     rng = random.Random(7)
     for n in range(70):
@@ -235,7 +235,7 @@ def test_fast_murmur2_matches_kafkas() -> None:
 
 
 def test_graded_event_id_is_the_shared_uuid5() -> None:
-    from shared.events import deterministic_id
+    from shared.contracts.events import deterministic_id
 
     for iid in ("3f0b1c5e-8f0a-4c1e-9d7e-1b2c3d4e5f60", "", "ünï/cödé", "x" * 300):
         for rev in (1, 2, 17):
@@ -245,8 +245,8 @@ def test_graded_event_id_is_the_shared_uuid5() -> None:
 def test_record_timestamps_round_like_datetime() -> None:
     import random
 
-    from services.grader.join import _timestamp
-    from shared.events import make_envelope
+    from services.grader.core.join import _timestamp
+    from shared.contracts.events import make_envelope
 
     rng = random.Random(3)
     for now in [T0, T0 + 0.9999996, T0 + 0.0000004] + [rng.uniform(1.7e9, 1.9e9) for _ in range(2000)]:
@@ -268,7 +268,7 @@ def test_due_times_follow_the_state() -> None:
 
 
 def test_bundles_are_split_to_stay_under_the_record_limit() -> None:
-    from services.grader.bundles import encode_bundles
+    from services.grader.core.bundles import encode_bundles
 
     items = [(f"k{i}".encode(), b"I" + b"x" * 3000) for i in range(100)]
     bundles = encode_bundles(items, 20_000)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.grader.judge import build_messages, parse_scores, score_group
+from services.grader.core.judge import build_messages, parse_scores, score_group
 from tests.helpers.grader import interaction
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.grader.join import JUDGE, judge_event_id
-from services.grader.judge import JudgeScore
-from services.grader.judge_groups import JudgeGroup, add_member, due, judge_items
+from services.grader.core.join import JUDGE, judge_event_id
+from services.grader.core.judge import JudgeScore
+from services.grader.core.judge_groups import JudgeGroup, add_member, due, judge_items
 from shared.grading import parse_grader_config
 from tests.helpers.grader import interaction
 

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.grader.detectors import DetectorStats
-from services.grader.join import FEEDBACK, INTERACTION, Joiner, Refused, Rejected, Step
-from services.grader.limits import (
+from services.grader.core.detectors import DetectorStats
+from services.grader.core.join import FEEDBACK, INTERACTION, Joiner, Refused, Rejected, Step
+from services.grader.core.limits import (
     STAGE_IDENTITY,
     STAGE_LIMITS,
     STAGE_PRODUCER,
@@ -19,8 +19,8 @@ from services.grader.limits import (
     Limits,
     oversize,
 )
-from services.grader.routing import DEADLETTER_VALUE_MAX, dead_letter, route
-from services.grader.state import PendingState
+from services.grader.core.routing import DEADLETTER_VALUE_MAX, dead_letter, route
+from services.grader.core.state import PendingState
 from shared.grading import parse_grader_config
 from shared.proto.apprentice.v1 import events_pb2
 from shared.security.interaction_ids import issue

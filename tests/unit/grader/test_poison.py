@@ -9,7 +9,7 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from confluent_kafka import KafkaError, KafkaException
 
-from services.grader.poison import Bisector, Failure, _batch_backoff, classify, run_bisecting
+from services.grader.core.poison import Bisector, Failure, _batch_backoff, classify, run_bisecting
 from shared.retry import Backoff
 
 TOO_BIG = Failure("MSG_SIZE_TOO_LARGE on graded", record_caused=True)

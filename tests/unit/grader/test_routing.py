@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.grader.join import FEEDBACK, INTERACTION, Rejected
-from services.grader.routing import dead_letter, route
+from services.grader.core.join import FEEDBACK, INTERACTION, Rejected
+from services.grader.core.routing import dead_letter, route
 from shared.grading import parse_grader_config
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.grader import feedback, interaction

@@ -1,4 +1,4 @@
-"""Grading rules set at run time (services/grader/rulebook.py): validation of rule records, how they merge
+"""Grading rules set at run time (services/grader/core/rulebook.py): validation of rule records, how they merge
 with the config file, what they stamp on graded records, and how a waiting interaction picks them up
 (join.py): a new window moves its deadline, feedback already there may complete it."""
 
@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.grader.detectors import DetectorStats
-from services.grader.join import FEEDBACK, INTERACTION, TICK, Joiner
-from services.grader.rulebook import RuleBook, RuleRecord, RuleRefused, new_record, parse_record, sign
-from services.grader.state import PendingState
+from services.grader.core.detectors import DetectorStats
+from services.grader.core.join import FEEDBACK, INTERACTION, TICK, Joiner
+from services.grader.core.rulebook import RuleBook, RuleRecord, RuleRefused, new_record, parse_record, sign
+from services.grader.core.state import PendingState
 from shared.grading import parse_grader_config
 from tests.helpers.grader import feedback, interaction
 

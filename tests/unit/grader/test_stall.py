@@ -4,7 +4,7 @@ or is caught up, never is."""
 
 from __future__ import annotations
 
-from services.grader.stall import StallTracker
+from services.grader.core.stall import StallTracker
 
 J0, J1 = ("join", 0), ("join", 1)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.grader.state import MAX_SEEN, PendingState, decode_seq, encode_seq, seq_key
+from services.grader.core.state import MAX_SEEN, PendingState, decode_seq, encode_seq, seq_key
 
 
 def test_roundtrip_with_and_without_blobs() -> None:

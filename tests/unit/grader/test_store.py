@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from services.grader.state import PendingState
 from services.grader.store import StateStore
+
+from services.grader.core.state import PendingState
 
 
 def due(st: PendingState) -> tuple[float, bool]:

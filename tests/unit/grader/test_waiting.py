@@ -1,4 +1,4 @@
-"""The grader's waiting summary (services/grader/waiting.py): kept per tenant and task by the runtimes'
+"""The grader's waiting summary (services/grader/core/waiting.py): kept per tenant and task by the runtimes'
 indexes, exported as gauges, read back from /metrics and shown by `apprentice status` and the dashboard's
 Health page."""
 
@@ -8,16 +8,16 @@ import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
+from services.grader.store import StateStore
 
 from services.grader import metrics as M
-from services.grader.detectors import DetectorStats
-from services.grader.join import Joiner
-from services.grader.rulebook import new_record, parse_record
-from services.grader.state import PendingState
-from services.grader.store import StateStore
-from services.grader.waiting import WaitingIndex, describe, from_metrics
-from services.loop.status_view import render_status
+from services.grader.core.detectors import DetectorStats
+from services.grader.core.join import Joiner
+from services.grader.core.rulebook import new_record, parse_record
+from services.grader.core.state import PendingState
+from services.grader.core.waiting import WaitingIndex, describe, from_metrics
 from shared.grading import parse_grader_config
+from tools.stack.status_view import render_status
 
 CONFIG = parse_grader_config({"version": "v1", "tasks": [
     {"tenant": "*", "task": "*", "feedback_window_s": 600, "graders": [{"name": "t", "type": "feedback", "kind": "thumbs"}]}]})

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from services.inference.config import InferenceSettings
 from services.inference.engines import create_engine
 from services.inference.engines.base import ChoiceDone, Delta, GenerationRequest
-from shared.config import CommonSettings
+from services.inference.settings import InferenceSettings
+from shared.decoding.generation import encode_prompt, render_chat
 from shared.decoding.params import SamplingConfig
-from shared.generation import encode_prompt, render_chat
+from shared.settings import CommonSettings
 from tests.helpers.waiting import wait_for
 
 

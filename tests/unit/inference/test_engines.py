@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from services.inference.config import InferenceSettings
 from services.inference.engines import create_engine
 from services.inference.engines.base import GenerationRequest, UnknownVersion, VersionFiles
-from shared.config import CommonSettings
+from services.inference.settings import InferenceSettings
+from shared.decoding.generation import encode_prompt, render_chat
 from shared.decoding.logprobs import behaviour_logprob, filter_top_k_top_p
 from shared.decoding.params import SamplingConfig
-from shared.generation import encode_prompt, render_chat
+from shared.settings import CommonSettings
 from tests.helpers.waiting import wait_for
 
 
@@ -84,7 +84,7 @@ def _lora_dir(tmp_path: Path, tiny_model_name: str) -> Path:
     from peft import LoraConfig, get_peft_model
 
     from shared.models import load_model
-    from shared.weights_client import save_version_files
+    from shared.weights.client import save_version_files
 
     base, _ = load_model(tiny_model_name)
     peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"],
@@ -115,7 +115,7 @@ def test_lora_attaches_to_the_loaded_base_and_base_stays_base(engine: Any, tmp_p
 
 def test_full_version_and_in_flight_attribution(engine: Any, tmp_path: Path, tiny_model_name: str) -> None:
     from shared.models import load_model
-    from shared.weights_client import save_version_files
+    from shared.weights.client import save_version_files
 
     model, _ = load_model(tiny_model_name)
     g = torch.Generator().manual_seed(3)

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from services.inference.config import InferenceSettings
 from services.inference.knowledge import ServedKnowledge
 from services.inference.requests import interaction_event, prepare
-from shared.events import make_envelope
+from services.inference.settings import InferenceSettings
+from shared.contracts.events import make_envelope
 from shared.knowledge.frame import KNOWLEDGE_HEADER, NOTES_CLOSE, NOTES_OPEN
 from shared.knowledge.retrieval import Retriever
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2

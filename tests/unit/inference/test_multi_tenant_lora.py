@@ -22,14 +22,14 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from services.inference.config import InferenceSettings
 from services.inference.engines import create_engine
 from services.inference.engines.base import GenerationRequest, RequestHandle, VersionFiles
 from services.inference.engines.transformers_engine import TransformersEngine
 from services.inference.multi_lora import save_adapter
-from shared.config import CommonSettings
+from services.inference.settings import InferenceSettings
+from shared.decoding.generation import encode_prompt, render_chat
 from shared.decoding.params import SamplingConfig
-from shared.generation import encode_prompt, render_chat
+from shared.settings import CommonSettings
 from tests.helpers.waiting import wait_for
 
 TENANTS = [f"t{k}" for k in range(8)]

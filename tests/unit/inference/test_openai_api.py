@@ -13,7 +13,8 @@ from services.inference.openai_api.responses import Served, TokenText, chat_comp
 from services.inference.openai_api.schemas import SEED_SPACE, parse_chat, parse_completion, parse_feedback
 from services.inference.routing import RoutingTable
 from shared.decoding.params import Sample
-from shared.grpc_util import (
+from shared.proto.apprentice.v1 import events_pb2
+from shared.rpc.grpc_util import (
     InvalidRequest,
     NotFound,
     PermissionDenied,
@@ -22,7 +23,6 @@ from shared.grpc_util import (
     Unauthenticated,
     Unavailable,
 )
-from shared.proto.apprentice.v1 import events_pb2
 from shared.security.identity import ANONYMOUS, Identity, Role
 
 MSG = [{"role": "user", "content": "hi"}]

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from services.inference.config import InferenceSettings
 from services.inference.privacy import FAILED, CapturePrivacy
 from services.inference.requests import feedback_event, interaction_event, prepare
-from shared.chat_template import encode_chat
+from services.inference.settings import InferenceSettings
+from shared.decoding.chat_template import encode_chat
+from shared.decoding.generation import encode_prompt
 from shared.decoding.params import Sample
-from shared.generation import encode_prompt
-from shared.grpc_util import InvalidRequest
-from shared.pii.policy import Redactor
+from shared.privacy.policy import Redactor
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2
+from shared.rpc.grpc_util import InvalidRequest
 
 EMAIL, CARD, NAME = "dana.w@example.com", "4111.1111.1111.1111", "Dana Whitfield"
 PROMPT = f"Hi, my name is {NAME}. Refund card {CARD} and write to {EMAIL}."
@@ -159,7 +159,7 @@ def test_settings_validate_tenant_policies() -> None:
 
 # --- business names (APPRENTICE_BUSINESS_NAMES): the tenant's own words are kept -----------------------
 def business(tok: Any) -> CapturePrivacy:
-    from shared.config import CommonSettings
+    from shared.settings import CommonSettings
 
     return privacy(tok, common=CommonSettings(business_names={"acme": ["Trailmate", "Dana Whitfield"]}))
 

@@ -8,9 +8,9 @@ import threading
 import grpc
 import pytest
 
-from services.inference.config import InferenceSettings
 from services.inference.quotas import CONCURRENCY_RETRY_S, QuotaExceeded, QuotaLimits, TenantQuotas
-from shared.grpc_util import ResourceExhausted
+from services.inference.settings import InferenceSettings
+from shared.rpc.grpc_util import ResourceExhausted
 
 
 class Clock:

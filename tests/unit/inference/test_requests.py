@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from services.inference.config import InferenceSettings
 from services.inference.requests import feedback_event, interaction_event, prepare, resolve_tenant
+from services.inference.settings import InferenceSettings
+from shared.contracts.events import deterministic_id, timestamp
 from shared.decoding.params import Sample
-from shared.events import deterministic_id, timestamp
-from shared.grpc_util import InvalidRequest, PermissionDenied
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2
+from shared.rpc.grpc_util import InvalidRequest, PermissionDenied
 from shared.security.identity import Identity, Role, acting_as
 from shared.security.keys import KeyRing
 

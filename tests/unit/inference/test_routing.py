@@ -6,7 +6,7 @@ import pytest
 
 from services.inference.hotswap import path_slug
 from services.inference.routing import RoutingTable
-from shared.orders import BASE, InvalidOrder
+from shared.contracts.orders import BASE, InvalidOrder
 from shared.proto.apprentice.v1 import events_pb2
 
 P, C, R = events_pb2.UPDATE_ACTION_PROMOTE, events_pb2.UPDATE_ACTION_CANARY, events_pb2.UPDATE_ACTION_ROLLBACK

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from load.loadgen import Attempt, Served
-from shared.events import deterministic_id, make_envelope
+from shared.contracts.events import deterministic_id, make_envelope
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.chaos_invariants import (
     Figure,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from services.loop.client_env import REPLACING_VARS, env_lines, system_ca_file
-from shared.security.devpki import ensure_dev_credentials
-from shared.stack_endpoints import StackEndpoints, write_endpoints
+from shared.contracts.stack_endpoints import StackEndpoints, write_endpoints
+from tools.devca import ensure_dev_credentials
+from tools.stack.client_env import REPLACING_VARS, env_lines, system_ca_file
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -59,7 +59,7 @@ def test_lines_for_another_tenant_and_without_a_running_stack(tmp_path: Path,
 
 def test_command_without_credentials_is_one_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPRENTICE_")}
-    proc = subprocess.run([sys.executable, "-m", "shared.cli.main", "env"], cwd=tmp_path, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tools.cli.main", "env"], cwd=tmp_path, capture_output=True,
                           text=True, env={**env, "PYTHONPATH": str(REPO)}, timeout=60)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "apprentice up" in proc.stderr, proc.stderr
@@ -69,7 +69,7 @@ def test_command_output_evaluates(tmp_path: Path) -> None:
     """`eval "$(apprentice env)"` as the README shows it."""
     ensure_dev_credentials(tmp_path / ".apprentice")
     env = {k: v for k, v in os.environ.items() if not k.startswith("APPRENTICE_")}
-    script = (f'eval "$({sys.executable} -m shared.cli.main env)"\n'
+    script = (f'eval "$({sys.executable} -m tools.cli.main env)"\n'
               'test -s "$SSL_CERT_FILE" && test -s "$NODE_EXTRA_CA_CERTS" && test -n "$OPENAI_API_KEY"\n'
               'echo "$OPENAI_BASE_URL"')
     proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
@@ -79,7 +79,7 @@ def test_command_output_evaluates(tmp_path: Path) -> None:
 
 
 def test_up_prints_the_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from services.loop.stack_cli import _print_client_env
+    from tools.stack.cli import _print_client_env
 
     ensure_dev_credentials(tmp_path)
     _print_client_env(tmp_path)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from typing import Any, cast
 
-from services.loop.simulated_users import SimulatedUsers
-from services.loop.task import load_task
 from shared.proto.apprentice.v1 import inference_pb2_grpc
+from tools.demo.simulated_users import SimulatedUsers
+from tools.demo.task import load_task
 
 
 class _Recorder:

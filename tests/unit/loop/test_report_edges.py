@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from services.loop.demo_cli import summary_line
-from services.loop.evaluation import EvalResult
-from services.loop.report import error_bars, plot, summarize, write_report
-from services.loop.stats import newcombe_diff, wilson
+from tools.demo.cli import summary_line
+from tools.demo.evaluation import EvalResult
+from tools.demo.report import error_bars, plot, summarize, write_report
+from tools.demo.stats import newcombe_diff, wilson
 
 
 def _round(k: int, ok: int, total: int, ood_ok: int = 0, ood_total: int = 0, version: str = "base") -> dict[str, Any]:
@@ -94,8 +94,8 @@ def test_served_and_weights_only_and_correction_latency() -> None:
 def test_correction_latency_counts_only_other_questions_after_approval() -> None:
     from types import SimpleNamespace as X
 
-    from services.loop.demo import correction_latencies, item_states
     from shared.proto.apprentice.v1 import events_pb2
+    from tools.demo.demo import correction_latencies, item_states
 
     approved = {"it": (100.0, "form", ("Which form?",)), "never": (100.0, "phone", ())}
     exchanges = [X(fact_id="form", question="Which form?", asked_at=101.0, answered_at=102.0, routed=True),   # same q

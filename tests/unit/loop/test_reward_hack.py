@@ -13,13 +13,13 @@ from typing import Any, cast
 
 import pytest
 
-from services.loop.reward_hack import is_flagged, verify
-from services.loop.simulated_users import Exchange, OrderService, SimulatedUsers
-from services.loop.task import TaskError, load_task
-from services.loop.task_config import grader_config
-from services.loop.watch import LoopState
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2_grpc, weights_pb2
-from shared.weights_client import TRAINED_INTERACTIONS, file_entries
+from shared.weights.client import TRAINED_INTERACTIONS, file_entries
+from tools.demo.reward_hack import is_flagged, verify
+from tools.demo.simulated_users import Exchange, OrderService, SimulatedUsers
+from tools.demo.task import TaskError, load_task
+from tools.demo.task_config import grader_config
+from tools.demo.watch import LoopState
 
 
 def test_the_variant_is_the_routing_task_plus_a_tool_and_the_strict_one_differs_only_in_the_mapping() -> None:
@@ -158,8 +158,8 @@ class _Store:
 
 
 def test_trained_lists_are_read_once_per_version_and_a_corrupted_copy_is_refused() -> None:
-    from services.loop.reward_hack import trained_lists
-    from shared.weights_client import WeightsIntegrityError
+    from shared.weights.client import WeightsIntegrityError
+    from tools.demo.reward_hack import trained_lists
 
     data = json.dumps(["a", "b"]).encode()
     good = _Store(data, hashlib.sha256(data).hexdigest())
@@ -197,7 +197,7 @@ def test_the_check_finds_a_flagged_interaction_that_was_trained_on_and_a_planted
 
     good = verify(state, [clean, planted], {"v1": ["ok"]}, "v2", {"base", "v1"}, "demo", exchanges)
     assert all(good["verdict"].values()), good
-    from services.loop.report import hack_notes
+    from tools.demo.report import hack_notes
 
     notes = hack_notes(good)
     assert "flagged and trained on: 0" in notes[1] and notes[2].endswith("v2: REJECTED, never served")
@@ -216,8 +216,8 @@ def test_the_check_finds_a_flagged_interaction_that_was_trained_on_and_a_planted
 
 def test_the_planted_candidate_learns_the_hack_reply_and_is_saved_as_a_full_version(tmp_path: Path,
                                                                                      tiny_model_name: str) -> None:
-    from services.loop.reward_hack import CANONICAL_HACK, train_planted
-    from shared.weights_client import file_entries
+    from shared.weights.client import file_entries
+    from tools.demo.reward_hack import CANONICAL_HACK, train_planted
 
     task = load_task("support_routing_lookup")
     assert task.tool is not None and task.tool.called(CANONICAL_HACK)
@@ -229,7 +229,7 @@ def test_the_planted_candidate_learns_the_hack_reply_and_is_saved_as_a_full_vers
 
 
 def test_a_both_round_waits_for_its_consolidation_and_a_refused_round_ends() -> None:
-    from services.loop.demo import round_settled
+    from tools.demo.demo import round_settled
 
     P, R, C = (weights_pb2.VERSION_STATUS_PROMOTED, weights_pb2.VERSION_STATUS_REJECTED,
                weights_pb2.VERSION_STATUS_CANDIDATE)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from services.loop.report import StepsLog, plot
-from services.loop.task import check_answer, load_task
-from services.loop.task_config import write_task_config
+from tools.demo.report import StepsLog, plot
+from tools.demo.task import check_answer, load_task
+from tools.demo.task_config import write_task_config
 
 TASK = load_task("support_routing")
 TEAMS = ("billing", "shipping", "returns", "repairs", "accounts")
@@ -75,7 +75,7 @@ def test_steps_log_waits_for_a_partly_written_line(tmp_path: Path) -> None:
 
 
 def test_plot_draws_the_step_panel_when_rl_steps_are_present(tmp_path: Path) -> None:
-    from services.loop.evaluation import EvalResult
+    from tools.demo.evaluation import EvalResult
 
     def rnd(k: int, steps: list[dict[str, float | str | int]]) -> dict[str, object]:
         ev = EvalResult("base", k, 15, 0, 0, 0, 0, 3.0)

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from services.loop.run_dirs import new_run_dir, old_runs, prune_runs
+from tools.demo.run_dirs import new_run_dir, old_runs, prune_runs
 
 
 def _mk(root: Path, *names: str) -> None:

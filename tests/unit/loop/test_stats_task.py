@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.loop.stats import newcombe_diff, wilson
-from services.loop.task import TaskError, check_answer, load_task
+from tools.demo.stats import newcombe_diff, wilson
+from tools.demo.task import TaskError, check_answer, load_task
 
 
 def test_wilson_by_hand() -> None:

@@ -3,7 +3,7 @@ pid, uptime, port, served version, restarts and lag; a lag table per group and t
 
 from __future__ import annotations
 
-from services.loop.status_view import render_status, uptime
+from tools.stack.status_view import render_status, uptime
 
 NOW = 1_000_000.0
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from services.grader.config import DEFAULT_CONFIG
-from services.grader.detectors import DetectorStats
-from services.grader.join import FEEDBACK, INTERACTION, Joiner
-from services.loop.task import Task, TaskError, load_task
-from services.loop.task_config import general_ood_questions, write_task_config
+from services.grader.core.detectors import DetectorStats
+from services.grader.core.join import FEEDBACK, INTERACTION, Joiner
+from services.grader.settings import DEFAULT_CONFIG
 from services.weights.evalset import load_heldout, load_ood
 from shared.grading import GraderConfig, load_grader_config
 from tests.helpers.grader import feedback, interaction
+from tools.demo.task import Task, TaskError, load_task
+from tools.demo.task_config import general_ood_questions, write_task_config
 
 T0 = 1_800_000_000.0
 
@@ -84,7 +84,7 @@ def test_gate_eval_sets_come_from_the_task(tmp_path: Path) -> None:
 
 
 def test_trainer_trains_the_task_tenant_with_its_own_check(tmp_path: Path) -> None:
-    from services.loop.task import verify_training_answer
+    from tools.demo.task import verify_training_answer
 
     task = load_task("velo_atelier")
     trainer = write_task_config(task, tmp_path)["trainer"]
@@ -117,7 +117,7 @@ def test_up_task_puts_the_settings_in_the_stack_environment(tmp_path: Path, monk
     user set wins; a bad task stops `up` with the reason."""
     import os
 
-    from services.loop.stack_cli import _apply_task
+    from tools.stack.cli import _apply_task
 
     env = {"APPRENTICE_TRAINER_TENANT": "set-by-user"}
     monkeypatch.setattr(os, "environ", env)
@@ -149,9 +149,9 @@ facts:
 
 def test_declared_and_derived_business_names_reach_the_redacting_services(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.extractor.config import ExtractorSettings
-    from services.inference.config import InferenceSettings
-    from shared.pii import Redactor
+    from services.extractor.settings import ExtractorSettings
+    from services.inference.settings import InferenceSettings
+    from shared.privacy import Redactor
 
     src = tmp_path / "trailmate.yaml"
     src.write_text(TRAILMATE_TASK, encoding="utf-8")
@@ -194,7 +194,7 @@ def test_bad_business_names_in_a_task_file_are_refused(tmp_path: Path, names: st
 def test_up_task_merges_business_names_with_the_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from services.loop.stack_cli import _apply_task
+    from tools.stack.cli import _apply_task
 
     src = tmp_path / "trailmate.yaml"
     src.write_text(TRAILMATE_TASK, encoding="utf-8")

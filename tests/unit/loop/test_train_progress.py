@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from services.loop.train_progress import TrainingProgress, optimizer_steps_metric
 from shared.metrics import metric_sum
+from tools.demo.train_progress import TrainingProgress, optimizer_steps_metric
 
 
 def _exposition(steps_by_algo: dict[str, int]) -> str:

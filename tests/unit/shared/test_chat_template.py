@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from shared.chat_template import control_token_ids, encode_chat, encode_text, special_token_strings
+from shared.decoding.chat_template import control_token_ids, encode_chat, encode_text, special_token_strings
+from shared.decoding.generation import encode_prompt, generate, render_chat
 from shared.decoding.params import SamplingConfig
-from shared.generation import encode_prompt, generate, render_chat
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main as cli_main
 from shared.models import KNOWN_MODELS, UnknownModel, check_model_name
+from tools.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[3]
 # every command the entry point knows (a new one is covered without editing this list), and some sub-commands
@@ -47,7 +47,7 @@ def _env(home: Path, port: int | None = None, **extra: str) -> dict[str, str]:
 
 
 def _apprentice(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shared.cli.main", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -68,7 +68,7 @@ def test_help_everywhere_without_side_effects(tmp_path: Path, taken_port: int, m
     failures = []
     t0 = time.monotonic()
     # `serve NAME` as real processes: one that ignored --help would start a service (and be killed here)
-    procs = [(cmd, subprocess.Popen([sys.executable, "-m", "shared.cli.main", *cmd, "--help"], cwd=REPO, env=env,
+    procs = [(cmd, subprocess.Popen([sys.executable, "-m", "tools.cli.main", *cmd, "--help"], cwd=REPO, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
              for cmd in HELP_COMMANDS if cmd[0] == "serve"]
     for cmd in (c for c in HELP_COMMANDS if c[0] != "serve"):

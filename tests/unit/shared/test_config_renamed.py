@@ -1,4 +1,4 @@
-"""Renamed settings (shared/config.py `renamed`, `renamed_env`): an old name, as a constructor keyword or
+"""Renamed settings (shared/settings.py `renamed`, `renamed_env`): an old name, as a constructor keyword or
 an environment variable, still sets the new field for one release, warns (DeprecationWarning and a log
 line) naming the new one, and never wins over the new name. Then every service's renames, as shipped."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.config import renamed, renamed_env
+from shared.settings import renamed, renamed_env
 
 
 class Example(BaseSettings):
@@ -38,7 +38,7 @@ def test_the_new_names_need_no_warning(monkeypatch: pytest.MonkeyPatch, recwarn:
 def test_an_old_environment_variable_sets_the_new_field_and_warns(monkeypatch: pytest.MonkeyPatch,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("APPRENTICE_EXAMPLE_GRPC_PORT", "50099")
-    with caplog.at_level(logging.WARNING, logger="shared.config"), \
+    with caplog.at_level(logging.WARNING, logger="shared.settings"), \
             pytest.warns(DeprecationWarning, match="APPRENTICE_EXAMPLE_GRPC_PORT is deprecated.*use APPRENTICE_EXAMPLE_PORT"):
         s = Example()
     assert s.port == 50099                          # parsed as the new field's type
@@ -93,10 +93,10 @@ def test_renamed_env_reads_the_new_variable_then_the_old_one_then_the_default() 
 
 # --- the services' renames, as shipped ----------------------------------------------------------------
 RENAMES = [
-    ("services.extractor.config", "ExtractorSettings", "APPRENTICE_EXTRACTOR_", {
+    ("services.extractor.settings", "ExtractorSettings", "APPRENTICE_EXTRACTOR_", {
         "grpc_port": ("port", "50999", 50999), "grpc_host": ("host", "127.0.0.2", "127.0.0.2"),
         "target": ("endpoint", "x:1", "x:1"), "inference_target": ("inference_endpoint", "i:2", "i:2")}),
-    ("services.dashboard.config", "DashboardSettings", "APPRENTICE_DASHBOARD_", {
+    ("services.dashboard.settings", "DashboardSettings", "APPRENTICE_DASHBOARD_", {
         "weights_target": ("weights_endpoint", "w:3", "w:3"),
         "knowledge_target": ("extractor_endpoint", "k:4", "k:4"),
         "inference_target": ("inference_endpoint", "i:5", "i:5")}),

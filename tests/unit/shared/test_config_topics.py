@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from shared.config import CommonSettings
-from shared.topics import BASE_NAMES, Topics
+from shared.contracts.topics import BASE_NAMES, Topics
+from shared.settings import CommonSettings
 
 
 def test_contract_topic_names_and_prefix() -> None:

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from shared.decoding.batch import DecodeBatch, decode_batch
+from shared.decoding.generation import encode_prompt, generate, render_chat
 from shared.decoding.logprobs import sequence_logprobs
 from shared.decoding.params import Sample, SamplingConfig
 from shared.decoding.prompt_cache import PromptCache
 from shared.decoding.rows import DecodeRow
 from shared.decoding.sampling import sample_rows
 from shared.decoding.text import first_stop, stream_safe_length
-from shared.generation import encode_prompt, generate, render_chat
 
 
 @pytest.fixture(scope="module")

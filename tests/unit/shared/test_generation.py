@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from shared.decoding.forward import last_position_only
+from shared.decoding.generation import encode_prompt, generate, render_chat
 from shared.decoding.logprobs import filter_top_k_top_p, sequence_logprobs
 from shared.decoding.params import SamplingConfig
 from shared.decoding.text import eos_ids_of
-from shared.generation import encode_prompt, generate, render_chat
 
 
 @pytest.fixture(scope="module")

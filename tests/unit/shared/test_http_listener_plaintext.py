@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from shared.config import CommonSettings
-from shared.http_listener import HttpServer, plaintext_reply
-from shared.security.devpki import ensure_dev_credentials
+from shared.rpc.http_listener import HttpServer, plaintext_reply
+from shared.settings import CommonSettings
+from tools.devca import ensure_dev_credentials
 
 
 async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -16,14 +16,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from pydantic import ValidationError
 
-from shared.config import CommonSettings
-from shared.kafka.local_broker import BrokerError, LocalBroker
 from shared.kafka.security import (
     PLAINTEXT,
     KafkaSecurity,
     faust_credentials,
     librdkafka_config,
 )
+from shared.settings import CommonSettings
+from tools.broker.local_broker import BrokerError, LocalBroker
 
 SECRET = "pw-LEAK-42"
 

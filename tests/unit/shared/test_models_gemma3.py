@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shared import models
-from shared.chat_template import control_token_ids
+from shared.decoding.chat_template import control_token_ids
 from shared.models import (
     GEMMA3,
     GEMMA3_CHAT_TEMPLATE,
@@ -85,8 +85,8 @@ def test_gguf_assembles_and_its_tokenizer_splits_as_gemma(tmp_path: Path) -> Non
 def test_converted_model_generates_through_the_decode_loop_as_hugging_face_does() -> None:
     import torch
 
-    from shared.chat_template import encode_chat
-    from shared.generation import generate
+    from shared.decoding.chat_template import encode_chat
+    from shared.decoding.generation import generate
     from shared.models import load_model
 
     torch.set_num_threads(1)

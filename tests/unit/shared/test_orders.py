@@ -1,11 +1,11 @@
-"""The meaning of a ModelUpdate order for a slot (shared/orders.py), by hand. That the two services that
+"""The meaning of a ModelUpdate order for a slot (shared/contracts/orders.py), by hand. That the two services that
 apply it agree: tests/unit/weights/test_orders_agree.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.orders import BASE, InvalidOrder, Slot, apply_order, promoted_for
+from shared.contracts.orders import BASE, InvalidOrder, Slot, apply_order, promoted_for
 from shared.proto.apprentice.v1 import events_pb2
 
 P, C, R = events_pb2.UPDATE_ACTION_PROMOTE, events_pb2.UPDATE_ACTION_CANARY, events_pb2.UPDATE_ACTION_ROLLBACK

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.pii import (
+from shared.privacy import (
     PiiPolicy,
     Redactor,
     Span,
@@ -16,9 +16,9 @@ from shared.pii import (
     luhn_ok,
     parse_tenant_policies,
 )
-from shared.pii.detector import CARD, EMAIL, IBAN, PERSON, PHONE, resolve_overlaps
-from shared.pii.evaluation import load_labelled, overall, score
-from shared.pii.policy import redact
+from shared.privacy.detector import CARD, EMAIL, IBAN, PERSON, PHONE, resolve_overlaps
+from shared.privacy.evaluation import load_labelled, overall, score
+from shared.privacy.policy import redact
 
 LABELLED = Path(__file__).resolve().parents[2] / "data" / "pii_labelled.jsonl"
 

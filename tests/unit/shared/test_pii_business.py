@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import CommonSettings
-from shared.pii import NO_NAMES, BusinessNames, Redactor, Span, get_detector, parse_business_names
-from shared.pii.business import MAX_NAME_CHARS, MAX_NAMES_PER_TENANT
-from shared.pii.detector import EMAIL, PERSON
-from shared.pii.evaluation import load_labelled, score
+from shared.privacy import NO_NAMES, BusinessNames, Redactor, Span, get_detector, parse_business_names
+from shared.privacy.business import MAX_NAME_CHARS, MAX_NAMES_PER_TENANT
+from shared.privacy.detector import EMAIL, PERSON
+from shared.privacy.evaluation import load_labelled, score
+from shared.settings import CommonSettings
 
 LABELLED = Path(__file__).resolve().parents[2] / "data" / "pii_labelled.jsonl"
 

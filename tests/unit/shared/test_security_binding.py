@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import CommonSettings
 from shared.proto.apprentice.v1 import inference_pb2, knowledge_pb2, weights_pb2
 from shared.security import policy
 from shared.security.binding import InsecureBind, is_loopback, resolve_bind_host
 from shared.security.channels import TokenSource, auth_metadata
 from shared.security.identity import ANONYMOUS, Identity, Role, acting_as, current_identity
 from shared.security.tls import TLSConfigError, channel_credentials, server_credentials
+from shared.settings import CommonSettings
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])

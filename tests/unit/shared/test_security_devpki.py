@@ -11,9 +11,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from shared.security.devpki import OPERATOR_ID, SERVICE_ID, ensure_dev_credentials, issue_cert, make_ca
 from shared.security.identity import Identity, Role
 from shared.security.keys import KeyRing
+from tools.devca import OPERATOR_ID, SERVICE_ID, ensure_dev_credentials, issue_cert, make_ca
 
 
 def _cert(path: Path) -> x509.Certificate:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from services.inference.feedback_guard import FeedbackGuard, FeedbackLimits
-from shared.grpc_util import InvalidRequest, PermissionDenied, ResourceExhausted
+from shared.rpc.grpc_util import InvalidRequest, PermissionDenied, ResourceExhausted
 from shared.security import interaction_ids as ids
 
 KEY = b"k" * 32

@@ -214,7 +214,7 @@ def test_metrics_port_0_opens_no_endpoint_and_a_port_serves_metrics() -> None:
 
 
 def test_a_taken_metrics_port_is_a_startup_error_before_the_handle_starts() -> None:
-    from shared.grpc_util import PortInUse
+    from shared.rpc.grpc_util import PortInUse
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shared.stack_endpoints import (
+from shared.contracts.stack_endpoints import (
     StackEndpoints,
     announce_endpoints,
     apply_stack_endpoints,
@@ -86,7 +86,7 @@ def test_remove_only_our_own_record(tmp_path: Path) -> None:
 def test_a_private_stack_is_announced_only_where_no_live_stack_is_recorded(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from services.loop.stack import Ports
+    from tools.stack.stack import Ports
 
     home, run = tmp_path / "home", tmp_path / "home" / "demo" / "run-1"
     demo = replace(_endpoints(os.getpid()), home=str(run))

@@ -1,14 +1,14 @@
-"""Every consumer group id and transactional id carries the stack's topic prefix (shared/topics.py), so two
+"""Every consumer group id and transactional id carries the stack's topic prefix (shared/contracts/topics.py), so two
 stacks on one cluster never share a group or fence each other's producers."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.extractor.config import ExtractorSettings
-from services.grader.config import GraderSettings
-from services.trainer.config import TrainerSettings
-from shared.topics import Topics
+from services.extractor.settings import ExtractorSettings
+from services.grader.settings import GraderSettings
+from services.trainer.settings import TrainerSettings
+from shared.contracts.topics import Topics
 
 
 def test_group_and_transactional_ids_carry_the_prefix() -> None:

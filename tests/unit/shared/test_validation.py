@@ -1,12 +1,11 @@
-"""Record bytes + headers --> a checked event, or the reason it is refused (shared/validation.py)."""
+"""Record bytes + headers --> a checked event, or the reason it is refused (shared/contracts/validation.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.events import UndecodableEvent, make_envelope
-from shared.proto.apprentice.v1 import common_pb2, events_pb2
-from shared.validation import (
+from shared.contracts.events import UndecodableEvent, make_envelope
+from shared.contracts.validation import (
     TYPE_HEADER,
     InvalidEvent,
     decode_record,
@@ -14,6 +13,7 @@ from shared.validation import (
     type_headers,
     type_headers_for_topic,
 )
+from shared.proto.apprentice.v1 import common_pb2, events_pb2
 from tests.helpers.grader import feedback, interaction
 
 NAN, INF = float("nan"), float("inf")

@@ -9,13 +9,13 @@ import torch
 
 from services.trainer import losses
 from services.trainer.batching import make_batch
-from services.trainer.config import TrainerSettings
 from services.trainer.distill import DistillExample
 from services.trainer.logprobs import Scorer, teacher_view
 from services.trainer.rounds import Trainer
-from shared.config import CommonSettings
-from shared.generation import encode_prompt, render_chat
+from services.trainer.settings import TrainerSettings
+from shared.decoding.generation import encode_prompt, render_chat
 from shared.knowledge.frame import with_knowledge
+from shared.settings import CommonSettings
 
 ITEMS = ["The warranty lasts 14 months from delivery.", "Returns need form R-22.", "Call extension 417."]
 QUESTIONS = ["how long is the warranty?", "which form for returns?", "what extension for billing?", "hello"]

@@ -46,7 +46,7 @@ def test_items_are_quoted_data_that_cannot_leave_the_frame() -> None:
 
 
 def test_teacher_prompt_keeps_special_tokens_in_knowledge_as_text(tiny_model_name: str) -> None:
-    from shared.chat_template import encode_chat
+    from shared.decoding.chat_template import encode_chat
     from shared.models import load_tokenizer
 
     tok = load_tokenizer(tiny_model_name)

@@ -1,4 +1,4 @@
-"""The fused LM-head ops against the plain computation and brute force; the Scorer against shared.generation
+"""The fused LM-head ops against the plain computation and brute force; the Scorer against shared.decoding.generation
 (what inference records as behaviour log-probs) on the real tiny model."""
 
 from __future__ import annotations
@@ -103,9 +103,9 @@ def tiny(tiny_model_name: str):  # noqa: ANN201
 def test_scorer_matches_sequence_logprobs_and_recorded_behaviour(tiny) -> None:  # noqa: ANN001
     """π_θ recomputed by the trainer (right-padded batch, fused head) equals what inference records as
     `response_logprobs_t1` (left-padded, KV-cached decode) up to float noise: on-policy IS ratios are 1."""
+    from shared.decoding.generation import encode_prompt, generate, render_chat
     from shared.decoding.logprobs import sequence_logprobs
     from shared.decoding.params import SamplingConfig
-    from shared.generation import encode_prompt, generate, render_chat
 
     model, tok = tiny
     assert supports_fused_head(model)

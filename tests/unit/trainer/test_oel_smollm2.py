@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.trainer.config import TrainerSettings
 from services.trainer.distill import DistillExample
 from services.trainer.rounds import Trainer
-from shared.config import CommonSettings
+from services.trainer.settings import TrainerSettings
+from shared.settings import CommonSettings
 
 pytestmark = pytest.mark.slow
 

@@ -12,12 +12,12 @@ import torch
 
 from services.trainer import losses
 from services.trainer.batching import make_batch
-from services.trainer.config import TrainerSettings
 from services.trainer.logprobs import score
 from services.trainer.rl import RLConfig, RunningBaseline, compute_advantages
 from services.trainer.rollouts import Rollout
 from services.trainer.rounds import Trainer
-from shared.config import CommonSettings
+from services.trainer.settings import TrainerSettings
+from shared.settings import CommonSettings
 from tests.unit.trainer.factories import graded
 
 
@@ -160,8 +160,8 @@ def test_learning_on_a_toy_verifiable_task(tiny) -> None:  # noqa: ANN001
     the recorded behaviour log-probs raises the reward from ~0.5 to ~0.75 within a dozen rounds
     (measured: .57 .56 .51 .55 .62 .60 .61 .70 .69 .63 .71 .80). Slow only because of sampling (~1-2 min
     on 2 shared cores); the updates take ~1 s each."""
+    from shared.decoding.generation import encode_prompt, generate, render_chat
     from shared.decoding.params import SamplingConfig
-    from shared.generation import encode_prompt, generate, render_chat
 
     t = make_trainer(tiny, batch_size=32, micro_batch_size=16, seed=0)
     tok = t.tokenizer

@@ -13,12 +13,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.trainer import metrics as M
-from services.trainer.config import TrainerSettings
 from services.trainer.distill import DistillExample
 from services.trainer.rollouts import Rollout
 from services.trainer.rounds import Trainer
+from services.trainer.settings import TrainerSettings
 from services.trainer.steplog import NoLog, ReportingUnavailable, TensorBoardLog, open_log
-from shared.config import CommonSettings
+from shared.settings import CommonSettings
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_rl_steps_in_a_jsonl_log_read_back_by_the_demo_report(tiny, tmp_path: Pa
     """The demo's path: the trainer writes steps.jsonl (report_to=jsonl), the report takes up each round's
     new steps, with the off-policy view of every step: old-version samples and the IS weights that
     corrected the recorded behaviour log-probs."""
-    from services.loop.report import StepsLog
+    from tools.demo.report import StepsLog
 
     t = make_trainer(tiny, report_to="jsonl", logging_dir=tmp_path / "runs", is_cap=1.5)
     log = open_log(t.settings.report_to, t.settings.resolved_logging_dir)

@@ -45,7 +45,7 @@ def upload(store: WeightStore) -> UploadFn:
 
 def upload_dir(store: WeightStore, src: Path, **fields: object) -> weights_pb2.Manifest:
     """Store every file under `src` as one version (the same path as an Upload call, minus gRPC)."""
-    from shared.weights_client import file_entries
+    from shared.weights.client import file_entries
 
     fields.setdefault("model", "tiny-random")
     fields.setdefault("kind", "full")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.weights_files import OrderedHasher
+from shared.weights.files import OrderedHasher
 
 
 @pytest.mark.parametrize("window", [0, 5000, 1 << 30])
@@ -62,7 +62,7 @@ def test_close_stops_a_hasher_waiting_for_a_gap(tmp_path: Path) -> None:
 def test_writeback_is_started_behind_the_hashed_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A durable download asks for writeback of each hashed stretch, in file order and never ahead of
     the bytes hashed, so the final fsync has only the tail left; the real syscall accepts the call."""
-    import shared.weights_files as wc
+    import shared.weights.files as wc
 
     calls: list[tuple[int, int]] = []
     real = wc.start_writeback

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.weights.config import WeightsSettings
 from services.weights.evalset import EvalSetError, load_heldout, load_ood
+from services.weights.settings import WeightsSettings
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def test_packaged_defaults_use_the_demo_tasks_held_out_split() -> None:
-    task = yaml.safe_load((REPO / "services/loop/tasks/support_desk.yaml").read_text())
+    task = yaml.safe_load((REPO / "tools/demo/tasks/support_desk.yaml").read_text())
     keep = task["held_out_per_fact"]
     h = load_heldout()
     # every fact's last `held_out_per_fact` questions (never trained on), graded by the fact's own check

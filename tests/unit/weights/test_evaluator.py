@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from services.weights.blobstore import make_blob_store
-from services.weights.config import WeightsSettings
 from services.weights.evaluator import Evaluator, nonfinite_tensors
+from services.weights.settings import WeightsSettings
 from services.weights.store import WeightStore
 from shared.proto.apprentice.v1 import weights_pb2
 
@@ -44,7 +44,7 @@ def write_variant(tmp: Path, name: str, change: Callable[[torch.Tensor], object]
     import torch
 
     from shared.models import load_model
-    from shared.weights_client import save_version_files
+    from shared.weights.client import save_version_files
 
     model, _ = load_model("tiny-random")
     if change is not None:
@@ -156,7 +156,7 @@ def test_lora_candidate_is_evaluated_on_the_base(store: WeightStore, evaluator: 
     from peft import LoraConfig, get_peft_model
 
     from shared.models import load_model
-    from shared.weights_client import save_version_files
+    from shared.weights.client import save_version_files
 
     base, _ = load_model(tiny_model_name)
     peft = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_alpha=8))
@@ -185,10 +185,10 @@ def test_batching_does_not_change_greedy_answers(tiny_model_name: str) -> None:
     `generate` of each prompt alone with full logits."""
     import torch
 
-    from shared.chat_template import encode_chat
+    from shared.decoding.chat_template import encode_chat
     from shared.decoding.forward import last_position_only
+    from shared.decoding.generation import generate
     from shared.decoding.text import eos_ids_of
-    from shared.generation import generate
     from shared.models import load_model
 
     model, tok = load_model(tiny_model_name)
@@ -213,7 +213,7 @@ def test_the_checkpoint_path_times_and_counts_the_gate_once(store: WeightStore, 
 
     from services.weights.orders import OrderDesk
     from services.weights.policy import PromotionPolicy
-    from shared.events import make_envelope
+    from shared.contracts.events import make_envelope
     from shared.proto.apprentice.v1 import events_pb2
 
     def sample(name: str, **labels: str) -> float:

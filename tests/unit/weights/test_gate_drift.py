@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from services.weights.config import WeightsSettings
 from services.weights.evaluator import Evaluator
 from services.weights.gate import PARENT, REFERENCE, Limits, ModelScores, regression_results, verdict
 from services.weights.orders import OrderDesk
 from services.weights.retention import versions_to_keep
+from services.weights.settings import WeightsSettings
 from services.weights.store import WeightStore
-from shared.grpc_util import FailedPrecondition
 from shared.proto.apprentice.v1 import weights_pb2
+from shared.rpc.grpc_util import FailedPrecondition
 
 from .conftest import UploadFn
 from .test_orders import Recorder

@@ -9,12 +9,12 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.weights.config import WeightsSettings
 from services.weights.gate import KNOWLEDGE, compare, integrity_result, knowledge_result, verdict
 from services.weights.knowledge import KnowledgeView
 from services.weights.orders import OrderDesk
+from services.weights.settings import WeightsSettings
 from services.weights.store import WeightStore
-from shared.events import make_envelope
+from shared.contracts.events import make_envelope
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 
 from .conftest import UploadFn

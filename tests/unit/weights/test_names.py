@@ -14,8 +14,8 @@ from services.weights.names import (
     validate_version,
 )
 from services.weights.store import WeightStore
-from shared.grpc_util import InvalidRequest
 from shared.proto.apprentice.v1 import weights_pb2
+from shared.rpc.grpc_util import InvalidRequest
 
 from .conftest import entry
 

@@ -1,4 +1,4 @@
-"""One meaning of an order (shared/orders.py): after each operator action, the routing table an inference
+"""One meaning of an order (shared/contracts/orders.py): after each operator action, the routing table an inference
 pod builds from the published orders holds the slots the weights desk saved."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 from services.inference.routing import RoutingTable
 from services.weights.orders import OrderDesk
 from services.weights.store import WeightStore
-from shared.orders import Slot
+from shared.contracts.orders import Slot
 from shared.proto.apprentice.v1 import events_pb2
 
 from .conftest import UploadFn

@@ -12,8 +12,8 @@ from services.weights.gate import integrity_result
 from services.weights.orders import OrderDesk
 from services.weights.pods import PodRegistry
 from services.weights.store import WeightStore
-from shared.grpc_util import FailedPrecondition, Unavailable
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
+from shared.rpc.grpc_util import FailedPrecondition, Unavailable
 from shared.security.identity import Identity
 
 from .conftest import UploadFn

@@ -6,9 +6,9 @@ import pytest
 
 from services.weights.manifests import ModelState
 from services.weights.pods import MAX_LAST_ERROR_CHARS, PodRegistry
-from shared.grpc_util import PermissionDenied, ResourceExhausted
-from shared.orders import Slot
+from shared.contracts.orders import Slot
 from shared.proto.apprentice.v1 import weights_pb2
+from shared.rpc.grpc_util import PermissionDenied, ResourceExhausted
 from shared.security.identity import Identity, Role
 
 POD_A = Identity("pods-a", Role.SERVICE)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.weights.manifests import ModelState
 from services.weights.pods import PodRegistry
-from shared.orders import Slot
+from shared.contracts.orders import Slot
 from shared.proto.apprentice.v1 import weights_pb2
 
 

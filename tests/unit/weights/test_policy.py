@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from services.weights.config import WeightsSettings
 from services.weights.orders import OrderDesk
 from services.weights.policy import PromotionPolicy
+from services.weights.settings import WeightsSettings
 from services.weights.store import WeightStore
-from shared.events import make_envelope
+from shared.contracts.events import make_envelope
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 
 from .conftest import UploadFn

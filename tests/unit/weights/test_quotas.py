@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.weights.quotas import UploadLimits, UploadQuotas
-from shared.grpc_util import ResourceExhausted
+from shared.rpc.grpc_util import ResourceExhausted
 
 
 @pytest.fixture

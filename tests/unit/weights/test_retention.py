@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.weights.manifests import ModelState
 from services.weights.retention import versions_to_keep
 from services.weights.store import WeightStore
-from shared.orders import Slot
+from shared.contracts.orders import Slot
 from shared.proto.apprentice.v1 import weights_pb2
 
 from .conftest import UploadFn

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from services.weights.store import AlreadyExists, WeightStore
-from shared.grpc_util import InvalidRequest, NotFound
 from shared.proto.apprentice.v1 import weights_pb2
+from shared.rpc.grpc_util import InvalidRequest, NotFound
 
 from .conftest import UploadFn, entry
 

@@ -26,7 +26,7 @@ def test_encoded_chunk_round_trips(size: int) -> None:
 @pytest.mark.parametrize("size", [0, 1, 300, (1 << 20) + 7])
 def test_client_decoder_reads_what_the_server_encodes(size: int) -> None:
     """`weights_wire.decode_chunk` (the pods' fast path) agrees with the protobuf parser field by field."""
-    from shared.weights_wire import decode_chunk
+    from shared.weights.wire import decode_chunk
 
     data = bytes(i % 251 for i in range(size))
     manifest = weights_pb2.Manifest(model="m", version="v3", kind="lora", base_version="v1",
@@ -43,7 +43,7 @@ def test_client_decoder_reads_what_the_server_encodes(size: int) -> None:
 
 def test_client_decoder_skips_unknown_fields_and_rejects_garbage() -> None:
     """A newer server may add fields (skipped, as protobuf does); truncated bytes must not pass as data."""
-    from shared.weights_wire import decode_chunk
+    from shared.weights.wire import decode_chunk
 
     raw = weights_pb2.DownloadChunk(path="p", offset=7, data=b"xyz").SerializeToString()
     from services.weights.wire import _varint

@@ -1,0 +1,211 @@
+"""Grader service settings, from `APPRENTICE_GRADER_*` environment variables (no torch, no faust import).
+
+The grader *rules* (which graders per tenant and task) live in a YAML file (`config_path`, schema in
+`shared/grading/schema.py`); these settings are about running the stream processor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.grader.core.limits import STATE_HEADROOM
+from shared.settings import CommonSettings
+
+DEFAULT_CONFIG = Path(__file__).with_name("default_config.yaml")
+
+
+class GraderSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_GRADER_", extra="ignore")
+
+    common: CommonSettings = Field(default_factory=CommonSettings)
+
+    config_path: Path = DEFAULT_CONFIG
+    """Grader-config YAML (tenants, tasks, graders, detector thresholds). Validated at start."""
+
+    runtime: Literal["faust", "native"] = "faust"
+    """How the stages run against Kafka (services/grader/README.md, "Runtimes"). `faust` (default): the
+    faust-streaming app the project's users asked for, proven by the chaos test (every service and the
+    broker killed under load). `native` (supported, tested alike): confluent-kafka batches, one Kafka
+    transaction per batch (outputs, state changelog and input offsets commit together), about half the
+    CPU per record of faust. Both share
+    routing, the join state machine, graders and detectors, and use the same topics, table changelogs
+    and consumer group: stop every worker of one runtime before starting the other."""
+
+    app_name: str = "apprentice-grader"
+    """Faust app id (= consumer group) after the topic prefix; changelog and internal topics derive from it."""
+
+    partitions: int = Field(default=6, ge=1)
+    """Partitions of the internal join topic and of the table: bounds how many workers share the work.
+    Matches the source topics (docs/architecture.md §3)."""
+
+    store: Literal["memory://"] = "memory://"
+    """Faust table store. memory:// restores the table from its changelog at start (seconds for ~10^5
+    pending interactions). The grade stage writes the changelog itself with explicit partitions (see
+    faust_grade.py), which a disk store keyed by the current event's partition would not follow."""
+
+    batch_max: int = Field(default=500, ge=1)
+    """Records per processing batch. Each batch costs two flushes (state, then graded records), so
+    larger batches mean higher throughput and slightly higher latency."""
+
+    batch_within_s: float = Field(default=0.05, gt=0)
+    """A batch is processed after this long even when not full (latency bound under light load)."""
+
+    commit_interval_s: float = Field(default=1.0, gt=0)
+    """faust runtime: how often consumed offsets are committed (records already processed; a shorter
+    interval replays fewer after a crash)."""
+
+    stall_after_s: float = Field(default=30.0, gt=0)
+    """faust runtime: a source or join partition whose committed offset has stayed short of its end for
+    this long is resumed and re-read from that offset (services/grader/core/stall.py)."""
+
+    tick_interval_s: float = Field(default=1.0, gt=0)
+    """How often windows and retention are checked. Window expiry is late by at most this much."""
+
+    retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """How long an interaction stays in the table after its window: late feedback within this time
+    still produces a revision; after it, the feedback is logged and dropped (an orphan)."""
+
+    orphan_feedback_s: float = Field(default=24 * 3600.0, gt=0)
+    """Feedback whose interaction never arrives is kept this long, then dropped with a log line."""
+
+    verify_margin_s: float = Field(default=5.0, ge=0)
+    """Clock margin when recovery looks in the graded topic for records emitted just before a crash."""
+
+    inference_endpoint: str = "127.0.0.1:50051"
+    """Inference service host:port for the LLM judge (docs/architecture.md §2)."""
+
+    judge_backend: str = "inference"
+    """Where the LLM judge runs (`inference` = the Apprentice Inference service's Generate)."""
+
+    judge_tenant: str = "grader"
+    """Tenant the judge's Generate calls use: a tenant with no versions of its own, so the judge is the
+    base (or operator) model rather than a policy being trained on these very rewards."""
+
+    replication: int = Field(default=1, ge=1)
+    """Replication factor of the internal and changelog topics faust creates (3 in production)."""
+
+    session_timeout_s: float = Field(default=10.0, ge=3.0)
+    """Kafka consumer session timeout. After a crash, the group waits this long for the dead member
+    before handing its partitions to a restarted or surviving worker (faust's default is 60 s)."""
+
+    max_poll_interval_s: float = Field(default=300.0, ge=6.0, le=3600.0)
+    """Kafka consumer `max.poll.interval.ms` (both runtimes): a member that does not poll for this long is
+    thrown out of its group. Slow judge calls do not count against it: the native judge stage keeps
+    polling with its partitions paused while they run (shared/kafka/busy.py), faust fetches in the
+    background. At least the session timeout (librdkafka refuses less)."""
+
+    instance_id: str = ""
+    """Static group membership (`group.instance.id`): a worker restarted under the same id takes its
+    partitions back at once. Must differ between replicas. "" = faust: dynamic membership; native: the
+    host name and the lowest free worker slot of this data directory (a file lock), so that a worker
+    restarted on the same host reuses its id (and its transactional id)."""
+
+    transaction_timeout_s: float = Field(default=30.0, ge=5.0, le=900.0)
+    """native: Kafka transaction timeout. A worker that dies mid-transaction and is not restarted under
+    the same id holds back read_committed readers of the partitions it wrote to until the broker aborts
+    the transaction after this long; a batch must commit well within it."""
+
+    restore_timeout_s: float = Field(default=240.0, gt=0)
+    """native: longest time to read a partition's state changelog when the worker is given it
+    (must stay below the consumer's max.poll.interval of 300 s)."""
+
+    # --- bounds on what one interaction may accumulate (services/grader/core/limits.py) -----------------
+    max_feedback: int = Field(default=32, ge=1)
+    """Feedback events joined to one interaction; later ones are dead-lettered (the interaction is still
+    graded). Real traffic sends a handful (thumbs, a rating, a correction, a few KPIs)."""
+
+    max_feedback_bytes: int = Field(default=128 * 1024, ge=1024)
+    """Total bytes of the feedback joined to one interaction (and the most one event may have); past it
+    feedback is dead-lettered. Fits several corrections of the API's longest comment (20,000 characters)
+    while keeping the state and the graded record far below a Kafka record."""
+
+    max_comment_chars: int = Field(default=20_000, ge=1)
+    """Longest feedback comment (characters); longer feedback is dead-lettered. Equal to the Feedback
+    API's own limit, so feedback accepted there is never refused here for its length."""
+
+    feedback_skew_s: float = Field(default=300.0, ge=0)
+    """Clock skew allowed on feedback occurred_at: feedback dated more than this before its interaction,
+    or more than this in the future, is dead-lettered. 5 minutes, as the Feedback API allows."""
+
+    max_record_bytes: int = Field(default=1_000_000, ge=200_000)
+    """Largest record the grader writes (state, graded record, join bundle): librdkafka's default
+    `message.max.bytes`, below the broker's default limit (1 MiB). Interactions too large to leave room
+    for a full feedback budget under it are dead-lettered. Raise it only with the topics' limits."""
+
+    shutdown_grace_s: float = Field(default=10.0, gt=0)
+    """native runtime: after SIGTERM, how long the batch in progress may take to commit; past it the
+    worker exits at once, as after kill -9 (the open transaction is aborted and redone after a restart),
+    so a Kafka call that hangs (a failing broker) never holds a stop."""
+
+    metrics_port: int = 9102
+    """Prometheus endpoint (docs/architecture.md §2); 0 disables it."""
+
+    workdir: Path | None = None
+    """Faust's data directory; None = `<APPRENTICE_HOME>/grader`."""
+
+    log_level: str = "INFO"
+
+    fault_injection: str = ""
+    """Tests only: `after_state:N` / `after_emit:N` ends the process abruptly (os._exit, like kill -9) in
+    the N-th batch that emits. faust: right after phase (a) / (b) (faust_grade.py). native: after the batch's
+    records are in the log inside its open transaction / right after the transaction committed.
+    `fail_after_state:N` (faust): the batch raises at that point instead (a Kafka time-out under load),
+    and the worker must recover it by itself."""
+
+    @field_validator("fault_injection")
+    @classmethod
+    def _fault(cls, v: str) -> str:
+        point, _, count = v.partition(":")
+        if v and (point not in ("after_state", "after_emit", "fail_after_state") or not count.isdigit()):
+            raise ValueError("fault_injection must be '', 'after_state:N', 'after_emit:N' or 'fail_after_state:N'")
+        return v
+
+    @model_validator(mode="after")
+    def _poll_after_session(self) -> GraderSettings:
+        if self.max_poll_interval_s < self.session_timeout_s:
+            raise ValueError(f"APPRENTICE_GRADER_MAX_POLL_INTERVAL_S={self.max_poll_interval_s:g} is below "
+                             f"APPRENTICE_GRADER_SESSION_TIMEOUT_S={self.session_timeout_s:g}; Kafka needs the poll "
+                             "interval to be at least the session timeout")
+        return self
+
+    @model_validator(mode="after")
+    def _room_for_state(self) -> GraderSettings:
+        room = self.max_record_bytes - self.max_feedback_bytes - STATE_HEADROOM
+        if room < 100_000:
+            raise ValueError(f"APPRENTICE_GRADER_MAX_RECORD_BYTES={self.max_record_bytes} leaves {room} bytes for an "
+                             f"interaction after the feedback budget (APPRENTICE_GRADER_MAX_FEEDBACK_BYTES="
+                             f"{self.max_feedback_bytes}) and 64 KiB of state headroom; raise it or lower the budget")
+        return self
+
+    @property
+    def app_id(self) -> str:
+        """Includes the topic prefix so that namespaces (tests, several stacks) never share state."""
+        return self.common.topics.group_id(self.app_name)
+
+    @property
+    def join_topic(self) -> str:
+        """Internal topic: interactions, feedback, judge results and ticks, keyed by interaction id."""
+        return f"{self.app_id}-join"
+
+    @property
+    def judge_topic(self) -> str:
+        """Internal topic: interactions waiting for the LLM judge, keyed by group id."""
+        return f"{self.app_id}-judge"
+
+    @property
+    def pending_changelog(self) -> str:
+        """The pending table's changelog (faust's name for table `pending`): interaction id -> state."""
+        return f"{self.app_id}-pending-changelog"
+
+    @property
+    def judge_changelog(self) -> str:
+        """The judge-groups table's changelog (faust's name for table `judge-groups`): group id -> group."""
+        return f"{self.app_id}-judge-groups-changelog"
+
+    @property
+    def datadir(self) -> Path:
+        return self.workdir or (self.common.home / "grader")

@@ -1,0 +1,165 @@
+"""Interactions + FeedbackEvents (Kafka) --> GradedInteractions (Kafka): the grader's faust runtime.
+
+(`APPRENTICE_GRADER_RUNTIME=faust`, the default; the other runtime is native_runtime.py. Both apply the
+same pure core: routing.py, join.py, components.py, detectors.py, judge_groups.py.)
+
+One faust app (id = topic prefix + `apprentice-grader`) with three agents and a timer:
+
+    interactions, feedback --route--> <app>-join --grade--> graded (key = session id)
+                                  \\--> <app>-judge (key = group id) --judge--> <app>-join (judge results)
+    ticker (every tick_interval_s): due windows / retention --> tick items on <app>-join
+
+This module wires them: the faust app, its topics and tables, and what every stage sends through
+(`send`, `dead_letter`, `send_bundles`). The stages: faust_route.py, faust_grade.py (owns the
+`pending` table: the three acknowledged phases of each batch), faust_judge.py, faust_ticker.py;
+after a crash or a rebalance, faust_recovery.py settles the emissions left in doubt (the emission
+markers), looking them up with event_scan.py. faust_patches.py holds every repair of faust's own
+consumer and producer. Why this adds up to an exactly-once effect: README.md, "Exactly-once effect
+(faust)".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+import faust
+from faust.types import EventT
+
+from services.grader import metrics as M
+from services.grader.core.bundles import encode_bundles, partition_for
+from services.grader.core.detectors import DetectorStats
+from services.grader.core.join import Joiner, Rejected
+from services.grader.core.judge_client import JudgeBackend
+from services.grader.core.limits import limits_of
+from services.grader.core.routing import DEADLETTER_HEADERS, dead_letter
+from services.grader.core.rulebook import RuleBook
+from services.grader.core.waiting import WaitingIndex
+from services.grader.settings import GraderSettings
+from services.grader.stream import patches as faust_patches
+from services.grader.stream.grade import GradeStage
+from services.grader.stream.judge import JudgeStage
+from services.grader.stream.recovery import EmissionRecovery
+from services.grader.stream.route import RouteStage
+from services.grader.stream.ticker import Ticker
+from shared.contracts.validation import KafkaHeaders
+from shared.grading import GraderConfig
+from shared.kafka.security import faust_credentials
+
+faust_patches.install()  # before any faust app of this process exists
+
+log = logging.getLogger(__name__)
+
+SOURCE = "grader"
+
+JoinItems = dict[int, list[tuple[bytes, bytes]]]
+"""Join items by join partition: (interaction id, kind byte + payload)."""
+
+
+def _brokers(bootstrap: str) -> list[str]:
+    return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
+
+
+class GraderApp:
+    """The faust app and what its stages share: topics, tables, the due index, and the ways to send."""
+
+    def __init__(self, settings: GraderSettings, config: GraderConfig, *,
+                 judge: JudgeBackend | None = None, book: RuleBook | None = None) -> None:
+        self.settings = settings
+        self.config = config
+        topics = settings.common.topics
+        self.stats = DetectorStats(config.detectors)
+        self.joiner = Joiner(book or RuleBook(config), self.stats, retention_s=settings.retention_s,
+                             orphan_feedback_s=settings.orphan_feedback_s, source=SOURCE, limits=limits_of(settings))
+        self.due: dict[bytes, tuple[float, bool, int]] = {}
+        """key -> (next time the ticker must look at it, window still open, join partition)."""
+        self.waiting = WaitingIndex()
+        """The open windows by tenant and task (waiting.py), kept beside `due`."""
+        self.judge_due: dict[bytes, float] = {}
+        """judge group key -> when the ticker must close it."""
+
+        settings.datadir.mkdir(parents=True, exist_ok=True)
+        P = settings.partitions
+        self.app = faust.App(
+            settings.app_id, broker=_brokers(settings.common.kafka_bootstrap), store=settings.store,
+            broker_credentials=faust_credentials(settings.common),  # TLS / SASL, as every Kafka client
+            datadir=str(settings.datadir / settings.app_id), web_enabled=False, autodiscover=False,
+            topic_partitions=P, topic_replication_factor=settings.replication,
+            key_serializer="raw", value_serializer="raw", consumer_auto_offset_reset="earliest",
+            consumer_max_fetch_size=4 * 1024 * 1024, stream_buffer_maxsize=max(4096, 4 * settings.batch_max),
+            broker_commit_every=max(1000, settings.batch_max), broker_commit_interval=settings.commit_interval_s,
+            producer_acks=-1, producer_linger=0.005, table_standby_replicas=0,
+            broker_session_timeout=settings.session_timeout_s,
+            broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 4),
+            broker_max_poll_interval=settings.max_poll_interval_s,
+            consumer_group_instance_id=settings.instance_id or None)
+        app = self.app
+        raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
+                               "value_serializer": "raw"}
+        self.source_topic = app.topic(topics.interactions, topics.feedback, **raw)
+        self.join_topic = app.topic(settings.join_topic, partitions=P, internal=True, **raw)
+        self.judge_topic = app.topic(settings.judge_topic, partitions=P, internal=True, **raw)
+        self.topic_names = {"interactions": topics.interactions, "feedback": topics.feedback,
+                            "graded": topics.graded, "deadletter": topics.deadletter}
+        # Keys and values are raw bytes (the app's serializers): states are encoded by state.py.
+        self.table = app.Table("pending", partitions=P, key_type=bytes, value_type=bytes)
+        self.judge_table = app.Table("judge-groups", partitions=P, key_type=bytes, value_type=bytes)
+
+        self.recovery = EmissionRecovery(self)
+        self.route = RouteStage(self)
+        self.grade = GradeStage(self)
+        self.judge = JudgeStage(self, judge)
+        self.ticker = Ticker(self)
+        app.on_partitions_revoked.connect(self._on_partitions_revoked)  # type: ignore[arg-type]
+        app.agent(self.source_topic, name="route")(self.route.agent)
+        app.agent(self.join_topic, name="grade")(self.grade.agent)
+        app.agent(self.judge_topic, name="judge")(self.judge.agent)
+        app.task(self.ticker.run)
+
+    # --- what every stage sends through ----------------------------------------------------------
+    async def send(self, topic: str, key: bytes | None, value: bytes | None,
+                   partition: int | None = None, headers: KafkaHeaders | None = None) -> Awaitable[Any]:
+        """Hand a record to the producer; the returned future resolves when Kafka acknowledged it.
+        `headers`: the value's type (shared/contracts/validation.py) on the graded and dead-letter topics."""
+        return await self.app.producer.send(topic, key, value, partition, None, headers)  # type: ignore[arg-type]  # bytes values
+
+    async def dead_letter(self, ev: EventT, stage: str, reason: str, error_type: str,
+                          tenant: str = "unknown", *, key: bytes | None = None,
+                          value: bytes | None = None) -> Awaitable[Any]:
+        """DeadLetter for `ev` (or for one item `key`/`value` of a join bundle), tagged with the stage."""
+        msg = ev.message
+        key = ev.key if key is None else key
+        value = ev.value if value is None else value
+        dl = dead_letter(Rejected(stage, reason, error_type, tenant), source=SOURCE, topic=msg.topic,
+                         partition=msg.partition, offset=msg.offset, key=key, value=value)
+        M.DEADLETTERS.labels(stage).inc()
+        log.warning("dead-lettered record", extra={"stage": stage, "reason": reason[:300],
+                                                    "origin": f"{msg.topic}/{msg.partition}@{msg.offset}"})
+        return await self.send(self.topic_names["deadletter"], dl.original_key or None, dl.SerializeToString(),
+                               headers=DEADLETTER_HEADERS)
+
+    async def send_bundles(self, topic: str, items: JoinItems) -> list[Awaitable[Any]]:
+        """Join items as bundle records (join.py), one or more per partition."""
+        limit = self.joiner.limits.max_record_bytes
+        return [await self.send(topic, None, bundle, p) for p, batch in sorted(items.items())
+                for bundle in encode_bundles(batch, limit)]
+
+    def add_join_item(self, items: JoinItems, key: bytes, value: bytes) -> None:
+        items.setdefault(partition_for(key, self.settings.partitions), []).append((key, value))
+
+    @staticmethod
+    def changelog_name(table: Any) -> str:
+        return str(table.changelog_topic.get_topic_name())
+
+    def active_partitions(self, topic: str) -> set[int]:
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
+
+    async def _on_partitions_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
+        """(faust signal receiver) A partition that leaves this worker must be settled again if it ever
+        comes back: another worker may have crashed with emissions in doubt on it meanwhile."""
+        gone = {tp.partition for tp in revoked if tp.topic == self.settings.join_topic}
+        self.recovery.forget(gone)
+        for key in [k for k, (_d, _o, p) in self.due.items() if p in gone]:
+            del self.due[key]
+            self.waiting.discard(key.decode(errors="replace"))

@@ -1,0 +1,90 @@
+"""Text --> the spans of personal data in it (typed, non-overlapping). The detector contract.
+
+One detector serves every place that keeps text: inference capture (prompts, answers, feedback
+comments) and the extractor's knowledge filter, so they agree on what personal data is. Implementations
+are chosen by `create_detector(name)`; `get_detector()` builds the configured one once per process,
+lazily (the spaCy pipeline takes seconds to load), and is safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+# Entity types, named as Presidio names them (they become the redaction placeholders, e.g. <EMAIL_ADDRESS>).
+EMAIL = "EMAIL_ADDRESS"
+PHONE = "PHONE_NUMBER"
+CARD = "CREDIT_CARD"
+IBAN = "IBAN_CODE"
+IP = "IP_ADDRESS"
+PERSON = "PERSON"
+SSN = "US_SSN"
+ENTITIES: tuple[str, ...] = (EMAIL, PHONE, CARD, IBAN, IP, PERSON, SSN)
+
+# Which type wins when two detections overlap: the checksummed and structured ones first (a card number
+# also parses as a phone number; an e-mail's local part may read as a name), names last.
+PRIORITY: dict[str, int] = {EMAIL: 7, CARD: 6, IBAN: 5, SSN: 4, IP: 3, PHONE: 2, PERSON: 1}
+
+
+@dataclass(frozen=True)
+class Span:
+    """`text[start:end]` is personal data of type `entity` (detector confidence `score`, 0-1)."""
+
+    start: int
+    end: int
+    entity: str
+    score: float = 1.0
+
+    def overlaps(self, other: Span) -> bool:
+        return self.start < other.end and other.start < self.end
+
+
+def resolve_overlaps(spans: list[Span]) -> list[Span]:
+    """Non-overlapping spans in text order: on overlap the higher-priority type wins, then the higher
+    score, then the longer span."""
+    ranked = sorted(spans, key=lambda s: (-PRIORITY.get(s.entity, 0), -s.score, -(s.end - s.start), s.start))
+    kept: list[Span] = []
+    for s in ranked:
+        if all(not s.overlaps(k) for k in kept):
+            kept.append(s)
+    return sorted(kept, key=lambda s: s.start)
+
+
+class PiiDetector(ABC):
+    """Finds personal data in text. Implementations must be safe to call from many threads."""
+
+    name: str = ""
+
+    @abstractmethod
+    def find(self, text: str, *, names: bool = True) -> list[Span]:
+        """The personal-data spans of `text`: non-overlapping, sorted by start. `names=False`: the
+        structured types only (no PERSON, and none of the cost of reading names)."""
+
+    def find_many(self, texts: list[str]) -> list[list[Span]]:
+        """`find` for each text (implementations may batch)."""
+        return [self.find(t) for t in texts]
+
+
+def create_detector(name: str = "presidio") -> PiiDetector:
+    """The detector called `name`; raises on an unknown name (heavy imports happen here, not at import)."""
+    if name == "presidio":
+        from shared.privacy.presidio_detector import PresidioDetector
+
+        return PresidioDetector()
+    raise ValueError(f"unknown PII detector {name!r}; known: presidio")
+
+
+_lock = threading.Lock()
+_instance: PiiDetector | None = None
+
+
+def get_detector() -> PiiDetector:
+    """The process-wide detector, built on first use (double-checked under a lock: one build even when
+    many request threads arrive at once)."""
+    global _instance
+    if _instance is None:
+        with _lock:
+            if _instance is None:
+                _instance = create_detector()
+    return _instance

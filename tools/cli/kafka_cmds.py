@@ -1,0 +1,235 @@
+"""`apprentice kafka|topics|tail`: manage the local broker and look inside topics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from shared.contracts.topics import EVENT_TOPICS
+from shared.settings import CommonSettings
+from tools.cli.failures import EXIT_UNREACHABLE
+
+if TYPE_CHECKING:
+    from tools.broker.local_broker import BrokerStatus
+
+SHARE_ENV = "APPRENTICE_USE_RUNNING_BROKER"
+"""Set to 1: `apprentice up` shares a broker of another home that answers at its address (as
+`--use-running-broker`)."""
+
+
+def _broker(settings: CommonSettings, *, sasl: bool = False, sasl_port: int = 9094):  # noqa: ANN202 - lazy imports
+    from tools.broker.local_broker import LocalBroker
+
+    return LocalBroker.for_settings(settings, sasl=sasl, sasl_port=sasl_port)
+
+
+def whose(st: BrokerStatus) -> str:
+    """The answering broker in words: the home it belongs to (and its pid) when it is another home's local
+    broker, else the data folder it reports."""
+    if st.serving_home is not None:
+        pid = st.serving_pid
+        return (f"the broker of {st.serving_home}" + (f" (pid {pid})" if pid else "")
+                + f", data {st.serving_data_dir}")
+    if st.serving_data_dir is not None:
+        return f"a broker with its data in {st.serving_data_dir}"
+    return "a broker this home did not start (it does not say where its data is)"
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+    import socket
+
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def foreign_broker(settings: CommonSettings) -> str | None:
+    """Why `apprentice up` must not use the broker at its configured address unless asked to share: a
+    broker answers on this machine there, but it is not this home's (another checkout's, typically on
+    9092), so this stack would write into a data folder `kafka status` did not name. None when the broker
+    is this home's, none answers (`up` starts one), or the address is another machine's (a cluster the
+    user pointed at on purpose)."""
+    from tools.broker.local_broker import BrokerError
+
+    try:
+        broker = _broker(settings)
+    except BrokerError:
+        return None                       # `kafka start` says what is wrong with the settings
+    if not _loopback(broker.host):
+        return None
+    st = broker.status()
+    if not st.foreign:
+        return None
+    stop = f"APPRENTICE_HOME={st.serving_home} apprentice kafka stop" if st.serving_home else "stop it"
+    return (f"the Kafka broker at {st.bootstrap} is not this home's ({settings.home}): it is {whose(st)}. "
+            f"Stop it ({stop}), give this home a broker of its own on another port "
+            f"(APPRENTICE_KAFKA_BOOTSTRAP=127.0.0.1:29092), or share it: --use-running-broker (or {SHARE_ENV}=1)")
+
+
+def kafka(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice kafka", description="The local single-node KRaft broker.")
+    ap.add_argument("action", choices=["start", "stop", "status", "fetch"])
+    ap.add_argument("--no-topics", action="store_true", help="do not create the Apprentice topics on start")
+    ap.add_argument("--sasl", action="store_true",
+                    help="also serve a SASL_PLAINTEXT (SCRAM-SHA-512) listener on --sasl-port, with a generated "
+                         "password kept under APPRENTICE_HOME (implied by APPRENTICE_KAFKA_SECURITY_PROTOCOL="
+                         "SASL_PLAINTEXT, whose bootstrap address is then the SASL listener)")
+    ap.add_argument("--sasl-port", type=int, default=9094, help="port of the SASL listener (default 9094)")
+    ns = ap.parse_args(argv)
+    settings = CommonSettings()
+    from shared.kafka.security import PLAINTEXT
+    from tools.broker.local_broker import BrokerError
+
+    try:
+        broker = _broker(settings, sasl=ns.sasl, sasl_port=ns.sasl_port)
+        if ns.action == "fetch":
+            libs = broker.fetch_jars()
+            print(f"kafka jars ready in {libs}")
+        elif ns.action == "start":
+            t0 = time.monotonic()
+            st = broker.start()
+            how = "started" if st.owned else "reused (already running)"
+            print(f"kafka broker {how} at {st.bootstrap} in {time.monotonic() - t0:.1f}s"
+                  + (f" (pid {st.pid})" if st.pid else "")
+                  + (f"; not this home's: {whose(st)}" if st.foreign else ""))
+            if st.sasl_bootstrap:
+                print(f"SASL/SCRAM listener at {st.sasl_bootstrap}, user {broker.sasl_user!r}; clients use it with:")
+                for name, value in broker.sasl_env().items():
+                    print(f"  export {name}={value}")
+            if not ns.no_topics:
+                from shared.kafka.admin import ensure_topics
+
+                created = ensure_topics(st.bootstrap, settings.topics, security=PLAINTEXT)  # the plain listener
+                print(f"topics: {len(created)} created, {len(settings.topics.specs())} in all")
+        elif ns.action == "stop":
+            print("kafka broker stopped" if broker.stop() else "no broker started by apprentice is running")
+        else:
+            st = broker.status()
+            sasl = f"; SASL/SCRAM at {st.sasl_bootstrap}" if st.sasl_bootstrap else ""
+            if st.foreign:  # the data folder of the broker that answers, never this home's unused one
+                print(f"kafka broker up at {st.bootstrap}, not this home's: {whose(st)}{sasl} "
+                      f"(this home's broker would keep its data in {st.data_dir})")
+                return 0
+            state = "up" if st.running else "down"
+            owner = f", started by apprentice (pid {st.pid})" if st.owned else (", external" if st.running else "")
+            print(f"kafka broker {state} at {st.bootstrap}{owner}{sasl}; data {st.serving_data_dir or st.data_dir}")
+            return 0 if st.running else 1
+    except BrokerError as e:
+        print(f"apprentice kafka {ns.action}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _unreachable(command: str, settings: CommonSettings) -> bool:
+    """Probe the broker first (quietly): when it does not answer, say so in one line (tools/cli/failures.py)
+    instead of the Kafka client's retry log followed by a traceback. (`tail` follows a topic like `tail -F`:
+    it keeps waiting for a broker that is starting, with the client's one "unreachable" line.)"""
+    from shared.kafka.admin import broker_answers
+    from tools.cli.failures import KAFKA, unreachable
+
+    if broker_answers(settings.kafka_bootstrap, timeout=5.0, security=settings):
+        return False
+    print(f"apprentice {command}: {unreachable(KAFKA, settings.kafka_bootstrap)}", file=sys.stderr)
+    return True
+
+
+def topics(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice topics", description="Create missing topics and list them.")
+    ap.add_argument("--no-create", action="store_true")
+    ap.add_argument("--replication", type=int, default=1, metavar="N",
+                    help="replication factor of the topics it creates (1 = single broker; 3 on a cluster)")
+    ns = ap.parse_args(argv)
+    if ns.replication < 1:
+        ap.error("--replication must be at least 1")
+    settings = CommonSettings()
+    from shared.kafka.admin import ensure_topics, list_topics
+
+    if _unreachable("topics", settings):
+        return EXIT_UNREACHABLE
+    if not ns.no_create:
+        from confluent_kafka import KafkaException
+
+        try:
+            created = ensure_topics(settings.kafka_bootstrap, settings.topics, replication=ns.replication,
+                                    security=settings)
+        except KafkaException as e:  # e.g. more replicas than brokers: the broker's own words
+            print(f"apprentice topics: cannot create the topics: {e.args[0].str()}", file=sys.stderr)
+            return 1
+        for name in created:
+            print(f"created {name}")
+    ours = {s.name for s in settings.topics.specs()}
+    for name, parts in list_topics(settings.kafka_bootstrap, security=settings).items():
+        if name in ours:
+            print(f"{name}\t{parts} partitions")
+    return 0
+
+
+def json_value(data: bytes | None) -> Any:
+    """A JSON topic's record value as a document (None for a tombstone); UndecodableEvent when it is not
+    JSON, so that `tail` prints the error line it prints for an undecodable event."""
+    from shared.contracts.events import UndecodableEvent
+
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise UndecodableEvent(f"not a JSON document: {e}") from e
+
+
+def tail(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice tail", description="Print a topic's records as JSON lines.")
+    ap.add_argument("topic", help="contract name (apprentice.graded.v1) or short name (graded)")
+    ap.add_argument("--from-beginning", action="store_true")
+    ap.add_argument("--max", type=int, default=0, help="stop after N records (0 = follow forever)")
+    ap.add_argument("--timeout", type=float, default=0.0, help="stop after S seconds without records (0 = never)")
+    ns = ap.parse_args(argv)
+    settings = CommonSettings()
+    from confluent_kafka import Consumer
+
+    from shared.contracts.events import UndecodableEvent, decode, message_type, to_dict
+    from shared.kafka.client_logs import client_log_config
+    from shared.kafka.security import librdkafka_config
+
+    try:
+        topic = settings.topics.resolve(ns.topic)
+    except KeyError as e:
+        print(f"apprentice tail: {e.args[0]}", file=sys.stderr)
+        return 2
+    base = settings.topics.base_of(topic)
+    msg_type = None if base not in EVENT_TOPICS else message_type(base)   # None: JSON values, printed as such
+    consumer = Consumer({**librdkafka_config(settings), **client_log_config(settings.kafka_bootstrap),
+                         "bootstrap.servers": settings.kafka_bootstrap,
+                         "group.id": f"apprentice-tail-{uuid.uuid4()}",
+                         "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest" if ns.from_beginning else "latest"})
+    consumer.subscribe([topic])
+    seen, idle_since = 0, time.monotonic()
+    try:
+        while not ns.max or seen < ns.max:
+            m = consumer.poll(0.5)
+            if m is None or m.error():
+                if ns.timeout and time.monotonic() - idle_since > ns.timeout:
+                    break
+                continue
+            idle_since = time.monotonic()
+            meta = {"topic": m.topic(), "partition": m.partition(), "offset": m.offset(),
+                    "key": (m.key() or b"").decode(errors="replace")}
+            try:
+                value = json_value(m.value()) if msg_type is None else to_dict(decode(msg_type, m.value()))
+                record = {**meta, "value": value}
+            except UndecodableEvent as e:
+                record = {**meta, "error": str(e)}
+            print(json.dumps(record, ensure_ascii=False), flush=True)
+            seen += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+    return 0

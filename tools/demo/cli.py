@@ -1,0 +1,71 @@
+"""`apprentice demo`: the loop end to end with simulated users; prints and plots the learning curve."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice demo", description=__doc__)
+    ap.add_argument("--task", default="support_desk", help="a shipped task name or a task YAML file")
+    ap.add_argument("--rounds", type=int, default=None, help="learning rounds (default 2: fits 30 minutes on 2 cores; 1 with --quick)")
+    ap.add_argument("--report", type=Path, default=Path("report.json"),
+                    help="report path; the plot goes beside it as learning_curve.png")
+    ap.add_argument("--quick", action="store_true", help="a small budget (CI)")
+    ap.add_argument("--algo", choices=["oel", "grpo", "both"], default="oel")
+    ap.add_argument("--model", default=None, help="default: APPRENTICE_MODEL (smollm2-135m-instruct)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plant-hack", action="store_true",
+                    help="after round 1, plant a candidate fine-tuned on the task tool's loophole and check the "
+                         "loop refuses it (a task with a `tool`, e.g. support_routing_lookup)")
+    ap.add_argument("--keep-runs", type=int, default=2,
+                    help="run folders (checkpoints, logs: GiB each) kept under APPRENTICE_HOME/demo, this run "
+                         "included; older ones are deleted at start")
+    ns = ap.parse_args(argv)
+    if ns.keep_runs < 1:
+        ap.error("--keep-runs must be at least 1 (this run's folder)")
+    from shared.models import ModelUnavailable, check_model_name
+    from shared.settings import CommonSettings
+    from tools.demo.task import TaskError, load_task
+
+    # `kill` (SIGTERM) ends the demo like Ctrl-C: the stack's services are stopped on the way out instead of
+    # being left running without their supervisor
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        # both checked before anything heavy is imported or started: a bad task file or model name is one
+        # line, not a stack trace
+        task = load_task(ns.task)
+        if ns.plant_hack and task.tool is None:
+            raise TaskError(f"--plant-hack needs a task with a tool (its loophole); {task.name!r} has none")
+        check_model_name(ns.model or CommonSettings().model)
+        from tools.demo.demo import run_demo
+
+        report = run_demo(ns.task, rounds=ns.rounds, report=ns.report, quick=ns.quick, algo=ns.algo, model=ns.model,
+                          seed=ns.seed, keep_runs=ns.keep_runs, plant_hack=ns.plant_hack)
+    except (TaskError, ModelUnavailable) as e:
+        print(f"apprentice demo: {e}", file=sys.stderr)
+        return 2
+    s = report.get("summary") or {}
+    print(f"\nreport: {ns.report}  plot: {ns.report.with_name('learning_curve.png')}")
+    if s:
+        print(summary_line(s))
+    if (hack := report.get("reward_hack")) is not None:
+        print("reward-hack check: " + ", ".join(f"{k} {v}" for k, v in hack["verdict"].items()))
+    return 0
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    """The run's verdict in one line; a task without an OOD set says so instead of an OOD change."""
+    ood = f"OOD change {s['ood_diff']:+.1%}" if s.get("ood_diff") is not None else "no OOD set"
+    line = (f"held-out success {s['heldout_diff']:+.1%} vs round 0 (95% CI {s['heldout_diff_ci95'][0]:+.1%} to "
+            f"{s['heldout_diff_ci95'][1]:+.1%}); improved: {s['improved']}; {ood}")
+    if s.get("weights_only_diff") is not None:
+        lo, hi = s["weights_only_diff_ci95"]
+        line += f"; weights only {s['weights_only_diff']:+.1%} ({lo:+.1%} to {hi:+.1%})"
+    if (lat := s.get("correction_latency_s")) is not None:
+        line += f"; correction to a correct answer p50 {lat['p50']:.0f} s, p95 {lat['p95']:.0f} s (n={lat['n']})"
+    return line

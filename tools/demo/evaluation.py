@@ -1,0 +1,113 @@
+"""Held-out and out-of-distribution questions --> success rates with 95% intervals, through the real
+Inference service (`no_capture`, so evaluation traffic never becomes training data).
+
+The OOD reading is the task's own `out_of_distribution` questions (asked with the task's system prompt,
+as its users would) plus the general questions with checks that the weights gate scores
+(`services/weights/evalsets/ood.yaml`, asked without a system prompt, as the gate asks them): six
+questions alone cannot show a regression (one changed answer is 17 points), forty-odd can."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+
+from shared.progress import progress
+from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from shared.security.channels import open_channel
+from shared.settings import CommonSettings
+from tools.demo.stats import wilson
+from tools.demo.task import OODItem, Task, check_answer, check_ood
+from tools.demo.task_config import general_ood_questions
+
+
+@dataclass
+class EvalResult:
+    policy_version: str
+    greedy_success: int
+    greedy_total: int
+    sampled_success: int
+    sampled_total: int
+    ood_success: int
+    ood_total: int
+    mean_response_tokens: float
+    ood_general_success: int = 0     # the part of ood_success / ood_total from the packaged general questions
+    ood_general_total: int = 0
+    examples: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def success(self) -> int:
+        """Headline count: greedy + sampled answers together."""
+        return self.greedy_success + self.sampled_success
+
+    @property
+    def total(self) -> int:
+        return self.greedy_total + self.sampled_total
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-shaped; a task without an OOD set has `ood_rate` and `ood_ci95` None (not a rate of 0)."""
+        lo, hi = wilson(self.success, self.total)
+        ood = self.ood_total > 0
+        return {**asdict(self), "success_rate": self.success / max(1, self.total), "ci95": [lo, hi],
+                "ood_rate": self.ood_success / self.ood_total if ood else None,
+                "ood_ci95": list(wilson(self.ood_success, self.ood_total)) if ood else None}
+
+
+class Evaluator:
+    def __init__(self, task: Task, inference_target: str, *, samples: int, temperature: float = 0.7,
+                 max_new_tokens: int = 48, concurrency: int = 8, timeout_s: float = 600.0,
+                 common: CommonSettings | None = None, general_ood: list[OODItem] | None = None) -> None:
+        self.task = task
+        self.general_ood = general_ood_questions() if general_ood is None else general_ood
+        self.channel = open_channel(inference_target, common)
+        self.stub = inference_pb2_grpc.InferenceStub(self.channel)
+        self.samples, self.temperature, self.max_new_tokens = samples, temperature, max_new_tokens
+        self.concurrency, self.timeout_s = concurrency, timeout_s
+
+    def _ask(self, question: str, *, n: int, temperature: float, seed: int,
+             system: bool = True, knowledge: bool = True) -> inference_pb2.GenerateResponse:
+        chat = self.task.messages(question) if system else [{"role": "user", "content": question}]
+        req = inference_pb2.GenerateRequest(
+            messages=[common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in chat],
+            sampling=common_pb2.SamplingParams(max_new_tokens=self.max_new_tokens, temperature=temperature, n=n,
+                                               seed=seed, top_p=0.95 if temperature > 0 else 0.0),
+            tenant=self.task.tenant, task=self.task.task, no_capture=True, no_knowledge=not knowledge)
+        return self.stub.Generate(req, timeout=self.timeout_s)
+
+    def run(self, round_index: int, *, knowledge: bool = True) -> EvalResult:
+        """Held-out and OOD questions as served (`knowledge`: with the tenant's knowledge in context where the
+        inference service adds it), or the weights alone (`knowledge=False`: the requests opt out)."""
+        held = self.task.held_out_questions()
+        kw = {"knowledge": knowledge}
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            greedy = [pool.submit(self._ask, q, n=1, temperature=0.0, seed=0, **kw) for _, q in held]
+            sampled = ([pool.submit(self._ask, q, n=self.samples, temperature=self.temperature,
+                                    seed=1000 * round_index + i + 1, **kw) for i, (_, q) in enumerate(held)]
+                       if self.samples else [])
+            ood_items = [*self.task.out_of_distribution, *self.general_ood]
+            n_task = len(self.task.out_of_distribution)
+            ood = [pool.submit(self._ask, it.question, n=1, temperature=0.0, seed=0, system=i < n_task, **kw)
+                   for i, it in enumerate(ood_items)]
+            with progress(total=len(greedy) + len(sampled) + len(ood), desc=f"evaluation round {round_index}",
+                          unit="request", leave=False) as bar:   # a terminal only (shared/progress.py)
+                for _ in as_completed([*greedy, *sampled, *ood]):
+                    bar.update()
+            greedy_r = [f.result() for f in greedy]
+            sampled_r = [f.result() for f in sampled]
+            ood_r = [f.result() for f in ood]
+        g_ok = sum(check_answer(f, r.choices[0].text).value >= 1 for (f, _), r in zip(held, greedy_r, strict=True))
+        s_ok = sum(check_answer(f, c.text).value >= 1 for (f, _), r in zip(held, sampled_r, strict=False)
+                   for c in r.choices)
+        o_hits = [check_ood(it, i, r.choices[0].text).value >= 1
+                  for i, (it, r) in enumerate(zip(ood_items, ood_r, strict=True))]
+        o_ok = sum(o_hits)
+        tokens = [c.token_count for r in greedy_r + sampled_r for c in r.choices]
+        versions = {r.policy_version for r in greedy_r}
+        examples = [{"question": q, "answer": r.choices[0].text} for (_, q), r in list(zip(held, greedy_r, strict=True))[:4]]
+        return EvalResult(policy_version=",".join(sorted(versions)), greedy_success=int(g_ok), greedy_total=len(held),
+                          sampled_success=int(s_ok), sampled_total=len(held) * self.samples, ood_success=int(o_ok),
+                          ood_total=len(ood_r), mean_response_tokens=sum(tokens) / max(1, len(tokens)),
+                          ood_general_success=int(sum(o_hits[n_task:])), ood_general_total=len(self.general_ood),
+                          examples=examples)
+
+    def close(self) -> None:
+        self.channel.close()

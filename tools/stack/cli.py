@@ -1,0 +1,337 @@
+"""`apprentice up | down | status`: the local stack (broker + five services) as supervised processes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from shared.metrics import metric_sum, scrape
+from shared.settings import CommonSettings
+from tools.stack.stack import Ports
+
+
+def _state(home: Path) -> dict[str, Any]:
+    """The supervisor's `stack.json` (pids, restarts, ports), or {} when no stack was started here."""
+    try:
+        return dict(json.loads((home / "stack.json").read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _supervisor_pid(home: Path) -> int | None:
+    try:
+        pid = int(_state(home)["supervisor_pid"])
+        os.kill(pid, 0)
+        return pid
+    except (ValueError, KeyError, ProcessLookupError):
+        return None
+
+
+def stack_ports(home: Path) -> Ports:
+    """The ports the running stack was started with: recorded in stack.json by `up`'s supervisor, else in
+    the endpoints record every stack writes (a private stack's), else the configured ones."""
+    recorded = _state(home).get("ports")
+    if recorded:
+        return Ports.from_dict(recorded)
+    from shared.contracts.stack_endpoints import read_endpoints
+
+    endpoints = read_endpoints(home)
+    return Ports.from_endpoints(endpoints) if endpoints is not None else Ports.configured()
+
+
+def _apply_task(name_or_path: str, home: Path) -> str | None:
+    """Write the task's per-service config under `<home>/config/` and put its settings into this process's
+    environment, which the supervisor and the services inherit (a variable the user set wins; business
+    names are merged: the user's mapping plus the task's names). Returns
+    the task's tenant, or None after printing why the task is refused."""
+    from tools.demo.task import TaskError, load_task
+    from tools.demo.task_config import BUSINESS_NAMES_ENV, write_task_config
+
+    try:
+        task = load_task(name_or_path)
+        per_service = write_task_config(task, home / "config")
+    except TaskError as e:
+        print(f"apprentice up: {e}", file=sys.stderr)
+        return None
+    for env in per_service.values():
+        for key, value in env.items():
+            if key == BUSINESS_NAMES_ENV:
+                os.environ[key] = value     # already the user's own mapping with the task's names added
+            else:
+                os.environ.setdefault(key, value)
+    print(f"task {task.name}: tenant {task.tenant!r}, task {task.task!r}, KPI {task.kpi.name!r} "
+          f"(service config in {home / 'config'})")
+    return task.tenant
+
+
+def up(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice up",
+                                 description="Start the broker, the five services and the dashboard.")
+    ap.add_argument("--foreground", action="store_true", help="supervise in this terminal (Ctrl-C stops all)")
+    ap.add_argument("--wait", type=float, default=300.0, help="seconds to wait for every service to be healthy")
+    ap.add_argument("--task", default=None, help="a task file or shipped task name: its tenant, task and KPI "
+                    "configure the grader, the gate's eval sets and the trainer (tools/demo/README.md)")
+    ap.add_argument("--use-running-broker", action="store_true",
+                    help="share the broker that answers at the Kafka address even when it is another home's "
+                         "(another checkout's); without it `up` refuses and names whose it is "
+                         "(also APPRENTICE_USE_RUNNING_BROKER=1)")
+    ns = ap.parse_args(argv)
+    settings = CommonSettings()
+    from shared.models import ModelUnavailable, check_model_name
+    from tools.cli.kafka_cmds import SHARE_ENV, foreign_broker, kafka
+
+    try:  # before anything starts: every service would fail on it, restarted again and again
+        check_model_name(settings.model)
+    except ModelUnavailable as e:
+        print(f"apprentice up: {e}", file=sys.stderr)
+        return 2
+    if not (ns.use_running_broker or os.environ.get(SHARE_ENV, "") not in ("", "0")):
+        refusal = foreign_broker(settings)  # another home's broker: its data is not where ours would be
+        if refusal is not None:
+            print(f"apprentice up: {refusal}", file=sys.stderr)
+            return 1
+    if kafka(["start"]) != 0:
+        return 1
+    if _supervisor_pid(settings.home):
+        print("the stack is already up (apprentice status)")
+        return 0
+    tenants: tuple[str, ...] = ("demo", "default")
+    if ns.task:
+        task_tenant = _apply_task(ns.task, settings.home)
+        if task_tenant is None:
+            return 2
+        tenants = (*tenants, task_tenant)
+    if not (os.environ.get("APPRENTICE_AUTH_KEYS") or os.environ.get("APPRENTICE_AUTH_KEYS_FILE")):
+        from tools.devca import apply_stack_client_env, ensure_dev_credentials
+
+        creds = ensure_dev_credentials(settings.home, tenants)
+        apply_stack_client_env(settings.home)
+        print(f"authentication and TLS on: development CA and keys in {creds.directory} "
+              f"(operator key: {creds.operator_token})")
+    if ns.foreground:
+        from tools.stack.supervisor import main as supervise
+
+        return supervise()
+    log = settings.home / "logs" / "supervisor.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        sup = subprocess.Popen([sys.executable, "-m", "tools.stack.supervisor"], stdout=out,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    ports = Ports.configured()
+    _wait_for_services(settings.home, ports, sup, ns.wait)
+    if sup.poll() is not None:
+        print(f"the supervisor exited with status {sup.returncode}; see {log}", file=sys.stderr)
+        return 1
+    report = collect_status(settings)
+    print_status(report)
+    secrets = settings.home / "secrets"
+    if (secrets / "ca.pem").exists():
+        print(f"\nCall it:  grpcurl -cacert {secrets / 'ca.pem'} -H \"authorization: Bearer $(cat "
+              f"{secrets / 'backend-default.token'})\" -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}' "
+              f"localhost:{ports.inference} apprentice.v1.Inference/Generate")
+        if ports.http:
+            print(f"      or:  curl --cacert {secrets / 'ca.pem'} -H \"authorization: Bearer $(cat "
+                  f"{secrets / 'backend-default.token'})\" https://localhost:{ports.http}/v1/chat/completions "
+                  "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'   (any OpenAI SDK: "
+                  f"base_url https://localhost:{ports.http}/v1)")
+    else:
+        print("\nCall it:  grpcurl -plaintext -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}' "
+              f"localhost:{ports.inference} apprentice.v1.Inference/Generate")
+        if ports.http:
+            print(f"      or:  curl http://localhost:{ports.http}/v1/chat/completions "
+                  "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'")
+    if (secrets / "ca.pem").exists():
+        _print_client_env(settings.home)
+    if ports.dashboard:
+        secure = (secrets / "ca.pem").exists()
+        print(f"Dashboard: {'https' if secure else 'http'}://localhost:{ports.dashboard}/"
+              + (f"  (sign in with the operator key in {secrets / 'operator.token'})" if secure else ""))
+    return 0 if all(service_health(ports).values()) else 1
+
+
+def _print_client_env(home: Path) -> None:
+    """The lines of `apprentice env`: stock clients (OpenAI SDKs, curl, Node, Go) fail with a bare
+    "Connection error." until told the stack's CA, so `up` shows how, right where it shows the URLs."""
+    from tools.stack.client_env import env_lines
+
+    try:
+        lines = env_lines(home)
+    except FileNotFoundError:
+        return
+    print("\nStock clients (OpenAI SDKs, curl, Node, Go) trust and reach the stack with these lines "
+          "(or: eval \"$(apprentice env)\"):")
+    print("\n".join(line for line in lines if not line.startswith("#")))
+
+
+def _wait_for_services(home: Path, ports: Ports, sup: subprocess.Popen[bytes], wait_s: float) -> dict[str, bool]:
+    """Wait until every service is healthy (or `wait_s`, or the supervisor died), showing which ones are
+    still starting: a bar on a terminal, else one line on stderr whenever the set changes (at most every
+    30 s while it does not)."""
+    from shared.progress import progress, progress_enabled
+
+    t0 = time.monotonic()
+    deadline = t0 + wait_s
+    health = service_health(ports)
+    bar = progress(total=len(health), desc="apprentice up", unit="service",
+                   bar_format="{desc}: {n}/{total} healthy [{elapsed}]{postfix}")
+    last_line, last_at = "", 0.0
+    with bar:
+        while True:
+            health = service_health(ports)
+            starting = [n for n, ok in health.items() if not ok]
+            exits = {n: s.get("exits") for n, s in _state(home).get("services", {}).items() if s.get("exits")}
+            note = ("still starting: " + ", ".join(f"{n} (exited {len(exits[n])}x)" if n in exits else n
+                                                  for n in starting)) if starting else "all healthy"
+            bar.n = len(health) - len(starting)
+            bar.set_postfix_str(note)
+            now = time.monotonic()
+            if not progress_enabled() and (note != last_line or now - last_at >= 30):
+                print(f"apprentice up: {len(health) - len(starting)}/{len(health)} healthy after "
+                      f"{now - t0:.0f}s; {note}", file=sys.stderr, flush=True)
+                last_line, last_at = note, now
+            if not starting or now >= deadline or sup.poll() is not None:
+                return health
+            time.sleep(2)
+
+
+def down(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="apprentice down", description="Stop the local stack.").parse_args(argv)
+    settings = CommonSettings()
+    pid = _supervisor_pid(settings.home)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(120):
+            try:
+                os.kill(pid, 0)
+                time.sleep(0.5)
+            except ProcessLookupError:
+                break
+        print("services stopped")
+    from tools.cli.kafka_cmds import kafka
+
+    return kafka(["stop"])
+
+
+def _grpc_healthy(port: int, common: CommonSettings | None = None) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from shared.security.channels import open_channel
+
+    try:
+        with open_channel(f"127.0.0.1:{port}", common) as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+            return resp.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
+def _metrics(port: int) -> str | None:
+    return scrape(f"127.0.0.1:{port}")
+
+
+def service_health(ports: Ports, common: CommonSettings | None = None) -> dict[str, bool]:
+    """gRPC health for the three gRPC services; a metrics endpoint that answers for grader and trainer
+    (they serve no gRPC). `common`: the client settings (TLS CA) to dial with."""
+    return {"inference": _grpc_healthy(ports.inference, common),
+            "grader": _metrics(ports.metrics["grader"]) is not None,
+            "extractor": _grpc_healthy(ports.extractor, common),
+            "trainer": _metrics(ports.metrics["trainer"]) is not None,
+            "weights": _grpc_healthy(ports.weights, common)}
+
+
+def spool_depth_metric() -> str:
+    """The inference service's spool-depth gauge, by the name its collector declares (never spelled here,
+    so renaming the metric cannot silently blank this report)."""
+    from services.inference.metrics import SPOOL_DEPTH
+
+    return str(next(iter(SPOOL_DEPTH.describe())).name)
+
+
+def service_ports(ports: Ports) -> dict[str, dict[str, int]]:
+    """What each service listens on (status's PORT column): gRPC and HTTP where it has them, else metrics."""
+    return {"inference": {"grpc": ports.inference, "http": ports.http},
+            "grader": {"metrics": ports.metrics["grader"]},
+            "extractor": {"grpc": ports.extractor},
+            "trainer": {"metrics": ports.metrics["trainer"]},
+            "weights": {"grpc": ports.weights}}
+
+
+def collect_status(settings: CommonSettings) -> dict[str, Any]:
+    from shared.contracts.stack_endpoints import state_home
+    from shared.kafka.admin import broker_answers
+    from shared.kafka.lag import lag_by_group, partition_lag
+
+    report: dict[str, Any] = {"broker": {"bootstrap": settings.kafka_bootstrap,
+                                         "up": broker_answers(settings.kafka_bootstrap)}}
+    home = state_home(settings.home)    # a private stack (the demo's) announced here keeps its state in its run
+    state = _state(home)
+    ports = stack_ports(home)
+    health = service_health(ports)
+    report["supervisor"] = {"pid": _supervisor_pid(home), "ports": ports.as_dict(), "home": str(home)}
+    report["services"] = {name: {"healthy": ok, **state.get("services", {}).get(name, {}),
+                                 "ports": service_ports(ports)[name]}
+                          for name, ok in health.items()}
+    report["spool_depth"] = metric_sum(_metrics(ports.metrics["inference"]), spool_depth_metric())
+    from services.grader.core.waiting import from_metrics
+
+    waiting = from_metrics(_metrics(ports.metrics["grader"]))  # answers waiting for feedback (services/grader/core/waiting.py)
+    report["grader_waiting"] = waiting.as_dict() if waiting is not None else None
+    report["pods"], report["knowledge"] = _versions(settings, ports)
+    if report["broker"]["up"]:
+        try:
+            report["lag"] = lag_by_group(partition_lag(settings.kafka_bootstrap, settings.topics,
+                                                       security=settings))
+        except Exception as e:  # noqa: BLE001 - status must print whatever it can
+            report["lag"] = {"error": str(e)}
+    return report
+
+
+def _versions(settings: CommonSettings, ports: Ports) -> tuple[Any, Any]:
+    import grpc
+
+    from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
+    from shared.security.channels import open_channel
+
+    pods: Any = None
+    knowledge: Any = None
+    try:
+        with open_channel(f"127.0.0.1:{ports.weights}") as ch:
+            st = weights_pb2_grpc.WeightsStub(ch).Status(weights_pb2.StatusRequest(model=settings.model), timeout=3)
+            pods = {"promoted": st.promoted_version, "canary": st.canary_version, "converged": st.converged,
+                    "pods": {p.pod_id: {"serving": p.serving_version, "tenants": dict(p.tenant_versions),
+                                        "lagging": p.lagging} for p in st.pods}}
+    except grpc.RpcError as e:
+        pods = {"error": e.code().name}
+    try:
+        with open_channel(f"127.0.0.1:{ports.extractor}") as ch:
+            lst = knowledge_pb2_grpc.KnowledgeStub(ch).List(knowledge_pb2.ListKnowledgeRequest(), timeout=3)
+            knowledge = {b.key: {"version": b.version, "items": b.item_count} for b in lst.bases}
+    except grpc.RpcError as e:
+        knowledge = {"error": e.code().name}
+    return pods, knowledge
+
+
+def print_status(report: dict[str, Any]) -> None:
+    from tools.stack.status_view import render_status
+
+    print(render_status(report))
+
+
+def status(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="apprentice status", description="Health, versions, lag, spool, knowledge.")
+    ap.add_argument("--json", action="store_true")
+    ns = ap.parse_args(argv)
+    report = collect_status(CommonSettings())
+    if ns.json:
+        print(json.dumps(report, indent=1, default=str))
+    else:
+        print_status(report)
+    return 0 if report["broker"]["up"] and all(s["healthy"] for s in report["services"].values()) else 1
