@@ -82,12 +82,3 @@ class BlobStore(ABC):
     @abstractmethod
     def clean_temporary(self, older_than_s: float) -> int:
         """Remove abandoned partial writes older than `older_than_s` seconds; return how many."""
-
-
-def make_blob_store(kind: str, root: Path) -> BlobStore:
-    """The one factory: `local` (a directory). Unknown names raise with the list of known ones."""
-    if kind == "local":
-        from services.weights.local_blobstore import LocalBlobStore
-
-        return LocalBlobStore(root)
-    raise ValueError(f"unknown blob store {kind!r}; known: local")

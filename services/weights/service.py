@@ -17,7 +17,7 @@ import grpc
 
 from services.weights import audit_trail
 from services.weights.audit_trail import Trail
-from services.weights.blobstore import make_blob_store
+from services.weights.blob_backends import make_blob_store
 from services.weights.evaluator import Evaluator
 from services.weights.knowledge import KnowledgeView
 from services.weights.metrics import ORDERS, PODS

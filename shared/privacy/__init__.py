@@ -7,7 +7,8 @@
 
 from shared.privacy.business import NO_NAMES, BusinessNames, parse_business_names
 from shared.privacy.checksums import card_ok, iban_ok, luhn_ok
-from shared.privacy.detector import ENTITIES, PiiDetector, Span, create_detector, get_detector
+from shared.privacy.detector import ENTITIES, PiiDetector, Span
+from shared.privacy.instance import create_detector, get_detector
 from shared.privacy.policy import PiiPolicy, Redactor, Scan, entity_types, parse_tenant_policies, redact
 
 __all__ = ["ENTITIES", "NO_NAMES", "BusinessNames", "PiiDetector", "PiiPolicy", "Redactor", "Scan", "Span", "card_ok",

@@ -8,7 +8,6 @@ lazily (the spaCy pipeline takes seconds to load), and is safe to call from any 
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -64,27 +63,3 @@ class PiiDetector(ABC):
     def find_many(self, texts: list[str]) -> list[list[Span]]:
         """`find` for each text (implementations may batch)."""
         return [self.find(t) for t in texts]
-
-
-def create_detector(name: str = "presidio") -> PiiDetector:
-    """The detector called `name`; raises on an unknown name (heavy imports happen here, not at import)."""
-    if name == "presidio":
-        from shared.privacy.presidio_detector import PresidioDetector
-
-        return PresidioDetector()
-    raise ValueError(f"unknown PII detector {name!r}; known: presidio")
-
-
-_lock = threading.Lock()
-_instance: PiiDetector | None = None
-
-
-def get_detector() -> PiiDetector:
-    """The process-wide detector, built on first use (double-checked under a lock: one build even when
-    many request threads arrive at once)."""
-    global _instance
-    if _instance is None:
-        with _lock:
-            if _instance is None:
-                _instance = create_detector()
-    return _instance

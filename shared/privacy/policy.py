@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from shared.privacy.business import NO_NAMES, BusinessNames
-from shared.privacy.detector import PERSON, PiiDetector, Span, get_detector, resolve_overlaps
+from shared.privacy.detector import PERSON, PiiDetector, Span, resolve_overlaps
+from shared.privacy.instance import get_detector
 
 
 class PiiPolicy(StrEnum):

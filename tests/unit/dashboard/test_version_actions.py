@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from services.dashboard.views import WEIGHTS_ACTIONS, versions_view
-from services.weights.blobstore import make_blob_store
+from services.weights.blob_backends import make_blob_store
 from services.weights.orders import OrderDesk
 from services.weights.pods import PodRegistry
 from services.weights.store import WeightStore

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.weights.blobstore import make_blob_store
+from services.weights.blob_backends import make_blob_store
 from services.weights.store import WeightStore
 from shared.proto.apprentice.v1 import weights_pb2
 

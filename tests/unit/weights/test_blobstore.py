@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from services.weights.blobstore import BlobMismatch, make_blob_store
+from services.weights.blob_backends import make_blob_store
+from services.weights.blobstore import BlobMismatch
 
 
 def sha(b: bytes) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from services.weights.blobstore import make_blob_store
+from services.weights.blob_backends import make_blob_store
 from services.weights.evaluator import Evaluator, nonfinite_tensors
 from services.weights.settings import WeightsSettings
 from services.weights.store import WeightStore
