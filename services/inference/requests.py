@@ -13,7 +13,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from services.inference.engines.base import EngineError, RequestHandle
 from services.inference.settings import InferenceSettings
@@ -86,6 +86,15 @@ class PreparedRequest:
     """The knowledge items added to the context (services/inference/knowledge.py); `prompt_text` and
     `prompt_ids` hold them, `messages` do not."""
     knowledge_texts: list[str] = field(default_factory=list)
+
+
+class Completion(NamedTuple):
+    """A served unary call: samples with their interaction ids, and the version that produced them."""
+
+    samples: list[Any]
+    ids: list[str]
+    version: str
+    canary: bool
 
 
 def check_sampling(sp: common_pb2.SamplingParams, settings: InferenceSettings) -> None:

@@ -1,5 +1,5 @@
 """The inference service's handle (shared/service.py): engine + capture + hot swap + the gRPC server
-(servicers.py) and the OpenAI-compatible HTTP API (openai_api/), and the request steps both doors share.
+(servicer.py) and the OpenAI-compatible HTTP API (openai_api/), and the request steps both doors share.
 
 Request path (one handler thread per call): authenticate -> validate -> route to a version -> submit
 to the engine -> wait (deadline-aware; a cancelled call cancels its generation) -> respond. Capture is
@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Generator
 from datetime import UTC
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 
@@ -44,6 +44,7 @@ from services.inference.knowledge import ServedKnowledge, follow_knowledge
 from services.inference.privacy import CapturePrivacy
 from services.inference.quotas import Lease, QuotaExceeded, TenantQuotas
 from services.inference.requests import (
+    Completion,
     PreparedRequest,
     feedback_event,
     injected_delay,
@@ -71,15 +72,6 @@ from shared.security import interaction_ids
 from shared.security.identity import current_identity
 
 log = logging.getLogger(__name__)
-
-
-class Completion(NamedTuple):
-    """A served unary call: samples with their interaction ids, and the version that produced them."""
-
-    samples: list[Any]
-    ids: list[str]
-    version: str
-    canary: bool
 
 
 SERVICE_NAMES = ("apprentice.v1.Inference", "apprentice.v1.Feedback")

@@ -1,4 +1,4 @@
-"""gRPC `apprentice.v1.Inference` and `apprentice.v1.Feedback` --> the InferenceApp (server.py).
+"""gRPC `apprentice.v1.Inference` and `apprentice.v1.Feedback` --> the InferenceApp (service.py).
 
 The servicers only translate: protobuf requests to the app's request steps, the app's samples and stream
 events back to protobuf, and every call into the request metrics (`observed`). What a call does lives in

@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
         print(one_line("trainer", e), file=sys.stderr, flush=True)
         return EXIT_STARTUP_ERROR
     from services.trainer import distributed
-    from services.trainer.service import TrainerApp, follower
+    from services.trainer.loop import follower
+    from services.trainer.service import TrainerApp
     from shared.logs import configure_logging
     from shared.rpc.grpc_util import service_host
     from shared.service import run_service

@@ -1,4 +1,4 @@
-"""gRPC `apprentice.v1.Weights` --> the WeightsService (server.py): every call's checks, then the store,
+"""gRPC `apprentice.v1.Weights` --> the WeightsService (registry.py): every call's checks, then the store,
 the order desk or the pod registry.
 
     Upload chunks --> store;  store --> Download chunks;  Promote/Canary/Rollback --> the order desk;
@@ -24,7 +24,7 @@ from shared.rpc.grpc_util import FailedPrecondition, NotFound, PermissionDenied,
 from shared.security.identity import acting_as, current_identity
 
 if TYPE_CHECKING:
-    from services.weights.service import WeightsService
+    from services.weights.registry import WeightsService
 
 log = logging.getLogger(__name__)
 

@@ -157,7 +157,7 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> WheelVenv:
 PROBE = """
 import importlib.metadata, json, sys
 import services, shared
-from services.dashboard import service as dashboard
+from services.dashboard import web as dashboard
 from services.grader.settings import DEFAULT_CONFIG
 from tools.demo.task import TASKS_DIR, load_task
 from services.weights.evalset import _packaged_dir

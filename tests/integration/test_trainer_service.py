@@ -16,8 +16,9 @@ from typing import Any
 import grpc
 import pytest
 
+from services.trainer.loop import TrainerService
 from services.trainer.rounds import RoundResult
-from services.trainer.service import CHANNEL_OPTIONS, TrainerService
+from services.trainer.service import CHANNEL_OPTIONS
 from services.trainer.settings import TrainerSettings
 from shared.contracts.events import decode
 from shared.contracts.topics import Topics

@@ -8,9 +8,9 @@ without a start, which a handle must allow (`run_service` and the handles' own f
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
+import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 
@@ -66,30 +66,47 @@ def _dashboard(tmp: Path) -> Any:
     return DashboardServer(DashboardSettings(port=0, common=_common(tmp)))
 
 
-def _grader(runtime: Literal["faust", "native"]) -> Callable[[Path], Any]:
-    def build(tmp: Path) -> Any:
-        from services.grader.runtime import make_runtime
+def _grader(tmp: Path) -> Any:
+    from services.grader.service import FaustRuntime
+    from services.grader.settings import GraderSettings
+    from shared.grading import load_grader_config
 
-        from services.grader.settings import GraderSettings
-        from shared.grading import load_grader_config
-
-        settings = GraderSettings(runtime=runtime, metrics_port=0, common=_common(tmp))
-        return make_runtime(runtime, settings, load_grader_config(settings.config_path))
-    return build
+    settings = GraderSettings(metrics_port=0, common=_common(tmp))
+    return FaustRuntime(settings, load_grader_config(settings.config_path))
 
 
 HANDLES = {"inference": _inference, "weights": _weights, "extractor": _extractor, "trainer": _trainer,
-           "dashboard": _dashboard, "grader-native": _grader("native"), "grader-faust": _grader("faust")}
+           "dashboard": _dashboard, "grader": _grader}
 
 
 @pytest.mark.parametrize("name", list(HANDLES))
 def test_every_service_exposes_a_service_handle(name: str, tmp_path: Path) -> None:
     handle = HANDLES[name](tmp_path)
     assert isinstance(handle, ServiceHandle), f"{type(handle).__name__} is not a ServiceHandle"
+    assert type(handle).__module__ == f"services.{name}.service", "the handle lives in the service's service.py"
     assert handle.wait(0) is False                  # not stopped before a start
     handle.stop(grace=0)          # allowed without a start, and twice
     handle.stop(grace=0)
     assert handle.exit_code == 0
+
+
+GRPC_SERVICES = ("inference", "weights", "extractor")
+NO_METRICS = ("dashboard",)
+
+
+@pytest.mark.parametrize("name", SERVICES)
+def test_every_service_has_the_same_rooms(name: str) -> None:
+    """One service shape: settings, the handle (service.py), metrics (every service but the dashboard, which
+    serves no metrics endpoint), __main__, and the gRPC servicer in servicer.py exactly where the service
+    serves gRPC; the handle's module defines one public class, the handle."""
+    here = REPO / "services" / name
+    rooms = {"settings.py", "service.py", "__main__.py"} | ({"servicer.py"} if name in GRPC_SERVICES else set())
+    rooms |= set() if name in NO_METRICS else {"metrics.py"}
+    assert rooms <= {p.name for p in here.iterdir()}, f"services/{name} lacks {sorted(rooms - set(os.listdir(here)))}"
+    assert (here / "servicer.py").exists() == (name in GRPC_SERVICES)
+    tree = ast.parse((here / "service.py").read_text())
+    classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")]
+    assert len(classes) == 1, f"services/{name}/service.py defines {classes}: the handle alone belongs there"
 
 
 def test_an_object_missing_a_part_of_the_handle_is_not_one() -> None:

@@ -49,8 +49,8 @@ from shared.security.identity import Identity, acting_as
 from shared.security.server_security import ServerSecurity
 
 if TYPE_CHECKING:
-    from services.inference.requests import PreparedRequest
-    from services.inference.service import Completion, InferenceApp
+    from services.inference.requests import Completion, PreparedRequest
+    from services.inference.service import InferenceApp
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
 

@@ -14,8 +14,8 @@ from pydantic import SecretStr
 from starlette.testclient import TestClient
 
 from services.dashboard.auth import ACTION_HEADER, COOKIE
-from services.dashboard.service import Dashboard, build
 from services.dashboard.settings import DashboardSettings
+from services.dashboard.web import Dashboard, build
 from services.extractor.servicer import create_knowledge_server
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 from shared.settings import CommonSettings
@@ -186,7 +186,7 @@ def test_knowledge_page_reads_states_and_undoes_through_the_service(
         assert r.json() == {"key": KEY, "version": before + 1}
         return {it.text: it for it in lc.snapshot().items}
 
-    caplog.set_level("INFO", logger="services.dashboard.service")
+    caplog.set_level("INFO", logger="services.dashboard.web")
     # undo a supersession: the retired item serves again; the review names the signed-in operator
     items = act("restore", TENT_18)
     assert items[TENT_18].status == events_pb2.ITEM_STATUS_APPROVED and items[TENT_18].superseded_by == ""
