@@ -15,6 +15,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.dashboard.reader import GROUP_PREFIX
 from services.dashboard.settings import DashboardSettings
+from shared.contracts.default_ports import GRPC_PORTS, METRICS_PORTS
+from shared.contracts.grader_waiting import describe, from_metrics
+from shared.contracts.metric_names import INFERENCE_SPOOL_DEPTH
 from shared.contracts.stack_endpoints import read_endpoints
 from shared.metrics import metric_sum, scrape
 from shared.proto.apprentice.v1 import (
@@ -28,8 +31,8 @@ from shared.security.channels import open_channel
 from shared.security.keys import read_secret
 from shared.settings import CommonSettings
 
-DEFAULT_GRPC = {"inference": "127.0.0.1:50051", "weights": "127.0.0.1:50052", "extractor": "127.0.0.1:50053"}
-DEFAULT_METRICS = {"inference": 9101, "grader": 9102, "extractor": 9103, "trainer": 9104, "weights": 9105}
+DEFAULT_GRPC = {name: f"127.0.0.1:{port}" for name, port in GRPC_PORTS.items()}
+DEFAULT_METRICS = METRICS_PORTS
 GRPC_SERVICES = ("inference", "extractor", "weights")
 
 
@@ -140,15 +143,11 @@ class Backends:
             healthy = self._grpc_healthy(name) if name in GRPC_SERVICES else texts[name] is not None
             services[name] = {"healthy": healthy, "target": self.targets.grpc.get(name, ""),
                               "metrics_port": self.targets.metrics.get(name)}
-        from services.inference.metrics import SPOOL_DEPTH
-
-        spool = metric_sum(texts["inference"], next(iter(SPOOL_DEPTH.describe())).name)
+        spool = metric_sum(texts["inference"], INFERENCE_SPOOL_DEPTH)
         try:
             lag: Any = partition_lag(self.s.common)
         except Exception as e:  # noqa: BLE001 - the page shows what it can
             lag = {"error": str(e)}
-        from services.grader.core.waiting import describe, from_metrics
-
         waiting = from_metrics(texts["grader"])
         return {"services": services, "spool_depth": spool, "lag": lag,
                 "grader_waiting": {**(waiting.as_dict() if waiting else {}), "lines": describe(waiting)}}

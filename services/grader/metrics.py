@@ -14,6 +14,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from services.grader.core import waiting as W
 from services.grader.core.detectors import DetectorStats
 from services.grader.core.plan import plan_for
+from shared.contracts import metric_names as N
 from shared.metrics import label_value
 from shared.proto.apprentice.v1 import events_pb2
 
@@ -38,17 +39,18 @@ RECOVERED = Counter("apprentice_grader_recovery_total",
                     ["outcome"])
 JUDGE_CALLS = Counter("apprentice_grader_judge_calls_total", "LLM judge calls, by outcome", ["outcome"])
 PENDING = Gauge("apprentice_grader_pending", "Interactions in the table whose window is still open")
-WAITING = Gauge(W.WAITING, "Interactions whose feedback window is open, by tenant and task", ["tenant", "task"])
-WAITING_FIRST = Gauge(W.FIRST, "Earliest window end (epoch seconds) of the interactions waiting for feedback",
-                      ["tenant", "task"])
-WAITING_LAST = Gauge(W.LAST, "Latest window end (epoch seconds) of the interactions waiting for feedback",
-                     ["tenant", "task"])
-WAITING_WINDOW = Gauge(W.WINDOW, "Feedback window (seconds) of a task with interactions waiting",
+WAITING = Gauge(N.GRADER_WAITING, "Interactions whose feedback window is open, by tenant and task", ["tenant", "task"])
+WAITING_FIRST = Gauge(N.GRADER_WAITING_FIRST_DEADLINE,
+                      "Earliest window end (epoch seconds) of the interactions waiting for feedback", ["tenant", "task"])
+WAITING_LAST = Gauge(N.GRADER_WAITING_LAST_DEADLINE,
+                     "Latest window end (epoch seconds) of the interactions waiting for feedback", ["tenant", "task"])
+WAITING_WINDOW = Gauge(N.GRADER_WAITING_WINDOW, "Feedback window (seconds) of a task with interactions waiting",
                        ["tenant", "task"])
-UNREAD_FEEDBACK = Counter(W.UNREAD.removesuffix("_total"),
-                        "Feedback events joined that no grader of their task reads (counted by this worker)",
-                        ["tenant", "task", "kind"])
-UNREAD_NOW = Gauge(W.UNREAD_NOW, "Feedback events joined that the grading rules in effect still do not read "
+UNREAD_FEEDBACK = Counter(N.counter_name(N.GRADER_UNREAD_FEEDBACK),
+                          "Feedback events joined that no grader of their task reads (counted by this worker)",
+                          ["tenant", "task", "kind"])
+UNREAD_NOW = Gauge(N.GRADER_UNREAD_FEEDBACK_NOW,
+                   "Feedback events joined that the grading rules in effect still do not read "
                    "(this worker's count; 0 once a rule reads the kind)", ["tenant", "task", "kind"])
 RULES = Gauge("apprentice_grader_runtime_rules", "Grading rules set at run time (apprentice grader rules set) in effect")
 BATCH_SECONDS = Histogram("apprentice_grader_batch_seconds", "Time to process one join batch",

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from shared.contracts.metric_names import INFERENCE_SPOOL_DEPTH
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 REQUESTS = Counter("apprentice_inference_requests_total", "gRPC calls by method and status code",
@@ -42,7 +44,7 @@ CAPTURE_UNSPOOLED = Counter("apprentice_inference_capture_unspooled_total",
                             "Answers returned before their interaction reached the spool (a busy or full spool)")
 CAPTURE_SKIPPED = Counter("apprentice_inference_capture_skipped_total",
                           "Choices not recorded by request or tenant opt-out", ["reason"])
-SPOOL_DEPTH = Gauge("apprentice_inference_spool_depth", "Events written to the spool, not yet acknowledged")
+SPOOL_DEPTH = Gauge(INFERENCE_SPOOL_DEPTH, "Events written to the spool, not yet acknowledged")
 SPOOL_BYTES = Gauge("apprentice_inference_spool_bytes", "Bytes of spool files on disk")
 SPOOL_FULL = Gauge("apprentice_inference_spool_full", "1 while the spool refuses new events")
 CAPTURE_BROKER_UP = Gauge("apprentice_inference_capture_broker_up",

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from shared.contracts.metric_names import TRAINER_OPTIMIZER_STEPS, counter_name
+
 # --- intake ----------------------------------------------------------------------------------------
 RECORDS = Counter("apprentice_trainer_records_total", "Records read, by topic and outcome", ["topic", "outcome"])
 SKIPPED = Counter("apprentice_trainer_skipped_total", "Graded records not trained, by reason", ["reason"])
@@ -28,7 +30,7 @@ ROUND_SECONDS = Histogram("apprentice_trainer_round_seconds", "Wall time of one 
                           "included)", ["algorithm"], buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 3600))
 
 # --- optimizer steps -------------------------------------------------------------------------------
-STEPS = Counter("apprentice_trainer_optimizer_steps_total", "Optimizer steps taken by this process",
+STEPS = Counter(counter_name(TRAINER_OPTIMIZER_STEPS), "Optimizer steps taken by this process",
                 ["algorithm"])
 LIFETIME_STEP = Gauge("apprentice_trainer_lifetime_steps", "Optimizer steps of the policy over the trainer's "
                       "lifetime (restored from the checkpoint; the x axis of TensorBoard/W&B logs)")

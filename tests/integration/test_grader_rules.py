@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from services.grader.core.waiting import describe, from_metrics
+from shared.contracts.grader_waiting import describe, from_metrics
 from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics

@@ -192,6 +192,6 @@ def test_prometheus_scrapes_every_service_metrics_port() -> None:
         assert jobs[service] == [f"{service}:{port}"], jobs
         published = {p.split(":")[-1] for p in compose[service]["ports"]}
         assert str(port) in published, (service, compose[service]["ports"])
-        settings = importlib.import_module(f"services.{service}.config")
+        settings = importlib.import_module(f"services.{service}.settings")
         cls = next(v for k, v in vars(settings).items() if k.endswith("Settings") and k.lower().startswith(service))
         assert cls.model_fields["metrics_port"].default == port, service

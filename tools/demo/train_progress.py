@@ -10,14 +10,8 @@ import time
 
 from tqdm import tqdm
 
+from shared.contracts.metric_names import TRAINER_OPTIMIZER_STEPS
 from shared.metrics import metric_sum, scrape
-
-
-def optimizer_steps_metric() -> str:
-    """The sample name of the trainer's optimizer-step counter, from its collector (never spelled here)."""
-    from services.trainer.metrics import STEPS
-
-    return f"{next(iter(STEPS.describe())).name}_total"
 
 
 def _read(port: int) -> str | None:
@@ -33,7 +27,7 @@ class TrainingProgress:
         graded samples), so no total and no ETA are shown."""
         self.port, self.meter = metrics_port, meter
         self.planned = None if planned_steps is None else max(planned_steps, 1)
-        self.name = optimizer_steps_metric()
+        self.name = TRAINER_OPTIMIZER_STEPS
         self.base: float | None = None
         self.t0 = time.monotonic()
 

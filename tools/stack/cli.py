@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared.contracts.grader_waiting import from_metrics
+from shared.contracts.metric_names import INFERENCE_SPOOL_DEPTH
 from shared.metrics import metric_sum, scrape
 from shared.settings import CommonSettings
 from tools.stack.stack import Ports
@@ -247,14 +249,6 @@ def service_health(ports: Ports, common: CommonSettings | None = None) -> dict[s
             "weights": _grpc_healthy(ports.weights, common)}
 
 
-def spool_depth_metric() -> str:
-    """The inference service's spool-depth gauge, by the name its collector declares (never spelled here,
-    so renaming the metric cannot silently blank this report)."""
-    from services.inference.metrics import SPOOL_DEPTH
-
-    return str(next(iter(SPOOL_DEPTH.describe())).name)
-
-
 def service_ports(ports: Ports) -> dict[str, dict[str, int]]:
     """What each service listens on (status's PORT column): gRPC and HTTP where it has them, else metrics."""
     return {"inference": {"grpc": ports.inference, "http": ports.http},
@@ -279,10 +273,8 @@ def collect_status(settings: CommonSettings) -> dict[str, Any]:
     report["services"] = {name: {"healthy": ok, **state.get("services", {}).get(name, {}),
                                  "ports": service_ports(ports)[name]}
                           for name, ok in health.items()}
-    report["spool_depth"] = metric_sum(_metrics(ports.metrics["inference"]), spool_depth_metric())
-    from services.grader.core.waiting import from_metrics
-
-    waiting = from_metrics(_metrics(ports.metrics["grader"]))  # answers waiting for feedback (services/grader/core/waiting.py)
+    report["spool_depth"] = metric_sum(_metrics(ports.metrics["inference"]), INFERENCE_SPOOL_DEPTH)
+    waiting = from_metrics(_metrics(ports.metrics["grader"]))  # answers waiting for feedback (contracts/grader_waiting.py)
     report["grader_waiting"] = waiting.as_dict() if waiting is not None else None
     report["pods"], report["knowledge"] = _versions(settings, ports)
     if report["broker"]["up"]:

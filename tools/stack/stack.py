@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shared.contracts.default_ports import DASHBOARD_PORT, DASHBOARD_PORT_VAR
 from shared.contracts.topics import Topics
 from shared.kafka.admin import ensure_topics
 from shared.settings import CommonSettings
@@ -80,8 +81,9 @@ class Ports:
     @classmethod
     def configured(cls) -> Ports:
         """The defaults of docs/architecture.md §2 (50051-50053, 9101-9105) with the services' APPRENTICE_* overrides: what
-        `apprentice up` binds, so one setting moves both the server and everything that calls it."""
-        from services.dashboard.settings import DashboardSettings
+        `apprentice up` binds, so one setting moves both the server and everything that calls it. The
+        dashboard's port comes from its contract (shared/contracts/default_ports.py): no tool imports the
+        dashboard."""
         from services.extractor.settings import ExtractorSettings
         from services.grader.settings import GraderSettings
         from services.inference.settings import InferenceSettings
@@ -92,7 +94,8 @@ class Ports:
         return cls(inference=inf.port, weights=wts.port, extractor=ext.port,
                    metrics={"inference": inf.metrics_port, "grader": GraderSettings().metrics_port,
                             "extractor": ext.metrics_port, "trainer": TrainerSettings().metrics_port,
-                            "weights": wts.metrics_port}, http=inf.http_port, dashboard=DashboardSettings().port)
+                            "weights": wts.metrics_port}, http=inf.http_port,
+                   dashboard=int(os.environ.get(DASHBOARD_PORT_VAR, DASHBOARD_PORT)))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,6 +11,8 @@ import json
 import time
 from typing import Any
 
+from shared.contracts.grader_waiting import describe
+
 HEADER = ["SERVICE", "HEALTH", "PID", "UPTIME", "PORT", "VERSION", "RESTARTS", "LAG"]
 
 
@@ -99,8 +101,6 @@ def render_status(report: dict[str, Any], now: float | None = None) -> str:
     elif isinstance(kb, dict) and "error" in kb:
         lines.append(f"knowledge unavailable: {kb['error']}")
     if "grader_waiting" in report:
-        from services.grader.core.waiting import describe
-
         lines += describe(report["grader_waiting"])
     spool = report.get("spool_depth")
     lines.append(f"spool    {spool:g} events not yet acknowledged" if spool is not None else "spool    n/a")

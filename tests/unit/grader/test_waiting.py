@@ -1,6 +1,6 @@
-"""The grader's waiting summary (services/grader/core/waiting.py): kept per tenant and task by the runtimes'
-indexes, exported as gauges, read back from /metrics and shown by `apprentice status` and the dashboard's
-Health page."""
+"""The grader's waiting summary: kept per tenant and task by the index (services/grader/core/waiting.py),
+exported as gauges (services/grader/metrics.py), read back from /metrics (shared/contracts/grader_waiting.py)
+and shown by `apprentice status` and the dashboard's Health page."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from services.grader.store import StateStore
 
 from services.grader import metrics as M
 from services.grader.core.detectors import DetectorStats
 from services.grader.core.join import Joiner
 from services.grader.core.rulebook import new_record, parse_record
 from services.grader.core.state import PendingState
-from services.grader.core.waiting import WaitingIndex, describe, from_metrics
+from services.grader.core.waiting import WaitingIndex
+from shared.contracts.grader_waiting import describe, from_metrics
 from shared.grading import parse_grader_config
 from tools.stack.status_view import render_status
 
@@ -35,18 +35,6 @@ def test_index_summary_per_tenant_and_task() -> None:
     w.update("c", state("c", "beta", "x", T0 + 1), True)
     w.update("c", state("c", "beta", "x", T0 + 1), False)     # closed: no longer waiting
     assert w.summary() == {("acme", "billing"): (2, T0 + 5, T0 + 10)}
-
-
-def test_native_store_keeps_the_index_and_reticks_open_windows() -> None:
-    joiner = Joiner(CONFIG, DetectorStats(CONFIG.detectors), retention_s=3600, orphan_feedback_s=600)
-    store = StateStore(joiner.due)
-    store.load(0, [("a", state("a", "acme", "billing", T0 + 600))])
-    assert store.waiting.summary() == {("acme", "billing"): (1, T0 + 600, T0 + 600)}
-    assert store.pop_due(T0 + 1) == []
-    assert store.retick_open(T0 + 1) == 1
-    assert store.pop_due(T0 + 1) == [(0, "a")]
-    store.drop(0)
-    assert store.waiting.summary() == {}
 
 
 def exposition(index: WaitingIndex, joiner: Joiner) -> str:

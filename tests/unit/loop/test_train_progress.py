@@ -5,22 +5,23 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
+from shared.contracts.metric_names import TRAINER_OPTIMIZER_STEPS
 from shared.metrics import metric_sum
-from tools.demo.train_progress import TrainingProgress, optimizer_steps_metric
+from tools.demo.train_progress import TrainingProgress
 
 
 def _exposition(steps_by_algo: dict[str, int]) -> str:
     reg = CollectorRegistry()
-    c = Counter(optimizer_steps_metric().removesuffix("_total"), "steps", ["algorithm"], registry=reg)
+    c = Counter(TRAINER_OPTIMIZER_STEPS.removesuffix("_total"), "steps", ["algorithm"], registry=reg)
     for algo, n in steps_by_algo.items():
         c.labels(algo).inc(n)
     return generate_latest(reg).decode()
 
 
 def test_counts_steps_since_the_round_started() -> None:
-    assert optimizer_steps_metric().endswith("_total")
-    assert metric_sum(_exposition({"oel": 2, "grpo": 3}), optimizer_steps_metric()) == 5.0
-    assert metric_sum("other_metric 1\n", optimizer_steps_metric()) is None and metric_sum(None, "x") is None
+    assert TRAINER_OPTIMIZER_STEPS.endswith("_total")
+    assert metric_sum(_exposition({"oel": 2, "grpo": 3}), TRAINER_OPTIMIZER_STEPS) == 5.0
+    assert metric_sum("other_metric 1\n", TRAINER_OPTIMIZER_STEPS) is None and metric_sum(None, "x") is None
     plain = TrainingProgress(1, planned_steps=8, meter=False)
     assert plain.describe(text="") == ""                                  # trainer not answering yet
     assert plain.describe(text=_exposition({"oel": 5})) == "training step 0/8"   # first sight = the baseline
