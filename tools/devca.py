@@ -17,13 +17,14 @@ import datetime as dt
 import ipaddress
 import os
 import secrets
-from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from shared.contracts.dev_credentials import DevCredentials
 
 VALID_DAYS = 730
 SERVER_HOSTS = ("localhost", "127.0.0.1", "::1", "inference", "weights", "extractor")
@@ -93,62 +94,6 @@ def issue_cert(ca_pem: Path, ca_key: Path, out_prefix: Path, common_name: str, *
     _write(out_prefix.with_suffix(".key"), _key_pem(key))
     _write(out_prefix.with_suffix(".pem"), cert.public_bytes(serialization.Encoding.PEM))
     return out_prefix.with_suffix(".pem"), out_prefix.with_suffix(".key")
-
-
-@dataclass(frozen=True)
-class DevCredentials:
-    directory: Path
-
-    @property
-    def ca(self) -> Path:
-        return self.directory / "ca.pem"
-
-    @property
-    def server_cert(self) -> Path:
-        return self.directory / "server.pem"
-
-    @property
-    def server_key(self) -> Path:
-        return self.directory / "server.key"
-
-    @property
-    def keys_file(self) -> Path:
-        return self.directory / "keys.txt"
-
-    @property
-    def operator_token(self) -> Path:
-        return self.directory / "operator.token"
-
-    @property
-    def service_token(self) -> Path:
-        return self.directory / "service.token"
-
-    @property
-    def interaction_id_secret(self) -> Path:
-        return self.directory / "interaction-id.secret"
-
-    def backend_token(self, tenant: str) -> Path:
-        return self.directory / f"backend-{tenant}.token"
-
-    def token(self, path: Path) -> str:
-        return path.read_text().strip()
-
-    def service_env(self) -> dict[str, str]:
-        """Environment of a stack process: accept the ring, present the service key, TLS on."""
-        return {
-            "APPRENTICE_AUTH_KEYS_FILE": str(self.keys_file),
-            "APPRENTICE_AUTH_TOKEN_FILE": str(self.service_token),
-            "APPRENTICE_TLS_CERT": str(self.server_cert),
-            "APPRENTICE_TLS_KEY": str(self.server_key),
-            "APPRENTICE_TLS_CA": str(self.ca),
-            "APPRENTICE_INTERACTION_ID_SECRET_FILE": str(self.interaction_id_secret),
-        }
-
-    def client_env(self, token_file: Path | None = None) -> dict[str, str]:
-        """Environment of a client of the stack (CLI, tools): verify the servers, present a key
-        (the operator's by default)."""
-        return {"APPRENTICE_TLS_CA": str(self.ca),
-                "APPRENTICE_AUTH_TOKEN_FILE": str(token_file or self.operator_token)}
 
 
 def apply_stack_client_env(home: Path, environ: dict[str, str] | None = None) -> bool:

@@ -18,8 +18,8 @@ def adopt_stack_credentials(environ: MutableMapping[str, str]) -> None:
     operator, as the services of that stack do. A variable that is set stays."""
     if environ.get("APPRENTICE_AUTH_KEYS") or environ.get("APPRENTICE_AUTH_KEYS_FILE"):
         return
+    from shared.contracts.dev_credentials import DevCredentials
     from shared.settings import default_home
-    from tools.devca import DevCredentials
 
     creds = DevCredentials(default_home() / "secrets")
     if not (creds.keys_file.exists() and creds.server_cert.exists() and creds.operator_token.exists()):

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc
     from shared.rpc.grpc_util import LIST_SCOPE_METADATA
     from shared.security.channels import open_channel
-    from tools.cli.failures import EXIT_UNREACHABLE, grpc_unreachable_reason, unreachable
+    from shared.unreachable import EXIT_UNREACHABLE, grpc_unreachable_reason, unreachable
 
     if cmd in ("list", "show") and getattr(args, "from_topic", False):
         return _print_offline(cmd, args)
@@ -303,7 +303,7 @@ def _print_offline(cmd: str, args: argparse.Namespace, *, extractor_down: bool =
     the broker down as well, one line says that both are down and how to start them."""
     from shared.kafka.admin import broker_answers
     from shared.settings import CommonSettings
-    from tools.cli.failures import EXIT_UNREACHABLE, KAFKA, kafka_unreachable, unreachable
+    from shared.unreachable import EXIT_UNREACHABLE, KAFKA, kafka_unreachable, unreachable
 
     common = CommonSettings()
     if not broker_answers(common.kafka_bootstrap, security=common):

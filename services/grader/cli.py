@@ -128,7 +128,7 @@ def _write(common: Any, rec: RuleRecord) -> int:
 
     from shared.kafka.admin import broker_answers, ensure_topics
     from shared.kafka.security import librdkafka_config
-    from tools.cli.failures import EXIT_UNREACHABLE, KAFKA, unreachable
+    from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
 
     if not broker_answers(common.kafka_bootstrap, security=common):
         print(f"apprentice grader: {unreachable(KAFKA, common.kafka_bootstrap)}", file=sys.stderr)
@@ -188,7 +188,7 @@ def read_rules(common: Any, timeout_s: float = 15.0) -> dict[str, tuple[dict[str
 
 def _list(common: Any, *, as_json: bool) -> int:
     from shared.kafka.admin import broker_answers
-    from tools.cli.failures import EXIT_UNREACHABLE, KAFKA, unreachable
+    from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
 
     if not broker_answers(common.kafka_bootstrap, security=common):
         print(f"apprentice grader: {unreachable(KAFKA, common.kafka_bootstrap)}", file=sys.stderr)

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from shared.proto.apprentice.v1 import weights_pb2_grpc
     from shared.security.channels import open_channel
-    from tools.cli.failures import grpc_unreachable_reason, unreachable
+    from shared.unreachable import grpc_unreachable_reason, unreachable
 
     if ns.model is None:
         from shared.settings import CommonSettings

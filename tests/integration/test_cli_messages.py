@@ -224,7 +224,7 @@ def test_entry_point_words_any_unreachable_service(monkeypatch: pytest.MonkeyPat
     """A command that does not catch UNAVAILABLE itself still ends in one line and exit 3; a server's own
     UNAVAILABLE (it answered) and other errors are not worded as "not answering"."""
     address = _closed_port()
-    monkeypatch.setitem(cli_main.DELEGATED, "weights", (__name__, "_raise_unreachable", ""))
+    monkeypatch.setitem(cli_main.DELEGATED, "weights", cli_main.Command(_raise_unreachable, ""))
     monkeypatch.setenv("APPRENTICE_HOME", str(Path(os.environ.get("TMPDIR", "/tmp")) / f"none-{uuid.uuid4().hex}"))
     assert cli_main.main(["weights", address]) == 3
     err = capsys.readouterr().err

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.contracts.topics import EVENT_TOPICS
 from shared.settings import CommonSettings
-from tools.cli.failures import EXIT_UNREACHABLE
+from shared.unreachable import EXIT_UNREACHABLE
 
 if TYPE_CHECKING:
     from tools.broker.local_broker import BrokerStatus
@@ -131,7 +131,7 @@ def _unreachable(command: str, settings: CommonSettings) -> bool:
     instead of the Kafka client's retry log followed by a traceback. (`tail` follows a topic like `tail -F`:
     it keeps waiting for a broker that is starting, with the client's one "unreachable" line.)"""
     from shared.kafka.admin import broker_answers
-    from tools.cli.failures import KAFKA, unreachable
+    from shared.unreachable import KAFKA, unreachable
 
     if broker_answers(settings.kafka_bootstrap, timeout=5.0, security=settings):
         return False
