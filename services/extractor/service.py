@@ -1,5 +1,5 @@
 """Wiring: graded topic --> sessions --> extraction --> knowledge snapshots on the compacted topic, plus the
-Knowledge gRPC server (server.py); `ExtractorApp` is the service's handle (shared/service.py).
+Knowledge gRPC server (servicer.py); `ExtractorApp` is the service's handle (shared/service.py).
 
 Delivery: at least once with idempotent effects. A poll's records join open sessions; closed sessions are
 extracted, applied and published (flush = durable); only then are offsets committed, and never past the

@@ -149,7 +149,7 @@ class OrderDesk:
         were served (summed over live pods reported by service credentials: one report of one error is
         not evidence); promote one with `min_requests` healthy requests and an error rate within the limit
         (when `auto_promote`). Healthy = answered by a pod that reports the canary with no errors.
-        The defaults are the settings' defaults (config.py)."""
+        The defaults are the settings' defaults (settings.py)."""
         acks = []
         for tenant, slot in list(self.store.state(model).slots.items()):
             if not slot.canary:
