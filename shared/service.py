@@ -13,9 +13,10 @@ and stop it with `stop()`.
 
 The handles: inference `InferenceApp` (services/inference/service.py), weights `RunningServer`
 (services/weights/service.py), extractor `ExtractorApp` (services/extractor/service.py), trainer `TrainerApp`
-(services/trainer/service.py; torchrun's ranks > 0 run `follower` instead, without metrics or signals of
-their own), dashboard `DashboardServer` (services/dashboard/service.py; no metrics endpoint: port 0), grader
-`NativeRuntime` (services/grader/native_runtime.py) and `FaustRuntime` (services/grader/service.py).
+(services/trainer/service.py; torchrun's ranks > 0 run `loop.follower` instead, without metrics or signals
+of their own), dashboard `DashboardServer` (services/dashboard/service.py; no metrics endpoint: port 0), grader
+`FaustRuntime` (services/grader/service.py). Each services/<name>/service.py holds its handle alone
+(tests/unit/test_service_handles.py).
 
 faust's Worker wants to own the event loop and the signals (asyncio installs loop signal handlers only
 on the main thread). `FaustRuntime` therefore runs the whole faust side, loop included, on a thread of
