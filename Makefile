@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-browser test-all demo up down protos lint bench clean setup-vllm test-vllm
+.PHONY: setup test test-browser test-all demo up down protos lint bench clean setup-vllm test-vllm settings-doc
 
 # The venv is reused while it is newer than pyproject.toml and this file.
 $(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
@@ -88,6 +88,10 @@ down:
 
 protos:
 	$(BIN)/python protos/generate.py
+
+# docs/settings.md from the settings classes (tools/settings_reference.py; a unit test fails when it is stale).
+settings-doc: $(STAMP)
+	$(BIN)/python -m tools.settings_reference
 
 # Needs only the venv (no Kafka): CI runs it before `make test`.
 lint: $(STAMP)

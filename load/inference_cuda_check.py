@@ -1,4 +1,4 @@
-"""GPU check of the transformers engine (APPRENTICE_INFERENCE_DEVICE=cuda): same answers as on the CPU,
+"""GPU check of the transformers engine (APPRENTICE_INFERENCE_ENGINE__DEVICE=cuda): same answers as on the CPU,
 seeded sampling, a LoRA version attached on the GPU, and decode throughput batched vs one at a time.
 
     python load/inference_cuda_check.py [--model tiny-random] [--max-new-tokens 64]
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from services.inference.engines import create_engine
     from services.inference.engines.base import GenerationRequest, VersionFiles
-    from services.inference.settings import InferenceSettings
+    from services.inference.settings import InferenceSettings, TransformersEngineSettings
     from shared.decoding.generation import encode_prompt, render_chat
     from shared.decoding.params import SamplingConfig
     from shared.models import load_model
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     assert ns.device == "cpu" or torch.cuda.is_available(), "no CUDA device"
     engines = {}
     for name, dev in (("cpu", "cpu"), ("cuda", ns.device)):
-        e = create_engine("transformers", InferenceSettings(device=dev, max_batch_rows=64, common=CommonSettings(model=ns.model)))
+        e = create_engine("transformers", InferenceSettings(engine=TransformersEngineSettings(device=dev), max_batch_rows=64, common=CommonSettings(model=ns.model)))
         e.start()
         engines[name] = e
     tok = engines["cuda"].tokenizer

@@ -121,14 +121,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from services.inference.engines import create_engine
     from services.inference.engines.base import VersionFiles
-    from services.inference.settings import InferenceSettings
+    from services.inference.settings import InferenceSettings, VllmEngineSettings
     from shared.decoding.generation import encode_prompt, render_chat
     from shared.settings import CommonSettings
 
     model_dir = resolve_model(ns.model)
-    settings = InferenceSettings(engine="vllm", dtype="bfloat16", context_window=2048,
-                                 vllm_gpu_memory_utilization=ns.gpu_memory_utilization,
-                                 vllm_enforce_eager=ns.eager, vllm_attention_backend=ns.attention_backend,
+    vllm = VllmEngineSettings(kind="vllm", gpu_memory_utilization=ns.gpu_memory_utilization, enforce_eager=ns.eager,
+                              attention_backend=ns.attention_backend)
+    settings = InferenceSettings(engine=vllm, dtype="bfloat16", context_window=2048,
                                  common=CommonSettings(model=model_dir))
     engine = create_engine("vllm", settings)
     t0 = time.perf_counter()

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from services.trainer.distill import DistillConfig, DistillExample
     from services.trainer.rounds import Trainer
-    from services.trainer.settings import TrainerSettings
+    from services.trainer.settings import FullFinetune, LoraFinetune, TrainerSettings
     from shared.decoding.generation import encode_prompt, generate, render_chat
     from shared.decoding.logprobs import sequence_logprobs
     from shared.models import load_model
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             base, _ = load_model(ns.model)  # peft wraps layers in place: start each run from a fresh copy
             verifier = ("tools.demo.task:verify_training_answer", {"task": "support_desk"}) \
                 if ns.filter == "verifier" else ("", {})
-            settings = TrainerSettings(distill_method=method, lr=lr, finetune=ns.finetune, device=ns.device,
+            finetune = FullFinetune(kind="full") if ns.finetune == "full" else LoraFinetune()
+            settings = TrainerSettings(distill_method=method, lr=lr, finetune=finetune, device=ns.device,
                                        distill_batch=ns.batch, distill_max_new_tokens=ns.max_new_tokens,
                                        sft_verifier=verifier[0], sft_verifier_params=verifier[1],
                                        teacher_samples=ns.teacher_samples, distill_temperature=ns.temperature)

@@ -193,9 +193,9 @@ def run_engine(args: argparse.Namespace, engine: str, kinds: list[str], versions
             ienv = dict(env, APPRENTICE_INFERENCE_POD_ID=f"bench-{i}", APPRENTICE_INFERENCE_HOST="127.0.0.1",
                         APPRENTICE_INFERENCE_WEIGHTS_ENDPOINT=f"127.0.0.1:{wport}",
                         APPRENTICE_INFERENCE_METRICS_PORT="0", APPRENTICE_INFERENCE_HTTP_PORT="0",
-                        APPRENTICE_INFERENCE_HEARTBEAT_INTERVAL_S="0.5", APPRENTICE_INFERENCE_ENGINE=engine)
+                        APPRENTICE_INFERENCE_HEARTBEAT_INTERVAL_S="0.5", APPRENTICE_INFERENCE_ENGINE__KIND=engine)
             if engine == "vllm":
-                ienv.update(APPRENTICE_INFERENCE_VLLM_ENFORCE_EAGER="true",
+                ienv.update(APPRENTICE_INFERENCE_ENGINE__ENFORCE_EAGER="true",
                             VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
             procs.append(subprocess.Popen([python, "-m", "services.inference", "--port", str(port)],
                                           env=ienv, cwd=REPO,

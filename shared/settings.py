@@ -17,9 +17,9 @@ import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.contracts.topics import Topics
@@ -91,14 +91,79 @@ def renamed_env(new: str, old: str, default: str, environ: Mapping[str, str] | N
     return value
 
 
+class SettingMoved(ValueError):
+    """An operator set a variable (or a caller a keyword) whose setting moved into a nested group: refused
+    at start, naming the new variable, rather than silently ignored (pydantic-settings drops unknown
+    variables) or silently misread (an old flat `APPRENTICE_EXTRACTOR_LLM=openai` is not JSON for the
+    group `llm`). shared/startup.py prints it as one line."""
+
+
+def env_name(prefix: str, path: str) -> str:
+    """The variable of a setting: `APPRENTICE_EXTRACTOR_` + `llm.model` -> APPRENTICE_EXTRACTOR_LLM__MODEL
+    (nested groups are joined by `__`, pydantic-settings' `env_nested_delimiter`)."""
+    return (prefix + path.replace(".", "__")).upper()
+
+
+def refuse_moved(cls: type[BaseSettings], moved: Mapping[str, str], values: Mapping[str, Any],
+                 environ: Mapping[str, str] | None = None) -> None:
+    """SettingMoved when an old name of `moved` (old field name -> new dotted path) is given, as a keyword
+    or as its variable (empty counts as unset: compose's `${VAR:-}`). Every old name found is listed. An
+    old name that is now the group itself (`llm` -> `llm.kind`) is refused only as a flat value: a keyword
+    or a JSON object for the group is the new form."""
+    env = os.environ if environ is None else environ
+    prefix = str(cls.model_config.get("env_prefix") or "")
+    found = []
+    for old, new in moved.items():
+        is_group = old in cls.model_fields
+        value = _env_value(prefix + old, env)
+        if old in values and not is_group:
+            found.append(f"{cls.__name__}({old}=...) is now {new}")
+        elif value is not None and not (is_group and value.lstrip().startswith("{")):
+            found.append(f"{(prefix + old).upper()} was renamed: set {env_name(prefix, new)}")
+    if found:
+        raise SettingMoved("; ".join(found) + " (the old name is no longer read; docs/settings.md lists every "
+                           "variable)")
+
+
+class ApprenticeSettings(BaseSettings):
+    """Base of every settings class: nested groups read from `<PREFIX><GROUP>__<FIELD>` variables, the
+    attribute docstrings kept as field descriptions (tools/settings_reference.py prints them into
+    docs/settings.md), and `moved_settings` (old flat name -> new dotted path) refused at start."""
+
+    model_config = SettingsConfigDict(extra="ignore", env_nested_delimiter="__", use_attribute_docstrings=True)
+
+    moved_settings: ClassVar[Mapping[str, str]] = {}
+
+    def __init__(self, **values: Any) -> None:
+        refuse_moved(type(self), self.moved_settings, values)
+        super().__init__(**values)
+
+
+def kind_discriminator(default: str) -> Discriminator:
+    """The discriminator of a choice of kind (a union of groups tagged by their `kind`): `default` when the
+    environment sets only other fields of the group (`APPRENTICE_EXTRACTOR_LLM__ENDPOINT` alone)."""
+    def kind(value: Any) -> str:
+        raw = value.get("kind", default) if isinstance(value, dict) else getattr(value, "kind", default)
+        return str(raw).strip().lower()
+
+    return Discriminator(kind)
+
+
+class Group(BaseModel):
+    """A nested group of settings: an unknown variable inside the group (a typo, or a field of another
+    kind of a choice) fails validation rather than being ignored."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
 def default_home() -> Path:
     """Where local state lives (broker data, logs, stores): `.apprentice/` in the working directory."""
     return Path(os.environ.get("APPRENTICE_HOME", Path.cwd() / ".apprentice"))
 
 
-class CommonSettings(BaseSettings):
+class CommonSettings(ApprenticeSettings):
     # hide_input_in_errors: a validation error would otherwise echo every input, secrets included.
-    model_config = SettingsConfigDict(env_prefix="APPRENTICE_", extra="ignore", hide_input_in_errors=True)
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_", hide_input_in_errors=True)
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers. Points everything at an external cluster when set."""
@@ -194,12 +259,15 @@ class CommonSettings(BaseSettings):
     """`smollm2-135m-instruct` (default, offline recipe), `tiny-random` (tests), or a HF id / local path."""
 
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "apprentice" / "models")
-    """Converted models are cached here (the GGUF conversion takes ~16 s, loading the cache ~1 s)."""
+    """Converted models are cached here (the GGUF conversion takes ~16 s, loading the cache ~1 s); default
+    `~/.cache/apprentice/models`."""
 
     home: Path = Field(default_factory=default_home)
-    """Local state: broker data, logs, spools, weight store."""
+    """Local state: broker data, logs, spools, weight store; default `.apprentice/` in the working directory."""
 
     log_level: str = "INFO"
+    """Python logging level of the service's own loggers (DEBUG, INFO, WARNING, ERROR)."""
+
     log_json: bool | None = None
     """Structured JSON logs (one object per line, with trace ids) when true; plain text when false; unset:
     plain text on a terminal, JSON everywhere else (log files, pipes, containers)."""

@@ -4,7 +4,7 @@ The errors caught here are the operator's to fix, not bugs: a port another proce
 (`PortInUse`: a second `apprentice serve inference` on the same host must not start and take half of
 the traffic), a public bind without keys (`InsecureBind`), keys that do not parse (`KeyConfigError`),
 TLS files that cannot be used (`TLSConfigError`), a model that cannot be loaded here
-(`ModelUnavailable`: an unknown name, a missing package). Their messages already say what to change; a
+(`ModelUnavailable`: an unknown name, a missing package), a variable that was renamed (`SettingMoved`). Their messages already say what to change; a
 traceback would only bury that line. Anything else still raises (a bug keeps its traceback).
 
 Every service's `main` (both `apprentice serve NAME` and `python -m services.NAME` call it) is wrapped:
@@ -35,8 +35,9 @@ def startup_errors() -> tuple[type[Exception], ...]:
     from shared.security.binding import InsecureBind
     from shared.security.keys import KeyConfigError
     from shared.security.tls import TLSConfigError
+    from shared.settings import SettingMoved
 
-    return PortInUse, InsecureBind, KeyConfigError, TLSConfigError, ModelUnavailable
+    return PortInUse, InsecureBind, KeyConfigError, TLSConfigError, ModelUnavailable, SettingMoved
 
 
 def one_line(service: str, exc: BaseException) -> str:

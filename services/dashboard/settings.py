@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
-from shared.settings import CommonSettings, renamed
+from shared.settings import ApprenticeSettings, CommonSettings, renamed
 
 
-class DashboardSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="APPRENTICE_DASHBOARD_", extra="ignore")
+class DashboardSettings(ApprenticeSettings):
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_DASHBOARD_")
 
     common: CommonSettings = Field(default_factory=CommonSettings)
 

@@ -53,19 +53,17 @@ class ExtractorLLM(ABC):
 
 
 def make_llm(settings: ExtractorSettings) -> ExtractorLLM:
-    """The extractor LLM named by `settings.llm`; raises ValueError on an unknown name."""
-    if settings.llm == "inference":
+    """The extractor LLM of `settings.llm`'s kind."""
+    llm = settings.llm
+    if llm.kind == "inference":
         from services.extractor.llm_inference import InferenceLLM
 
-        return InferenceLLM(settings.inference_endpoint, model=settings.common.model,
-                            timeout_s=settings.request_timeout_s)
-    if settings.llm == "openai":
+        return InferenceLLM(llm.endpoint, model=settings.common.model, timeout_s=settings.request_timeout_s)
+    if llm.kind == "openai":
         from services.extractor.llm_openai import OpenAICompatibleLLM
 
-        return OpenAICompatibleLLM(settings.openai_base_url, settings.openai_model,
-                                   api_key_env=settings.openai_api_key_env, timeout_s=settings.request_timeout_s)
-    if settings.llm == "local":
-        from services.extractor.llm_local import LocalLLM
+        return OpenAICompatibleLLM(llm.base_url, llm.model, api_key_env=llm.api_key_env,
+                                   timeout_s=settings.request_timeout_s)
+    from services.extractor.llm_local import LocalLLM
 
-        return LocalLLM(settings.common.model)
-    raise ValueError(f"unknown extractor LLM {settings.llm!r}; use inference, openai or local")
+    return LocalLLM(llm.model or settings.common.model)

@@ -5,16 +5,61 @@ No torch import here: settings load and validate before any model or network wor
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, Tag, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
-from shared.settings import CommonSettings, renamed
+from shared.settings import ApprenticeSettings, CommonSettings, Group, kind_discriminator, renamed
 
 
-class ExtractorSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="APPRENTICE_EXTRACTOR_", extra="ignore")
+class InferenceLLMSettings(Group):
+    """The current policy through the Inference service: OEL's on-policy extractor (the paper finds this
+    consistency matters)."""
+
+    kind: Literal["inference"] = "inference"
+    """`inference`, `openai` or `local`: which extractor LLM; the group's other fields depend on it."""
+
+    endpoint: str = "127.0.0.1:50051"
+    """host:port of the Inference service."""
+
+
+class OpenAILLMSettings(Group):
+    """Any OpenAI-compatible chat endpoint."""
+
+    kind: Literal["openai"]
+    """`inference`, `openai` or `local`: which extractor LLM; the group's other fields depend on it."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """Base URL of the OpenAI-compatible server; `/chat/completions` is appended."""
+
+    model: str = ""
+    """Model name sent to the endpoint; required."""
+
+    api_key_env: str = "OPENAI_API_KEY"
+    """Name of the environment variable holding the API key (the key itself never sits in settings)."""
+
+
+class LocalLLMSettings(Group):
+    """A model loaded in this process (offline development)."""
+
+    kind: Literal["local"]
+    """`inference`, `openai` or `local`: which extractor LLM; the group's other fields depend on it."""
+
+    model: str = ""
+    """Model name or local path (as APPRENTICE_MODEL accepts); "" = APPRENTICE_MODEL."""
+
+
+LLMSettings = Annotated[
+    Annotated[InferenceLLMSettings, Tag("inference")] | Annotated[OpenAILLMSettings, Tag("openai")]
+    | Annotated[LocalLLMSettings, Tag("local")],
+    kind_discriminator("inference"),
+]
+"""The extractor LLM: a choice of kind (APPRENTICE_EXTRACTOR_LLM__KIND), each with its own settings."""
+
+
+class ExtractorSettings(ApprenticeSettings):
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_EXTRACTOR_")
 
     common: CommonSettings = Field(default_factory=CommonSettings)
 
@@ -41,22 +86,9 @@ class ExtractorSettings(BaseSettings):
     """Seconds in-flight gRPC calls get to finish on shutdown."""
 
     # --- the extractor LLM ---------------------------------------------------------------------------
-    llm: Literal["inference", "openai", "local"] = "inference"
-    """`inference`: the current policy through the Inference service (OEL's on-policy extractor, the paper
-    finds this consistency matters); `openai`: any OpenAI-compatible chat endpoint; `local`: the model
-    named by APPRENTICE_MODEL loaded in this process (offline development)."""
-
-    inference_endpoint: str = "127.0.0.1:50051"
-    """host:port of the Inference service (`llm=inference`)."""
-
-    openai_base_url: str = "http://127.0.0.1:8000/v1"
-    """Base URL of an OpenAI-compatible server (`llm=openai`); `/chat/completions` is appended."""
-
-    openai_model: str = ""
-    """Model name sent to the OpenAI-compatible endpoint; required when `llm=openai`."""
-
-    openai_api_key_env: str = "OPENAI_API_KEY"
-    """Name of the environment variable holding the API key (the key itself never sits in settings)."""
+    llm: LLMSettings = Field(default_factory=InferenceLLMSettings)
+    """Which LLM writes the items: `kind` = `inference` (the current policy through the Inference service),
+    `openai` (any OpenAI-compatible chat endpoint) or `local` (a model in this process)."""
 
     request_timeout_s: float = 120.0
     """Deadline of one extraction call. SmolLM2 on 2 CPU threads writes ~15 tokens/s."""
@@ -65,10 +97,14 @@ class ExtractorSettings(BaseSettings):
     """Budget of one extraction answer: 1-2 items plus some reasoning chatter."""
 
     temperature: float = 0.7
+    """Sampling temperature of the extractor (OEL's extraction scripts use T=0.7, top-p 0.8, top-k 20). The
+    seed is derived from the trajectory, so a redelivered trajectory samples the same items."""
+
     top_p: float = 0.8
+    """Nucleus sampling mass of the extractor."""
+
     top_k: int = 20
-    """Sampling of the extractor; OEL's extraction scripts use T=0.7, top-p 0.8, top-k 20. The seed is
-    derived from the trajectory, so a redelivered trajectory samples the same items."""
+    """Top-k sampling of the extractor (0 = off)."""
 
     batch_size: int = 4
     """Trajectories sent to the LLM together (concurrent calls the inference engine batches)."""
@@ -116,8 +152,10 @@ class ExtractorSettings(BaseSettings):
     exempt (OEL caps the experience in tokens and keeps the newest)."""
 
     min_item_chars: int = 12
+    """Items shorter than this are rejected (fragments, garbage)."""
+
     max_item_chars: int = 400
-    """Items shorter than min (fragments, garbage) or longer than max (not 'concise') are rejected."""
+    """Items longer than this are rejected (not 'concise')."""
 
     near_duplicate_threshold: float = 0.8
     """Word-set Jaccard similarity at or above which a new item counts as a duplicate of an old one."""
@@ -159,15 +197,20 @@ class ExtractorSettings(BaseSettings):
 
     # --- consumer loop ----------------------------------------------------------------------------------
     poll_max_records: int = 200
+    """Records one poll of the graded topic returns at most."""
+
     poll_timeout_s: float = 0.5
+    """How long one poll waits for records."""
 
     max_poll_interval_s: float = Field(default=300.0, ge=1.0)
     """Kafka `max.poll.interval.ms` of the consumer. The consumer keeps polling (partitions paused) while
     the extractor LLM is working, so a slow LLM does not need a larger value; tests lower it to show that.
     The session timeout is kept at or below it (librdkafka requires it)."""
 
-    _old_names = renamed(grpc_port="port", grpc_host="host", target="endpoint",
-                         inference_target="inference_endpoint")
+    _old_names = renamed(grpc_port="port", grpc_host="host", target="endpoint")
+    moved_settings: ClassVar[dict[str, str]] = {
+        "llm": "llm.kind", "inference_endpoint": "llm.endpoint", "inference_target": "llm.endpoint",
+        "openai_base_url": "llm.base_url", "openai_model": "llm.model", "openai_api_key_env": "llm.api_key_env"}
 
     @field_validator("require_approval_tenants", "auto_approve_tenants", mode="before")
     @classmethod
@@ -193,8 +236,8 @@ class ExtractorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> ExtractorSettings:
-        if self.llm == "openai" and not self.openai_model:
-            raise ValueError("APPRENTICE_EXTRACTOR_OPENAI_MODEL is required when APPRENTICE_EXTRACTOR_LLM=openai")
+        if isinstance(self.llm, OpenAILLMSettings) and not self.llm.model:
+            raise ValueError("APPRENTICE_EXTRACTOR_LLM__MODEL is required when APPRENTICE_EXTRACTOR_LLM__KIND=openai")
         if not 0.0 < self.near_duplicate_threshold <= 1.0:
             raise ValueError("APPRENTICE_EXTRACTOR_NEAR_DUPLICATE_THRESHOLD must be in (0, 1]")
         if self.min_item_chars >= self.max_item_chars:

@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from services.grader.core.limits import STATE_HEADROOM
-from shared.settings import CommonSettings
+from shared.settings import ApprenticeSettings, CommonSettings
 
 DEFAULT_CONFIG = Path(__file__).with_name("default_config.yaml")
 
 
-class GraderSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="APPRENTICE_GRADER_", extra="ignore")
+class GraderSettings(ApprenticeSettings):
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_GRADER_")
 
     common: CommonSettings = Field(default_factory=CommonSettings)
 
@@ -148,6 +148,7 @@ class GraderSettings(BaseSettings):
     """Faust's data directory; None = `<APPRENTICE_HOME>/grader`."""
 
     log_level: str = "INFO"
+    """Log level of the faust worker (faust's and aiokafka's loggers); the service's own follow APPRENTICE_LOG_LEVEL."""
 
     fault_injection: str = ""
     """Tests only: `after_state:N` / `after_emit:N` ends the process abruptly (os._exit, like kill -9) in

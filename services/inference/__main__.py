@@ -12,7 +12,7 @@ from shared.startup import exit_on_startup_error
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="apprentice serve inference", description=__doc__)
     ap.add_argument("--port", type=int, help="gRPC port (default: APPRENTICE_INFERENCE_PORT or 50051)")
-    ap.add_argument("--engine", choices=("transformers", "vllm"), help="override APPRENTICE_INFERENCE_ENGINE")
+    ap.add_argument("--engine", choices=("transformers", "vllm"), help="override APPRENTICE_INFERENCE_ENGINE__KIND")
     ns = ap.parse_args(argv)
     from services.inference.settings import InferenceSettings
     from shared.logs import configure_logging

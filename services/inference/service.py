@@ -84,7 +84,7 @@ class InferenceApp:
 
     def __init__(self, settings: InferenceSettings, engine: Engine | None = None) -> None:
         self.settings = settings
-        self.engine = engine or create_engine(settings.engine, settings)
+        self.engine = engine or create_engine(settings.engine.kind, settings)
         self.model = settings.common.model
         self.topics = settings.common.topics
         self.capture: CaptureSink | None = None
@@ -131,7 +131,7 @@ class InferenceApp:
             extra_keys=s.legacy_key_entries())
         set_serving(self.health, SERVICE_NAMES, serving=False)
         self.server.start()
-        log.info("inference listening", extra={"port": self.port, "engine": s.engine, "model": self.model})
+        log.info("inference listening", extra={"port": self.port, "engine": s.engine.kind, "model": self.model})
         if s.http_port:
             from services.inference.openai_api import start_http
 

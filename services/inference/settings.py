@@ -9,17 +9,61 @@ import hashlib
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, Tag, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from shared.privacy.policy import PiiPolicy, parse_tenant_policies
 from shared.security.identity import Identity, Role
 from shared.security.keys import KeyEntry
-from shared.settings import CommonSettings
+from shared.settings import ApprenticeSettings, CommonSettings, Group, kind_discriminator
 
 EngineName = Literal["transformers", "vllm"]
+
+
+class TransformersEngineSettings(Group):
+    """The CPU default: Hugging Face transformers with this service's own continuous batching."""
+
+    kind: Literal["transformers"] = "transformers"
+    """`transformers` or `vllm`: which engine generates; the group's other fields depend on it."""
+
+    device: str = "cpu"
+    """Torch device (`cpu`, `cuda`, `cuda:1`)."""
+
+
+class VllmEngineSettings(Group):
+    """vLLM (GPU; needs the `gpu` extra): its own batching, LoRA adapters as vLLM LoRA requests."""
+
+    kind: Literal["vllm"]
+    """`transformers` or `vllm`: which engine generates; the group's other fields depend on it."""
+
+    gpu_memory_utilization: float = Field(default=0.85, gt=0.0, le=1.0)
+    """Share of the GPU's memory vLLM may take (weights, KV cache); ignored on a CPU build."""
+
+    max_loras: int = Field(default=4, ge=1)
+    """LoRA adapters resident at once; a version beyond it is refused until one is unloaded."""
+
+    max_lora_rank: int = Field(default=64, ge=1)
+    """Highest LoRA rank accepted (vLLM sizes its adapter slots by it)."""
+
+    logprobs_topk: int = Field(default=20, ge=1)
+    """Top-k raw log-probs fetched per token, from which the behaviour log-prob is computed (see
+    engines/vllm_engine.py for when that is exact)."""
+
+    enforce_eager: bool = False
+    """Skip torch.compile and CUDA graph capture. Starts tens of seconds sooner and decodes slower; for
+    short-lived checks and debugging."""
+
+    attention_backend: str = ""
+    """Attention backend name (`FLASH_ATTN`, `TRITON_ATTN`, `FLEX_ATTENTION`, ...); "" lets vLLM choose.
+    `TRITON_ATTN` needs no compiled attention library (head size >= 32)."""
+
+
+EngineSettings = Annotated[
+    Annotated[TransformersEngineSettings, Tag("transformers")] | Annotated[VllmEngineSettings, Tag("vllm")],
+    kind_discriminator("transformers"),
+]
 
 
 class TenantQuota(BaseModel):
@@ -35,8 +79,8 @@ def _default_pod_id() -> str:
     return os.environ.get("HOSTNAME") or socket.gethostname()
 
 
-class InferenceSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="APPRENTICE_INFERENCE_", extra="ignore")
+class InferenceSettings(ApprenticeSettings):
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_INFERENCE_")
 
     common: CommonSettings = Field(default_factory=CommonSettings)
 
@@ -72,7 +116,8 @@ class InferenceSettings(BaseSettings):
 
     pod_id: str = Field(default_factory=_default_pod_id)
     """Identifies this pod in heartbeats and in `Interaction.serving_pod`; names its state directory
-    (spool, downloaded versions), so keep it stable across restarts and distinct per replica."""
+    (spool, downloaded versions), so keep it stable across restarts and distinct per replica. Default:
+    $HOSTNAME, else the host name (a pod's name in Kubernetes)."""
 
     api_keys: str = ""
     """Deprecated (use `APPRENTICE_AUTH_KEYS` backend entries): `key:tenant,key2:tenant2`, accepted as
@@ -96,11 +141,9 @@ class InferenceSettings(BaseSettings):
     """How far `occurred_at` may lie before the interaction or after now (client clocks drift)."""
 
     # --- engine ------------------------------------------------------------------------------------
-    engine: EngineName = "transformers"
-    """`transformers` (CPU default, dynamic batching) or `vllm` (GPU; needs the `gpu` extra)."""
-
-    device: str = "cpu"
-    """Torch device of the transformers engine."""
+    engine: EngineSettings = Field(default_factory=TransformersEngineSettings)
+    """Which engine generates: `kind` = transformers (CPU default, continuous batching) or vllm (GPU; needs
+    the `gpu` extra), each with its own settings. In Python, `engine="vllm"` is short for `{"kind": "vllm"}`."""
 
     dtype: str = "float32"
     """Weights dtype (`float32`, `bfloat16`, `float16`); fp32 on CPU, where half precision is slow."""
@@ -213,10 +256,17 @@ class InferenceSettings(BaseSettings):
     """Largest `n` (samples per request, for exploration groups); the contract allows 1-16."""
 
     max_stop_strings: int = 8
-    max_stop_length: int = 64
+    """Most stop strings one request may name (request size limits are checked before tokenising: cheap
+    rejection of abusive requests)."""
+
+    max_stop_length: int = Field(default=64, json_schema_extra={"unit": "characters"})
+    """Longest stop string."""
+
     max_messages: int = 256
+    """Most chat messages in one request."""
+
     max_prompt_chars: int = 200_000
-    """Request size limits, checked before tokenising (cheap rejection of abusive requests)."""
+    """Longest prompt: its messages' characters together."""
 
     context_window: int = 0
     """Prompt + completion token limit; 0 = the model's `max_position_embeddings`."""
@@ -237,21 +287,6 @@ class InferenceSettings(BaseSettings):
 
     adapter_load_workers: int = Field(default=1, ge=1, le=16)
     """Transformers engine: background threads reading adapters from disk on demand."""
-
-    vllm_gpu_memory_utilization: float = 0.85
-    vllm_max_loras: int = 4
-    vllm_max_lora_rank: int = 64
-    vllm_logprobs_topk: int = 20
-    """vLLM only: top-k raw log-probs fetched per token, from which the behaviour log-prob is computed
-    (see engines/vllm_engine.py for when that is exact)."""
-
-    vllm_enforce_eager: bool = False
-    """vLLM only: skip torch.compile and CUDA graph capture. Starts tens of seconds sooner and decodes
-    slower; for short-lived checks and debugging."""
-
-    vllm_attention_backend: str = ""
-    """vLLM only: attention backend name (`FLASH_ATTN`, `TRITON_ATTN`, `FLEX_ATTENTION`, ...); "" lets
-    vLLM choose. `TRITON_ATTN` needs no compiled attention library (head size >= 32)."""
 
     # --- capture -----------------------------------------------------------------------------------
     capture: bool = True
@@ -306,6 +341,7 @@ class InferenceSettings(BaseSettings):
     """Where fetched versions are kept; None = `<APPRENTICE_HOME>/inference/<pod_id>/versions`."""
 
     download_timeout_s: float = 600.0
+    """Deadline of one version's download from the weights service (a full model included)."""
 
     host_cache: bool = True
     """Share downloaded versions between the pods of one host (services/inference/host_cache.py): each
@@ -322,7 +358,17 @@ class InferenceSettings(BaseSettings):
     """At start, how long to wait for the model-updates backlog (the versions this pod should serve)
     before reporting SERVING; the backlog keeps applying in the background after that."""
 
+    moved_settings: ClassVar[dict[str, str]] = {
+        "engine": "engine.kind", "device": "engine.device",
+        **{f"vllm_{name}": f"engine.{name}" for name in ("gpu_memory_utilization", "max_loras", "max_lora_rank",
+                                                          "logprobs_topk", "enforce_eager", "attention_backend")}}
+
     # -----------------------------------------------------------------------------------------------
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _kind_alone(cls, v: Any) -> Any:
+        return {"kind": v} if isinstance(v, str) else v
+
     @field_validator("api_keys")
     @classmethod
     def _keys_parse(cls, v: str) -> str:
@@ -377,6 +423,16 @@ class InferenceSettings(BaseSettings):
         if self.spool_segment_bytes > self.spool_max_bytes:
             raise ValueError("APPRENTICE_INFERENCE_SPOOL_SEGMENT_BYTES must be <= SPOOL_MAX_BYTES")
         return self
+
+    @property
+    def vllm(self) -> VllmEngineSettings:
+        """The vLLM engine's settings (its defaults when another engine is chosen)."""
+        return self.engine if isinstance(self.engine, VllmEngineSettings) else VllmEngineSettings(kind="vllm")
+
+    @property
+    def torch_device(self) -> str:
+        """The transformers engine's torch device (vLLM places its model itself)."""
+        return self.engine.device if isinstance(self.engine, TransformersEngineSettings) else "cpu"
 
     @property
     def keys(self) -> dict[str, str]:

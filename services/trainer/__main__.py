@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     from shared.startup import EXIT_STARTUP_ERROR, one_line
 
     try:
-        require_available(settings.report_to)   # an operator's setting (REPORT_TO) without its package
+        require_available(settings.experiment_log.kind)   # an operator's setting without its package
     except ReportingUnavailable as e:
         print(one_line("trainer", e), file=sys.stderr, flush=True)
         return EXIT_STARTUP_ERROR

@@ -91,7 +91,8 @@ class TrainerService:
         s = self.settings = settings
         topics = s.common.topics
         # first: a missing tensorboard/wandb package fails the start before minutes of model loading
-        self.experiment = open_log(s.report_to, s.resolved_logging_dir, run_name=s.run_name,
+        self.experiment = open_log(s.experiment_log.kind, s.resolved_logging_dir,
+                                   run_name=s.resolved_run_name,
                                    config=s.model_dump(mode="json", exclude={"common"}))
         self.store = CheckpointStore(s.resolved_state_dir, s.checkpoint_keep)
         ckpt = self.store.latest()
@@ -167,7 +168,7 @@ class TrainerService:
             "baseline": self.trainer.baseline.state(), "prompts": list(self.prompts), "new_prompts": self.new_prompts,
             "consolidated_knowledge": self.consolidated, "created_at": time.time(),
             "settings": {"algorithm": self.settings.algorithm, "distill_method": self.settings.distill_method,
-                         "finetune": self.settings.finetune, "lr": self.settings.lr, "seed": self.settings.seed},
+                         "finetune": self.settings.finetune.kind, "lr": self.settings.lr, "seed": self.settings.seed},
         }
 
     # --- intake -------------------------------------------------------------------------------------

@@ -44,10 +44,12 @@ class PolicyConfig:
 
     @classmethod
     def from_settings(cls, s: Any) -> PolicyConfig:
-        return cls(model_name=s.common.model, finetune=s.finetune, lora_r=s.lora_r, lora_alpha=s.lora_alpha,
-                   lora_dropout=s.lora_dropout, lora_targets=s.lora_targets, lr=s.lr, weight_decay=s.weight_decay,
+        ft = s.finetune
+        lora = ({"lora_r": ft.rank, "lora_alpha": ft.alpha, "lora_dropout": ft.dropout, "lora_targets": ft.targets}
+                if ft.kind == LORA else {})
+        return cls(model_name=s.common.model, finetune=ft.kind, lr=s.lr, weight_decay=s.weight_decay,
                    grad_clip=s.grad_clip, dtype=s.dtype, device=s.device, seed=s.seed,
-                   head_chunk=s.head_chunk)
+                   head_chunk=s.head_chunk, **lora)
 
 
 def seed_everything(seed: int) -> None:

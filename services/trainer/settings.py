@@ -8,20 +8,98 @@ defaults (clip-higher for DAPO, std scaling for GRPO, ...) in one place.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, Tag, model_validator
+from pydantic_settings import SettingsConfigDict
 
-from shared.settings import CommonSettings
+from shared.settings import ApprenticeSettings, CommonSettings, Group, kind_discriminator
 
 Algorithm = Literal["grpo", "dr_grpo", "dapo", "gspo"]
 DistillMethod = Literal["rkl_topk", "gkd", "sft_filtered"]
 KLMode = Literal["k3_loss", "k1_reward"]
 
 
-class TrainerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="APPRENTICE_TRAINER_", extra="ignore")
+class NoLogSettings(Group):
+    """No experiment log (Prometheus still gets every step)."""
+
+    kind: Literal["none"] = "none"
+    """`none`, `tensorboard`, `wandb` or `jsonl`: where the per-step metrics go besides Prometheus."""
+
+
+class _LogFiles(Group):
+    dir: Path | None = None
+    """Where the experiment log writes (TRL's `logging_dir`); None = `<state_dir>/runs`."""
+
+
+class TensorBoardSettings(_LogFiles):
+    """TensorBoard event files (the `tensorboard` extra)."""
+
+    kind: Literal["tensorboard"]
+    """`none`, `tensorboard`, `wandb` or `jsonl`: where the per-step metrics go besides Prometheus."""
+
+
+class WandbSettings(_LogFiles):
+    """Weights & Biases (the wandb package and its WANDB_* variables)."""
+
+    kind: Literal["wandb"]
+    """`none`, `tensorboard`, `wandb` or `jsonl`: where the per-step metrics go besides Prometheus."""
+
+    run_name: str = ""
+    """Name of the run (TRL's `run_name`); "" = wandb's own default."""
+
+
+class JsonlSettings(_LogFiles):
+    """`<dir>/steps.jsonl`, one JSON line per step: what the loop demo reads into report.json."""
+
+    kind: Literal["jsonl"]
+    """`none`, `tensorboard`, `wandb` or `jsonl`: where the per-step metrics go besides Prometheus."""
+
+
+ExperimentLogSettings = Annotated[
+    Annotated[NoLogSettings, Tag("none")] | Annotated[TensorBoardSettings, Tag("tensorboard")]
+    | Annotated[WandbSettings, Tag("wandb")] | Annotated[JsonlSettings, Tag("jsonl")],
+    kind_discriminator("none"),
+]
+
+
+class LoraFinetune(Group):
+    """LoRA adapters through peft: small uploads, cheap hot swap."""
+
+    kind: Literal["lora"] = "lora"
+    """`lora` or `full`: what the optimizer updates."""
+
+    rank: int = Field(default=16, ge=1)
+    """LoRA rank r (peft's `r`)."""
+
+    alpha: int = 32
+    """LoRA scaling alpha (peft's `lora_alpha`); the update is scaled by alpha / rank."""
+
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the LoRA input (peft's `lora_dropout`)."""
+
+    targets: str = "all-linear"
+    """peft target_modules ("all-linear", or a comma-separated list of module names)."""
+
+
+class FullFinetune(Group):
+    """Every weight is trained (each version uploads the whole model)."""
+
+    kind: Literal["full"]
+    """`lora` or `full`: what the optimizer updates."""
+
+
+FinetuneSettings = Annotated[
+    Annotated[LoraFinetune, Tag("lora")] | Annotated[FullFinetune, Tag("full")], kind_discriminator("lora")]
+
+
+class TrainerSettings(ApprenticeSettings):
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_TRAINER_")
+
+    moved_settings: ClassVar[dict[str, str]] = {
+        "report_to": "experiment_log.kind", "logging_dir": "experiment_log.dir", "run_name": "experiment_log.run_name",
+        "finetune": "finetune.kind", "lora_r": "finetune.rank", "lora_alpha": "finetune.alpha",
+        "lora_dropout": "finetune.dropout", "lora_targets": "finetune.targets"}
 
     common: CommonSettings = Field(default_factory=CommonSettings)
 
@@ -40,16 +118,9 @@ class TrainerSettings(BaseSettings):
     metrics_port: int = 9104
     """Prometheus endpoint; 0 disables it."""
 
-    report_to: Literal["none", "tensorboard", "wandb", "jsonl"] = "none"
-    """Experiment log of the per-step metrics, as TRL's `report_to`: tensorboard (the `tensorboard` extra)
-    or wandb (the wandb package and its WANDB_* variables), or jsonl (`<logging_dir>/steps.jsonl`, what
-    the loop demo reads into report.json). Prometheus gets the steps either way."""
-
-    logging_dir: Path | None = None
-    """Where the experiment log writes (TRL's `logging_dir`); None = `<state_dir>/runs`."""
-
-    run_name: str = ""
-    """Name of the run in the experiment log (TRL's `run_name`); "" = the tool's own default."""
+    experiment_log: ExperimentLogSettings = Field(default_factory=NoLogSettings)
+    """Experiment log of the per-step metrics, as TRL's `report_to`: `kind` = none, tensorboard, wandb or
+    jsonl. Prometheus gets the steps either way."""
 
     state_dir: Path | None = None
     """Checkpoints and trainer state; None = `<APPRENTICE_HOME>/trainer/<tenant>`."""
@@ -179,19 +250,16 @@ class TrainerSettings(BaseSettings):
     passing answer for more prompts (distinct passing samples all become targets)."""
 
     # --- optimisation --------------------------------------------------------------------------------
-    finetune: Literal["lora", "full"] = "lora"
-    """LoRA adapters through peft (default: small uploads, cheap hot swap) or full fine-tuning."""
-
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_targets: str = "all-linear"
-    """peft target_modules ("all-linear", or a comma-separated list of module names)."""
+    finetune: FinetuneSettings = Field(default_factory=LoraFinetune)
+    """What training updates: `kind` = lora (adapters through peft, the default: small uploads, cheap hot
+    swap, with their rank, alpha, dropout and target modules) or full (every weight)."""
 
     lr: float = 5e-5
     """AdamW learning rate. OEL used 1e-6–5e-6 for full fine-tuning; LoRA needs ~10× more."""
 
     weight_decay: float = 0.0
+    """AdamW weight decay."""
+
     grad_clip: float = 1.0
     """Max global grad norm (OEL, GRPO defaults)."""
 
@@ -228,6 +296,8 @@ class TrainerSettings(BaseSettings):
     """... or once this long passed since the last round and at least `min_samples` are buffered."""
 
     min_samples: int = 2
+    """Fewest usable rollouts a time-triggered round trains on."""
+
     trigger_on_knowledge: bool = True
     """Run a consolidation round when a new knowledge version with trainable items arrives."""
 
@@ -237,7 +307,10 @@ class TrainerSettings(BaseSettings):
     item; a few seconds of quiet turn the burst into one round on the complete knowledge."""
 
     poll_max_records: int = 500
+    """Records one poll of the graded topic returns at most."""
+
     poll_timeout_s: float = 0.5
+    """How long one poll waits for records."""
 
     # --- checkpoints ---------------------------------------------------------------------------------
     checkpoint_keep: int = 2
@@ -275,7 +348,12 @@ class TrainerSettings(BaseSettings):
 
     @property
     def resolved_logging_dir(self) -> Path:
-        return self.logging_dir or (self.resolved_state_dir / "runs")
+        log = self.experiment_log
+        return (None if isinstance(log, NoLogSettings) else log.dir) or (self.resolved_state_dir / "runs")
+
+    @property
+    def resolved_run_name(self) -> str:
+        return self.experiment_log.run_name if isinstance(self.experiment_log, WandbSettings) else ""
 
     @property
     def resolved_eps(self) -> tuple[float, float]:

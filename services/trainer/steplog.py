@@ -61,10 +61,10 @@ class NoLog:
 
 
 MISSING = {
-    "tensorboard": "APPRENTICE_TRAINER_REPORT_TO=tensorboard needs the tensorboard package, which is not installed: "
-                   "pip install 'apprentice[tensorboard]' (or set REPORT_TO=none)",
-    "wandb": "APPRENTICE_TRAINER_REPORT_TO=wandb needs the wandb package, which is not installed: pip install wandb "
-             "(or set REPORT_TO=none or tensorboard)",
+    "tensorboard": "APPRENTICE_TRAINER_EXPERIMENT_LOG__KIND=tensorboard needs the tensorboard package, which is not "
+                   "installed: pip install 'apprentice[tensorboard]' (or set EXPERIMENT_LOG__KIND=none)",
+    "wandb": "APPRENTICE_TRAINER_EXPERIMENT_LOG__KIND=wandb needs the wandb package, which is not installed: "
+             "pip install wandb (or set EXPERIMENT_LOG__KIND=none or tensorboard)",
 }
 
 

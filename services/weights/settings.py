@@ -7,18 +7,18 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from services.weights.manifests import VERSION_RE
-from shared.settings import CommonSettings
+from shared.settings import ApprenticeSettings, CommonSettings
 
 Policy = Literal["manual", "auto", "canary"]
 TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A tenant name (services/weights/names.py NAME_RE; repeated here so the settings import no gRPC)."""
 
 
-class WeightsSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="APPRENTICE_WEIGHTS_", extra="ignore")
+class WeightsSettings(ApprenticeSettings):
+    model_config = SettingsConfigDict(env_prefix="APPRENTICE_WEIGHTS_")
 
     common: CommonSettings = Field(default_factory=CommonSettings)
 

@@ -42,7 +42,7 @@ SCALED_GPU_STRIMZI: dict[str, Any] = {
                   "image": {"repository": "registry.example/apprentice-gpu", "tag": "0.1.0-cuda"},
                   "nodeSelector": {"nvidia.com/gpu.present": "true"},
                   "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                  "env": {"APPRENTICE_INFERENCE_VLLM_GPU_MEMORY_UTILIZATION": "0.9"}},
+                  "env": {"APPRENTICE_INFERENCE_ENGINE__GPU_MEMORY_UTILIZATION": "0.9"}},
     "grader": {"replicas": 6, "podDisruptionBudget": {"maxUnavailable": 2}},
     "trainer": {"gpus": 1, "tenant": "shop"},
     "auth": {"tenants": ["shop", "default"]},
@@ -234,7 +234,8 @@ def test_value_sets_render_what_they_ask_for(rendered: dict[str, list[dict[str, 
     pod = inf["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1 and c["image"] == "registry.example/apprentice-gpu:0.1.0-cuda"
-    assert _env(c)["APPRENTICE_INFERENCE_ENGINE"] == "vllm" and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert _env(c)["APPRENTICE_INFERENCE_ENGINE__KIND"] == "vllm" and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert "APPRENTICE_INFERENCE_ENGINE__DEVICE" not in _env(c), "a transformers setting would fail the vllm kind"
     assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in pod["volumes"]), "vLLM needs /dev/shm"
     assert {d["kind"] for d in scaled} >= {"Kafka", "KafkaNodePool", "KafkaTopic", "KafkaUser", "ServiceMonitor"}
     assert not _kind(scaled, "Job"), "Strimzi mode declares topics as KafkaTopic resources"
@@ -248,29 +249,13 @@ def test_value_sets_render_what_they_ask_for(rendered: dict[str, list[dict[str, 
 # --- the chart against the code it deploys --------------------------------------------------------------
 
 def _settings_env_names() -> dict[str, set[str]]:
-    """APPRENTICE_* variable names each service reads, from its settings classes."""
-    from services.extractor.settings import ExtractorSettings
-    from services.grader.settings import GraderSettings
-    from services.inference.settings import InferenceSettings
-    from services.trainer.settings import TrainerSettings
-    from services.weights.settings import WeightsSettings
-    from shared.settings import CommonSettings
+    """APPRENTICE_* variable names each service reads, from its settings classes (nested groups included:
+    the same walk that writes docs/settings.md)."""
+    from tools.settings_reference import SERVICES, variables
 
-    common = {f"APPRENTICE_{f.upper()}" for f in CommonSettings.model_fields}
-    names = {}
-    for component, cls in (("inference", InferenceSettings), ("grader", GraderSettings),
-                           ("extractor", ExtractorSettings), ("trainer", TrainerSettings),
-                           ("weights", WeightsSettings)):
-        prefix = cls.model_config["env_prefix"]
-        names[component] = common | {f"{prefix}{f}".upper() for f in cls.model_fields if f != "common"}
-    try:
-        from services.dashboard.settings import DashboardSettings  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        pass
-    else:
-        prefix = DashboardSettings.model_config["env_prefix"]
-        names["dashboard"] = common | {f"{prefix}{f}".upper() for f in DashboardSettings.model_fields
-                                       if f != "common"}
+    found = variables()
+    common = {v.name for v in found["common"]}
+    names = {service: common | {v.name for v in found[service]} for service in SERVICES}
     names["topics"] = common
     return names
 

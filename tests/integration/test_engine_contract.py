@@ -27,7 +27,12 @@ import torch
 
 from services.inference.engines import create_engine
 from services.inference.engines.base import BASE_VERSION, GenerationRequest, UnknownVersion, VersionFiles
-from services.inference.settings import EngineName, InferenceSettings
+from services.inference.settings import (
+    EngineName,
+    InferenceSettings,
+    TransformersEngineSettings,
+    VllmEngineSettings,
+)
 from shared.decoding.generation import encode_prompt, render_chat
 from shared.decoding.params import SamplingConfig
 from shared.settings import CommonSettings
@@ -81,8 +86,12 @@ def model_dir(which: str, tiny_dir: Path) -> str:
 
 
 def settings_for(model: str, engine: EngineName, **kw: Any) -> InferenceSettings:
-    kw.setdefault("vllm_enforce_eager", True)
-    return InferenceSettings(engine=engine, common=CommonSettings(model=model, torch_threads=0), **kw)
+    return InferenceSettings(engine=engine_group(engine), common=CommonSettings(model=model, torch_threads=0), **kw)
+
+
+def engine_group(engine: str) -> TransformersEngineSettings | VllmEngineSettings:
+    """The engine's settings group; vLLM eager (no compile or graph capture: short-lived engines)."""
+    return VllmEngineSettings(kind="vllm", enforce_eager=True) if engine == "vllm" else TransformersEngineSettings()
 
 
 @pytest.fixture(scope="module", params=CASES)
@@ -281,8 +290,7 @@ def test_full_swap_then_adapter_under_load_fails_no_request(engine_name: str, ka
     for v in ("v1", "a2"):
         store.approve(model, v)
     app = start_inference(tmp_path / "pod", model=model, bootstrap=kafka_bootstrap, topic_prefix=ns.prefix,
-                          weights_endpoint=store.endpoint, heartbeat_interval_s=0.3, engine=engine_name,
-                          vllm_enforce_eager=True)
+                          weights_endpoint=store.endpoint, heartbeat_interval_s=0.3, engine=engine_group(engine_name))
     results: list[str] = []
     errors: list[BaseException] = []
     stop = threading.Event()

@@ -22,7 +22,7 @@ from services.extractor.curation import approx_tokens
 from services.extractor.extraction import is_echo
 from services.extractor.parser import parse_items
 from services.extractor.service import ExtractorApp
-from services.extractor.settings import ExtractorSettings
+from services.extractor.settings import ExtractorSettings, InferenceLLMSettings
 from services.extractor.trajectories import knowledge_key
 from shared.contracts.events import make_envelope
 from shared.contracts.topics import Topics
@@ -99,7 +99,7 @@ def test_tiny_model_through_real_inference_grpc(inference: tuple[InTestInference
                                                 kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
     servicer, port = inference
     monkeypatch.setenv("APPRENTICE_MODEL", "tiny-random")
-    settings = ExtractorSettings(llm="inference", inference_endpoint=f"127.0.0.1:{port}", port=0, metrics_port=0,
+    settings = ExtractorSettings(llm=InferenceLLMSettings(endpoint=f"127.0.0.1:{port}"), port=0, metrics_port=0,
                                  group_id=f"extractor-{uuid.uuid4().hex[:6]}", session_gap_s=0.0, max_new_tokens=48,
                                  batch_size=2, rate_limit_per_s=50, rate_burst=2)
     records = [
@@ -141,7 +141,7 @@ def test_tiny_model_through_the_inference_service(topics: Topics, kafka_bootstra
     monkeypatch.setenv("APPRENTICE_MODEL", "tiny-random")
     inference = start_inference(tmp_path, bootstrap=kafka_bootstrap, topic_prefix=topics.prefix)
     try:
-        settings = ExtractorSettings(llm="inference", inference_endpoint=f"127.0.0.1:{inference.port}", port=0,
+        settings = ExtractorSettings(llm=InferenceLLMSettings(endpoint=f"127.0.0.1:{inference.port}"), port=0,
                                      metrics_port=0, group_id=f"extractor-{uuid.uuid4().hex[:6]}", session_gap_s=0.0,
                                      max_new_tokens=32)
         records = [graded(session="s1", iid="r1", correction="Batteries have 6 months of warranty."),
@@ -213,7 +213,7 @@ def test_smollm2_extracts_parseable_items_from_frozenlake(inference: tuple[InTes
     records = [r for seed in seeds for r in play_frozenlake(servicer, seed)]
     t_play = time.monotonic() - t0
     key = knowledge_key("games", "frozenlake")
-    settings = ExtractorSettings(llm="inference", inference_endpoint=f"127.0.0.1:{port}", port=0, metrics_port=0,
+    settings = ExtractorSettings(llm=InferenceLLMSettings(endpoint=f"127.0.0.1:{port}"), port=0, metrics_port=0,
                                  group_id=f"extractor-{uuid.uuid4().hex[:6]}", session_gap_s=0.0, max_new_tokens=128,
                                  batch_size=len(seeds), request_timeout_s=900, correction_items=False)
     t0 = time.monotonic()

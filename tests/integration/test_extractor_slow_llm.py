@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from services.extractor.curation import approx_tokens
 from services.extractor.service import ExtractorApp
-from services.extractor.settings import ExtractorSettings
+from services.extractor.settings import ExtractorSettings, InferenceLLMSettings
 from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.kafka.security import librdkafka_config
@@ -50,7 +50,7 @@ def test_extractor_keeps_its_group_while_inference_is_slower_than_max_poll_inter
     monkeypatch.setenv("APPRENTICE_MODEL", "tiny-random")
     inference = start_inference(tmp_path, bootstrap=kafka_bootstrap, topic_prefix=topics.prefix,
                                 fault_delay_s=DELAY_S)
-    settings = ExtractorSettings(llm="inference", inference_endpoint=f"127.0.0.1:{inference.port}", port=0,
+    settings = ExtractorSettings(llm=InferenceLLMSettings(endpoint=f"127.0.0.1:{inference.port}"), port=0,
                                  metrics_port=0, session_gap_s=0.0, max_new_tokens=8, batch_size=4,
                                  rate_limit_per_s=100, rate_burst=100, request_timeout_s=60.0,
                                  max_poll_interval_s=MAX_POLL_S)

@@ -18,7 +18,7 @@ def test_report_to_wandb_without_the_package_exits_with_one_line(tmp_path: Path)
     if importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed here: the trainer would open a real W&B run")
     env = service_env(SERVICES["trainer"], tmp_path, Topics(prefix="unused."), "127.0.0.1:1")   # exits first
-    env["APPRENTICE_TRAINER_REPORT_TO"] = "wandb"
+    env["APPRENTICE_TRAINER_EXPERIMENT_LOG__KIND"] = "wandb"
     proc = run_to_exit("trainer", env)
-    assert_one_line_exit(proc, "trainer", "APPRENTICE_TRAINER_REPORT_TO=wandb", "pip install wandb")
+    assert_one_line_exit(proc, "trainer", "APPRENTICE_TRAINER_EXPERIMENT_LOG__KIND=wandb", "pip install wandb")
     assert not (tmp_path / "trainer").exists() or not any((tmp_path / "trainer").rglob("ckpt-*"))

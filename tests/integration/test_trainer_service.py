@@ -19,7 +19,7 @@ import pytest
 from services.trainer.loop import TrainerService
 from services.trainer.rounds import RoundResult
 from services.trainer.service import CHANNEL_OPTIONS
-from services.trainer.settings import TrainerSettings
+from services.trainer.settings import TensorBoardSettings, TrainerSettings
 from shared.contracts.events import decode
 from shared.contracts.topics import Topics
 from shared.kafka.producer import EventProducer
@@ -91,7 +91,8 @@ def test_service_trains_one_tenant_uploads_and_announces(topics: Topics, kafka_b
     settings = TrainerSettings(
         common=CommonSettings(model=MODEL), tenant="acme", state_dir=tmp_path / "trainer", metrics_port=0,
         weights_endpoint=f"127.0.0.1:{port}", trigger_samples=8, lr=1e-3, batch_size=8, micro_batch_size=4,
-        distill_batch=2, distill_steps=1, distill_max_new_tokens=4, report_to="tensorboard")
+        distill_batch=2, distill_steps=1, distill_max_new_tokens=4,
+        experiment_log=TensorBoardSettings(kind="tensorboard"))
     from prometheus_client import REGISTRY
 
     def steps_total(algorithm: str) -> float:

@@ -85,15 +85,15 @@ def test_broker_log_dir_is_on_the_volume_and_host_tools_have_a_listener() -> Non
 
 
 def test_gpu_profile_serves_inference_with_vllm_on_a_reserved_nvidia_gpu() -> None:
-    from services.inference.settings import InferenceSettings
+    from services.inference.settings import InferenceSettings, VllmEngineSettings
 
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     gpu = [s for s in services.values() if "gpu" in s.get("profiles", [])]
     assert len(gpu) == 1
     svc = gpu[0]
     assert svc["command"] == ["serve", "inference"]
-    engine = svc["environment"]["APPRENTICE_INFERENCE_ENGINE"]
-    assert InferenceSettings(engine=engine, device="cuda").engine == "vllm"
+    engine = svc["environment"]["APPRENTICE_INFERENCE_ENGINE__KIND"]
+    assert InferenceSettings(engine=VllmEngineSettings.model_validate({"kind": engine})).engine.kind == "vllm"
     assert svc["build"]["args"]["APPRENTICE_EXTRAS"] == "[gpu]", "the image needs the gpu extra (vLLM)"
     devices = svc["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices), devices

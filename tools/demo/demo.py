@@ -141,7 +141,7 @@ class Demo:
             "APPRENTICE_TRAINER_DISTILL_METHOD": "sft_filtered",
             # full fine-tuning at 5e-5: docs/oel-probe.md's lever that moved held-out answers (LoRA at 5e-4 moved
             # the gold loss but no answer in load/oel_methods_probe.py)
-            "APPRENTICE_TRAINER_FINETUNE": "full",
+            "APPRENTICE_TRAINER_FINETUNE__KIND": "full",
             "APPRENTICE_TRAINER_LR": "5e-5",
             "APPRENTICE_TRAINER_DISTILL_TEMPERATURE": "0.7",
             "APPRENTICE_TRAINER_SEED": str(self.seed),
@@ -151,8 +151,8 @@ class Demo:
             **({"APPRENTICE_TRAINER_LR": "2e-5", "APPRENTICE_TRAINER_KL_BETA": "0.04"} if self.algo == "grpo" else {}),
             # every optimizer step's metrics (reward, KL, clipping, staleness, IS weights) as JSON lines, which
             # each round's report entry takes up (`train_steps`)
-            "APPRENTICE_TRAINER_REPORT_TO": "jsonl",
-            "APPRENTICE_TRAINER_LOGGING_DIR": str(self.steps_log.path.parent),
+            "APPRENTICE_TRAINER_EXPERIMENT_LOG__KIND": "jsonl",
+            "APPRENTICE_TRAINER_EXPERIMENT_LOG__DIR": str(self.steps_log.path.parent),
             **self.budget.trainer_env,
         }
         # no auto-approval: the corrections arrive with the tenant's backend key (the end users' channel), so

@@ -10,7 +10,7 @@ from tools.demo.stats import newcombe_diff
 
 
 class StepsLog:
-    """The trainer's per-step JSON lines (`APPRENTICE_TRAINER_REPORT_TO=jsonl`), followed by offset: each
+    """The trainer's per-step JSON lines (`APPRENTICE_TRAINER_EXPERIMENT_LOG__KIND=jsonl`), followed by offset: each
     call returns the optimizer steps written since the previous one, so every round's report entry holds
     the steps that trained toward it. A partly written last line waits for the next call."""
 

@@ -131,7 +131,7 @@ def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str
         "weights": {"APPRENTICE_WEIGHTS_PORT": str(ports.weights)},
         "grader": {"APPRENTICE_GRADER_INFERENCE_ENDPOINT": inference},
         "extractor": {"APPRENTICE_EXTRACTOR_PORT": str(ports.extractor),
-                      "APPRENTICE_EXTRACTOR_INFERENCE_ENDPOINT": inference, "APPRENTICE_EXTRACTOR_ENDPOINT": knowledge,
+                      "APPRENTICE_EXTRACTOR_LLM__ENDPOINT": inference, "APPRENTICE_EXTRACTOR_ENDPOINT": knowledge,
                       "APPRENTICE_EXTRACTOR_WEIGHTS_ENDPOINT": weights},
         "trainer": {"APPRENTICE_TRAINER_WEIGHTS_ENDPOINT": weights},
         "dashboard": {"APPRENTICE_DASHBOARD_PORT": str(ports.dashboard),

@@ -115,7 +115,7 @@ class TransformersEngine(Engine):
         if self.settings.common.torch_threads > 0:
             torch.set_num_threads(self.settings.common.torch_threads)
         model, tok = load_model(self.model_name, dtype=getattr(torch, self.settings.dtype),
-                                device=self.settings.device)
+                                device=self.settings.torch_device)
         self._tok = tok
         self._eos = eos_ids_of(model, tok)
         self._ctx = self.settings.context_window or int(getattr(model.config, "max_position_embeddings", 2048))
@@ -345,7 +345,7 @@ class TransformersEngine(Engine):
         from transformers import AutoModelForCausalLM
 
         model: Any = AutoModelForCausalLM.from_pretrained(files.path, dtype=getattr(torch, self.settings.dtype))
-        model.to(self.settings.device)
+        model.to(self.settings.torch_device)
         model.eval()
         vocab = int(model.get_input_embeddings().weight.shape[0])
         if vocab < len(self._tok):

@@ -8,7 +8,7 @@ CPU build in `.venv-vllm`. Written for vLLM 0.32 (`check_vllm_version`: other re
 used here before, and fail with a message instead of a wrong answer).
 
 Versions:
-- LoRA versions are vLLM LoRA adapters (`LoRARequest` per request), up to `vllm_max_loras` at once:
+- LoRA versions are vLLM LoRA adapters (`LoRARequest` per request), up to `engine.max_loras` at once:
   canaries and tenant versions cost no reload of the base.
 - One set of full weights at a time (`max_full_versions = 1`). A full version swaps in place between
   requests: `submit` holds new requests at a gate, in-flight ones finish on the old weights, the worker
@@ -22,7 +22,7 @@ Log-probs (events.proto fields 14/15; the same meaning as the transformers engin
 - `logprobs_t1`: vLLM's default `logprobs_mode="raw_logprobs"` returns log softmax of the raw logits,
   i.e. temperature 1, unfiltered: exact.
 - `logprobs` (behaviour): computed by `behaviour_logprob` (shared/decoding/logprobs.py) from the top-K raw log-probs vLLM returns per
-  token (K = `vllm_logprobs_topk`). Exact for greedy, for T = 1 without top-k/top-p, and for any T with
+  token (K = `engine.logprobs_topk`). Exact for greedy, for T = 1 without top-k/top-p, and for any T with
   top-k <= K and no top-p (the filtered support is inside the top K, and renormalising is invariant to
   the constant that separates raw log-probs from logits). Otherwise (top-p, or T != 1 without top-k)
   the normaliser is taken over the top K tokens only: an approximation whose error is the behaviour
@@ -123,8 +123,8 @@ class VLLMEngine(Engine):
         s = self.settings
         self.on_cpu = bool(current_platform.is_cpu())
         optional: dict[str, Any] = {}
-        if s.vllm_attention_backend:
-            optional["attention_backend"] = s.vllm_attention_backend
+        if s.vllm.attention_backend:
+            optional["attention_backend"] = s.vllm.attention_backend
         if self.on_cpu:
             # The engine core reads these in its own (spawned) process. vLLM binds its OpenMP threads to
             # cores; a pod that was given a thread budget keeps to it.
@@ -132,14 +132,14 @@ class VLLMEngine(Engine):
             optional["kv_cache_memory_bytes"] = int(gib * (1 << 30))
             dtype = s.dtype                                   # fp32 on CPU: the same numbers as transformers
         else:
-            optional["gpu_memory_utilization"] = s.vllm_gpu_memory_utilization
+            optional["gpu_memory_utilization"] = s.vllm.gpu_memory_utilization
             dtype = "auto" if s.dtype == "float32" else s.dtype
         args = AsyncEngineArgs(
-            model=path, tokenizer=path, enable_lora=True, max_loras=s.vllm_max_loras,
-            max_lora_rank=s.vllm_max_lora_rank, max_model_len=s.context_window or None,
-            max_logprobs=max(20, s.vllm_logprobs_topk),
+            model=path, tokenizer=path, enable_lora=True, max_loras=s.vllm.max_loras,
+            max_lora_rank=s.vllm.max_lora_rank, max_model_len=s.context_window or None,
+            max_logprobs=max(20, s.vllm.logprobs_topk),
             worker_extension_cls="services.inference.engines.vllm_worker.WeightReloader",
-            dtype=dtype, enforce_eager=s.vllm_enforce_eager or self.on_cpu, **optional)
+            dtype=dtype, enforce_eager=s.vllm.enforce_eager or self.on_cpu, **optional)
         self._thread.start()
 
         async def make() -> Any:
@@ -216,7 +216,7 @@ class VLLMEngine(Engine):
             params = SamplingParams(n=max(1, cfg.n), temperature=cfg.temperature, top_p=cfg.top_p,
                                     top_k=cfg.top_k if cfg.top_k > 0 else 0, max_tokens=cfg.max_new_tokens,
                                     stop=list(cfg.stop) or None, seed=cfg.seed,
-                                    logprobs=self.settings.vllm_logprobs_topk,
+                                    logprobs=self.settings.vllm.logprobs_topk,
                                     output_kind=RequestOutputKind.DELTA, skip_special_tokens=True)
             samples = {i: Sample() for i in range(max(1, cfg.n))}
             raw_sets: dict[int, list[Mapping[int, float]]] = {i: [] for i in samples}
@@ -290,9 +290,9 @@ class VLLMEngine(Engine):
             raise ValueError(f"LoRA {files.version} applies to {files.base_version!r}; this engine holds the full "
                              f"weights {self._full!r}")
         with self._lock:
-            if len(self._loras) >= self.settings.vllm_max_loras:
+            if len(self._loras) >= self.settings.vllm.max_loras:
                 raise ValueError(f"LoRA {files.version}: {len(self._loras)} adapters are loaded, the most this "
-                                 f"engine holds (APPRENTICE_INFERENCE_VLLM_MAX_LORAS={self.settings.vllm_max_loras})")
+                                 f"engine holds (APPRENTICE_INFERENCE_ENGINE__MAX_LORAS={self.settings.vllm.max_loras})")
             lora_id = self._next_lora_id
             self._next_lora_id += 1
         lr = LoRARequest(lora_name=files.version, lora_int_id=lora_id, lora_path=str(files.path))

@@ -14,7 +14,7 @@ import pytest
 from services.extractor.extraction import ExtractionSettings, Extractor, RateLimiter, correction_item
 from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse, LLMUnavailable, make_llm
 from services.extractor.llm_openai import OpenAICompatibleLLM
-from services.extractor.settings import ExtractorSettings
+from services.extractor.settings import ExtractorSettings, InferenceLLMSettings, OpenAILLMSettings
 from services.extractor.trajectories import SessionBuffer, Trajectory
 from tests.unit.extractor.factories import graded
 
@@ -159,11 +159,11 @@ def test_unreachable_endpoint_is_recoverable() -> None:
 
 
 def test_factory_and_settings_validation(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert make_llm(ExtractorSettings(llm="inference")).name == "inference"
-    assert make_llm(ExtractorSettings(llm="openai", openai_model="m")).name == "openai"
-    with pytest.raises(ValueError, match="OPENAI_MODEL"):
-        ExtractorSettings(llm="openai")
-    unknown: Any = "nonsense"                   # not one of the Literal's values: refused at run time
+    assert make_llm(ExtractorSettings(llm=InferenceLLMSettings())).name == "inference"
+    assert make_llm(ExtractorSettings(llm=OpenAILLMSettings(kind="openai", model="m"))).name == "openai"
+    with pytest.raises(ValueError, match="LLM__MODEL is required"):
+        ExtractorSettings(llm=OpenAILLMSettings(kind="openai"))
+    unknown: Any = {"kind": "nonsense"}         # not one of the union's kinds: refused at run time
     with pytest.raises(ValueError):
         ExtractorSettings(llm=unknown)
     with pytest.raises(ValueError, match="both"):

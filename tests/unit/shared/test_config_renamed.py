@@ -95,7 +95,7 @@ def test_renamed_env_reads_the_new_variable_then_the_old_one_then_the_default() 
 RENAMES = [
     ("services.extractor.settings", "ExtractorSettings", "APPRENTICE_EXTRACTOR_", {
         "grpc_port": ("port", "50999", 50999), "grpc_host": ("host", "127.0.0.2", "127.0.0.2"),
-        "target": ("endpoint", "x:1", "x:1"), "inference_target": ("inference_endpoint", "i:2", "i:2")}),
+        "target": ("endpoint", "x:1", "x:1")}),
     ("services.dashboard.settings", "DashboardSettings", "APPRENTICE_DASHBOARD_", {
         "weights_target": ("weights_endpoint", "w:3", "w:3"),
         "knowledge_target": ("extractor_endpoint", "k:4", "k:4"),

@@ -16,7 +16,7 @@ from services.trainer import metrics as M
 from services.trainer.distill import DistillExample
 from services.trainer.rollouts import Rollout
 from services.trainer.rounds import Trainer
-from services.trainer.settings import TrainerSettings
+from services.trainer.settings import JsonlSettings, TensorBoardSettings, TrainerSettings
 from services.trainer.steplog import NoLog, ReportingUnavailable, TensorBoardLog, open_log
 from shared.settings import CommonSettings
 
@@ -50,8 +50,8 @@ def rollouts(n_groups: int = 3, size: int = 4) -> list[Rollout]:
 def test_rl_round_reports_every_step_to_a_tensorboard_log_read_back(tiny, tmp_path: Path) -> None:  # noqa: ANN001
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    t = make_trainer(tiny, report_to="tensorboard", logging_dir=tmp_path / "runs")
-    log = open_log(t.settings.report_to, t.settings.resolved_logging_dir)
+    t = make_trainer(tiny, experiment_log=TensorBoardSettings(kind="tensorboard", dir=tmp_path / "runs"))
+    log = open_log(t.settings.experiment_log.kind, t.settings.resolved_logging_dir)
     assert isinstance(log, TensorBoardLog)
     seen: list[tuple[str, int, dict[str, float]]] = []
 
@@ -143,9 +143,9 @@ def test_report_to_none_and_a_missing_wandb(tmp_path: Path, monkeypatch: pytest.
         open_log("wandb", tmp_path)
     with pytest.raises(ValueError, match="none, tensorboard, wandb or jsonl"):
         open_log("mlflow", tmp_path)
-    unsupported: Any = "mlflow"                 # not one of the Literal's values: refused at run time
+    unsupported: Any = {"kind": "mlflow"}       # not one of the union's kinds: refused at run time
     with pytest.raises(ValueError):
-        TrainerSettings(report_to=unsupported)
+        TrainerSettings(experiment_log=unsupported)
 
 
 def test_rl_steps_in_a_jsonl_log_read_back_by_the_demo_report(tiny, tmp_path: Path) -> None:  # noqa: ANN001
@@ -154,8 +154,8 @@ def test_rl_steps_in_a_jsonl_log_read_back_by_the_demo_report(tiny, tmp_path: Pa
     corrected the recorded behaviour log-probs."""
     from tools.demo.report import StepsLog
 
-    t = make_trainer(tiny, report_to="jsonl", logging_dir=tmp_path / "runs", is_cap=1.5)
-    log = open_log(t.settings.report_to, t.settings.resolved_logging_dir)
+    t = make_trainer(tiny, experiment_log=JsonlSettings(kind="jsonl", dir=tmp_path / "runs"), is_cap=1.5)
+    log = open_log(t.settings.experiment_log.kind, t.settings.resolved_logging_dir)
     t.on_step = lambda algorithm, m: log.log_step(algorithm, t.policy.steps, m)
     t.staleness_of = lambda r: 1.0 if r.policy_version == "base" else 0.0
     rs = rollouts()
