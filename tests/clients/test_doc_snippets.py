@@ -7,8 +7,8 @@ Docs rot silently otherwise: the Go steps of clients/README.md failed as written
 file or directory`, plugins installed where PATH did not look, the venv's python assumed), and stock
 clients failed with a bare "Connection error." until told the stack's CA.
 
-The rule, checked over README.md, clients/, examples/, docs/ and services/*/README.md: a fenced block in
-a runnable language (bash/sh/python/js/go...) is preceded by one of
+The rule, checked over README.md, clients/, examples/, docs/, services/*/README.md and tools/*/README.md:
+a fenced block in a runnable language (bash/sh/python/js/go...) is preceded by one of
 - `<!-- run -->`: run here (bash blocks as shell lines; python and js blocks saved to a file and run with
   `python` / `node`; a go block saved as `main.go` in a folder of its own, `go mod init models && go run .`);
 - `<!-- example: PATH -->`: copied from a file under examples/ (test_examples.py runs the file and checks
@@ -42,10 +42,11 @@ RUN_TIMEOUT_S = 900
 
 
 def doc_paths() -> list[str]:
-    """The documents whose snippets a user runs: the README, clients/, examples/, docs/, each service's."""
+    """The documents whose snippets a user runs: the README, clients/, examples/, docs/, each service's and
+    each tool's."""
     found = [REPO / "README.md", REPO / "clients" / "README.md", *sorted((REPO / "clients").glob("*/README.md")),
              REPO / "examples" / "README.md", *sorted((REPO / "docs").glob("*.md")),
-             *sorted((REPO / "services").glob("*/README.md"))]
+             *sorted((REPO / "services").glob("*/README.md")), *sorted((REPO / "tools").glob("*/README.md"))]
     return [str(p.relative_to(REPO)) for p in found if p.is_file()]
 
 

@@ -1,8 +1,8 @@
 """The product-backend examples under examples/ run against the real inference server (keys, TLS, tiny model,
 real broker): Python over gRPC (in the light client's own venv), Python with the OpenAI SDK, Node over gRPC
 (@grpc/grpc-js + @grpc/proto-loader), Go with the generated stubs. Each answer is captured for the backend
-key's tenant and its feedback lands on the feedback topic. The README's snippets are copied from these
-files (checked here too), so what the README shows is what ran.
+key's tenant and its feedback lands on the feedback topic. The snippets of the README and
+docs/integration.md are copied from these files (checked here too), so what the docs show is what ran.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.clients.conftest import REPO, TENANT, ClientVenv, GoStubs, Server, run
+from tests.clients.test_doc_snippets import doc_paths
 
 EXAMPLES = REPO / "examples"
 pytestmark = pytest.mark.integration
@@ -80,24 +81,30 @@ def test_go_example_with_generated_stubs(server: Server, go_stubs: GoStubs) -> N
     _check_reported(server, out)
 
 
-# --- the README shows these files ------------------------------------------------------------------
+# --- the docs show these files --------------------------------------------------------------------
 SNIPPET = re.compile(r"<!-- example: (?P<path>\S+) -->\s*```\w*\n(?P<code>.*?)```", re.S)
 
 
-def test_readme_snippets_are_copied_from_the_examples() -> None:
-    readme = (REPO / "README.md").read_text()
-    snippets = list(SNIPPET.finditer(readme))
-    shown = {m["path"] for m in snippets}
-    assert {"examples/python/grpc_backend.py", "examples/python/openai_backend.py",
-            "examples/node/grpc_backend.mjs", "examples/go/main.go"} <= shown, shown
-    for m in snippets:
-        source = (REPO / m["path"]).read_text()
-        code = textwrap.dedent(m["code"])
-        assert code.strip(), m["path"]
-        # every line of the snippet appears in the file in the same order (the snippet may skip lines)
-        lines = [ln for ln in code.splitlines() if ln.strip() and not ln.strip().startswith(("...", "// ...", "# ..."))]
-        pos = 0
-        for ln in lines:
-            found = source.find(ln, pos)
-            assert found >= 0, f"README snippet line not in {m['path']} (in order): {ln!r}"
-            pos = found + len(ln)
+def test_doc_snippets_are_copied_from_the_examples() -> None:
+    """The README shows the two Python clients, docs/integration.md the Node and Go ones; every snippet
+    marked `<!-- example: PATH -->` in any document is a copy of its file."""
+    shown: dict[str, set[str]] = {}
+    for doc in doc_paths():
+        for m in SNIPPET.finditer((REPO / doc).read_text()):
+            shown.setdefault(doc, set()).add(m["path"])
+            _check_copied(doc, m["path"], m["code"])
+    assert {"examples/python/grpc_backend.py", "examples/python/openai_backend.py"} <= shown.get("README.md", set()), shown
+    assert {"examples/node/grpc_backend.mjs", "examples/go/main.go"} <= shown.get("docs/integration.md", set()), shown
+
+
+def _check_copied(doc: str, path: str, snippet: str) -> None:
+    """Every line of the snippet appears in the file in the same order (the snippet may skip lines)."""
+    source = (REPO / path).read_text()
+    code = textwrap.dedent(snippet)
+    assert code.strip(), f"{doc}: empty snippet of {path}"
+    lines = [ln for ln in code.splitlines() if ln.strip() and not ln.strip().startswith(("...", "// ...", "# ..."))]
+    pos = 0
+    for ln in lines:
+        found = source.find(ln, pos)
+        assert found >= 0, f"{doc}: snippet line not in {path} (in order): {ln!r}"
+        pos = found + len(ln)
