@@ -52,9 +52,9 @@ def _serve(store_dir: str, chunk_size: int, port_q: multiprocessing.queues.Queue
            stop: multiprocessing.synchronize.Event) -> None:
     os.environ["APPRENTICE_TOPIC_PREFIX"] = "bench-unused."
     from services.weights.service import start
-    from services.weights.settings import WeightsSettings
+    from services.weights.settings import LocalStoreSettings, WeightsSettings
 
-    settings = WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=Path(store_dir),
+    settings = WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store=LocalStoreSettings(dir=Path(store_dir)),
                                chunk_size=chunk_size, max_chunk_size=max(chunk_size, 16 << 20), policy="manual")
     running = start(settings, consume=False)
     port_q.put(running.port)

@@ -181,7 +181,7 @@ def run_engine(args: argparse.Namespace, engine: str, kinds: list[str], versions
     rows: list[tuple[Any, ...]] = []
     try:
         wport = free_port()
-        wenv = dict(env, APPRENTICE_WEIGHTS_STORE_DIR=str(tmp / "store"), APPRENTICE_WEIGHTS_METRICS_PORT="0",
+        wenv = dict(env, APPRENTICE_WEIGHTS_STORE__DIR=str(tmp / "store"), APPRENTICE_WEIGHTS_METRICS_PORT="0",
                     APPRENTICE_WEIGHTS_HOST="127.0.0.1", APPRENTICE_WEIGHTS_ORDER_DEADLINE_S="600")
         procs.append(subprocess.Popen([sys.executable, "-m", "services.weights", "--port", str(wport),
                                        "--policy", "manual"], env=wenv, cwd=REPO,

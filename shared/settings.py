@@ -135,8 +135,16 @@ class ApprenticeSettings(BaseSettings):
     moved_settings: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, **values: Any) -> None:
-        refuse_moved(type(self), self.moved_settings, values)
+        refuse_moved(type(self), self.moved_settings, values)   # before the sources: an old group name is no JSON
         super().__init__(**values)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_moved_keys(cls, data: Any) -> Any:
+        """`model_validate({...})` does not pass through __init__: its old keys are refused here."""
+        if isinstance(data, dict):
+            refuse_moved(cls, cls.moved_settings, data, environ={})
+        return data
 
 
 def kind_discriminator(default: str) -> Discriminator:

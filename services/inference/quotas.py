@@ -103,15 +103,15 @@ class TenantQuotas:
 
     @classmethod
     def from_settings(cls, settings: InferenceSettings) -> TenantQuotas:
-        """Pod defaults from `APPRENTICE_INFERENCE_TENANT_*`, overrides from `..._TENANT_QUOTAS`."""
-        default = QuotaLimits(settings.tenant_max_concurrent, settings.tenant_tokens_per_s,
-                              settings.tenant_burst_tokens)
+        """Pod defaults from `APPRENTICE_INFERENCE_QUOTA__*`, overrides from `..._QUOTA__TENANTS`."""
+        quota = settings.quota
+        default = QuotaLimits(quota.max_concurrent, quota.tokens_per_s, quota.burst_tokens)
         overrides = {
             tenant: QuotaLimits(
                 default.max_concurrent if q.max_concurrent is None else q.max_concurrent,
                 default.tokens_per_s if q.tokens_per_s is None else q.tokens_per_s,
                 default.burst_tokens if q.burst_tokens is None else q.burst_tokens)
-            for tenant, q in settings.tenant_quotas.items()}
+            for tenant, q in quota.tenants.items()}
         return cls(default, overrides)
 
     def limits(self, tenant: str) -> QuotaLimits:

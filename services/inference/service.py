@@ -41,6 +41,7 @@ from services.inference.hotswap import (
     versions_root,
 )
 from services.inference.knowledge import ServedKnowledge, follow_knowledge
+from services.inference.openai_api import start_http
 from services.inference.privacy import CapturePrivacy
 from services.inference.quotas import Lease, QuotaExceeded, TenantQuotas
 from services.inference.requests import (
@@ -53,6 +54,7 @@ from services.inference.requests import (
     resolve_tenant,
     wait_result,
 )
+from services.inference.servicer import FeedbackServicer, InferenceServicer
 from services.inference.settings import InferenceSettings
 from services.inference.spool import Spool
 from shared.knowledge.follow import SnapshotFollower
@@ -99,10 +101,10 @@ class InferenceApp:
         self.ready = threading.Event()
         self._stopped = threading.Event()
         self.feedback_guard = FeedbackGuard(FeedbackLimits(
-            max_per_interaction=settings.feedback_max_per_interaction,
-            max_bytes_per_interaction=settings.feedback_max_bytes_per_interaction,
-            max_comment_chars=settings.feedback_max_comment_chars,
-            clock_skew_s=settings.feedback_clock_skew_s), settings.common.interaction_id_key())
+            max_per_interaction=settings.feedback.max_per_interaction,
+            max_bytes_per_interaction=settings.feedback.max_bytes_per_interaction,
+            max_comment_chars=settings.feedback.max_comment_chars,
+            clock_skew_s=settings.feedback.clock_skew_s), settings.common.interaction_id_key())
         self.privacy = CapturePrivacy(settings, lambda: self.engine.tokenizer)
         self.knowledge: ServedKnowledge | None = None          # knowledge in context (knowledge.py)
         self.knowledge_follower: SnapshotFollower | None = None
@@ -133,8 +135,6 @@ class InferenceApp:
         self.server.start()
         log.info("inference listening", extra={"port": self.port, "engine": s.engine.kind, "model": self.model})
         if s.http_port:
-            from services.inference.openai_api import start_http
-
             self.http = start_http(self)
             self.http_port = self.http.port
 
@@ -211,8 +211,6 @@ class InferenceApp:
         return 0
 
     def _register(self, server: grpc.Server) -> None:
-        from services.inference.servicer import FeedbackServicer, InferenceServicer
-
         inference_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(self), server)
         inference_pb2_grpc.add_FeedbackServicer_to_server(FeedbackServicer(self), server)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -67,11 +68,48 @@ EngineSettings = Annotated[
 
 
 class TenantQuota(BaseModel):
-    """One tenant's quota override (`APPRENTICE_INFERENCE_TENANT_QUOTAS`); None keeps the pod default."""
+    """One tenant's quota override (`APPRENTICE_INFERENCE_QUOTA__TENANTS`); None keeps the pod default."""
 
     max_concurrent: int | None = Field(default=None, ge=0)
     tokens_per_s: float | None = Field(default=None, ge=0)
     burst_tokens: int | None = Field(default=None, ge=0)
+
+
+class QuotaSettings(Group):
+    """What one tenant may use of this pod (services/inference/quotas.py): over it, RESOURCE_EXHAUSTED (HTTP
+    429) with the time to retry."""
+
+    max_concurrent: int = Field(default=0, ge=0)
+    """Requests one tenant may have in flight (queued + generating) on this pod; 0 = unlimited."""
+
+    tokens_per_s: float = Field(default=0.0, ge=0.0, json_schema_extra={"unit": "tokens/s"})
+    """Token rate (prompt + generated tokens per second) one tenant may use on this pod, as a token bucket;
+    0 = unlimited."""
+
+    burst_tokens: int = Field(default=0, ge=0)
+    """Token bucket size (what a tenant may use at once after idling); 0 = 10 s of `tokens_per_s`."""
+
+    tenants: dict[str, TenantQuota] = Field(default_factory=dict)
+    """Per-tenant overrides of the three quotas above, as JSON: `{"acme": {"max_concurrent": 8,
+    "tokens_per_s": 2000}}`; a field left out keeps the pod default."""
+
+
+class FeedbackLimits(Group):
+    """Caps on the feedback one interaction may receive on this pod (services/inference/feedback_guard.py);
+    over them, RESOURCE_EXHAUSTED. A product sends a handful (a thumb, a KPI or two, a correction); a flood
+    only grows the grader's state."""
+
+    max_per_interaction: int = Field(default=32, ge=1)
+    """Feedback events one interaction may receive on this pod."""
+
+    max_bytes_per_interaction: int = Field(default=65_536, ge=1, json_schema_extra={"unit": "bytes"})
+    """Total comment bytes per interaction on this pod (the grader keeps them in its join state)."""
+
+    max_comment_chars: int = Field(default=8_192, ge=1)
+    """Longest comment (a correction is a corrected answer, not a document)."""
+
+    clock_skew_s: float = Field(default=300.0, ge=0.0)
+    """How far `occurred_at` may lie before the interaction or after now (client clocks drift)."""
 
 
 def _default_pod_id() -> str:
@@ -126,19 +164,8 @@ class InferenceSettings(ApprenticeSettings):
     default_tenant: str = "default"
     """Tenant of requests that name none (TEAM.md convention)."""
 
-    # --- feedback caps (services/inference/feedback_guard.py) ---------------------------------------
-    feedback_max_per_interaction: int = 32
-    """Feedback events one interaction may receive on this pod; more is RESOURCE_EXHAUSTED. A product
-    sends a handful (a thumb, a KPI or two, a correction); a flood only grows the grader's state."""
-
-    feedback_max_bytes_per_interaction: int = 65_536
-    """Total comment bytes per interaction on this pod (the grader keeps them in its join state)."""
-
-    feedback_max_comment_chars: int = 8_192
-    """Longest comment (a correction is a corrected answer, not a document)."""
-
-    feedback_clock_skew_s: float = 300.0
-    """How far `occurred_at` may lie before the interaction or after now (client clocks drift)."""
+    feedback: FeedbackLimits = Field(default_factory=FeedbackLimits)
+    """Caps on the feedback one interaction may receive on this pod."""
 
     # --- engine ------------------------------------------------------------------------------------
     engine: EngineSettings = Field(default_factory=TransformersEngineSettings)
@@ -201,20 +228,8 @@ class InferenceSettings(ApprenticeSettings):
     """Continuous scheduler: how long smaller requests from other tenants may overtake a request that
     waits for room; after that, admission holds other rows until it fits (no starvation)."""
 
-    tenant_max_concurrent: int = 0
-    """Requests one tenant may have in flight (queued + generating) on this pod; one more is
-    RESOURCE_EXHAUSTED (HTTP 429). 0 = unlimited."""
-
-    tenant_tokens_per_s: float = 0.0
-    """Token rate (prompt + generated tokens per second) one tenant may use on this pod, as a token bucket;
-    over it, requests are RESOURCE_EXHAUSTED with the time to retry. 0 = unlimited."""
-
-    tenant_burst_tokens: int = 0
-    """Token bucket size (what a tenant may use at once after idling); 0 = 10 s of `tenant_tokens_per_s`."""
-
-    tenant_quotas: dict[str, TenantQuota] = Field(default_factory=dict)
-    """Per-tenant overrides of the three quotas above, as JSON: `{"acme": {"max_concurrent": 8,
-    "tokens_per_s": 2000}}`; a field left out keeps the default."""
+    quota: QuotaSettings = Field(default_factory=QuotaSettings)
+    """Per-tenant quotas on this pod: pod defaults and per-tenant overrides."""
 
     # --- knowledge in context (services/inference/knowledge.py) -------------------------------------
     knowledge_in_context: bool = True
@@ -360,6 +375,10 @@ class InferenceSettings(ApprenticeSettings):
 
     moved_settings: ClassVar[dict[str, str]] = {
         "engine": "engine.kind", "device": "engine.device",
+        "tenant_max_concurrent": "quota.max_concurrent", "tenant_tokens_per_s": "quota.tokens_per_s",
+        "tenant_burst_tokens": "quota.burst_tokens", "tenant_quotas": "quota.tenants",
+        **{f"feedback_{name}": f"feedback.{name}" for name in ("max_per_interaction", "max_bytes_per_interaction",
+                                                               "max_comment_chars", "clock_skew_s")},
         **{f"vllm_{name}": f"engine.{name}" for name in ("gpu_memory_utilization", "max_loras", "max_lora_rank",
                                                           "logprobs_topk", "enforce_eager", "attention_backend")}}
 
@@ -381,8 +400,6 @@ class InferenceSettings(ApprenticeSettings):
     @field_validator("pod_id")
     @classmethod
     def _pod_id_is_a_name(cls, v: str) -> str:
-        import re
-
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
             raise ValueError(f"APPRENTICE_INFERENCE_POD_ID {v!r}: use letters, digits, '.', '_', '-' (it names a "
                              "directory)")
@@ -411,15 +428,9 @@ class InferenceSettings(ApprenticeSettings):
         if self.max_batch_tokens < 1 or not 0 < self.tenant_batch_share <= 1 or self.max_overtake_s < 0:
             raise ValueError("APPRENTICE_INFERENCE_MAX_BATCH_TOKENS must be >= 1, TENANT_BATCH_SHARE within "
                              "(0, 1] and MAX_OVERTAKE_S >= 0")
-        if self.tenant_max_concurrent < 0 or self.tenant_tokens_per_s < 0 or self.tenant_burst_tokens < 0:
-            raise ValueError("APPRENTICE_INFERENCE_TENANT_MAX_CONCURRENT, TENANT_TOKENS_PER_S and "
-                             "TENANT_BURST_TOKENS must be >= 0 (0 = unlimited / default)")
         if not 0 <= self.http_port <= 65535 or self.http_workers < 1:
             raise ValueError("APPRENTICE_INFERENCE_HTTP_PORT must be within 0..65535 (0 = off) and "
                              "APPRENTICE_INFERENCE_HTTP_WORKERS >= 1")
-        if min(self.feedback_max_per_interaction, self.feedback_max_bytes_per_interaction,
-               self.feedback_max_comment_chars) < 1 or self.feedback_clock_skew_s < 0:
-            raise ValueError("APPRENTICE_INFERENCE_FEEDBACK_* limits must be >= 1 (clock skew >= 0)")
         if self.spool_segment_bytes > self.spool_max_bytes:
             raise ValueError("APPRENTICE_INFERENCE_SPOOL_SEGMENT_BYTES must be <= SPOOL_MAX_BYTES")
         return self

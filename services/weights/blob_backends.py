@@ -1,4 +1,4 @@
-"""Blob store kind (settings `store_backend`) --> a BlobStore: the one place that knows every backend.
+"""Blob store kind (settings `store.kind`) --> a BlobStore: the one place that knows every backend.
 
 Apart from blobstore.py (the interface the backends import) so that the interface never imports them.
 """

@@ -52,7 +52,7 @@ class WeightsService:
     def __post_init__(self) -> None:
         s = self.settings
         self.topics = s.common.topics
-        self.store = WeightStore(make_blob_store(s.store_backend, s.store_root), s.store_root)
+        self.store = WeightStore(make_blob_store(s.store.kind, s.store_root), s.store_root)
         self.pods = PodRegistry(max_pods_per_identity=s.max_pods_per_identity, max_pods=s.max_pods,
                                 forget_s=s.pod_forget_s)
         self.quotas = UploadQuotas(UploadLimits(

@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.weights.manifests import VERSION_RE
-from shared.settings import ApprenticeSettings, CommonSettings
+from shared.settings import ApprenticeSettings, CommonSettings, Group
 
 Policy = Literal["manual", "auto", "canary"]
 TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A tenant name (services/weights/names.py NAME_RE; repeated here so the settings import no gRPC)."""
+
+
+class LocalStoreSettings(Group):
+    """Blobs and manifests in a local directory (services/weights/local_blobstore.py). An object store joins
+    as another kind of this group, beside its backend in services/weights/blob_backends.py."""
+
+    kind: Literal["local"] = "local"
+    """Which blob store: `local` (the only kind so far)."""
+
+    dir: Path | None = None
+    """Where blobs and manifests live; None = `<APPRENTICE_HOME>/weights`."""
 
 
 class WeightsSettings(ApprenticeSettings):
@@ -62,11 +73,10 @@ class WeightsSettings(ApprenticeSettings):
     """Graceful stop: in-flight calls get this long to finish."""
 
     # --- store -------------------------------------------------------------------------------------
-    store_backend: str = "local"
-    """Blob store implementation (`local`; an object store can be added behind `BlobStore`)."""
+    store: LocalStoreSettings = Field(default_factory=LocalStoreSettings)
+    """Where versions are stored: the blob store's kind and its settings."""
 
-    store_dir: Path | None = None
-    """Where blobs and manifests live; None = `<APPRENTICE_HOME>/weights`."""
+    moved_settings: ClassVar[dict[str, str]] = {"store_backend": "store.kind", "store_dir": "store.dir"}
 
     keep_last: int = 5
     """Retention: the newest N versions per model are kept, plus every promoted, canary, pinned and
@@ -239,4 +249,4 @@ class WeightsSettings(ApprenticeSettings):
 
     @property
     def store_root(self) -> Path:
-        return self.store_dir if self.store_dir is not None else self.common.home / "weights"
+        return self.store.dir if self.store.dir is not None else self.common.home / "weights"

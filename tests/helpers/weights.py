@@ -19,9 +19,9 @@ def start_weights(store_dir: Path, **overrides: Any) -> Any:
     """The real Weights server on loopback port 0 (checkpoint consumer off, manual promotion), secured by
     the environment; returns the started `RunningServer` (`.port`, `.service`, `.stop()`)."""
     from services.weights.service import start
-    from services.weights.settings import WeightsSettings
+    from services.weights.settings import LocalStoreSettings, WeightsSettings
 
-    kw: dict[str, Any] = dict(port=0, host="127.0.0.1", metrics_port=0, store_dir=store_dir, policy="manual",
+    kw: dict[str, Any] = dict(port=0, host="127.0.0.1", metrics_port=0, store=LocalStoreSettings(dir=store_dir), policy="manual",
                               grace_s=1.0)
     kw.update(overrides)
     return start(WeightsSettings(**kw), consume=False)

@@ -33,8 +33,8 @@ def app(kafka_bootstrap: str, tiny_model_name: str, tmp_path_factory: pytest.Tem
     tmp: Path = tmp_path_factory.mktemp("fair")
     a = start_inference(tmp, model=tiny_model_name, bootstrap=kafka_bootstrap, topic_prefix=ns.prefix,
                         follow_updates=False, heartbeat_interval_s=0, batch_wait_ms=0,
-                        tenant_quotas={"acme": {"max_concurrent": 1},
-                                       "metered": {"tokens_per_s": 0.5, "burst_tokens": 40}})
+                        quota={"tenants": {"acme": {"max_concurrent": 1},
+                                           "metered": {"tokens_per_s": 0.5, "burst_tokens": 40}}})
     yield a
     a.stop(2)
     with contextlib.suppress(Exception):

@@ -14,7 +14,7 @@ import pytest
 
 from services.inference.host_cache import HostCache, locked
 from services.weights.service import RunningServer, start
-from services.weights.settings import WeightsSettings
+from services.weights.settings import LocalStoreSettings, WeightsSettings
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.weights.client import sha256_file, upload_version
 from shared.weights.download import DownloadClient
@@ -26,7 +26,7 @@ MODEL = "tiny-random"
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningServer]:
     monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", f"test-{uuid.uuid4().hex[:8]}.")  # no Kafka traffic here
-    running = start(WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=tmp_path / "store",
+    running = start(WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store=LocalStoreSettings(dir=tmp_path / "store"),
                                     policy="manual"), consume=False)
     yield running
     running.stop(grace=1.0)
@@ -117,7 +117,7 @@ def test_a_version_name_reused_for_other_weights_is_fetched_again(client: Downlo
     first = upload(client, server, tmp_path, 20)
     cache = HostCache(tmp_path / "cache")
     assert fetch(cache, client, first.version, tmp_path / "pod-a" / first.version)
-    other = start(WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=tmp_path / "store-2",
+    other = start(WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store=LocalStoreSettings(dir=tmp_path / "store-2"),
                                   policy="manual"), consume=False)
     try:
         with DownloadClient(f"127.0.0.1:{other.port}") as client2:

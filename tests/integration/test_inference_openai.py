@@ -116,7 +116,7 @@ def door(ns: Topics, kafka_bootstrap: str, tiny_model_name: str,
         mp.setenv("APPRENTICE_INTERACTION_ID_SECRET_FILE", str(creds.interaction_id_secret))
         app = start_inference(home, model=tiny_model_name, bootstrap=kafka_bootstrap, topic_prefix=ns.prefix,
                               http_port=free_port(), follow_updates=False, heartbeat_interval_s=0,
-                              feedback_max_per_interaction=FEEDBACK_CAP, pii_policy="keep")
+                              feedback={"max_per_interaction": FEEDBACK_CAP}, pii_policy="keep")
         try:
             yield Door(app, creds)
         finally:

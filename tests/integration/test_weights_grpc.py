@@ -15,7 +15,7 @@ import pytest
 
 from services.weights.metrics import DOWNLOAD_BYTES
 from services.weights.service import RunningServer, start
-from services.weights.settings import WeightsSettings
+from services.weights.settings import LocalStoreSettings, WeightsSettings
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 from shared.weights import download as weights_download
 from shared.weights.client import (
@@ -34,7 +34,7 @@ MODEL = "tiny-random"
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningServer]:
     monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", f"test-{uuid.uuid4().hex[:8]}.")  # no Kafka traffic here
-    settings = WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=tmp_path / "store",
+    settings = WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store=LocalStoreSettings(dir=tmp_path / "store"),
                                policy="manual")
     running = start(settings, consume=False)
     yield running

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from services.weights.service import RunningServer, start
-from services.weights.settings import WeightsSettings
+from services.weights.settings import LocalStoreSettings, WeightsSettings
 from shared.contracts.topics import Topics
 from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 from shared.weights.client import save_version_files, upload_version
@@ -26,7 +26,7 @@ MODEL = "tiny-random"
 
 @pytest.fixture
 def weights(topics: Topics, tmp_path: Path) -> Iterator[RunningServer]:
-    settings = WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=tmp_path / "store",
+    settings = WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store=LocalStoreSettings(dir=tmp_path / "store"),
                                policy="manual", eval_max_new_tokens=8, order_deadline_s=30,
                                **small_eval_sets(tmp_path / "sets"))  # type: ignore[arg-type]
     running = start(settings, consume=False)

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from services.weights.service import start
-from services.weights.settings import WeightsSettings
+from services.weights.settings import LocalStoreSettings, WeightsSettings
 from shared.contracts.events import make_envelope
 from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
@@ -52,7 +52,7 @@ def test_gate_checks_the_tenants_approved_items(topics: Topics, kafka_bootstrap:
         version=1, items=[_item("foreign", E.ITEM_STATUS_APPROVED, ["Q?"], ["X-1"])]))
     p.flush()
 
-    settings = WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=tmp_path / "store", policy="auto",
+    settings = WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store=LocalStoreSettings(dir=tmp_path / "store"), policy="auto",
                                consumer_group=f"weights-{uuid.uuid4().hex[:6]}", eval_max_new_tokens=8,
                                **small_eval_sets(tmp_path / "sets"))  # type: ignore[arg-type]
     server = start(settings)

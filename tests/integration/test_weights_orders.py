@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from services.weights.service import RunningServer, start
-from services.weights.settings import WeightsSettings
+from services.weights.settings import LocalStoreSettings, WeightsSettings
 from shared.contracts.events import decode, make_envelope
 from shared.contracts.topics import Topics
 from shared.kafka import EventConsumer, EventProducer
@@ -100,7 +100,7 @@ class MiniPod:
 def settings_for(tmp_path: Path, **kw: object) -> WeightsSettings:
     kw.setdefault("policy", "manual")
     kw.update(small_eval_sets(tmp_path / "sets"))
-    return WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=tmp_path / "store",
+    return WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store=LocalStoreSettings(dir=tmp_path / "store"),
                            consumer_group=f"weights-{uuid.uuid4().hex[:6]}", eval_max_new_tokens=8,
                            order_deadline_s=2.0, heartbeat_timeout_s=5.0, **kw)  # type: ignore[arg-type]
 

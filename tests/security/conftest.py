@@ -114,7 +114,7 @@ def inference_server(secure_stack: SecureStack, tiny_model_name: str) -> Iterato
 
     app = start_inference(secure_stack.home / "inference", model=tiny_model_name, bootstrap=secure_stack.bootstrap,
                           topic_prefix=secure_stack.topics.prefix, follow_updates=False, heartbeat_interval_s=0,
-                          feedback_max_per_interaction=FEEDBACK_CAP, grace_s=2.0,
+                          feedback={"max_per_interaction": FEEDBACK_CAP}, grace_s=2.0,
                           default_max_new_tokens=4, max_new_tokens_limit=16,   # fuzzed requests stay cheap
                           http_port=0)
     yield app

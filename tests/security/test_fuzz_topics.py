@@ -250,10 +250,10 @@ def extractor(ns: Namespace, tiny_model_name: str) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def weights(ns: Namespace, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from services.weights.service import start
-    from services.weights.settings import WeightsSettings
+    from services.weights.settings import LocalStoreSettings, WeightsSettings
 
     running = start(WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, policy="manual", grace_s=1.0,
-                                    store_dir=tmp_path_factory.mktemp("store"),
+                                    store=LocalStoreSettings(dir=tmp_path_factory.mktemp("store")),
                                     consumer_group=f"weights-fuzz-{uuid.uuid4().hex[:6]}"), consume=True)
     yield running
     running.stop(grace=1.0)

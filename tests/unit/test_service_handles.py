@@ -36,9 +36,9 @@ def _inference(tmp: Path) -> Any:
 
 def _weights(tmp: Path) -> Any:
     from services.weights.service import RunningServer
-    from services.weights.settings import WeightsSettings
+    from services.weights.settings import LocalStoreSettings, WeightsSettings
 
-    return RunningServer(WeightsSettings(port=0, metrics_port=0, store_dir=tmp / "store", common=_common(tmp)),
+    return RunningServer(WeightsSettings(port=0, metrics_port=0, store=LocalStoreSettings(dir=tmp / "store"), common=_common(tmp)),
                          consume=False)
 
 

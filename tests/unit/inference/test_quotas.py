@@ -75,14 +75,16 @@ def test_default_burst_is_ten_seconds_of_rate_and_unlimited_costs_nothing() -> N
 
 
 def test_overrides_from_settings_keep_unset_fields_at_the_pod_default() -> None:
-    s = InferenceSettings.model_validate({"tenant_max_concurrent": 4, "tenant_tokens_per_s": 1000, "tenant_quotas": {
-        "acme": {"max_concurrent": 1}, "free": {"tokens_per_s": 5}}})
+    s = InferenceSettings.model_validate({"quota": {"max_concurrent": 4, "tokens_per_s": 1000, "tenants": {
+        "acme": {"max_concurrent": 1}, "free": {"tokens_per_s": 5}}}})
     q = TenantQuotas.from_settings(s)
     assert q.limits("acme") == QuotaLimits(1, 1000, 0)
     assert q.limits("free") == QuotaLimits(4, 5, 0)
     assert q.limits("anyone") == QuotaLimits(4, 1000, 0)
-    with pytest.raises(ValueError, match="TENANT_MAX_CONCURRENT"):
-        InferenceSettings(tenant_max_concurrent=-1)
+    with pytest.raises(ValueError, match="quota.max_concurrent"):
+        InferenceSettings.model_validate({"quota": {"max_concurrent": -1}})
+    with pytest.raises(ValueError, match=r"tenant_max_concurrent=...\) is now quota.max_concurrent"):
+        InferenceSettings.model_validate({"tenant_max_concurrent": 4})
 
 
 def test_concurrent_admissions_never_exceed_the_quota() -> None:

@@ -76,7 +76,7 @@ def test_a_moved_setting_is_a_startup_error_of_one_line(monkeypatch: pytest.Monk
 
 # --- the services' moves, as shipped -------------------------------------------------------------------
 SERVICES = [("services.extractor.settings", "ExtractorSettings"), ("services.trainer.settings", "TrainerSettings"),
-            ("services.inference.settings", "InferenceSettings")]
+            ("services.inference.settings", "InferenceSettings"), ("services.weights.settings", "WeightsSettings")]
 
 
 def _resolves(model: type[BaseModel], path: str) -> bool:

@@ -16,7 +16,7 @@ import pytest
 
 from services.weights.blob_backends import make_blob_store
 from services.weights.evaluator import Evaluator, nonfinite_tensors
-from services.weights.settings import WeightsSettings
+from services.weights.settings import LocalStoreSettings, WeightsSettings
 from services.weights.store import WeightStore
 from shared.proto.apprentice.v1 import weights_pb2
 
@@ -87,7 +87,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> WeightStore:
 def evaluator(store: WeightStore, tmp_path_factory: pytest.TempPathFactory) -> Evaluator:
     heldout = tmp_path_factory.mktemp("sets") / "heldout.yaml"
     heldout.write_text(HELDOUT)
-    settings = WeightsSettings(store_dir=store.root, eval_set=heldout, eval_max_new_tokens=8)
+    settings = WeightsSettings(store=LocalStoreSettings(dir=store.root), eval_set=heldout, eval_max_new_tokens=8)
     return Evaluator(store, settings)
 
 
@@ -222,7 +222,7 @@ def test_the_checkpoint_path_times_and_counts_the_gate_once(store: WeightStore, 
     count0, sum0 = sample("apprentice_weights_eval_seconds_count"), sample("apprentice_weights_eval_seconds_sum")
     rejected0 = sample("apprentice_weights_evaluations_total", verdict="rejected")
     m = upload_dir(store, variants["nan"])            # rejected by the integrity check: no scoring, fast
-    settings = WeightsSettings(store_dir=store.root, policy="manual")
+    settings = WeightsSettings(store=LocalStoreSettings(dir=store.root), policy="manual")
     policy = PromotionPolicy(store, OrderDesk(store, lambda update: None), evaluator, settings)
     ev = events_pb2.CheckpointPublished(envelope=make_envelope("default", source="t"), model=m.model,
                                         version=m.version)

@@ -17,7 +17,7 @@ from services.weights.evaluator import Evaluator
 from services.weights.gate import PARENT, REFERENCE, Limits, ModelScores, regression_results, verdict
 from services.weights.orders import OrderDesk
 from services.weights.retention import versions_to_keep
-from services.weights.settings import WeightsSettings
+from services.weights.settings import LocalStoreSettings, WeightsSettings
 from services.weights.store import WeightStore
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.rpc.grpc_util import FailedPrecondition
@@ -63,7 +63,7 @@ def test_small_steps_that_add_up_are_refused_against_the_base(store: WeightStore
     but the third candidate is 0.142 above the base, past the cumulative 0.1; it is refused, and its
     manifest holds both comparisons of every regression check."""
     table = {"base": scores(0.017), "v1": scores(0.042), "v2": scores(0.09), "v3": scores(0.159)}
-    settings = WeightsSettings(store_dir=store.root)
+    settings = WeightsSettings(store=LocalStoreSettings(dir=store.root))
     assert (settings.ood_max_repetition_rise, settings.ood_max_repetition_rise_total) == (0.25, 0.1)
     ev = ScriptedEvaluator(store, settings, table)
     desk = OrderDesk(store, Recorder(), gate=ev.evaluate)
@@ -125,7 +125,7 @@ def test_an_operator_pinned_reference_per_tenant(store: WeightStore, upload: Upl
     """`tenant_reference_versions` anchors one tenant's drift at a version its operator accepted; other
     tenants keep `reference_version`; retention keeps every configured reference."""
     table = {"base": scores(0.017), "v1": scores(0.2), "v2": scores(0.25), "v3": scores(0.25)}
-    settings = WeightsSettings(store_dir=store.root, tenant_reference_versions={"acme": "v1"})
+    settings = WeightsSettings(store=LocalStoreSettings(dir=store.root), tenant_reference_versions={"acme": "v1"})
     ev = ScriptedEvaluator(store, settings, table)
     upload({"w": b"1"}, tenant="acme")
     upload({"w": b"2"}, tenant="acme")
@@ -146,7 +146,7 @@ def test_an_operator_pinned_reference_per_tenant(store: WeightStore, upload: Upl
 def test_a_reference_that_is_not_stored_judges_nothing(store: WeightStore, upload: UploadFn) -> None:
     """A misconfigured reference fails the call (FAILED_PRECONDITION, naming the setting); the candidate
     stays a CANDIDATE rather than being rejected for the operator's typo."""
-    ev = ScriptedEvaluator(store, WeightsSettings(store_dir=store.root, reference_version="v9"),
+    ev = ScriptedEvaluator(store, WeightsSettings(store=LocalStoreSettings(dir=store.root), reference_version="v9"),
                            {"base": scores(0.02), "v1": scores(0.02)})
     upload({"w": b"1"})
     with pytest.raises(FailedPrecondition, match="v9, the reference .* not stored.*REFERENCE_VERSION"):

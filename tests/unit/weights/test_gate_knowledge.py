@@ -12,7 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from services.weights.gate import KNOWLEDGE, compare, integrity_result, knowledge_result, verdict
 from services.weights.knowledge import KnowledgeView
 from services.weights.orders import OrderDesk
-from services.weights.settings import WeightsSettings
+from services.weights.settings import LocalStoreSettings, WeightsSettings
 from services.weights.store import WeightStore
 from shared.contracts.events import make_envelope
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
@@ -141,7 +141,7 @@ def test_gate_records_one_informational_result_per_item(store: WeightStore, uplo
     answers = {"v1": {"Which form for returns?": "Form RF-7734.", "What do I fill in to return boots?": "A form."},
                "v2": {"Which form for returns?": "Form RF-7734.", "What do I fill in to return boots?": "RF-7734",
                       "Which extension reaches repairs?": "Call 4410."}}
-    ev = AnsweringEvaluator(store, WeightsSettings(store_dir=store.root), view, answers)
+    ev = AnsweringEvaluator(store, WeightsSettings(store=LocalStoreSettings(dir=store.root)), view, answers)
     upload({"w": b"1"}, tenant="acme")
     upload({"w": b"2"}, tenant="acme")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.weights.orders import OrderDesk
 from services.weights.policy import PromotionPolicy
-from services.weights.settings import WeightsSettings
+from services.weights.settings import LocalStoreSettings, WeightsSettings
 from services.weights.store import WeightStore
 from shared.contracts.events import make_envelope
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
@@ -20,7 +20,7 @@ def event(version: str, event_id: str | None = None) -> events_pb2.CheckpointPub
 
 def policy(store: WeightStore, name: str) -> tuple[PromotionPolicy, Recorder]:
     rec = Recorder()
-    settings = WeightsSettings(store_dir=store.root, policy=name)  # type: ignore[arg-type]
+    settings = WeightsSettings(store=LocalStoreSettings(dir=store.root), policy=name)  # type: ignore[arg-type]
     return PromotionPolicy(store, OrderDesk(store, rec), None, settings), rec
 
 
