@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import events, topics
+from shared.contracts import events, topics
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2, knowledge_pb2, weights_pb2
 
 REPO = Path(__file__).resolve().parents[3]
