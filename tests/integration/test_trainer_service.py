@@ -36,9 +36,9 @@ MODEL = "tiny-random"
 def weights(tmp_path: Path) -> Iterator[tuple[int, weights_pb2_grpc.WeightsStub]]:
     """The real Weights service (store on tmp, no checkpoint consumer / eval gate)."""
     from services.weights.service import start
-    from services.weights.settings import WeightsSettings
+    from services.weights.settings import LocalStoreSettings, WeightsSettings
 
-    running = start(WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store_dir=tmp_path / "store",
+    running = start(WeightsSettings(port=0, host="127.0.0.1", metrics_port=0, store=LocalStoreSettings(dir=tmp_path / "store"),
                                     policy="manual"), consume=False)
     channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
     yield running.port, weights_pb2_grpc.WeightsStub(channel)
@@ -169,7 +169,7 @@ def test_weights_unavailable_blocks_rounds_until_published(topics: Topics, kafka
     import socket
 
     from services.weights.service import start as start_weights
-    from services.weights.settings import WeightsSettings
+    from services.weights.settings import LocalStoreSettings, WeightsSettings
     from shared.models import load_tokenizer
 
     with socket.socket() as s:
@@ -197,7 +197,7 @@ def test_weights_unavailable_blocks_rounds_until_published(topics: Topics, kafka
             assert svc.maybe_train() is None and svc.unpublished is first   # blocked: the new groups wait
         assert len(svc.buffer.ready(time.time())) == 8
         running = start_weights(WeightsSettings(port=port, host="127.0.0.1", metrics_port=0,
-                                                store_dir=tmp_path / "store", policy="manual"), consume=False)
+                                                store=LocalStoreSettings(dir=tmp_path / "store"), policy="manual"), consume=False)
         assert running.port == port
         deadline = time.monotonic() + 60
         results: list[RoundResult] = []
