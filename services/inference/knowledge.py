@@ -28,6 +28,7 @@ from services.inference import metrics
 from services.inference.requests import PreparedRequest
 from services.inference.settings import InferenceSettings
 from shared.decoding.chat_template import encode_chat
+from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
 from shared.knowledge.follow import SnapshotFollower, belongs_to_its_tenant
 from shared.knowledge.frame import with_knowledge
 from shared.knowledge.retrieval import Entry, Retriever
@@ -41,15 +42,13 @@ DEFAULT_DOMAIN = "general"
 
 def make_retriever(settings: InferenceSettings) -> Retriever:
     """The configured retriever; `minilm` falls back to TF-IDF when the embedding package is missing."""
-    if settings.knowledge_retriever == "minilm":
-        from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
-
+    if settings.knowledge.retriever == "minilm":
         try:
-            return Retriever(MiniLMEmbedder(), min_score=settings.knowledge_min_score,
-                             margin=settings.knowledge_margin)
+            return Retriever(MiniLMEmbedder(), min_score=settings.knowledge.min_score,
+                             margin=settings.knowledge.margin)
         except EmbeddingsUnavailable as e:
             log.warning("knowledge retrieval falls back to TF-IDF: %s", e)
-    return Retriever(None, margin=settings.knowledge_margin)
+    return Retriever(None, margin=settings.knowledge.margin)
 
 
 def servable_entries(snap: events_pb2.KnowledgeSnapshot) -> list[Entry]:
@@ -109,7 +108,7 @@ class ServedKnowledge:
         users = [m.content for m in p.messages if m.role == "user"]
         if not entries or not users:
             return
-        chosen = self.retriever.select(users[-1], entries, max_items=self.settings.knowledge_max_items,
+        chosen = self.retriever.select(users[-1], entries, max_items=self.settings.knowledge.max_items,
                                        max_tokens=self.settings.knowledge_budget_for(p.tenant))
         if not chosen:
             return

@@ -156,7 +156,7 @@ class InferenceApp:
                             s.startup_catchup_s)
         if s.heartbeat_interval_s > 0:
             self.heartbeater = Heartbeater(s, self.manager).start()
-        if s.knowledge_in_context or any(s.knowledge_tenants.values()):
+        if s.knowledge.in_context or any(s.knowledge.tenants.values()):
             self.knowledge = ServedKnowledge(s)
             self.knowledge_follower = follow_knowledge(s, self.knowledge)
             if not self.knowledge_follower.caught_up.wait(s.startup_catchup_s):

@@ -117,6 +117,40 @@ def _default_pod_id() -> str:
     return os.environ.get("HOSTNAME") or socket.gethostname()
 
 
+class KnowledgeSettings(Group):
+    """Approved knowledge items in each chat request's context (services/inference/knowledge.py), from
+    approval until a promoted version answers the item's questions without it."""
+
+    in_context: bool = True
+    """Add the tenant's approved knowledge items relevant to each chat request to its context (inside the
+    injection-safe frame of shared/knowledge/frame.py), from approval until a promoted version answers the
+    item's questions without it. Per-tenant overrides in `tenants`."""
+
+    tenants: dict[str, bool] = Field(default_factory=dict)
+    """Per-tenant switch, as JSON: `{"acme": false}`; a tenant not named follows `in_context`."""
+
+    max_tokens: int = Field(default=192, ge=1, le=4096)
+    """Token budget of the items added to one request (their texts; the frame adds ~45 tokens)."""
+
+    tenant_max_tokens: dict[str, int] = Field(default_factory=dict)
+    """Per-tenant budgets overriding `max_tokens`, as JSON: `{"acme": 512}`."""
+
+    max_items: int = Field(default=3, ge=1, le=32)
+    """At most this many items per request (the most relevant first)."""
+
+    min_score: float = Field(default=0.4, ge=-1.0, le=1.0)
+    """Items scoring below this similarity to the request are not relevant and stay out (the larger of the
+    all-MiniLM-L6-v2 cosine and the TF-IDF cosine; the TF-IDF-only fallback uses 0.2)."""
+
+    margin: float = Field(default=0.2, ge=0.0, le=2.0)
+    """Items scoring more than this below the best item for the request stay out: a small model reads one
+    relevant note well and is distracted by weaker ones beside it."""
+
+    retriever: Literal["minilm", "tfidf"] = "minilm"
+    """`minilm`: the shipped sentence-embedding model (falls back to `tfidf`, with a warning, when its
+    package is missing); `tfidf`: word overlap only."""
+
+
 class InferenceSettings(ApprenticeSettings):
     model_config = SettingsConfigDict(env_prefix="APPRENTICE_INFERENCE_")
 
@@ -232,34 +266,8 @@ class InferenceSettings(ApprenticeSettings):
     """Per-tenant quotas on this pod: pod defaults and per-tenant overrides."""
 
     # --- knowledge in context (services/inference/knowledge.py) -------------------------------------
-    knowledge_in_context: bool = True
-    """Add the tenant's approved knowledge items relevant to each chat request to its context (inside the
-    injection-safe frame of shared/knowledge/frame.py), from approval until a promoted version answers the
-    item's questions without it. Per-tenant overrides in `knowledge_tenants`."""
-
-    knowledge_tenants: dict[str, bool] = Field(default_factory=dict)
-    """Per-tenant switch, as JSON: `{"acme": false}`; a tenant not named follows `knowledge_in_context`."""
-
-    knowledge_max_tokens: int = Field(default=192, ge=1, le=4096)
-    """Token budget of the items added to one request (their texts; the frame adds ~45 tokens)."""
-
-    knowledge_tenant_max_tokens: dict[str, int] = Field(default_factory=dict)
-    """Per-tenant budgets overriding `knowledge_max_tokens`, as JSON: `{"acme": 512}`."""
-
-    knowledge_max_items: int = Field(default=3, ge=1, le=32)
-    """At most this many items per request (the most relevant first)."""
-
-    knowledge_min_score: float = Field(default=0.4, ge=-1.0, le=1.0)
-    """Items scoring below this similarity to the request are not relevant and stay out (the larger of the
-    all-MiniLM-L6-v2 cosine and the TF-IDF cosine; the TF-IDF-only fallback uses 0.2)."""
-
-    knowledge_margin: float = Field(default=0.2, ge=0.0, le=2.0)
-    """Items scoring more than this below the best item for the request stay out: a small model reads one
-    relevant note well and is distracted by weaker ones beside it."""
-
-    knowledge_retriever: Literal["minilm", "tfidf"] = "minilm"
-    """`minilm`: the shipped sentence-embedding model (falls back to `tfidf`, with a warning, when its
-    package is missing); `tfidf`: word overlap only."""
+    knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
+    """Which knowledge items go into a request's context: switches, budgets, relevance, retriever."""
 
     default_max_new_tokens: int = 128
     """Used when a request leaves `max_new_tokens` at 0."""
@@ -375,6 +383,9 @@ class InferenceSettings(ApprenticeSettings):
 
     moved_settings: ClassVar[dict[str, str]] = {
         "engine": "engine.kind", "device": "engine.device",
+        **{f"knowledge_{name}": f"knowledge.{name}" for name in ("in_context", "tenants", "max_tokens",
+                                                                 "tenant_max_tokens", "max_items", "min_score",
+                                                                 "margin", "retriever")},
         "tenant_max_concurrent": "quota.max_concurrent", "tenant_tokens_per_s": "quota.tokens_per_s",
         "tenant_burst_tokens": "quota.burst_tokens", "tenant_quotas": "quota.tenants",
         **{f"feedback_{name}": f"feedback.{name}" for name in ("max_per_interaction", "max_bytes_per_interaction",
@@ -466,10 +477,10 @@ class InferenceSettings(ApprenticeSettings):
 
     def knowledge_on_for(self, tenant: str) -> bool:
         """The tenant's switch for knowledge in context."""
-        return self.knowledge_tenants.get(tenant, self.knowledge_in_context)
+        return self.knowledge.tenants.get(tenant, self.knowledge.in_context)
 
     def knowledge_budget_for(self, tenant: str) -> int:
-        return self.knowledge_tenant_max_tokens.get(tenant, self.knowledge_max_tokens)
+        return self.knowledge.tenant_max_tokens.get(tenant, self.knowledge.max_tokens)
 
     @property
     def no_capture_tenants(self) -> frozenset[str]:
