@@ -4,9 +4,16 @@ Each service composes `CommonSettings` into its own settings class (env prefix
 `APPRENTICE_<SERVICE>_`). No torch import here: configs must load fast and validate before any heavy
 work starts.
 
+Related settings are nested groups (`Group`), read from `<PREFIX><GROUP>__<FIELD>` variables; where there is
+a choice of kind, a discriminated union on `kind` (`kind_discriminator`): `APPRENTICE_EXTRACTOR_LLM__KIND=openai`
+with `APPRENTICE_EXTRACTOR_LLM__MODEL=...`. docs/settings.md lists every variable (tools/settings_reference.py
+writes it from the classes' attribute docstrings).
+
 The same thing has the same name in every service: the own gRPC address is `port`/`host`, another
-service's address is `<service>_endpoint`. A setting that is renamed keeps its old name for one release
-through `renamed(...)` (settings classes) or `renamed_env(...)` (a variable a CLI reads itself).
+service's address is `<service>_endpoint`. A setting that moved into a group is refused under its old name
+(`moved_settings`: the start fails naming the new variable, never a silently ignored one); a setting that is
+only renamed keeps its old name for one release through `renamed(...)` (settings classes) or
+`renamed_env(...)` (a variable a CLI reads itself).
 """
 
 from __future__ import annotations
