@@ -30,6 +30,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError, safe_open
+
 from services.weights.evalset import LoadedHeldout, OodSet, load_heldout, load_ood
 from services.weights.gate import (
     KNOWLEDGE,
@@ -51,11 +53,14 @@ from services.weights.metrics import EVAL_SECONDS, EVALS
 from services.weights.settings import WeightsSettings
 from services.weights.store import WeightStore
 from shared.contracts.orders import BASE
+from shared.decoding.chat_template import encode_chat
 from shared.decoding.repetition import repetition_rate
 from shared.grading import grade_rule, parse_rule_spec
+from shared.models import load_model, load_tokenizer, resolve_model_dir
 from shared.progress import progress
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.rpc.grpc_util import FailedPrecondition, NotFound
+from shared.weights.client import load_version
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +69,8 @@ def nonfinite_tensors(files_dir: Path) -> tuple[list[str], int]:
     """Names of tensors holding NaN/Inf in every safetensors file under `files_dir`, and the tensor count.
     A file that is not valid safetensors counts as bad too (`<file>: unreadable (...)`): it cannot be
     served either, and an uploader must not turn it into an internal error of the gate."""
+    # heavy: torch, only when an evaluation runs (the registry imports this module)
     import torch
-    from safetensors import SafetensorError, safe_open
 
     bad, total = [], 0
     for path in sorted(files_dir.rglob("*.safetensors")):
@@ -91,7 +96,7 @@ def greedy_answers(model: Any, tok: Any, chats: Sequence[list[dict[str, str]]], 
     weight once) once instead of once per batch; when they do not fit in one batch, prompts of similar
     length share one (less left padding). Answers do not depend on the batching. The decode loop computes
     the last position's logits only (shared/decoding/forward.py)."""
-    from shared.decoding.chat_template import encode_chat
+    # heavy: torch, only when an evaluation runs
     from shared.decoding.generation import generate
 
     prompts = [encode_chat(tok, c).ids for c in chats]    # the ids inference would serve
@@ -111,10 +116,10 @@ def greedy_answers(model: Any, tok: Any, chats: Sequence[list[dict[str, str]]], 
 def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, max_new_tokens: int,
                 batch_size: int) -> ModelScores:
     """One model on both sets: greedy answers graded by rules, reference answers scored by likelihood."""
+    # heavy: torch, only when an evaluation runs (the registry imports this module)
     import torch
 
-    from shared.decoding.chat_template import encode_chat
-    from shared.decoding.logprobs import sequence_logprobs
+    from shared.decoding.logprobs import sequence_logprobs  # heavy: torch
 
     def greedy(chats: list[list[dict[str, str]]]) -> list[Any]:
         return greedy_answers(model, tok, chats, max_new_tokens=max_new_tokens, batch_size=batch_size)
@@ -176,7 +181,7 @@ class Evaluator:
         self.heldout = load_heldout(settings.eval_set)
         self.ood, self._ood_digest = load_ood(settings.ood_set)
         for warning in coarse_limits(len(self.heldout.spec.items), sum(it.check is not None for it in self.ood.items),
-                                     settings.heldout_max_drop, settings.ood_max_rule_drop):
+                                     settings.gate.heldout_max_drop, settings.gate.ood_max_rule_drop):
             log.warning("eval gate: %s", warning)
         self.workdir = settings.store_root / "work"
         self.cache_dir = settings.store_root / "eval-cache"
@@ -200,7 +205,6 @@ class Evaluator:
             return ""
         if m.version != BASE and m.base_version not in ("", BASE):
             return ",".join(f.sha256 for f in self.store.get(m.model, m.base_version).files)
-        from shared.models import resolve_model_dir
 
         where = Path(resolve_model_dir(m.base_model or m.model))
         if not where.is_dir():
@@ -232,15 +236,10 @@ class Evaluator:
 
     def _tokenizer(self, model_name: str) -> Any:
         if self._tok is None:
-            from shared.models import load_tokenizer
-
             self._tok = load_tokenizer(model_name)
         return self._tok
 
     def _load(self, m: weights_pb2.Manifest, work: Path) -> Any:
-        from shared.models import load_model
-        from shared.weights.client import load_version
-
         name = m.base_model or m.model
         if m.version == BASE:
             return load_model(name)[0]
@@ -322,7 +321,7 @@ class Evaluator:
                 files = self.store.materialise(m, work / f"{m.version}.check")
                 bad, total = nonfinite_tensors(files)
                 results = [integrity_result(bad, total),
-                           hacking_result(hacking_fraction(m, extra_metrics), s.max_hacking_fraction)]
+                           hacking_result(hacking_fraction(m, extra_metrics), s.gate.max_hacking_fraction)]
                 if not bad:  # a NaN model cannot be scored meaningfully; the integrity result already blocks
                     results += self._compare(m, baseline, reference, work)
             finally:
@@ -389,9 +388,10 @@ class Evaluator:
         if ref_scores is None:              # the reference is this version itself (an operator's choice)
             ref_scores = cand
         heldout = f"{self.heldout.spec.name}: {cand.heldout_items} of {len(self.heldout.spec.items)} items with signal"
-        step = Limits(s.heldout_max_drop, s.ood_max_loglik_drop, s.ood_max_rule_drop, s.ood_max_repetition_rise)
-        total = Limits(s.heldout_max_drop_total, s.ood_max_loglik_drop_total, s.ood_max_rule_drop_total,
-                       s.ood_max_repetition_rise_total)
+        step = Limits(s.gate.heldout_max_drop, s.gate.ood_max_loglik_drop, s.gate.ood_max_rule_drop,
+                      s.gate.ood_max_repetition_rise)
+        total = Limits(s.drift.heldout_max_drop, s.drift.ood_max_loglik_drop, s.drift.ood_max_rule_drop,
+                       s.drift.ood_max_repetition_rise)
         results = regression_results(cand, parent_scores, step, baseline_version=parent, comparison=PARENT,
                                      heldout_detail=heldout, ood_name=self.ood.name)
         results += regression_results(cand, ref_scores, total, baseline_version=reference, comparison=REFERENCE,

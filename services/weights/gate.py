@@ -208,9 +208,10 @@ def coarse_limits(heldout_items: int, ood_checked_items: int, heldout_max_drop: 
     refuses on one answer's noise (a task file's six OOD questions under the 0.1 default did exactly
     that to every honest GRPO candidate of a run; the packaged general questions exist for this)."""
     out = []
-    for what, n, limit, setting in (("held-out items", heldout_items, heldout_max_drop, "heldout_max_drop"),
+    for what, n, limit, setting in (("held-out items", heldout_items, heldout_max_drop,
+                                     "APPRENTICE_WEIGHTS_GATE__HELDOUT_MAX_DROP"),
                                     ("OOD questions with checks", ood_checked_items, ood_max_rule_drop,
-                                     "ood_max_rule_drop")):
+                                     "APPRENTICE_WEIGHTS_GATE__OOD_MAX_RULE_DROP")):
         if n and 1.0 / n > limit:
             out.append(f"{n} {what}: one changed answer moves the score by {1.0 / n:.2f}, more than "
                        f"{setting}={limit:g}, so any single change blocks a candidate; add items or raise the limit")

@@ -28,6 +28,52 @@ class LocalStoreSettings(Group):
     """Where blobs and manifests live; None = `<APPRENTICE_HOME>/weights`."""
 
 
+class GateLimits(Group):
+    """How much worse than the version it replaces a candidate may score before the eval gate blocks it
+    (services/weights/gate.py; per step)."""
+
+    heldout_max_drop: float = Field(default=0.1, ge=0.0)
+    """Largest allowed drop of the held-out mean rule score (scores are in [0, 1])."""
+
+    ood_max_loglik_drop: float = Field(default=0.5, ge=0.0, json_schema_extra={"unit": "nats/token"})
+    """Largest allowed drop of the mean per-token log-likelihood of OOD reference answers, in nats/token.
+    Corrupted weights drop it by several nats; an RL step moves it by hundredths."""
+
+    ood_max_rule_drop: float = Field(default=0.1, ge=0.0)
+    """Largest allowed drop of the rule score on OOD questions that carry a check (general knowledge)."""
+
+    ood_max_repetition_rise: float = Field(default=0.25, ge=0.0)
+    """Largest allowed rise of the OOD greedy repetition rate (share of repeated 3-grams, in [0, 1])."""
+
+    max_hacking_fraction: float = Field(default=0.2, ge=0.0)
+    """Block a checkpoint whose training batch had more than this share of samples flagged for reward
+    hacking (`hacking_flag_fraction` in the manifest's train_metrics / training_metadata)."""
+
+
+class DriftLimits(Group):
+    """How much worse than the fixed reference (`reference_version`, per tenant `tenant_reference_versions`)
+    a candidate may score: per-step limits alone let drift accumulate over promotions."""
+
+    heldout_max_drop: float = Field(default=0.2, ge=0.0)
+    """Largest drop of the held-out rule score against the reference: twice the per-step limit, so two
+    full-size regressions in a row (or many small ones) add up to a refusal."""
+
+    ood_max_loglik_drop: float = Field(default=1.0, ge=0.0, json_schema_extra={"unit": "nats/token"})
+    """Largest drop of the OOD reference-answer log-likelihood against the reference, in nats/token: twice
+    the per-step limit (an RL step moves it by hundredths; corrupted weights by several nats)."""
+
+    ood_max_rule_drop: float = Field(default=0.2, ge=0.0)
+    """Largest drop of the OOD rule score against the reference: twice the per-step limit (with the 46
+    default OOD questions, nine answers lost since the reference)."""
+
+    ood_max_repetition_rise: float = Field(default=0.1, ge=0.0)
+    """Largest rise of the OOD repetition rate against the reference. Deliberately tighter than the per-step
+    0.25 (not 2-3x it): the drifts to stop were +0.14 (0.017 -> 0.159) and +0.25 (the demo's 0.017 -> 0.084
+    -> 0.271), both inside 0.5; candidates without degenerate repetition in the recorded runs stayed within
+    +0.06 of their base (GRPO, reward-hack and velo runs: docs/demo-*/report.json). 0.1 is about five times
+    SmolLM2's own rate."""
+
+
 class WeightsSettings(ApprenticeSettings):
     model_config = SettingsConfigDict(env_prefix="APPRENTICE_WEIGHTS_")
 
@@ -76,7 +122,12 @@ class WeightsSettings(ApprenticeSettings):
     store: LocalStoreSettings = Field(default_factory=LocalStoreSettings)
     """Where versions are stored: the blob store's kind and its settings."""
 
-    moved_settings: ClassVar[dict[str, str]] = {"store_backend": "store.kind", "store_dir": "store.dir"}
+    moved_settings: ClassVar[dict[str, str]] = {
+        "store_backend": "store.kind", "store_dir": "store.dir",
+        **{name: f"gate.{name}" for name in ("heldout_max_drop", "ood_max_loglik_drop", "ood_max_rule_drop",
+                                             "ood_max_repetition_rise", "max_hacking_fraction")},
+        **{f"{name}_total": f"drift.{name}" for name in ("heldout_max_drop", "ood_max_loglik_drop",
+                                                         "ood_max_rule_drop", "ood_max_repetition_rise")}}
 
     keep_last: int = 5
     """Retention: the newest N versions per model are kept, plus every promoted, canary, pinned and
@@ -111,22 +162,8 @@ class WeightsSettings(ApprenticeSettings):
     batches of 16). With the general OOD questions a task's sets have about 60 prompts: batches of 32 and
     64 scored the routing task's sets in the same time on 2 cores (10-11 s for SmolLM2)."""
 
-    heldout_max_drop: float = 0.1
-    """Largest allowed drop of the held-out mean rule score (scores are in [0, 1])."""
-
-    ood_max_loglik_drop: float = 0.5
-    """Largest allowed drop of the mean per-token log-likelihood of OOD reference answers, in nats/token.
-    Corrupted weights drop it by several nats; an RL step moves it by hundredths."""
-
-    ood_max_rule_drop: float = 0.1
-    """Largest allowed drop of the rule score on OOD questions that carry a check (general knowledge)."""
-
-    ood_max_repetition_rise: float = 0.25
-    """Largest allowed rise of the OOD greedy repetition rate (share of repeated 3-grams, in [0, 1])."""
-
-    max_hacking_fraction: float = 0.2
-    """Block a checkpoint whose training batch had more than this share of samples flagged for reward
-    hacking (`hacking_flag_fraction` in the manifest's train_metrics / training_metadata)."""
+    gate: GateLimits = Field(default_factory=GateLimits)
+    """Per-step regression limits of the eval gate (against the version a candidate replaces)."""
 
     # --- eval gate: drift against a fixed reference (cumulative limits) -----------------------------
     reference_version: str = "base"
@@ -141,24 +178,8 @@ class WeightsSettings(ApprenticeSettings):
     APPRENTICE_WEIGHTS_TENANT_REFERENCE_VERSIONS='{"acme": "v7"}'. A tenant whose operator accepted a
     version's behaviour measures further drift from there, without moving every other tenant's anchor."""
 
-    heldout_max_drop_total: float = 0.2
-    """Largest drop of the held-out rule score against the reference: twice the per-step limit, so two
-    full-size regressions in a row (or many small ones) add up to a refusal."""
-
-    ood_max_loglik_drop_total: float = 1.0
-    """Largest drop of the OOD reference-answer log-likelihood against the reference, in nats/token: twice
-    the per-step limit (an RL step moves it by hundredths; corrupted weights by several nats)."""
-
-    ood_max_rule_drop_total: float = 0.2
-    """Largest drop of the OOD rule score against the reference: twice the per-step limit (with the 46
-    default OOD questions, nine answers lost since the reference)."""
-
-    ood_max_repetition_rise_total: float = 0.1
-    """Largest rise of the OOD repetition rate against the reference. Deliberately tighter than the per-step
-    0.25 (not 2-3x it): the drifts to stop were +0.14 (0.017 -> 0.159) and +0.25 (the demo's 0.017 -> 0.084
-    -> 0.271), both inside 0.5; candidates without degenerate repetition in the recorded runs stayed within
-    +0.06 of their base (GRPO, reward-hack and velo runs: docs/demo-*/report.json). 0.1 is about five times
-    SmolLM2's own rate."""
+    drift: DriftLimits = Field(default_factory=DriftLimits)
+    """Cumulative regression limits of the eval gate (against the reference version)."""
 
     # --- eval gate: knowledge items the weights hold (informational) --------------------------------
     knowledge_max_items: int = 40
@@ -224,11 +245,8 @@ class WeightsSettings(ApprenticeSettings):
                      "max_upload_bytes_in_flight", "max_pods_per_identity", "max_pods"):
             if getattr(self, name) < 1:
                 raise ValueError(f"APPRENTICE_WEIGHTS_{name.upper()} must be at least 1")
-        for name in ("heldout_max_drop", "ood_max_loglik_drop", "ood_max_rule_drop", "ood_max_repetition_rise",
-                     "max_hacking_fraction", "heldout_max_drop_total", "ood_max_loglik_drop_total",
-                     "ood_max_rule_drop_total", "ood_max_repetition_rise_total", "knowledge_max_items"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"APPRENTICE_WEIGHTS_{name.upper()} must be >= 0")
+        if self.knowledge_max_items < 0:
+            raise ValueError("APPRENTICE_WEIGHTS_KNOWLEDGE_MAX_ITEMS must be >= 0")
         for tenant, version in {"": self.reference_version, **self.tenant_reference_versions}.items():
             if tenant and TENANT_RE.fullmatch(tenant) is None:
                 raise ValueError(f"APPRENTICE_WEIGHTS_TENANT_REFERENCE_VERSIONS: {tenant[:60]!r} is not a tenant name")

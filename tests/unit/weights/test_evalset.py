@@ -72,7 +72,7 @@ def test_settings_validation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     monkeypatch.setenv("APPRENTICE_HOME", str(tmp_path))
     s = WeightsSettings()
     assert s.port == 50052 and s.metrics_port == 9105 and s.store_root == tmp_path / "weights"
-    for bad in ({"keep_last": 0}, {"canary_fraction": 0}, {"chunk_size": 64 << 20}, {"heldout_max_drop": -1},
+    for bad in ({"keep_last": 0}, {"canary_fraction": 0}, {"chunk_size": 64 << 20}, {"gate": {"heldout_max_drop": -1}},
                 {"policy": "yolo"}):
         with pytest.raises(ValueError):
             WeightsSettings(**bad)  # type: ignore[arg-type]

@@ -73,9 +73,9 @@ def test_repetition_rate(ids: list[int], expected: float) -> None:
 def test_coarse_limits_warn_when_one_answer_exceeds_the_limit() -> None:
     # six OOD questions under a 0.1 limit: one changed answer is a 0.17 drop
     (warning,) = coarse_limits(15, 6, 0.1, 0.1)
-    assert warning.startswith("6 OOD questions with checks") and "0.17" in warning and "ood_max_rule_drop" in warning
+    assert warning.startswith("6 OOD questions with checks") and "0.17" in warning and "APPRENTICE_WEIGHTS_GATE__OOD_MAX_RULE_DROP" in warning
     assert coarse_limits(15, 46, 0.1, 0.1) == []          # 1/46 = 0.022: five answers must change
     assert coarse_limits(0, 0, 0.1, 0.1) == []            # a metric without items is not scored, not coarse
     (held,) = coarse_limits(5, 46, 0.1, 0.1)
-    assert held.startswith("5 held-out items") and "heldout_max_drop=0.1" in held
+    assert held.startswith("5 held-out items") and "GATE__HELDOUT_MAX_DROP=0.1" in held
     assert coarse_limits(10, 10, 0.1, 0.1) == []          # exactly one step per limit is resolvable

@@ -64,7 +64,7 @@ def test_small_steps_that_add_up_are_refused_against_the_base(store: WeightStore
     manifest holds both comparisons of every regression check."""
     table = {"base": scores(0.017), "v1": scores(0.042), "v2": scores(0.09), "v3": scores(0.159)}
     settings = WeightsSettings(store=LocalStoreSettings(dir=store.root))
-    assert (settings.ood_max_repetition_rise, settings.ood_max_repetition_rise_total) == (0.25, 0.1)
+    assert (settings.gate.ood_max_repetition_rise, settings.drift.ood_max_repetition_rise) == (0.25, 0.1)
     ev = ScriptedEvaluator(store, settings, table)
     desk = OrderDesk(store, Recorder(), gate=ev.evaluate)
     for data in (b"1", b"2", b"3"):
@@ -159,6 +159,6 @@ def test_settings_reject_bad_reference_names() -> None:
         WeightsSettings(reference_version="../v1")
     with pytest.raises(ValueError, match="not a tenant name"):
         WeightsSettings(tenant_reference_versions={"a/b": "v1"})
-    with pytest.raises(ValueError, match="OOD_MAX_REPETITION_RISE_TOTAL"):
-        WeightsSettings(ood_max_repetition_rise_total=-1)
-    assert math.isclose(WeightsSettings().ood_max_loglik_drop_total, 2 * WeightsSettings().ood_max_loglik_drop)
+    with pytest.raises(ValueError, match="drift.ood_max_repetition_rise"):
+        WeightsSettings.model_validate({"drift": {"ood_max_repetition_rise": -1}})
+    assert math.isclose(WeightsSettings().drift.ood_max_loglik_drop, 2 * WeightsSettings().gate.ood_max_loglik_drop)
