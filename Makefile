@@ -97,6 +97,8 @@ settings-doc: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy shared services tools tests load
+	# the layering of pyproject.toml's [tool.importlinter] (services apart, library below services and tools)
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf .apprentice

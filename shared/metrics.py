@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import urllib.request
 
 from prometheus_client import start_http_server
 
@@ -48,7 +49,6 @@ MAX_EXPOSITION = 4 << 20
 def scrape(addr: str, timeout: float = 2.0) -> str | None:
     """The Prometheus text of `http://<addr>/metrics`; None when it does not answer, answers something that
     is not text, or more than MAX_EXPOSITION bytes (a status page must show what it can, not fail)."""
-    import urllib.request
 
     try:
         with urllib.request.urlopen(f"http://{addr}/metrics", timeout=timeout) as r:

@@ -95,6 +95,7 @@ def _materialise(target: Path, build: Any) -> Path:
 
 
 def _build_smollm2() -> tuple[Any, Any]:
+    # heavy: transformers, only when a model loads
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = gguf_path()
@@ -169,6 +170,7 @@ GEMMA3_CHAT_TEMPLATE = (
 def gguf_tokenizer_fields(path: Path) -> tuple[list[str], list[float], list[int]]:
     """(tokens, scores, token types) from a GGUF file's metadata; reads only the header (a second, where
     gguf's GGUFReader takes ~20 s on a 262k vocabulary)."""
+    # deferred: numpy, only to read a GGUF header; `apprentice` imports this module
     import numpy as np
 
     scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -217,6 +219,7 @@ def spm_bpe_tokenizer(tokens: Sequence[str], scores: Sequence[float], types: Seq
     frequent pieces ("user" --> "us" + "er", 2 tokens where Gemma has one), and adds no <bos>: the model
     then answers with empty lines. Here: BPE with merges ranked by the merged piece's score, control tokens
     special, user-defined tokens (newline and space runs, HTML tags) matched whole, <bos> prepended."""
+    # heavy: tokenizers and transformers, only to build a GGUF model's tokenizer
     from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
@@ -239,6 +242,7 @@ def spm_bpe_tokenizer(tokens: Sequence[str], scores: Sequence[float], types: Seq
 
 
 def _build_gemma3(cache: Path) -> tuple[Any, Any]:
+    # heavy: transformers/torch, only when a model loads
     from transformers import AutoModelForCausalLM
 
     cache.mkdir(parents=True, exist_ok=True)
@@ -259,6 +263,7 @@ def _build_gemma3(cache: Path) -> tuple[Any, Any]:
 
 
 def _build_tiny() -> tuple[Any, Any]:
+    # heavy: torch and transformers, only when a model loads
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -295,6 +300,7 @@ def check_model_name(name: str) -> None:
                                "transformers' save_pretrained (config.json, tokenizer and weights)")
         return
     if "/" in name and not name.startswith((".", "/", "~")):
+        # deferred: huggingface_hub loads httpx; `apprentice` checks names with this module
         from huggingface_hub import try_to_load_from_cache
 
         if isinstance(try_to_load_from_cache(name, "config.json"), str):
@@ -319,6 +325,7 @@ def resolve_model_dir(name: str, cache: Path | None = None) -> Path | str:
 
 
 def load_tokenizer(name: str, cache: Path | None = None) -> Any:
+    # heavy: transformers, only when a tokenizer loads
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(resolve_model_dir(name if name != TINY else SMOLLM2, cache))
@@ -329,6 +336,7 @@ def load_tokenizer(name: str, cache: Path | None = None) -> Any:
 
 def load_model(name: str, *, cache: Path | None = None, dtype: Any = None, device: str = "cpu") -> tuple[Any, Any]:
     """Load (model, tokenizer) in eval mode. `dtype` defaults to fp32 on CPU."""
+    # heavy: torch and transformers, only when a model loads
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -31,6 +31,8 @@ import signal
 import threading
 from typing import Protocol, runtime_checkable
 
+from shared.metrics import start_metrics_server
+
 log = logging.getLogger(__name__)
 
 
@@ -69,7 +71,6 @@ def run_service(handle: ServiceHandle, *, metrics_port: int, metrics_host: str =
     state is left to clean up. A second signal, at any time, ends the process at once (the default
     action is restored after the first), for the operator who will not wait; supervisors escalate to
     SIGKILL after their own grace anyway."""
-    from shared.metrics import start_metrics_server
 
     requested = threading.Event()
 

@@ -30,6 +30,8 @@ argparse's usage errors): supervisors and tests tell it from a crash (1) or a si
 def startup_errors() -> tuple[type[Exception], ...]:
     """The exception types that mean "fix the settings or the host", imported only when needed so an
     entry point's `--help` stays light."""
+    # deferred: shared.models and the security modules load numpy, grpc and cryptography; every service's
+    # __main__ (all imported by `apprentice`) imports this module
     from shared.models import ModelUnavailable
     from shared.rpc.grpc_util import PortInUse
     from shared.security.binding import InsecureBind

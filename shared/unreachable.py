@@ -10,6 +10,8 @@ and the `apprentice` entry point's own (tools/cli/), which applies it to whateve
 
 from __future__ import annotations
 
+import grpc
+
 from shared.contracts.stack_endpoints import GRPC_TARGET_VARS
 
 EXIT_UNREACHABLE = 3
@@ -36,7 +38,6 @@ def grpc_unreachable_reason(err: BaseException) -> str | None:
     """Why a gRPC call did not reach its server ("connection refused"), or None when it did: a server's own
     UNAVAILABLE (a busy store, a draining pod) is an answer, and a TLS failure means something does listen
     there (the CA or the scheme is wrong), so neither is worded as "not answering"."""
-    import grpc
 
     code = getattr(err, "code", None)
     if not isinstance(err, grpc.RpcError) or not callable(code) or code() != grpc.StatusCode.UNAVAILABLE:
@@ -51,6 +52,7 @@ def grpc_unreachable_reason(err: BaseException) -> str | None:
 def kafka_unreachable(err: BaseException) -> bool:
     """Whether a Kafka client error means that no broker answered (down, refused, unresolvable, timed out)."""
     try:
+        # optional: this module also serves builds without the Kafka client
         from confluent_kafka import KafkaError, KafkaException
     except ImportError:  # pragma: no cover - a build without the Kafka client
         return False

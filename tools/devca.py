@@ -13,6 +13,7 @@ These are for one machine's local stack; production mounts its own secrets with 
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import ipaddress
 import os
@@ -25,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from shared.contracts.dev_credentials import DevCredentials
+from shared.settings import default_home
 
 VALID_DAYS = 730
 SERVER_HOSTS = ("localhost", "127.0.0.1", "::1", "inference", "weights", "extractor")
@@ -145,9 +147,6 @@ def ensure_dev_credentials(home: Path, tenants: tuple[str, ...] = ("demo", "defa
 def main(argv: list[str] | None = None) -> int:
     """`apprentice secrets init [--home DIR] [--tenants a,b]`: create (or extend) a stack's development
     credentials; prints where they are. Used by the compose file's init container and by hand."""
-    import argparse
-
-    from shared.settings import default_home
 
     ap = argparse.ArgumentParser(prog="apprentice secrets", description=main.__doc__)
     ap.add_argument("action", choices=["init"])

@@ -9,6 +9,11 @@ import argparse
 import os
 from collections.abc import MutableMapping
 
+from services.dashboard.settings import DashboardSettings
+from shared.contracts.dev_credentials import DevCredentials
+from shared.logs import configure_logging
+from shared.service import run_service
+from shared.settings import default_home
 from shared.startup import exit_on_startup_error
 
 
@@ -18,8 +23,6 @@ def adopt_stack_credentials(environ: MutableMapping[str, str]) -> None:
     operator, as the services of that stack do. A variable that is set stays."""
     if environ.get("APPRENTICE_AUTH_KEYS") or environ.get("APPRENTICE_AUTH_KEYS_FILE"):
         return
-    from shared.contracts.dev_credentials import DevCredentials
-    from shared.settings import default_home
 
     creds = DevCredentials(default_home() / "secrets")
     if not (creds.keys_file.exists() and creds.server_cert.exists() and creds.operator_token.exists()):
@@ -37,13 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", help="interface to bind (default: APPRENTICE_DASHBOARD_HOST; loopback without keys)")
     ns = ap.parse_args(argv)
     adopt_stack_credentials(os.environ)
-    from services.dashboard.settings import DashboardSettings
-    from shared.logs import configure_logging
 
     settings = DashboardSettings(**{k: v for k, v in (("port", ns.port), ("host", ns.host)) if v is not None})
     configure_logging("dashboard", settings.common.log_level, settings.common.log_json)
+    # deferred: the server (its Kafka readers, page renderer) loads only to run; `apprentice` imports this module
     from services.dashboard.service import DashboardServer
-    from shared.service import run_service
 
     return run_service(DashboardServer(settings), metrics_port=0)
 

@@ -19,6 +19,7 @@ from shared.contracts.default_ports import GRPC_PORTS, METRICS_PORTS
 from shared.contracts.grader_waiting import describe, from_metrics
 from shared.contracts.metric_names import INFERENCE_SPOOL_DEPTH
 from shared.contracts.stack_endpoints import read_endpoints
+from shared.kafka.lag import partition_lag as read_lag
 from shared.metrics import metric_sum, scrape
 from shared.proto.apprentice.v1 import (
     events_pb2,
@@ -156,7 +157,6 @@ class Backends:
 def partition_lag(common: CommonSettings) -> list[dict[str, Any]]:
     """Rows (group, topic, partition, committed, end, lag) for every consumer group of this namespace on our
     topics; the dashboards' own groups (which never commit) are left out."""
-    from shared.kafka.lag import partition_lag as read_lag
 
     topics = common.topics
     return [{"group": r.group, "topic": topics.base_of(r.topic), "partition": r.partition,

@@ -10,6 +10,8 @@ from typing import Any
 from services.dashboard.reader import TopicReader
 from services.dashboard.settings import DashboardSettings
 from services.dashboard.web import Dashboard, build
+from shared.rpc.grpc_util import service_host
+from shared.rpc.http_listener import HttpServer
 from shared.security.binding import is_loopback
 
 log = logging.getLogger(__name__)
@@ -30,9 +32,6 @@ class DashboardServer:
         self._stopped = threading.Event()
 
     def start(self) -> None:
-        from shared.rpc.grpc_util import service_host
-        from shared.rpc.http_listener import HttpServer
-
         s = self.settings
         host = service_host(s.host, s.common)
         try:

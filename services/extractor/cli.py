@@ -29,7 +29,20 @@ import sys
 import textwrap
 from datetime import UTC, datetime
 
-from shared.proto.apprentice.v1 import events_pb2
+import grpc
+
+from shared.kafka.admin import broker_answers
+from shared.proto.apprentice.v1 import events_pb2, knowledge_pb2, knowledge_pb2_grpc
+from shared.rpc.grpc_util import LIST_SCOPE_METADATA
+from shared.security.channels import open_channel
+from shared.settings import CommonSettings, renamed_env
+from shared.unreachable import (
+    EXIT_UNREACHABLE,
+    KAFKA,
+    grpc_unreachable_reason,
+    kafka_unreachable,
+    unreachable,
+)
 
 S = events_pb2.ItemStatus
 STATE = {S.ITEM_STATUS_PROPOSED: "pending", S.ITEM_STATUS_APPROVED: "serving in context",
@@ -155,7 +168,6 @@ def format_list(snaps: list[events_pb2.KnowledgeSnapshot]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="apprentice knowledge", description="Show and curate the knowledge bases.")
-    from shared.settings import renamed_env
 
     p.add_argument("--endpoint", "--target", dest="endpoint",
                    default=renamed_env("APPRENTICE_EXTRACTOR_ENDPOINT", "APPRENTICE_EXTRACTOR_TARGET", "127.0.0.1:50053"),
@@ -204,8 +216,8 @@ def _operator(given: str) -> str:
 
 
 def _from_topic(keys: list[str] | None) -> list[events_pb2.KnowledgeSnapshot]:
+    # deferred: the snapshot reader loads numpy (shared.contracts.validation); `apprentice` imports this module
     from services.extractor.snapshots import read_snapshots
-    from shared.settings import CommonSettings
 
     common = CommonSettings()
     latest: dict[str, events_pb2.KnowledgeSnapshot] = {}
@@ -218,12 +230,6 @@ def _from_topic(keys: list[str] | None) -> list[events_pb2.KnowledgeSnapshot]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     cmd = args.cmd or "list"
-    import grpc
-
-    from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc
-    from shared.rpc.grpc_util import LIST_SCOPE_METADATA
-    from shared.security.channels import open_channel
-    from shared.unreachable import EXIT_UNREACHABLE, grpc_unreachable_reason, unreachable
 
     if cmd in ("list", "show") and getattr(args, "from_topic", False):
         return _print_offline(cmd, args)
@@ -301,9 +307,6 @@ def nothing_listed(tenant: str, scope: str) -> str:
 def _print_offline(cmd: str, args: argparse.Namespace, *, extractor_down: bool = False) -> int:
     """`list` / `show` from the compacted knowledge topic (`--from-topic`, or no extractor answers). With
     the broker down as well, one line says that both are down and how to start them."""
-    from shared.kafka.admin import broker_answers
-    from shared.settings import CommonSettings
-    from shared.unreachable import EXIT_UNREACHABLE, KAFKA, kafka_unreachable, unreachable
 
     common = CommonSettings()
     if not broker_answers(common.kafka_bootstrap, security=common):
@@ -331,6 +334,7 @@ def _print_offline(cmd: str, args: argparse.Namespace, *, extractor_down: bool =
     if not snaps:
         print(f"no knowledge base {args.key!r}" if args.key else NO_BASES_YET)
         return 1 if args.key else 0
+    # heavy: presidio/spaCy (the PII screen); `apprentice` imports this module
     from services.extractor.knowledge import training_view
 
     for i, snap in enumerate(snaps):

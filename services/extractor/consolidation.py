@@ -20,6 +20,7 @@ import threading
 from services.extractor.knowledge import KnowledgeStore
 from shared.contracts.events import UndecodableEvent
 from shared.contracts.validation import decode_record
+from shared.kafka.consumer import EventConsumer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 from shared.retry import Backoff
 
@@ -86,8 +87,6 @@ class ConsolidationFollower:
         return changed
 
     def _run(self) -> None:
-        from shared.kafka.consumer import EventConsumer
-
         consumer = EventConsumer(self.bootstrap, self.group, [self.topic], extra_config={"log_level": 3})
         backoff = Backoff(1.0, 10.0)
         try:

@@ -56,14 +56,17 @@ def make_llm(settings: ExtractorSettings) -> ExtractorLLM:
     """The extractor LLM of `settings.llm`'s kind."""
     llm = settings.llm
     if llm.kind == "inference":
+        # cycle: llm_inference subclasses ExtractorLLM of this module
         from services.extractor.llm_inference import InferenceLLM
 
         return InferenceLLM(llm.endpoint, model=settings.common.model, timeout_s=settings.request_timeout_s)
     if llm.kind == "openai":
+        # cycle: llm_openai subclasses ExtractorLLM of this module
         from services.extractor.llm_openai import OpenAICompatibleLLM
 
         return OpenAICompatibleLLM(llm.base_url, llm.model, api_key_env=llm.api_key_env,
                                    timeout_s=settings.request_timeout_s)
+    # cycle: llm_local subclasses ExtractorLLM of this module (and loads torch)
     from services.extractor.llm_local import LocalLLM
 
     return LocalLLM(llm.model or settings.common.model)

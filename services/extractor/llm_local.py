@@ -9,6 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse
+from shared.decoding.chat_template import encode_chat
+from shared.decoding.params import SamplingConfig
+from shared.models import load_model
 
 
 class LocalLLM(ExtractorLLM):
@@ -22,15 +25,12 @@ class LocalLLM(ExtractorLLM):
 
     def _load(self) -> tuple[Any, Any]:
         if self._model is None:
-            from shared.models import load_model
-
             self._model, self._tok = load_model(self.model_name)
         return self._model, self._tok
 
     def complete(self, requests: Sequence[LLMRequest]) -> list[LLMResponse]:
-        from shared.decoding.chat_template import encode_chat
+        # heavy: torch, only once the local model runs
         from shared.decoding.generation import generate
-        from shared.decoding.params import SamplingConfig
 
         model, tok = self._load()
         # trajectory text and previous items are content: special tokens in them stay text

@@ -32,9 +32,12 @@ from services.extractor.settings import ExtractorSettings
 from services.extractor.snapshots import read_snapshots
 from services.extractor.trajectories import SessionBuffer, Trajectory
 from shared.audit import AuditLog
+from shared.decoding.chat_template import special_token_strings
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer, ensure_topics
 from shared.kafka.busy import WorkAbandoned
 from shared.kafka.decode import decode_batch
+from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
+from shared.models import load_tokenizer
 from shared.privacy.injection_screen import InjectionScreen
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2_grpc
 from shared.retry import Backoff
@@ -48,8 +51,6 @@ log = logging.getLogger(__name__)
 def _policy_tokenizer(model_name: str) -> Any:
     """The policy's tokenizer, loaded once per process; None when it cannot be loaded here."""
     try:
-        from shared.models import load_tokenizer
-
         return load_tokenizer(model_name)
     except Exception as e:  # noqa: BLE001 - approximations beat not starting
         log.warning("tokenizer of %s unavailable here: %s", model_name, e)
@@ -58,7 +59,6 @@ def _policy_tokenizer(model_name: str) -> Any:
 
 def policy_screen(model_name: str) -> InjectionScreen:
     """The injection screen with the policy tokenizer's own special tokens added to the common ones."""
-    from shared.decoding.chat_template import special_token_strings
 
     tok = _policy_tokenizer(model_name)
     return InjectionScreen(tuple(special_token_strings(tok)) if tok is not None else ())
@@ -96,8 +96,6 @@ class ExtractorApp:
         self.producer = EventProducer(common.kafka_bootstrap, client_id="extractor")
         self.deadletters = DeadLetterPublisher(self.producer, self.topics.deadletter, source="extractor")
         if embedder is None and settings.embedding_dedupe:
-            from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
-
             try:
                 embedder = MiniLMEmbedder()
             except EmbeddingsUnavailable as e:

@@ -5,6 +5,7 @@ No torch import here: settings load and validate before any model or network wor
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, Tag, field_validator, model_validator
@@ -218,8 +219,6 @@ class ExtractorSettings(ApprenticeSettings):
         if isinstance(v, str):
             text = v.strip()
             if text.startswith("["):
-                import json
-
                 return json.loads(text)
             return [t.strip() for t in text.split(",") if t.strip()]
         return v

@@ -27,8 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from services.grader.core.rulebook import RuleRecord, RuleRefused, new_record, rule_key, sign
+from shared.kafka.admin import broker_answers, ensure_topics
+from shared.kafka.security import librdkafka_config
+from shared.security.keys import read_secret
+from shared.settings import CommonSettings
+from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
 
 
 def duration(text: str) -> float:
@@ -82,7 +88,6 @@ def inline_rules(kpis: list[str], feedback: list[str], window: float | None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
-    from shared.settings import CommonSettings
 
     common = CommonSettings()
     try:
@@ -118,18 +123,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _token(common: Any) -> str:
-    from shared.security.keys import read_secret
-
     return read_secret(common.auth_token.get_secret_value(), common.auth_token_file)
 
 
 def _write(common: Any, rec: RuleRecord) -> int:
-    from confluent_kafka import Producer
-
-    from shared.kafka.admin import broker_answers, ensure_topics
-    from shared.kafka.security import librdkafka_config
-    from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
-
     if not broker_answers(common.kafka_bootstrap, security=common):
         print(f"apprentice grader: {unreachable(KAFKA, common.kafka_bootstrap)}", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -152,9 +149,6 @@ def _write(common: Any, rec: RuleRecord) -> int:
 
 def read_rules(common: Any, timeout_s: float = 15.0) -> dict[str, tuple[dict[str, Any] | None, str]]:
     """key -> (the latest record's JSON, "" or why it does not read as a rule record) on the rules topic."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    from shared.kafka.security import librdkafka_config
 
     topic = common.topics.grader_rules
     c = Consumer({**librdkafka_config(common), "bootstrap.servers": common.kafka_bootstrap,
@@ -187,9 +181,6 @@ def read_rules(common: Any, timeout_s: float = 15.0) -> dict[str, tuple[dict[str
 
 
 def _list(common: Any, *, as_json: bool) -> int:
-    from shared.kafka.admin import broker_answers
-    from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
-
     if not broker_answers(common.kafka_bootstrap, security=common):
         print(f"apprentice grader: {unreachable(KAFKA, common.kafka_bootstrap)}", file=sys.stderr)
         return EXIT_UNREACHABLE

@@ -29,6 +29,7 @@ from services.grader.core.rulebook import RuleBook
 from services.grader.settings import GraderSettings
 from services.grader.stream.app import GraderApp
 from services.grader.stream.changelog import ensure_internal_topics
+from services.grader.stream.rules_follower import follow
 from shared.grading import GraderConfig
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,6 @@ class FaustRuntime:
         # join topic was sometimes missing from the first assignment ("Ignoring missing topic"), and
         # this worker then graded nothing until some later rebalance.
         ensure_internal_topics(self.settings)
-        from services.grader.stream.rules_follower import follow
 
         self._rules = follow(self.settings, self.book)  # the runtime rules, read whole before any grading
         self._thread = threading.Thread(target=self._run, name="faust-worker", daemon=True)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from services.inference.settings import InferenceSettings
+from shared.logs import configure_logging
+from shared.rpc.grpc_util import service_host
+from shared.service import run_service
 from shared.startup import exit_on_startup_error
 
 
@@ -14,15 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, help="gRPC port (default: APPRENTICE_INFERENCE_PORT or 50051)")
     ap.add_argument("--engine", choices=("transformers", "vllm"), help="override APPRENTICE_INFERENCE_ENGINE__KIND")
     ns = ap.parse_args(argv)
-    from services.inference.settings import InferenceSettings
-    from shared.logs import configure_logging
 
     overrides = {k: v for k, v in (("port", ns.port), ("engine", ns.engine)) if v is not None}
     settings = InferenceSettings(**overrides)
     configure_logging("inference", settings.common.log_level, settings.common.log_json)
+    # heavy: torch (the engine); `apprentice` imports this module, so --help stays fast
     from services.inference.service import InferenceApp
-    from shared.rpc.grpc_util import service_host
-    from shared.service import run_service
 
     metrics_host = service_host(settings.host, settings.common, extra_keys=settings.legacy_key_entries())
     return run_service(InferenceApp(settings), metrics_port=settings.metrics_port, metrics_host=metrics_host)

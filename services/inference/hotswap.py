@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
@@ -37,12 +37,11 @@ from services.inference.settings import InferenceSettings
 from shared.contracts.events import UndecodableEvent, timestamp
 from shared.contracts.orders import OPERATOR, InvalidOrder, Slot
 from shared.contracts.validation import decode_record
+from shared.kafka.consumer import EventConsumer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.retry import Backoff
 from shared.security.channels import open_channel
-
-if TYPE_CHECKING:
-    from shared.weights.download import DownloadClient
+from shared.weights.download import DownloadClient, download_version
 
 log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -195,8 +194,6 @@ class VersionManager:
         self.last_error = ""
 
     def _fetch(self, version: str, endpoint: str) -> VersionFiles:
-        from shared.weights.download import download_version
-
         if version in self._files and self._files[version].path.exists():
             return self._files[version]
         s = self.settings
@@ -221,8 +218,6 @@ class VersionManager:
     def _client(self, endpoint: str) -> DownloadClient:
         """One download client per weights endpoint (hand-decoded chunks: see shared.weights.wire)."""
         if endpoint not in self._clients:
-            from shared.weights.download import DownloadClient
-
             self._clients[endpoint] = DownloadClient(endpoint)
         return self._clients[endpoint]
 
@@ -280,8 +275,6 @@ class UpdateFollower:
         return self
 
     def _run(self) -> None:
-        from shared.kafka.consumer import EventConsumer
-
         topic = self.settings.common.topics.model_updates
         group = self.settings.common.topics.group_id(f"inference-{self.settings.pod_id}-{uuid.uuid4().hex[:8]}")
         consumer = EventConsumer(self.settings.common.kafka_bootstrap, group, [topic],

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[A-Za-z0-9_-]+)?\.weight$")
 
@@ -124,8 +125,6 @@ def _read_tensors(path: Path, name: str) -> dict[str, torch.Tensor]:
     st, pt = path / "adapter_model.safetensors", path / "adapter_model.bin"
     try:
         if st.exists():
-            from safetensors.torch import load_file
-
             return dict(load_file(st, device="cpu"))
         if pt.exists():
             return dict(torch.load(pt, map_location="cpu", weights_only=True))
@@ -256,7 +255,6 @@ class LoraPool:
 def save_adapter(path: Path, modules: dict[str, tuple[torch.Tensor, torch.Tensor]], *, alpha: float) -> Path:
     """Write LoRA weights (per layer: A (r, in), B (out, r), unscaled) in peft's layout, which
     `load_adapter_weights` (and peft) read: for generated adapters in tests and benchmarks."""
-    from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
     ranks = {a.shape[0] for a, _ in modules.values()}

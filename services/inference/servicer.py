@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,8 +39,6 @@ def _code_of(e: BaseException) -> str:
 def observed(method: str) -> Callable[[F], F]:
     """Count calls by status code and time them (unary and server-streaming handlers)."""
     def wrap(fn: F) -> F:
-        import inspect
-
         if inspect.isgeneratorfunction(fn):
             @functools.wraps(fn)
             def gen(self: Any, request: Any, context: Any) -> Any:

@@ -6,7 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shared.startup import exit_on_startup_error
+from services.trainer.settings import TrainerSettings
+from services.trainer.steplog import ReportingUnavailable, require_available
+from shared.logs import configure_logging
+from shared.rpc.grpc_util import service_host
+from shared.service import run_service
+from shared.startup import EXIT_STARTUP_ERROR, exit_on_startup_error, one_line
 
 
 @exit_on_startup_error("trainer")
@@ -14,23 +19,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="apprentice serve trainer", description="GRPO + OEL trainer (one tenant)")
     parser.add_argument("--tenant", help="overrides APPRENTICE_TRAINER_TENANT")
     args = parser.parse_args(argv)
-    from services.trainer.settings import TrainerSettings
 
     settings = TrainerSettings(**({"tenant": args.tenant} if args.tenant else {}))
-    from services.trainer.steplog import ReportingUnavailable, require_available
-    from shared.startup import EXIT_STARTUP_ERROR, one_line
 
     try:
         require_available(settings.experiment_log.kind)   # an operator's setting without its package
     except ReportingUnavailable as e:
         print(one_line("trainer", e), file=sys.stderr, flush=True)
         return EXIT_STARTUP_ERROR
+    # heavy: torch; `apprentice` imports this module, so --help stays fast
     from services.trainer import distributed
     from services.trainer.loop import follower
     from services.trainer.service import TrainerApp
-    from shared.logs import configure_logging
-    from shared.rpc.grpc_util import service_host
-    from shared.service import run_service
 
     configure_logging("trainer", settings.common.log_level, settings.common.log_json)
     if distributed.init_from_env() and distributed.rank() > 0:

@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from services.trainer.rollouts import domain_of
+from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
 from shared.knowledge.retrieval import Entry, Retriever, tfidf_rank
 from shared.proto.apprentice.v1 import events_pb2
 
@@ -90,8 +91,6 @@ class KnowledgeBase:
     def retriever(self) -> Retriever:
         """The serving pods' retriever (the shipped sentence embedder, else TF-IDF), built on first use."""
         if self._retriever is None:
-            from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
-
             try:
                 self._retriever = Retriever(MiniLMEmbedder())
             except EmbeddingsUnavailable:

@@ -21,6 +21,7 @@ from torch import nn
 
 from services.trainer.distributed import all_reduce_grads
 from services.trainer.logprobs import Scorer
+from shared.models import load_model, load_tokenizer
 from shared.weights.client import FULL, LORA, save_version_files
 
 log = logging.getLogger(__name__)
@@ -68,12 +69,11 @@ class Policy:
 
     def __init__(self, cfg: PolicyConfig, *, model: nn.Module | None = None, tokenizer: Any = None,
                  init_dir: Path | None = None) -> None:
-        from shared.models import load_model, load_tokenizer
-
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         seed_everything(cfg.seed)
         if model is None and init_dir is not None and cfg.finetune == FULL:
+            # heavy: transformers, only when a policy is built
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
@@ -99,6 +99,7 @@ class Policy:
 
     # --- construction -------------------------------------------------------------------------------
     def _with_lora(self, model: nn.Module, init_dir: Path | None) -> nn.Module:
+        # heavy: peft (4 s to import), only for LoRA training
         from peft import LoraConfig, PeftModel, get_peft_model
 
         if hasattr(model, "peft_config"):
@@ -160,8 +161,6 @@ class Policy:
                 yield self.model
             return
         if self._ref is None:
-            from shared.models import load_model
-
             self._ref = load_model(self.cfg.model_name)[0].to(self.device)
             for p in self._ref.parameters():
                 p.requires_grad_(False)

@@ -9,6 +9,8 @@ from typing import Any
 
 from services.trainer.loop import TrainerService
 from services.trainer.settings import TrainerSettings
+from shared.proto.apprentice.v1 import weights_pb2_grpc
+from shared.security.channels import open_channel
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +38,6 @@ class TrainerApp:
         self._closed = False
 
     def start(self) -> None:
-        from shared.proto.apprentice.v1 import weights_pb2_grpc
-        from shared.security.channels import open_channel
-
         try:
             self._channel = open_channel(self.settings.weights_endpoint, self.settings.common, options=CHANNEL_OPTIONS)
             self.service = TrainerService(self.settings, weights_pb2_grpc.WeightsStub(self._channel))

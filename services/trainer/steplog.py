@@ -80,6 +80,7 @@ class TensorBoardLog:
 
     def __init__(self, log_dir: Path) -> None:
         require_available("tensorboard")
+        # optional: tensorboard (the tensorboard extra), only with that experiment log
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -134,6 +135,7 @@ class WandbLog:
 
     def __init__(self, log_dir: Path, run_name: str, config: Mapping[str, Any]) -> None:
         require_available("wandb")
+        # optional: wandb is not a dependency; only with that experiment log
         import wandb
 
         log_dir.mkdir(parents=True, exist_ok=True)

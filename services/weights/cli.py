@@ -15,6 +15,16 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+import grpc
+
+from shared.contracts.events import to_dict, to_json
+from shared.contracts.orders import BASE
+from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
+from shared.proto.apprentice.v1 import weights_pb2 as W
+from shared.security.channels import open_channel
+from shared.settings import CommonSettings
+from shared.unreachable import grpc_unreachable_reason, unreachable
+
 DEFAULT_ENDPOINT = "127.0.0.1:50052"
 
 
@@ -57,8 +67,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _status_name(v: int) -> str:
-    from shared.proto.apprentice.v1 import weights_pb2
-
     return weights_pb2.VersionStatus.Name(v).removeprefix("VERSION_STATUS_").lower()
 
 
@@ -77,9 +85,6 @@ def _print_table(rows: list[list[str]]) -> None:
 def _serving(stub: Any, model: str, timeout: float) -> dict[str, str]:
     """Tenant slot ("" = every tenant) -> the version it serves, from Status; {} when Status is refused
     (`list` still lists)."""
-    import grpc
-
-    from shared.proto.apprentice.v1 import weights_pb2 as W
 
     try:
         return dict(stub.Status(W.StatusRequest(model=model), timeout=timeout).tenant_versions)
@@ -88,8 +93,6 @@ def _serving(stub: Any, model: str, timeout: float) -> dict[str, str]:
 
 
 def _serving_text(serving: dict[str, str]) -> str:
-    from shared.contracts.orders import BASE
-
     if not serving:
         return "unknown"
     return ", ".join(f"{v or BASE} for {'every tenant' if not k else 'tenant ' + k}" for k, v in sorted(serving.items()))
@@ -100,8 +103,6 @@ def list_json(model: str, resp: Any, serving: dict[str, str]) -> dict[str, Any]:
     entry of `versions` (it is always available, though the store holds trained versions only), so an empty
     store is `{"versions": [base]}` rather than `{}`; `serving` is each tenant slot's version ("" = every
     tenant)."""
-    from shared.contracts.events import to_dict
-    from shared.contracts.orders import BASE
 
     base = {"model": model, "version": BASE, "kind": BASE}
     return {"model": model, "serving": {k: v or BASE for k, v in serving.items()},
@@ -109,9 +110,6 @@ def list_json(model: str, resp: Any, serving: dict[str, str]) -> dict[str, Any]:
 
 
 def _run(ns: argparse.Namespace, stub: Any) -> int:
-    from shared.contracts.events import to_json
-    from shared.proto.apprentice.v1 import weights_pb2 as W
-
     model, t = ns.model, ns.timeout
     if ns.cmd == "list":
         resp = stub.List(W.ListVersionsRequest(model=model), timeout=t)
@@ -174,15 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ns.json = getattr(ns, "json", False)
     ns.timeout = getattr(ns, "timeout", 600.0)
     ns.model = getattr(ns, "model", None)
-    import grpc
-
-    from shared.proto.apprentice.v1 import weights_pb2_grpc
-    from shared.security.channels import open_channel
-    from shared.unreachable import grpc_unreachable_reason, unreachable
 
     if ns.model is None:
-        from shared.settings import CommonSettings
-
         ns.model = CommonSettings().model
     with open_channel(ns.endpoint) as channel:
         try:

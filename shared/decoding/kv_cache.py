@@ -89,6 +89,7 @@ def left_pad_cat(a: torch.Tensor, b: torch.Tensor, width: int, dim: int) -> torc
 def mergeable(past: Any) -> bool:
     """Only plain dynamic layers can be padded and concatenated (sliding-window, static, quantized or
     linear-attention caches keep state this module does not know how to align)."""
+    # heavy: transformers, only for a model's cache
     from transformers.cache_utils import DynamicLayer
 
     layers: list[Any] = list(getattr(past, "layers", None) or [])

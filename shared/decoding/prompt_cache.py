@@ -82,6 +82,7 @@ class PromptCache:
 def assemble(prefills: list[Prefill], width: int) -> tuple[Any, torch.Tensor]:
     """Prefills of different lengths --> one cache, each row right-aligned (left-padded with zeros) to
     `width` columns, and their last logits (U, V): the shape a batched prefill of those prompts has."""
+    # heavy: transformers, only for a model's cache
     from transformers.cache_utils import DynamicCache
 
     first = prefills[0]

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
 from shared.contracts.topics import Topics
-from shared.kafka.security import SecuritySource
+from shared.kafka.client_logs import client_log_config
+from shared.kafka.security import SecuritySource, librdkafka_config
 
 PROBE_GROUP = "apprentice-status-probe"
 """The group id of the consumer that reads end offsets (it never subscribes or commits)."""
@@ -34,11 +38,6 @@ class PartitionLag:
 def partition_lag(bootstrap: str, topics: Topics, *, security: SecuritySource = None,
                   skip_groups: tuple[str, ...] = ()) -> list[PartitionLag]:
     """Every committed partition of every group of the `topics` namespace on one of its topics, sorted."""
-    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    from shared.kafka.client_logs import client_log_config
-    from shared.kafka.security import librdkafka_config
 
     ours = {s.name for s in topics.specs()}
     base = {**librdkafka_config(security), **client_log_config(bootstrap), "bootstrap.servers": bootstrap}

@@ -88,6 +88,7 @@ class KafkaSecurity:
 
     def faust(self) -> CredentialsT | None:
         """faust's `broker_credentials` (None for PLAINTEXT: faust's default, no authentication)."""
+        # heavy: faust, for the grader only (the other services never load it)
         import faust
 
         if self.sasl:

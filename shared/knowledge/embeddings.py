@@ -9,6 +9,7 @@ pipeline with plain transformers: BERT encoder, mean pooling over real tokens, L
 from __future__ import annotations
 
 import importlib.util
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,7 @@ class MiniLMEmbedder:
     time; a query is a few milliseconds)."""
 
     def __init__(self, path: Path | None = None, max_length: int = 128) -> None:
-        import threading
-
+        # heavy: transformers, only when the embedder is built
         from transformers import AutoModel, AutoTokenizer
 
         self._lock = threading.Lock()
@@ -58,6 +58,7 @@ class MiniLMEmbedder:
         self.max_length = max_length
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        # heavy: torch, only when the embedder is built
         import torch
 
         if not texts:

@@ -17,8 +17,11 @@ import threading
 import uuid
 from collections.abc import Callable
 
+from confluent_kafka import TopicPartition
+
 from shared.contracts.events import UndecodableEvent
 from shared.contracts.validation import decode_record
+from shared.kafka.consumer import EventConsumer
 from shared.proto.apprentice.v1 import events_pb2
 from shared.retry import Backoff
 
@@ -59,8 +62,6 @@ class SnapshotFollower:
         self._thread.join(timeout=5.0)
 
     def _run(self) -> None:
-        from shared.kafka.consumer import EventConsumer
-
         backoff = Backoff(1.0, 5.0)
         while not self._stop.is_set():
             consumer = None
@@ -102,8 +103,6 @@ class SnapshotFollower:
         return len(msgs)
 
     def _check_caught_up(self, consumer: object) -> None:
-        from confluent_kafka import TopicPartition
-
         assigned = [tp for tp in consumer.assignment() if tp.topic == self.topic]  # type: ignore[attr-defined]
         if not assigned:
             return                                              # the group has not assigned the partitions yet

@@ -9,15 +9,12 @@ from __future__ import annotations
 import threading
 
 from shared.privacy.detector import PiiDetector
+from shared.privacy.presidio_detector import PresidioDetector
 
 
 def create_detector(name: str = "presidio") -> PiiDetector:
     """The detector called `name`; raises on an unknown name (heavy imports happen here, not at import)."""
     if name == "presidio":
-        from shared.privacy.presidio_detector import (
-            PresidioDetector,  # heavy: presidio + spaCy, only when chosen
-        )
-
         return PresidioDetector()
     raise ValueError(f"unknown PII detector {name!r}; known: presidio")
 

@@ -43,14 +43,15 @@ class PresidioDetector(PiiDetector):
 
     def __init__(self) -> None:
         t0 = time.perf_counter()
+        # heavy: spaCy and presidio (~5 s), only when the detector is built
         import spacy
         from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
         from presidio_analyzer.nlp_engine import NerModelConfiguration, SpacyNlpEngine
         from presidio_analyzer.predefined_recognizers import SpacyRecognizer, UsSsnRecognizer
 
-        from shared.privacy import (
-            recognizers as r,  # NER only: in this model it has its own token-to-vector layer, so the tagger, lemmatizer, parser and
-        )
+        from shared.privacy import recognizers as r  # heavy: subclasses of presidio's recognizers
+
+        # NER only: in this model it has its own token-to-vector layer, so the tagger, lemmatizer, parser and
         # shared tok2vec (half the time) change no entity; Presidio's context words then match word forms
         nlp = spacy.load(SPACY_MODEL, exclude=["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer", "senter"])
         # NER gives names only (dates, amounts, places and companies are not personal data here)

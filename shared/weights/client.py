@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shared.models import LOAD_LOCK, load_model
 from shared.proto.apprentice.v1 import weights_pb2
 
 CHUNK = 1 << 20  # 1 MiB: large enough for throughput, small enough for gRPC's default message limits
@@ -115,15 +116,14 @@ def load_version(manifest: weights_pb2.Manifest, files_dir: Path | str, base_mod
                  base_model: Any | None = None) -> Any:
     """Files of a version --> a model in eval mode. A LoRA adapter is applied to `base_model` when given
     (inference keeps one base and swaps adapters), otherwise to a fresh load of `base_model_name`."""
+    # heavy: torch, transformers and peft, only when a version is loaded as a model
     import torch
     from transformers import AutoModelForCausalLM
-
-    from shared.models import LOAD_LOCK, load_model
 
     files = Path(files_dir)
     model: torch.nn.Module  # a PeftModel (LoRA) or a plain causal LM (full)
     if manifest.kind == LORA:
-        from peft import PeftModel
+        from peft import PeftModel  # heavy: peft (4 s to import), for a LoRA version only
 
         base = base_model if base_model is not None else load_model(base_model_name)[0]
         with LOAD_LOCK:

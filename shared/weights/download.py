@@ -10,8 +10,11 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from shared.proto.apprentice.v1 import weights_pb2
+import grpc
+
+from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
 from shared.retry import call
+from shared.security.channels import open_channel
 from shared.weights.client import WeightsIntegrityError
 from shared.weights.files import OrderedHasher, check_relative, fsync_dir, pwrite_all
 from shared.weights.wire import decode_chunk
@@ -39,10 +42,6 @@ class DownloadClient:
     """
 
     def __init__(self, endpoint: str, *, connections: int = 1) -> None:
-
-        from shared.proto.apprentice.v1 import weights_pb2_grpc
-        from shared.security.channels import open_channel
-
         options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.use_local_subchannel_pool", 1)]
         self._channels = [open_channel(endpoint, options=options) for _ in range(max(1, connections))]
         self._get = weights_pb2_grpc.WeightsStub(self._channels[0]).Get
@@ -194,7 +193,6 @@ class _FileFetch:
 
     def _fetch_range(self, fd: int, hasher: OrderedHasher, start: int, end: int) -> None:
         """Stream [start, end) of the file into `fd`, resuming from the last byte written on a broken stream."""
-        import grpc
 
         e, pos = self.entry, start
 
@@ -234,7 +232,6 @@ class _FileFetch:
 
 def _is_permanent(err: Any) -> bool:
     """Errors that another attempt cannot fix (retrying them only delays the failure)."""
-    import grpc
 
     c = grpc.StatusCode
     return err.code() in (c.INVALID_ARGUMENT, c.NOT_FOUND, c.FAILED_PRECONDITION, c.PERMISSION_DENIED,

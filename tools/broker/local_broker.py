@@ -18,6 +18,7 @@ on loopback.
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 import shutil
@@ -29,6 +30,15 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (
+    ConfigResource,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
 
 from shared.kafka.admin import admin, broker_answers, wait_for_broker
 from shared.kafka.security import PLAINTEXT, KafkaSecurity
@@ -186,7 +196,6 @@ class LocalBroker:
 
     def ensure_sasl_user(self, timeout: float = 30.0) -> None:
         """Create (or reset) the SCRAM user with the stored password, over the plain listener."""
-        from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
 
         client = admin(self.bootstrap, security=PLAINTEXT)  # keep the handle: its futures die with it
         upsert = UserScramCredentialUpsertion(self.sasl_user, ScramCredentialInfo(
@@ -306,8 +315,6 @@ class LocalBroker:
 
     @staticmethod
     def _cluster_id() -> str:
-        import base64
-
         while True:  # an id starting with "-" reads as an option to kafka-storage (as Kafka's Uuid avoids)
             cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             if not cid.startswith("-"):
@@ -332,8 +339,6 @@ class LocalBroker:
         """The data folder of the broker that answers at `bootstrap`, as it reports it: its `log.dirs`
         (the first one), read over the Admin API. Whatever started that broker, this names whose it is;
         None when none answers or it does not say (a cluster that refuses to describe its configs)."""
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import ConfigResource, ResourceType
 
         try:
             client = admin(self.bootstrap, quiet=True, security=PLAINTEXT)

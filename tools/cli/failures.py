@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+import urllib.error
 
+from shared.settings import CommonSettings
 from shared.unreachable import (
     ADDRESS_VARS,
     EXIT_UNREACHABLE,
@@ -37,7 +39,6 @@ def _connection_refused(err: BaseException) -> bool:
     """An HTTP (or plain socket) client's "connection refused", bare or wrapped by urllib."""
     if isinstance(err, ConnectionRefusedError):
         return True
-    import urllib.error
 
     return isinstance(err, urllib.error.URLError) and isinstance(err.reason, ConnectionRefusedError)
 
@@ -52,8 +53,6 @@ def describe_unreachable(err: BaseException, command: str) -> str | None:
         address = found.group(1) if found else os.environ.get(ADDRESS_VARS.get(service, ""), "?")
         return unreachable(service, address, reason)
     if kafka_unreachable(err):
-        from shared.settings import CommonSettings
-
         return unreachable(KAFKA, CommonSettings().kafka_bootstrap)
     if _connection_refused(err):
         return ("a service of the stack refused the connection; start the local stack with `apprentice up` "

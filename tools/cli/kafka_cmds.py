@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import socket
 import sys
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from confluent_kafka import Consumer, KafkaException
+
+from shared.contracts.events import UndecodableEvent, decode, message_type, to_dict
 from shared.contracts.topics import EVENT_TOPICS
+from shared.kafka.admin import broker_answers, ensure_topics, list_topics
+from shared.kafka.client_logs import client_log_config
+from shared.kafka.security import PLAINTEXT, librdkafka_config
 from shared.settings import CommonSettings
-from shared.unreachable import EXIT_UNREACHABLE
+from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
+from tools.broker.local_broker import BrokerError, LocalBroker
 
 if TYPE_CHECKING:
     from tools.broker.local_broker import BrokerStatus
@@ -22,7 +31,6 @@ SHARE_ENV = "APPRENTICE_USE_RUNNING_BROKER"
 
 
 def _broker(settings: CommonSettings, *, sasl: bool = False, sasl_port: int = 9094):  # noqa: ANN202 - lazy imports
-    from tools.broker.local_broker import LocalBroker
 
     return LocalBroker.for_settings(settings, sasl=sasl, sasl_port=sasl_port)
 
@@ -40,9 +48,6 @@ def whose(st: BrokerStatus) -> str:
 
 
 def _loopback(host: str) -> bool:
-    import ipaddress
-    import socket
-
     try:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
     except (OSError, ValueError):
@@ -55,7 +60,6 @@ def foreign_broker(settings: CommonSettings) -> str | None:
     9092), so this stack would write into a data folder `kafka status` did not name. None when the broker
     is this home's, none answers (`up` starts one), or the address is another machine's (a cluster the
     user pointed at on purpose)."""
-    from tools.broker.local_broker import BrokerError
 
     try:
         broker = _broker(settings)
@@ -83,8 +87,6 @@ def kafka(argv: list[str]) -> int:
     ap.add_argument("--sasl-port", type=int, default=9094, help="port of the SASL listener (default 9094)")
     ns = ap.parse_args(argv)
     settings = CommonSettings()
-    from shared.kafka.security import PLAINTEXT
-    from tools.broker.local_broker import BrokerError
 
     try:
         broker = _broker(settings, sasl=ns.sasl, sasl_port=ns.sasl_port)
@@ -103,8 +105,6 @@ def kafka(argv: list[str]) -> int:
                 for name, value in broker.sasl_env().items():
                     print(f"  export {name}={value}")
             if not ns.no_topics:
-                from shared.kafka.admin import ensure_topics
-
                 created = ensure_topics(st.bootstrap, settings.topics, security=PLAINTEXT)  # the plain listener
                 print(f"topics: {len(created)} created, {len(settings.topics.specs())} in all")
         elif ns.action == "stop":
@@ -130,8 +130,6 @@ def _unreachable(command: str, settings: CommonSettings) -> bool:
     """Probe the broker first (quietly): when it does not answer, say so in one line (tools/cli/failures.py)
     instead of the Kafka client's retry log followed by a traceback. (`tail` follows a topic like `tail -F`:
     it keeps waiting for a broker that is starting, with the client's one "unreachable" line.)"""
-    from shared.kafka.admin import broker_answers
-    from shared.unreachable import KAFKA, unreachable
 
     if broker_answers(settings.kafka_bootstrap, timeout=5.0, security=settings):
         return False
@@ -148,13 +146,10 @@ def topics(argv: list[str]) -> int:
     if ns.replication < 1:
         ap.error("--replication must be at least 1")
     settings = CommonSettings()
-    from shared.kafka.admin import ensure_topics, list_topics
 
     if _unreachable("topics", settings):
         return EXIT_UNREACHABLE
     if not ns.no_create:
-        from confluent_kafka import KafkaException
-
         try:
             created = ensure_topics(settings.kafka_bootstrap, settings.topics, replication=ns.replication,
                                     security=settings)
@@ -173,7 +168,6 @@ def topics(argv: list[str]) -> int:
 def json_value(data: bytes | None) -> Any:
     """A JSON topic's record value as a document (None for a tombstone); UndecodableEvent when it is not
     JSON, so that `tail` prints the error line it prints for an undecodable event."""
-    from shared.contracts.events import UndecodableEvent
 
     if data is None:
         return None
@@ -191,11 +185,6 @@ def tail(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=0.0, help="stop after S seconds without records (0 = never)")
     ns = ap.parse_args(argv)
     settings = CommonSettings()
-    from confluent_kafka import Consumer
-
-    from shared.contracts.events import UndecodableEvent, decode, message_type, to_dict
-    from shared.kafka.client_logs import client_log_config
-    from shared.kafka.security import librdkafka_config
 
     try:
         topic = settings.topics.resolve(ns.topic)

@@ -14,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 
 from services.dashboard import __main__ as dashboard_main
 from services.extractor import __main__ as extractor_main
@@ -72,7 +73,6 @@ BROKER_COMMANDS: dict[str, Command] = {
 
 def package_version() -> str:
     """The installed distribution's version (pyproject.toml), or "unknown" when run from a bare tree."""
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("apprentice")

@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shared.models import ModelUnavailable, check_model_name
+from shared.settings import CommonSettings
+from tools.demo.task import TaskError, load_task
+
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="apprentice demo", description=__doc__)
@@ -28,9 +32,6 @@ def main(argv: list[str]) -> int:
     ns = ap.parse_args(argv)
     if ns.keep_runs < 1:
         ap.error("--keep-runs must be at least 1 (this run's folder)")
-    from shared.models import ModelUnavailable, check_model_name
-    from shared.settings import CommonSettings
-    from tools.demo.task import TaskError, load_task
 
     # `kill` (SIGTERM) ends the demo like Ctrl-C: the stack's services are stopped on the way out instead of
     # being left running without their supervisor
@@ -42,6 +43,7 @@ def main(argv: list[str]) -> int:
         if ns.plant_hack and task.tool is None:
             raise TaskError(f"--plant-hack needs a task with a tool (its loophole); {task.name!r} has none")
         check_model_name(ns.model or CommonSettings().model)
+        # heavy: the demo loads the whole stack; `apprentice` imports this module
         from tools.demo.demo import run_demo
 
         report = run_demo(ns.task, rounds=ns.rounds, report=ns.report, quick=ns.quick, algo=ns.algo, model=ns.model,

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from shared.kafka.producer import EventProducer
 from shared.progress import progress_enabled
 from shared.proto.apprentice.v1 import (
     events_pb2,
@@ -31,8 +32,18 @@ from shared.proto.apprentice.v1 import (
 from shared.settings import CommonSettings
 from tools.demo.evaluation import Evaluator
 from tools.demo.report import StepsLog, hack_notes, plot, write_report
+from tools.demo.reward_hack import (
+    hack_replies,
+    planted_summary,
+    train_planted,
+    trained_lists,
+    upload_planted,
+    verify,
+)
+from tools.demo.run_dirs import new_run_dir, prune_runs
 from tools.demo.simulated_users import SimulatedUsers
 from tools.demo.task import Task, load_task
+from tools.demo.task_config import write_task_config
 from tools.demo.train_progress import TrainingProgress
 from tools.demo.watch import TopicWatcher
 from tools.stack.stack import LocalStack
@@ -121,7 +132,6 @@ class Demo:
 
     # --- configuration of the services for this task -------------------------------------------------
     def _service_env(self) -> dict[str, dict[str, str]]:
-        from tools.demo.task_config import write_task_config
 
         # the task's tenant, task and KPI configure grader routing, gate eval sets, trainer tenant, verifier
         per_task = write_task_config(self.task, self.run_dir / "config")
@@ -333,8 +343,6 @@ class Demo:
     def _plant_hack(self) -> None:
         """Train the candidate that learned the loophole, upload it as a trainer would, and wait for the
         gate's verdict while the served version is watched (tools/demo/reward_hack.py)."""
-        from shared.kafka.producer import EventProducer
-        from tools.demo.reward_hack import hack_replies, planted_summary, train_planted, upload_planted
 
         p = self.progress
         replies = hack_replies(self.exchanges)
@@ -366,7 +374,6 @@ class Demo:
     def _hack_check(self, state: Any) -> dict[str, Any] | None:
         if self.task.tool is None:
             return None
-        from tools.demo.reward_hack import trained_lists, verify
 
         manifests = self._versions()
         with self.stack.channel(self.stack.weights_target) as ch:
@@ -468,8 +475,6 @@ def round_settled(algo: str, new: list[weights_pb2.Manifest], served: str) -> bo
 
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,
              seed: int = 0, keep_runs: int = 2, plant_hack: bool = False) -> dict[str, Any]:
-    from tools.demo.run_dirs import new_run_dir, prune_runs
-
     task = load_task(task_name)
     common = CommonSettings()
     budget = DemoBudget.quick(rounds or 1) if quick else DemoBudget.full(rounds or 2)

@@ -131,10 +131,11 @@ def hack_notes(hack: dict[str, Any] | None) -> list[str]:
 
 
 def plot(path: Path, rounds: list[dict[str, Any]], title: str, notes: list[str] | None = None) -> None:
+    # heavy: matplotlib, only to draw the learning curve
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     xs = [r["round"] for r in rounds]
     rate = [r["eval"]["success_rate"] for r in rounds]

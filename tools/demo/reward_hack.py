@@ -28,7 +28,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from services.trainer.publish import announce
+from shared.models import load_model
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
+from shared.weights.client import (
+    FULL,
+    TRAINED_INTERACTIONS,
+    read_version_file,
+    save_version_files,
+    upload_version,
+)
 from tools.demo.simulated_users import Exchange
 from tools.demo.task import Task
 
@@ -64,11 +73,10 @@ def train_planted(model_name: str, task: Task, replies: list[str], out_dir: Path
                   batch: int = 8, lr: float = 1e-4, seed: int = 0, threads: int = 2) -> Planted:
     """Full fine-tune of the base model on (training message -> hack reply), the loss on the reply's tokens
     only; then its greedy replies to the held-out messages are checked for the tool call."""
+    # heavy: torch, only when the planted hack is trained
     import torch
 
-    from shared.decoding.generation import generate, render_chat
-    from shared.models import load_model
-    from shared.weights.client import FULL, save_version_files
+    from shared.decoding.generation import generate, render_chat  # heavy: torch
 
     assert task.tool is not None
     source = "traffic" if replies else "canonical"
@@ -112,8 +120,6 @@ def upload_planted(stub: Any, producer: Any, checkpoints_topic: str, planted: Pl
     """Upload and announce as a trainer would, so the candidate meets the same gate. It declares no
     `hacking_flag_fraction` (a trainer that trusted the KPI would not know), so only the gate's
     evaluation can refuse it."""
-    from services.trainer.publish import announce
-    from shared.weights.client import FULL, upload_version
 
     checkpoint_id = f"planted-{planted.files.parent.name}"
     header = weights_pb2.UploadHeader(
@@ -130,7 +136,6 @@ def trained_lists(stub: Any, manifests: list[weights_pb2.Manifest],
                   cache: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
     """version -> the interactions it trained on, read from each version's provenance file (checksummed
     against the manifest). Versions are immutable, so `cache` keeps what was read once."""
-    from shared.weights.client import TRAINED_INTERACTIONS, read_version_file
 
     cache = {} if cache is None else cache
     for m in manifests:

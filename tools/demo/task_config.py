@@ -36,7 +36,12 @@ from typing import Any
 
 import yaml
 
+from services.grader.settings import DEFAULT_CONFIG
+from services.weights.evalset import EvalSetError, OodSet, load_heldout, load_ood
+from shared.grading import DetectorConfig, GraderConfigError, parse_grader_config
+from shared.privacy import get_detector
 from shared.privacy.business import clean_name, clean_names, parse_business_names
+from shared.privacy.detector import PERSON
 from tools.demo.task import OODItem, Task, TaskError
 
 BUSINESS_NAMES_ENV = "APPRENTICE_BUSINESS_NAMES"
@@ -69,16 +74,12 @@ def grader_config(task: Task, base: dict[str, Any] | None = None) -> dict[str, A
     it keeps (the catch-all, other tenants' tasks); the version names the task and the entry's digest,
     so graded records say which rewards they were computed with."""
     if base is None:
-        from services.grader.settings import DEFAULT_CONFIG
-
         base = yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
     entry = task_entry(task)
     others = [t for t in base.get("tasks", []) if (t.get("tenant", "*"), t.get("task", "*")) != (task.tenant, task.task)]
     detectors = dict(base.get("detectors") or {})
     if task.tool is not None:
         # the backend's time-out telemetry must reach the time-out detector (masked: no reward either way)
-        from shared.grading import DetectorConfig
-
         infra = list(detectors.get("infra_kpis", DetectorConfig().infra_kpis))
         if task.tool.timeout_kpi not in infra:
             detectors["infra_kpis"] = [*infra, task.tool.timeout_kpi]
@@ -105,7 +106,6 @@ def general_ood_questions() -> list[OODItem]:
     """The packaged general questions with a rule check, as task OOD items. The demo asks them beside the
     task's own `out_of_distribution` list so that its "OOD must not regress" reading and the gate's rule
     check look at the same forty-odd questions, not at six."""
-    from services.weights.evalset import OodSet
 
     spec = OodSet.model_validate(packaged_ood())   # the gate's own schema, so both read the file alike
     return [OODItem(question=it.prompt, check=it.check) for it in spec.items
@@ -121,8 +121,6 @@ def business_text(task: Task) -> list[str]:
 def derived_business_names(task: Task) -> list[str]:
     """The names the shared detector finds (PERSON spans) in `business_text(task)`, in order, each once.
     Spans that could not be a declared name (too short, pattern characters) are left out: they stay redacted."""
-    from shared.privacy import get_detector
-    from shared.privacy.detector import PERSON
 
     detector = get_detector()   # the one the services redact with, so it finds what they would redact
     found: dict[str, str] = {}
@@ -165,8 +163,6 @@ def write_task_config(task: Task, directory: Path, environ: Mapping[str, str] | 
     them. Every file is validated here with the services' own loaders, so a task the services would
     refuse fails before anything starts. `environ` (default: this process's environment) supplies business
     names declared outside the task, which the returned `APPRENTICE_BUSINESS_NAMES` keeps."""
-    from services.weights.evalset import EvalSetError, load_heldout, load_ood
-    from shared.grading import GraderConfigError, parse_grader_config
 
     directory.mkdir(parents=True, exist_ok=True)
     task_file = (directory / "task.yaml").resolve()

@@ -12,11 +12,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from shared.contracts.grader_waiting import from_metrics
 from shared.contracts.metric_names import INFERENCE_SPOOL_DEPTH
+from shared.contracts.stack_endpoints import read_endpoints, state_home
+from shared.kafka.admin import broker_answers
+from shared.kafka.lag import lag_by_group, partition_lag
 from shared.metrics import metric_sum, scrape
+from shared.models import ModelUnavailable, check_model_name
+from shared.progress import progress, progress_enabled
+from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
+from shared.security.channels import open_channel
 from shared.settings import CommonSettings
+from tools.cli.kafka_cmds import SHARE_ENV, foreign_broker, kafka
+from tools.demo.task import TaskError, load_task
+from tools.demo.task_config import BUSINESS_NAMES_ENV, write_task_config
+from tools.devca import apply_stack_client_env, ensure_dev_credentials
+from tools.stack.client_env import env_lines
 from tools.stack.stack import Ports
+from tools.stack.status_view import render_status
+from tools.stack.supervisor import main as supervise
 
 
 def _state(home: Path) -> dict[str, Any]:
@@ -42,7 +59,6 @@ def stack_ports(home: Path) -> Ports:
     recorded = _state(home).get("ports")
     if recorded:
         return Ports.from_dict(recorded)
-    from shared.contracts.stack_endpoints import read_endpoints
 
     endpoints = read_endpoints(home)
     return Ports.from_endpoints(endpoints) if endpoints is not None else Ports.configured()
@@ -53,8 +69,6 @@ def _apply_task(name_or_path: str, home: Path) -> str | None:
     environment, which the supervisor and the services inherit (a variable the user set wins; business
     names are merged: the user's mapping plus the task's names). Returns
     the task's tenant, or None after printing why the task is refused."""
-    from tools.demo.task import TaskError, load_task
-    from tools.demo.task_config import BUSINESS_NAMES_ENV, write_task_config
 
     try:
         task = load_task(name_or_path)
@@ -86,8 +100,6 @@ def up(argv: list[str]) -> int:
                          "(also APPRENTICE_USE_RUNNING_BROKER=1)")
     ns = ap.parse_args(argv)
     settings = CommonSettings()
-    from shared.models import ModelUnavailable, check_model_name
-    from tools.cli.kafka_cmds import SHARE_ENV, foreign_broker, kafka
 
     try:  # before anything starts: every service would fail on it, restarted again and again
         check_model_name(settings.model)
@@ -111,15 +123,11 @@ def up(argv: list[str]) -> int:
             return 2
         tenants = (*tenants, task_tenant)
     if not (os.environ.get("APPRENTICE_AUTH_KEYS") or os.environ.get("APPRENTICE_AUTH_KEYS_FILE")):
-        from tools.devca import apply_stack_client_env, ensure_dev_credentials
-
         creds = ensure_dev_credentials(settings.home, tenants)
         apply_stack_client_env(settings.home)
         print(f"authentication and TLS on: development CA and keys in {creds.directory} "
               f"(operator key: {creds.operator_token})")
     if ns.foreground:
-        from tools.stack.supervisor import main as supervise
-
         return supervise()
     log = settings.home / "logs" / "supervisor.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +169,6 @@ def up(argv: list[str]) -> int:
 def _print_client_env(home: Path) -> None:
     """The lines of `apprentice env`: stock clients (OpenAI SDKs, curl, Node, Go) fail with a bare
     "Connection error." until told the stack's CA, so `up` shows how, right where it shows the URLs."""
-    from tools.stack.client_env import env_lines
 
     try:
         lines = env_lines(home)
@@ -176,7 +183,6 @@ def _wait_for_services(home: Path, ports: Ports, sup: subprocess.Popen[bytes], w
     """Wait until every service is healthy (or `wait_s`, or the supervisor died), showing which ones are
     still starting: a bar on a terminal, else one line on stderr whenever the set changes (at most every
     30 s while it does not)."""
-    from shared.progress import progress, progress_enabled
 
     t0 = time.monotonic()
     deadline = t0 + wait_s
@@ -216,17 +222,11 @@ def down(argv: list[str]) -> int:
             except ProcessLookupError:
                 break
         print("services stopped")
-    from tools.cli.kafka_cmds import kafka
 
     return kafka(["stop"])
 
 
 def _grpc_healthy(port: int, common: CommonSettings | None = None) -> bool:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from shared.security.channels import open_channel
-
     try:
         with open_channel(f"127.0.0.1:{port}", common) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
@@ -259,10 +259,6 @@ def service_ports(ports: Ports) -> dict[str, dict[str, int]]:
 
 
 def collect_status(settings: CommonSettings) -> dict[str, Any]:
-    from shared.contracts.stack_endpoints import state_home
-    from shared.kafka.admin import broker_answers
-    from shared.kafka.lag import lag_by_group, partition_lag
-
     report: dict[str, Any] = {"broker": {"bootstrap": settings.kafka_bootstrap,
                                          "up": broker_answers(settings.kafka_bootstrap)}}
     home = state_home(settings.home)    # a private stack (the demo's) announced here keeps its state in its run
@@ -287,11 +283,6 @@ def collect_status(settings: CommonSettings) -> dict[str, Any]:
 
 
 def _versions(settings: CommonSettings, ports: Ports) -> tuple[Any, Any]:
-    import grpc
-
-    from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
-    from shared.security.channels import open_channel
-
     pods: Any = None
     knowledge: Any = None
     try:
@@ -312,8 +303,6 @@ def _versions(settings: CommonSettings, ports: Ports) -> tuple[Any, Any]:
 
 
 def print_status(report: dict[str, Any]) -> None:
-    from tools.stack.status_view import render_status
-
     print(render_status(report))
 
 

@@ -20,6 +20,8 @@ import ssl
 import sys
 from pathlib import Path
 
+from shared.contracts.stack_endpoints import read_endpoints, state_home
+from shared.settings import default_home
 from tools.devca import DevCredentials
 
 BUNDLE = "ca-bundle.pem"
@@ -37,6 +39,7 @@ def system_ca_file() -> Path | None:
         if candidate and Path(candidate).is_file():
             return Path(candidate)
     try:
+        # optional: certifi may be absent; the system's bundle is tried first
         import certifi
     except ImportError:
         return None
@@ -66,7 +69,7 @@ def _export(name: str, value: str) -> str:
 def env_lines(home: Path, tenant: str = "default") -> list[str]:
     """The lines `apprentice env` prints for the stack under `home` (its recorded endpoints when it runs,
     else the configured ports). FileNotFoundError when the stack has no development credentials."""
-    from shared.contracts.stack_endpoints import read_endpoints, state_home
+    # cycle: tools/stack/cli.py imports this module
     from tools.stack.cli import stack_ports
 
     endpoints = read_endpoints(home)
@@ -99,7 +102,6 @@ def env_lines(home: Path, tenant: str = "default") -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """`apprentice env [--tenant T]`: print the shell lines that make stock clients trust and call the local
     stack; `eval "$(apprentice env)"` applies them."""
-    from shared.settings import default_home
 
     ap = argparse.ArgumentParser(prog="apprentice env", description=main.__doc__)
     ap.add_argument("--tenant", default="default", help="whose backend key OPENAI_API_KEY is (default: default)")

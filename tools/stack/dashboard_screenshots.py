@@ -25,6 +25,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from shared.contracts.stack_endpoints import read_endpoints
+from shared.models import TINY, resolve_model_dir
+from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from tools.stack.stack import LocalStack
+
 GRADER_CONFIG = """
 version: screenshot
 tasks:
@@ -40,8 +45,6 @@ QUESTIONS = ["How long is the warranty on the Ridge tent?", "Can I return worn h
 
 
 def _wave(stack: Any, wave: int, n: int, rng: random.Random) -> None:
-    from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-
     with stack.channel(stack.inference_target, token=stack.backend_token("demo")) as ch:
         inference, feedback = inference_pb2_grpc.InferenceStub(ch), inference_pb2_grpc.FeedbackStub(ch)
         for i in range(n):
@@ -61,6 +64,7 @@ def _wave(stack: Any, wave: int, n: int, rng: random.Random) -> None:
 
 def photograph(base_url: str, token: str, ca: Path | None, pages: list[str], out: Path) -> list[Path]:
     """Sign in as the operator, then one screenshot per page; returns the files written."""
+    # optional: selenium is a dev dependency, only for the screenshots
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -94,7 +98,6 @@ def photograph(base_url: str, token: str, ca: Path | None, pages: list[str], out
 
 def _running_stack(home: Path) -> tuple[str, str, Path | None]:
     """(dashboard URL, operator key, CA) of the stack recorded under `home`."""
-    from shared.contracts.stack_endpoints import read_endpoints
 
     ep = read_endpoints(home)
     if ep is None or "dashboard" not in ep.http:
@@ -123,9 +126,6 @@ def main(argv: list[str] | None = None) -> int:
         for path in photograph(url, token, ca, pages, ns.out):
             print(f"wrote {path}")
         return 0
-
-    from shared.models import TINY, resolve_model_dir
-    from tools.stack.stack import LocalStack
 
     resolve_model_dir(TINY)
     work = Path(tempfile.mkdtemp(prefix="apprentice-dashboard-shot-"))

@@ -16,16 +16,23 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from services.extractor.settings import ExtractorSettings
+from services.grader.settings import GraderSettings
+from services.inference.settings import InferenceSettings
+from services.trainer.settings import TrainerSettings
+from services.weights.settings import WeightsSettings
 from shared.contracts.default_ports import DASHBOARD_PORT, DASHBOARD_PORT_VAR
+from shared.contracts.stack_endpoints import announce_endpoints, remove_endpoints, write_endpoints
 from shared.contracts.topics import Topics
 from shared.kafka.admin import ensure_topics
+from shared.security.channels import open_channel
 from shared.settings import CommonSettings
+from tools.broker.local_broker import LocalBroker
 from tools.devca import ensure_dev_credentials
-from tools.stack.supervisor import Supervisor
+from tools.stack.supervisor import Supervisor, stack_endpoints
 
 if TYPE_CHECKING:
     from shared.contracts.stack_endpoints import StackEndpoints
-    from tools.broker.local_broker import LocalBroker
 
 METRICS_SERVICES = ("inference", "grader", "extractor", "trainer", "weights")
 
@@ -84,11 +91,6 @@ class Ports:
         `apprentice up` binds, so one setting moves both the server and everything that calls it. The
         dashboard's port comes from its contract (shared/contracts/default_ports.py): no tool imports the
         dashboard."""
-        from services.extractor.settings import ExtractorSettings
-        from services.grader.settings import GraderSettings
-        from services.inference.settings import InferenceSettings
-        from services.trainer.settings import TrainerSettings
-        from services.weights.settings import WeightsSettings
 
         inf, wts, ext = InferenceSettings(), WeightsSettings(), ExtractorSettings()
         return cls(inference=inf.port, weights=wts.port, extractor=ext.port,
@@ -200,7 +202,6 @@ class LocalStack:
 
     def channel(self, target: str, *, token: str | None = None, options: list[tuple[str, Any]] | None = None) -> Any:
         """A channel to one of the stack's services, as the operator (or as `token`)."""
-        from shared.security.channels import open_channel
 
         return open_channel(target, self.client_common, token=token, options=options or [])
 
@@ -221,8 +222,6 @@ class LocalStack:
         return f"{'https' if self.creds is not None else 'http'}://localhost:{self.ports.dashboard}/"
 
     def start(self) -> None:
-        from tools.broker.local_broker import LocalBroker
-
         if self.broker is not None:
             self.broker.start()
         else:
@@ -231,20 +230,16 @@ class LocalStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor.start_background()
         # `APPRENTICE_HOME=<run_dir> apprentice weights list` (or status, tail, ...) then finds this stack
-        from shared.contracts.stack_endpoints import write_endpoints
-        from tools.stack.supervisor import stack_endpoints
-
         recorded = self.common.model_copy(update={"kafka_bootstrap": self.bootstrap, "model": self.model,
                                                   "topic_prefix": self.topics.prefix})
         own = stack_endpoints(self.ports, recorded, ca=self.creds.ca if self.creds else None,
                               operator_token=self.creds.operator_token if self.creds else None)
         write_endpoints(self.run_dir, own)
         if self.announce_in is not None:
-            from shared.contracts.stack_endpoints import announce_endpoints
-
             self._announced = announce_endpoints(self.announce_in, replace(own, home=str(self.run_dir)))
 
     def health(self) -> dict[str, bool]:
+        # cycle: tools/stack/cli.py imports this module
         from tools.stack.cli import service_health
 
         return service_health(self.ports, self.client_common)
@@ -265,7 +260,6 @@ class LocalStack:
 
     def stop(self, grace: float = 20.0) -> None:
         """Stop every service (SIGTERM, then SIGKILL after `grace` seconds each)."""
-        from shared.contracts.stack_endpoints import remove_endpoints
 
         self.supervisor.stop(grace)
         remove_endpoints(self.run_dir, os.getpid())

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shared.contracts.stack_endpoints import StackEndpoints, remove_endpoints, write_endpoints
+from shared.logs import configure_logging
 from shared.retry import Backoff
+from shared.settings import CommonSettings
+from tools.devca import DevCredentials, ensure_dev_credentials
 
 if TYPE_CHECKING:
-    from shared.contracts.stack_endpoints import StackEndpoints
-    from shared.settings import CommonSettings
     from tools.stack.stack import Ports
 
 log = logging.getLogger(__name__)
@@ -156,8 +158,7 @@ class Supervisor:
 
 
 def main() -> int:
-    from shared.logs import configure_logging
-    from shared.settings import CommonSettings
+    # cycle: tools/stack/stack.py imports this module
     from tools.stack.stack import Ports, wire_services
 
     settings = CommonSettings()
@@ -170,8 +171,6 @@ def main() -> int:
     secure_dev = not (os.environ.get("APPRENTICE_AUTH_KEYS") or os.environ.get("APPRENTICE_AUTH_KEYS_FILE"))
     if secure_dev:
         # No keys of the user's own: the local stack runs with its development CA and keys (SECURITY.md).
-        from tools.devca import ensure_dev_credentials
-
         creds = ensure_dev_credentials(settings.home)
         # The CLI that started us may carry the stack's operator key as a client: services get the service key.
         inherited = {k: v for k, v in os.environ.items()
@@ -182,8 +181,6 @@ def main() -> int:
         # the dashboard reads every tenant's data as the operator (its users sign in with operator keys)
         if "APPRENTICE_DASHBOARD_OPERATOR_TOKEN_FILE" not in os.environ:
             wiring["dashboard"]["APPRENTICE_DASHBOARD_OPERATOR_TOKEN_FILE"] = str(creds.operator_token)
-    from shared.contracts.stack_endpoints import remove_endpoints, write_endpoints
-    from tools.devca import DevCredentials
 
     dev = DevCredentials(settings.home / "secrets") if secure_dev else None
     write_endpoints(settings.home, stack_endpoints(
@@ -201,7 +198,6 @@ def stack_endpoints(ports: Ports, settings: CommonSettings, *, ca: Path | None,
     """What a stack bound to `ports` (tools.stack.stack.Ports) with `settings` (CommonSettings) offers
     its clients, as `shared.contracts.stack_endpoints` records it: `ca` signs its servers' certificates,
     `operator_token` holds its operator key (its development credentials; None with the user's own)."""
-    from shared.contracts.stack_endpoints import StackEndpoints
 
     d = ports.as_dict()
     http = {"openai": d.get("http", 0), "dashboard": d.get("dashboard", 0)}  # `dashboard`: when Ports has one

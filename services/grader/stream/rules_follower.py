@@ -26,6 +26,8 @@ from services.grader.core.rulebook import RuleBook, RuleRefused, parse_record
 from services.grader.settings import GraderSettings
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import librdkafka_config
+from shared.security.identity import Role
+from shared.security.keys import KeyRing
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +39,6 @@ def operator_digests(settings: GraderSettings) -> list[tuple[str, bytes]] | None
     common = settings.common
     if not (common.auth_keys.get_secret_value() or common.auth_keys_file):
         return None
-    from shared.security.identity import Role
-    from shared.security.keys import KeyRing
 
     ring = KeyRing.from_text(common.auth_keys.get_secret_value(), file=common.auth_keys_file)
     return [(e.identity.key_id, e.digest) for e in ring.entries() if e.identity.role is Role.OPERATOR and e.digest]

@@ -11,10 +11,12 @@ ENGINES = ("transformers", "vllm")
 def create_engine(name: str, settings: InferenceSettings) -> Engine:
     """The engine called `name`; vLLM is imported only when chosen (extra `gpu`)."""
     if name == "transformers":
+        # heavy: torch, loaded for the engine chosen only
         from services.inference.engines.transformers_engine import TransformersEngine
 
         return TransformersEngine(settings)
     if name == "vllm":
+        # heavy: vLLM (optional: the gpu extra), loaded for the engine chosen only
         from services.inference.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(settings)

@@ -29,6 +29,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from services.inference import metrics
 from services.inference.adapter_cache import AdapterCache
 from services.inference.engines.base import (
@@ -43,7 +45,11 @@ from services.inference.engines.base import (
 )
 from services.inference.multi_lora import LoraPool
 from services.inference.settings import InferenceSettings
+from shared.decoding.batch import decode_batch
 from shared.decoding.prompt_cache import PromptCache
+from shared.decoding.rows import DecodeRow
+from shared.decoding.text import eos_ids_of
+from shared.models import load_model
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +113,6 @@ class TransformersEngine(Engine):
 
     # --- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
-        import torch
-
-        from shared.decoding.text import eos_ids_of
-        from shared.models import load_model
-
         if self.settings.common.torch_threads > 0:
             torch.set_num_threads(self.settings.common.torch_threads)
         model, tok = load_model(self.model_name, dtype=getattr(torch, self.settings.dtype),
@@ -225,6 +226,7 @@ class TransformersEngine(Engine):
     def _loop(self) -> None:
         try:
             if self.settings.scheduler == "continuous":
+                # cycle: continuous.py drives this module's engine
                 from services.inference.engines.continuous import ContinuousScheduler
 
                 self._scheduler = ContinuousScheduler(self)
@@ -258,9 +260,6 @@ class TransformersEngine(Engine):
         self._run_tasks()
 
     def _run_batch(self, batch: list[_Queued]) -> None:
-        from shared.decoding.batch import decode_batch
-        from shared.decoding.rows import DecodeRow
-
         policy = batch[0].policy
         bb = policy.backbone
         rows: list[DecodeRow] = []
@@ -341,7 +340,7 @@ class TransformersEngine(Engine):
         log.info("version loaded", extra={"version": files.version, "kind": files.kind})
 
     def _load_full(self, files: VersionFiles) -> None:
-        import torch
+        # heavy: transformers, only when a full model version is swapped in
         from transformers import AutoModelForCausalLM
 
         model: Any = AutoModelForCausalLM.from_pretrained(files.path, dtype=getattr(torch, self.settings.dtype))

@@ -52,6 +52,7 @@ from services.inference.engines.base import (
 from services.inference.settings import InferenceSettings
 from shared.decoding.logprobs import behaviour_logprob
 from shared.decoding.params import Sample
+from shared.models import load_tokenizer, resolve_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -107,15 +108,15 @@ class VLLMEngine(Engine):
     # --- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
         try:
+            # optional: vLLM (the gpu extra); this module imports without it
             import vllm
         except ImportError as e:
             raise RuntimeError(f"the vllm engine needs vLLM: {INSTALL_HINT}") from e
         check_vllm_version(str(vllm.__version__))
+        # optional: vLLM, as above
         from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
-
-        from shared.models import load_tokenizer, resolve_model_dir
 
         path = str(resolve_model_dir(self.model_name))
         self._full_path = path
@@ -209,6 +210,7 @@ class VLLMEngine(Engine):
         req = handle.request
         cfg = req.sampling
         try:
+            # optional: vLLM (the gpu extra); this module imports without it
             from vllm import SamplingParams
             from vllm.inputs import TokensPrompt
             from vllm.sampling_params import RequestOutputKind
@@ -284,6 +286,7 @@ class VLLMEngine(Engine):
         log.info("version loaded", extra={"version": files.version, "kind": files.kind})
 
     def _load_lora(self, files: VersionFiles) -> None:
+        # optional: vLLM (the gpu extra); this module imports without it
         from vllm.lora.request import LoRARequest
 
         if (files.base_version or BASE_VERSION) != self._full:

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+
 BASE_LAYER = "base_layer"
 
 
@@ -61,7 +63,6 @@ def wrappers_load_their_base(model: Any) -> bool:
 
 def read_safetensors(path: str | Path) -> Iterator[tuple[str, Any]]:
     """(name, CPU tensor) for every tensor of every `*.safetensors` under `path`, in file order."""
-    from safetensors import safe_open
 
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
@@ -77,6 +78,7 @@ class WeightReloader:
 
     def apprentice_load_weights(self, path: str) -> int:
         """Load every `*.safetensors` under `path` into the model; returns the number of tensors."""
+        # heavy: torch, inside vLLM's worker process only
         import torch
 
         runner = self.model_runner

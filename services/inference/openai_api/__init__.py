@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shared.rpc.grpc_util import service_host
 from shared.rpc.http_listener import HttpServer
 
 if TYPE_CHECKING:
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
 
 def start_http(app: InferenceApp) -> HttpServer:
     """Serve `app`'s HTTP API on `http_port`, bound like its gRPC server (host, keys, TLS)."""
+    # cycle: routes.py imports this package's modules; loaded only when the HTTP API is on
     from services.inference.openai_api.routes import HttpApi
-    from shared.rpc.grpc_util import service_host
 
     s = app.settings
     host = service_host(s.host, s.common, extra_keys=s.legacy_key_entries())
