@@ -180,7 +180,7 @@ def capture_step(texts: list[str], tok: Any) -> None:
         cp.screen_request(p)
         ev = interaction_event(p, sample, interaction_id="i", group_id="g", index=0, model="m", version="base",
                                canary=False, pod="bench", latency_ms=0.0, trace_id="t")
-        cp.interaction(ev).SerializeToString()
+        cp.interactions(p, [ev])[0].SerializeToString()
         return (time.perf_counter() - t0) * 1000
 
     keep, redact = [], []

@@ -2,8 +2,11 @@
 refused, by the tenant's PII policy (`APPRENTICE_INFERENCE_PII_POLICY`, `..._PII_TENANT_POLICIES`).
 
 Runs on the request thread before `CaptureSink.submit`, so unredacted text never reaches the spool or a
-topic (and so never the grader's `graded` records or the extractor's knowledge). The model is not
-affected: it answers from the unredacted prompt; only the captured record changes:
+topic (and so never the grader's `graded` records or the extractor's knowledge). Each text goes through
+the detector once per request: the prompt's messages are scanned by their first reader (the edge under
+`reject`, which must decide before anything is served; else the capture) and the scans ride on the
+`PreparedRequest` to the capture of every choice; each answer and each feedback comment is scanned once.
+The model is not affected: it answers from the unredacted prompt; only the captured record changes:
 - messages and raw prompt: each span becomes `<ENTITY_TYPE>`; `prompt_text` is re-rendered from the
   redacted messages with the chat template and `prompt_token_ids` re-tokenised from it, so the trainer's
   prompt is the text the grader and extractor see. The recorded behaviour log-probs stay: they were
@@ -29,7 +32,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.inference import metrics
@@ -89,7 +93,7 @@ class CapturePrivacy:
         s = self.settings
         return s.capture and not no_capture and tenant not in s.no_capture_tenants
 
-    def _scan(self, text: str, where: str, tenant: str, answer_names: set[str] | None = None) -> Scan:
+    def _scan(self, text: str, where: str, tenant: str, answer_names: Set[str] | None = None) -> Scan:
         """A scan of `text` captured for `tenant` (its declared business names are kept); with
         `answer_names`, read as a model answer (`Redactor.scan_answer`)."""
         t0 = time.perf_counter()
@@ -102,67 +106,80 @@ class CapturePrivacy:
         return scan
 
     # --- Generate -------------------------------------------------------------------------------------
+    def prompt_scans(self, p: PreparedRequest) -> tuple[Scan, ...]:
+        """One scan per message of the request, made by the first caller and kept on `p`: under `reject`
+        the edge (`screen_request`) scans before anything is served and the capture reuses its scans;
+        otherwise the capture scans, once for all of the request's choices."""
+        if p.prompt_scans is None:
+            p.prompt_scans = tuple(self._scan(m.content, "prompt", p.tenant) for m in p.messages)
+        return p.prompt_scans
+
     def screen_request(self, p: PreparedRequest) -> None:
         """`reject`: refuse a request whose messages hold personal data, naming the types (never the
-        values). Other policies (and requests that are not captured) pass."""
+        values). Other policies (and requests that are not captured) pass without a scan."""
         if self.settings.pii_policy_for(p.tenant) is not PiiPolicy.REJECT or not self._captured(p.tenant, p.no_capture):
             return
-        found: set[str] = set()
-        for m in p.messages:
-            found.update(self._scan(m.content, "prompt", p.tenant).types)
+        found = {t for scan in self.prompt_scans(p) for t in scan.types}
         if found:
             metrics.PII_REJECTED.labels(kind="generate").inc()
             raise InvalidRequest(
                 f"the prompt contains personal data ({', '.join(sorted(found))}) and tenant {p.tenant!r} does "
                 "not accept it: remove it, or send the request with no_capture=true")
 
-    def interaction(self, ev: events_pb2.Interaction, knowledge: Sequence[str] = ()) -> events_pb2.Interaction:
-        """Redact the captured copy (in place; returned for chaining). `keep` returns it untouched.
-        `knowledge`: the item texts that were in the prompt's context (re-rendered with the redacted
-        messages, so the recorded prompt is still what the model saw, less the personal data)."""
-        if self.settings.pii_policy_for(ev.envelope.tenant) is PiiPolicy.KEEP:
-            return ev
+    def interactions(self, p: PreparedRequest, events: Sequence[events_pb2.Interaction]
+                     ) -> Sequence[events_pb2.Interaction]:
+        """Redact the captured copies of one request's choices (in place; returned for chaining). `keep`
+        returns them untouched. The choices share the prompt: it is scanned once (`prompt_scans`),
+        redacted and re-rendered once (with the knowledge that was in the context, so the recorded prompt
+        is still what the model saw, less the personal data); each answer is scanned once."""
+        if self.settings.pii_policy_for(p.tenant) is PiiPolicy.KEEP:
+            return events
         try:
-            return self._redact_interaction(ev, knowledge)
+            prompt = self._captured_prompt(p)
         except Exception:       # noqa: BLE001 - fail closed, keep serving
-            log.exception("PII redaction failed; the captured interaction keeps no text",
-                          extra={"interaction_id": ev.interaction_id})
-            metrics.PII_REDACTED.labels(kind="failed").inc()
-            for m in ev.messages:
-                m.content = FAILED
-            ev.prompt_text = ev.response_text = FAILED
-            for field in (ev.prompt_token_ids, ev.response_token_ids, ev.response_logprobs, ev.response_logprobs_t1):
-                del field[:]
-            return ev
+            log.exception("PII redaction of a prompt failed; the request's captured interactions keep no text",
+                          extra={"interaction_ids": [ev.interaction_id for ev in events]})
+            for ev in events:
+                _scrub(ev)
+            return events
+        for ev in events:
+            try:
+                self._redact_interaction(ev, prompt)
+            except Exception:   # noqa: BLE001 - fail closed, keep serving
+                log.exception("PII redaction failed; the captured interaction keeps no text",
+                              extra={"interaction_id": ev.interaction_id})
+                _scrub(ev)
+        return events
 
-    def _redact_interaction(self, ev: events_pb2.Interaction, knowledge: Sequence[str]) -> events_pb2.Interaction:
-        changed_prompt = False
-        names: set[str] = set()
-        tenant = ev.envelope.tenant
-        for m in ev.messages:
-            scan = self._scan(m.content, "prompt", tenant)
-            names |= scan.names()
-            if scan.spans:
-                m.content = scan.redacted
-                changed_prompt = True
-        if changed_prompt:
-            tok = self._tokenizer()
-            if ev.raw_prompt:
-                ev.prompt_text = ev.messages[0].content
-                ev.prompt_token_ids[:] = encode_prompt(tok, ev.prompt_text)
-            else:
-                msgs = [{"role": m.role, "content": m.content} for m in ev.messages]
-                chat = encode_chat(tok, with_knowledge(msgs, knowledge))
-                ev.prompt_text, ev.prompt_token_ids[:] = chat.text, chat.ids
-        answer = self._scan(ev.response_text, "response", tenant, names)
+    def _captured_prompt(self, p: PreparedRequest) -> _CapturedPrompt:
+        scans = self.prompt_scans(p)
+        names = frozenset(w for scan in scans for w in scan.names())
+        if not any(scan.spans for scan in scans):
+            return _CapturedPrompt(names)
+        contents = [scan.redacted for scan in scans]
+        tok = self._tokenizer()
+        if p.raw_prompt:
+            text, ids = contents[0], encode_prompt(tok, contents[0])
+        else:
+            msgs = [{"role": m.role, "content": c} for m, c in zip(p.messages, contents, strict=True)]
+            chat = encode_chat(tok, with_knowledge(msgs, p.knowledge_texts))
+            text, ids = chat.text, chat.ids
+        return _CapturedPrompt(names, contents, text, ids)
+
+    def _redact_interaction(self, ev: events_pb2.Interaction, prompt: _CapturedPrompt) -> None:
+        if prompt.contents is not None:
+            for m, content in zip(ev.messages, prompt.contents, strict=True):
+                m.content = content
+            ev.prompt_text = prompt.text
+            ev.prompt_token_ids[:] = prompt.ids
+        answer = self._scan(ev.response_text, "response", ev.envelope.tenant, prompt.names)
         if answer.spans:
             ev.response_text = answer.redacted
             del ev.response_token_ids[:]
             del ev.response_logprobs[:]
             del ev.response_logprobs_t1[:]
-        if changed_prompt or answer.spans:
+        if prompt.contents is not None or answer.spans:
             metrics.PII_REDACTED.labels(kind="interaction").inc()
-        return ev
 
     # --- Feedback -------------------------------------------------------------------------------------
     def feedback(self, ev: events_pb2.FeedbackEvent) -> events_pb2.FeedbackEvent:
@@ -187,3 +204,25 @@ class CapturePrivacy:
         ev.comment = scan.redacted
         metrics.PII_REDACTED.labels(kind="feedback").inc()
         return ev
+
+
+@dataclass(frozen=True)
+class _CapturedPrompt:
+    """A request's prompt as every one of its choices is captured: the names its messages gave (what an
+    answer is checked for), and when personal data was found, the redacted message contents and the
+    prompt re-rendered from them (`contents` is None when the prompt is kept as sent)."""
+
+    names: frozenset[str]
+    contents: list[str] | None = None
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+
+
+def _scrub(ev: events_pb2.Interaction) -> None:
+    """Fail closed: the captured copy keeps its ids and metadata but none of its text."""
+    metrics.PII_REDACTED.labels(kind="failed").inc()
+    for m in ev.messages:
+        m.content = FAILED
+    ev.prompt_text = ev.response_text = FAILED
+    for tokens in (ev.prompt_token_ids, ev.response_token_ids, ev.response_logprobs, ev.response_logprobs_t1):
+        del tokens[:]

@@ -20,6 +20,7 @@ from services.inference.settings import InferenceSettings
 from shared.contracts.events import deterministic_id, make_envelope
 from shared.decoding.chat_template import encode_chat, encode_text
 from shared.decoding.params import SamplingConfig
+from shared.privacy.policy import Scan
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2
 from shared.rpc.grpc_util import (
     TENANT_METADATA,
@@ -86,6 +87,10 @@ class PreparedRequest:
     """The knowledge items added to the context (services/inference/knowledge.py); `prompt_text` and
     `prompt_ids` hold them, `messages` do not."""
     knowledge_texts: list[str] = field(default_factory=list)
+    prompt_scans: tuple[Scan, ...] | None = None
+    """The personal-data scan of each of `messages`, made once per request by its first reader
+    (services/inference/privacy.py): the edge's `reject` decision and the capture's redaction of every
+    choice read the same scans, so no message goes through the detector twice."""
 
 
 class Completion(NamedTuple):

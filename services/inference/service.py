@@ -290,13 +290,13 @@ class InferenceApp:
             metrics.CAPTURE_SKIPPED.labels(reason="tenant").inc(len(samples))
             return
         trace = trace_id_var.get()
-        tickets = []
-        for i, (sample, iid) in enumerate(zip(samples, ids, strict=True)):
-            ev = interaction_event(p, sample, interaction_id=iid, group_id=group_id, index=i, model=self.model,
-                                   version=version, canary=canary, pod=self.settings.pod_id,
-                                   latency_ms=latency_ms, trace_id=trace)
-            tickets.append(self.capture.submit(self.topics.interactions, p.session_id,
-                                               self.privacy.interaction(ev, p.knowledge_texts)))
+        events = [interaction_event(p, sample, interaction_id=iid, group_id=group_id, index=i, model=self.model,
+                                    version=version, canary=canary, pod=self.settings.pod_id,
+                                    latency_ms=latency_ms, trace_id=trace)
+                  for i, (sample, iid) in enumerate(zip(samples, ids, strict=True))]
+        # the choices share one prompt: redacted once for all of them (services/inference/privacy.py)
+        tickets = [self.capture.submit(self.topics.interactions, p.session_id, ev)
+                   for ev in self.privacy.interactions(p, events)]
         # the answer leaves only once its interactions are on disk (services/inference/capture.py)
         deadline = time.monotonic() + self.settings.capture_ack_timeout_s
         missed = sum(not t.wait(max(0.0, deadline - time.monotonic())) for t in tickets)

@@ -196,7 +196,10 @@ class InferenceSettings(ApprenticeSettings):
     backend keys of those tenants."""
 
     default_tenant: str = "default"
-    """Tenant of requests that name none (TEAM.md convention)."""
+    """Tenant of requests that name none (no `tenant` field, no `x-apprentice-tenant` metadata; a backend
+    key always acts for its own tenant). `default` is also the tenant every other service gives data that
+    names none (the trainer's `APPRENTICE_TRAINER_TENANT`, services/trainer/rollouts.py, the extractor's
+    trajectories): keep them equal, so a single-tenant deployment never has to name a tenant."""
 
     feedback: FeedbackLimits = Field(default_factory=FeedbackLimits)
     """Caps on the feedback one interaction may receive on this pod."""

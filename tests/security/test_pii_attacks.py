@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ import pytest
 from services.inference.client import InferenceClient
 from shared.contracts.topics import Topics
 from shared.kafka.admin import delete_topics, ensure_topics
+from shared.privacy.detector import Span
+from shared.privacy.policy import Redactor
+from shared.privacy.presidio_detector import PresidioDetector
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.inference import start_inference
 from tests.helpers.kafka import collect
@@ -120,3 +124,31 @@ def test_reject_tenant_gets_invalid_argument_naming_types(client: InferenceClien
         client.feedback(iid, "correction", comment=CORRECTION, tenant="strict")
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "PERSON" in e.value.details()
     assert not leaked(e.value.details())
+
+
+class CountingDetector(PresidioDetector):
+    """The real detector, counting the texts it is asked to read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def find(self, text: str, *, names: bool = True) -> list[Span]:
+        self.calls[text] += 1
+        return super().find(text, names=names)
+
+
+@pytest.mark.parametrize(("tenant", "prompt"), [("acme", PROMPT), ("strict", "How long is the warranty?")])
+def test_each_text_of_a_served_request_is_read_by_the_detector_once(app: Any, client: InferenceClient,
+                                                                    tenant: str, prompt: str) -> None:
+    """Through the server's own wiring (edge screening, capture of n choices): with no cache to hide a
+    repeat, the prompt and each answer reach the detector once per request, whatever the policy."""
+    counting = CountingDetector()
+    served = app.privacy.redactor
+    app.privacy.redactor = Redactor(lambda: counting, cache_size=0)
+    try:
+        r = client.generate([{"role": "user", "content": prompt}], max_new_tokens=6, temperature=1.0, n=3, seed=7,
+                            tenant=tenant)
+    finally:
+        app.privacy.redactor = served
+    assert counting.calls == Counter([prompt, *(c.text for c in r.choices if c.text)])

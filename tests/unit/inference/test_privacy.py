@@ -3,6 +3,7 @@ model's tokenizer: what reaches the spool, what the trainer gets, and what a ref
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +15,9 @@ from services.inference.settings import InferenceSettings
 from shared.decoding.chat_template import encode_chat
 from shared.decoding.generation import encode_prompt
 from shared.decoding.params import Sample
+from shared.privacy.detector import Span
 from shared.privacy.policy import Redactor
+from shared.privacy.presidio_detector import PresidioDetector
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2
 from shared.rpc.grpc_util import InvalidRequest
 
@@ -55,9 +58,9 @@ def leaks(text: str) -> list[str]:
 
 def test_redact_chat_prompt_is_redacted_and_retokenised(tok: Any) -> None:
     cp = privacy(tok)
-    _, ev = event(tok, cp.settings)
+    p, ev = event(tok, cp.settings)
     original_ids = list(ev.prompt_token_ids)
-    cp.interaction(ev)
+    cp.interactions(p, [ev])
     user = ev.messages[1].content
     assert user == "Hi, my name is <PERSON>. Refund card <CREDIT_CARD> and write to <EMAIL_ADDRESS>."
     assert ev.messages[0].content == "You are the support assistant of Acme."
@@ -70,8 +73,8 @@ def test_redact_chat_prompt_is_redacted_and_retokenised(tok: Any) -> None:
 
 def test_redact_raw_prompt_and_an_answer_that_repeats_the_email(tok: Any) -> None:
     cp = privacy(tok)
-    _, ev = event(tok, cp.settings, answer=f"I wrote to {EMAIL}.", raw=True)
-    cp.interaction(ev)
+    p, ev = event(tok, cp.settings, answer=f"I wrote to {EMAIL}.", raw=True)
+    cp.interactions(p, [ev])
     assert ev.prompt_text == ev.messages[0].content and not leaks(ev.prompt_text)
     assert list(ev.prompt_token_ids) == encode_prompt(tok, ev.prompt_text)
     assert ev.response_text == "I wrote to <EMAIL_ADDRESS>."
@@ -81,19 +84,19 @@ def test_redact_raw_prompt_and_an_answer_that_repeats_the_email(tok: Any) -> Non
 
 def test_answers_lose_the_prompt_names_but_keep_public_figures(tok: Any) -> None:
     cp = privacy(tok)
-    _, ev = event(tok, cp.settings, answer="Thanks, Dana! Albert Einstein would approve.")
-    cp.interaction(ev)
+    p, ev = event(tok, cp.settings, answer="Thanks, Dana! Albert Einstein would approve.")
+    cp.interactions(p, [ev])
     assert ev.response_text == "Thanks, <PERSON>! Albert Einstein would approve." and not ev.response_token_ids
-    _, ev = event(tok, cp.settings, answer="Albert Einstein was born in Ulm.")
-    cp.interaction(ev)
+    p, ev = event(tok, cp.settings, answer="Albert Einstein was born in Ulm.")
+    cp.interactions(p, [ev])
     assert ev.response_text == "Albert Einstein was born in Ulm." and ev.response_token_ids
 
 
 def test_keep_captures_as_is(tok: Any) -> None:
     cp = privacy(tok, pii_policy="redact", pii_tenant_policies="acme:keep")
-    _, ev = event(tok, cp.settings)
+    p, ev = event(tok, cp.settings)
     before = ev.SerializeToString()
-    assert cp.interaction(ev).SerializeToString() == before
+    assert cp.interactions(p, [ev])[0].SerializeToString() == before
     fb = feedback_event(inference_pb2.FeedbackRequest(interaction_id="i1", kind="correction", comment=PROMPT), "acme",
                         "pod-1")
     assert cp.feedback(fb).comment == PROMPT
@@ -137,8 +140,8 @@ def test_a_failing_detector_fails_closed(tok: Any) -> None:
             raise RuntimeError("model file corrupt")
 
     cp = CapturePrivacy(settings(), lambda: tok, Redactor(lambda: Broken()))   # type: ignore[arg-type, return-value]
-    _, ev = event(tok, cp.settings)
-    cp.interaction(ev)
+    p, ev = event(tok, cp.settings)
+    cp.interactions(p, [ev])
     assert ev.prompt_text == ev.response_text == ev.messages[1].content == FAILED and not ev.prompt_token_ids
     assert ev.interaction_id == "i1"
     fb = feedback_event(inference_pb2.FeedbackRequest(interaction_id="i1", kind="correction", comment=PROMPT),
@@ -187,8 +190,70 @@ def test_a_captured_answer_keeps_the_staff_name_the_users_name_shares_a_word_wit
     ids = tok(answer, add_special_tokens=False)["input_ids"]
     sample = Sample(token_ids=ids, text=answer, logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
                     finish_reason="stop")
-    ev = cp.interaction(interaction_event(p, sample, interaction_id="i1", group_id="g", index=0, model="m",
-                                          version="base", canary=False, pod="pod-1", latency_ms=1.0, trace_id="t"))
+    [ev] = cp.interactions(p, [interaction_event(p, sample, interaction_id="i1", group_id="g", index=0, model="m",
+                                                 version="base", canary=False, pod="pod-1", latency_ms=1.0,
+                                                 trace_id="t")])
     assert ev.messages[0].content == "Hi, I'm <PERSON>. Can Dana Whitfield approve my Trailmate return?"
     assert "Smith" not in ev.prompt_text and "Dana Whitfield" in ev.prompt_text
     assert ev.response_text == "Thanks, <PERSON>! Dana Whitfield approves Trailmate returns within 30 days."
+
+
+# --- each text through the detector once per request -------------------------------------------------
+class CountingDetector(PresidioDetector):
+    """The real detector, counting the texts it is asked to read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def find(self, text: str, *, names: bool = True) -> list[Span]:
+        self.calls[text] += 1
+        return super().find(text, names=names)
+
+
+@pytest.fixture(scope="module")
+def counting() -> CountingDetector:
+    return CountingDetector()
+
+
+def choices(tok: Any, s: InferenceSettings, tenant: str, prompt: str, answers: list[str]) -> tuple[Any, list[Any]]:
+    """One request of len(answers) choices, as the server prepares it and builds its captured events."""
+    req = inference_pb2.GenerateRequest(
+        messages=[common_pb2.ChatMessage(role="system", content="You are the support assistant of Acme."),
+                  common_pb2.ChatMessage(role="user", content=prompt)],
+        sampling=common_pb2.SamplingParams(n=len(answers), temperature=1.0))
+    p = prepare(req, tenant, s, tok, 2048, new_session_id="s1")
+    events = []
+    for i, answer in enumerate(answers):
+        ids = tok(answer, add_special_tokens=False)["input_ids"]
+        sample = Sample(token_ids=ids, text=answer, logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
+                        finish_reason="stop")
+        events.append(interaction_event(p, sample, interaction_id=f"i{i}", group_id="g", index=i, model="m",
+                                        version="base", canary=False, pod="pod-1", latency_ms=1.0, trace_id="t"))
+    return p, events
+
+
+@pytest.mark.parametrize(("tenant", "prompt"), [("acme", PROMPT), ("strict", "How long is the warranty?")])
+def test_each_text_of_a_request_is_read_by_the_detector_once(tok: Any, counting: CountingDetector, tenant: str,
+                                                             prompt: str) -> None:
+    """Edge screening (`reject`) and capture redaction share one scan of each message, and the n choices
+    share the prompt's: with no cache to hide a repeat, every text reaches the detector exactly once."""
+    cp = CapturePrivacy(settings(pii_tenant_policies="strict:reject"), lambda: tok, Redactor(lambda: counting, cache_size=0))
+    answers = ["Done, Dana.", f"I wrote to {EMAIL}.", "The warranty is two years."]
+    p, events = choices(tok, cp.settings, tenant, prompt, answers)
+    counting.calls.clear()
+    cp.screen_request(p)
+    for ev in cp.interactions(p, events):
+        assert not leaks(ev.SerializeToString().decode("utf-8", "replace"))
+    assert set(counting.calls) == {m.content for m in p.messages} | set(answers)
+    assert set(counting.calls.values()) == {1}, counting.calls
+
+
+def test_a_refused_request_is_scanned_once_and_never_again(tok: Any, counting: CountingDetector) -> None:
+    cp = CapturePrivacy(settings(pii_policy="reject"), lambda: tok, Redactor(lambda: counting, cache_size=0))
+    p, _ = choices(tok, cp.settings, "acme", PROMPT, ["Done."])
+    counting.calls.clear()
+    for _ in range(2):      # a handler that screens twice still reads the scans made the first time
+        with pytest.raises(InvalidRequest, match="CREDIT_CARD"):
+            cp.screen_request(p)
+    assert counting.calls == Counter({m.content: 1 for m in p.messages})
