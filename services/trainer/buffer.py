@@ -1,17 +1,20 @@
 """GradedInteraction records of one tenant --> batches of trainable Rollouts (the RL buffer).
 
-Filters, in order, each counted under its reason:
+The trainer's intake of records from Kafka: each record passes the trainer's one filter (`admit`,
+rollouts.py: tenant, quarantine, signal, well-formed) here and nowhere else, the rounds train what this
+buffer releases as they are. Skips, in order, each counted under its reason:
 - other_tenant   the record belongs to another tenant (strict isolation: never trained here)
-- malformed      no prompt or response tokens
+- malformed      no interaction id (nothing else can be read of it)
 - older_revision a lower revision than one already seen for the interaction
 - already_trained the interaction was trained (at most once per interaction)
-- no_signal / quarantined  the grader could not judge, or flagged reward hacking (masked, not 0)
+- quarantined / no_signal / malformed  the grader flagged reward hacking or could not judge (masked,
+                 not 0), or the record has no prompt or response tokens
 - unknown_version / stale  the producing policy is not in this trainer's lineage, or more than
                  `max_staleness` trainer versions old
 
 Revision semantics: the grader re-emits an interaction with a higher revision when late feedback
 changes its reward. Until the interaction is trained, the highest revision replaces the pending one
-(if it turned no-signal or quarantined, the pending one is withdrawn: "revoked"). Once trained, later
+(if it turned no-signal, quarantined or malformed, the pending one is withdrawn: "revoked"). Once trained, later
 revisions are skipped: each interaction is trained at most once, on the first revision that was usable
 when a round took it.
 
@@ -26,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.trainer.rollouts import MalformedRollout, Rollout, from_graded, tenant_of
+from services.trainer.rollouts import OTHER_TENANT, Rollout, admit, from_graded
 from shared.proto.apprentice.v1 import events_pb2
 
 ACCEPTED = "accepted"
@@ -84,11 +87,10 @@ class RolloutBuffer:
         return reason
 
     def _offer(self, g: events_pb2.GradedInteraction, now: float, partition: int, offset: int) -> str:
-        if tenant_of(g) != self.tenant or (g.interaction.envelope.tenant and g.interaction.envelope.tenant != self.tenant):
-            return "other_tenant"
+        verdict = admit(g, self.tenant)
         iid = g.interaction.interaction_id
-        if not iid:
-            return "malformed"
+        if verdict.reason == OTHER_TENANT or not iid:
+            return verdict.reason
         if g.revision < self.revisions.get(iid, 0):
             return "older_revision"
         if iid in self.trained:
@@ -98,19 +100,16 @@ class RolloutBuffer:
             grp = self.groups.setdefault(it.group_id, _Group(size=it.group_size, first_seen=now))
             grp.seen.add(iid)
         self.revisions[iid] = g.revision
-        if not g.has_signal or g.quarantined:
+        rollout = verdict.rollout
+        if rollout is None:             # the newest revision may not train: the pending one is withdrawn
             if self.pending.pop(iid, None) is not None:
                 self.skipped["revoked"] += 1
-            return "quarantined" if g.quarantined else "no_signal"
-        st = self.staleness(it.policy_version)
+            return verdict.reason
+        st = self.staleness(rollout.policy_version)
         if st is None:
             return "unknown_version"
         if st > self.max_staleness:
             return "stale"
-        try:
-            rollout = from_graded(g)
-        except MalformedRollout:
-            return "malformed"
         self.pending[iid] = _Pending(rollout, g.SerializeToString(), partition, offset, now)
         return ACCEPTED
 

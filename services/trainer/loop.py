@@ -28,7 +28,7 @@ from services.trainer.buffer import ACCEPTED, RolloutBuffer
 from services.trainer.checkpoint import Checkpoint, CheckpointStore
 from services.trainer.distill import DistillExample
 from services.trainer.distributed import broadcast, world_size
-from services.trainer.rollouts import domain_of, tenant_of
+from services.trainer.rollouts import MALFORMED, OTHER_TENANT, QUARANTINED, domain_of
 from services.trainer.rounds import RoundResult, Trainer
 from services.trainer.settings import TrainerSettings
 from services.trainer.source import PartitionReader
@@ -200,7 +200,7 @@ class TrainerService:
             M.RECORDS.labels("graded", outcome).inc()
             if outcome != ACCEPTED:
                 M.SKIPPED.labels(outcome).inc()
-            if outcome not in ("other_tenant", "quarantined", "malformed") and tenant_of(g) == s.tenant:
+            if outcome not in (OTHER_TENANT, QUARANTINED, MALFORMED):     # tenant checked by the buffer's `admit`
                 self._remember_prompt(g, int(msg.partition() or 0), int(msg.offset() or 0))
         M.BUFFER.set(len(self.buffer))
         return len(msgs)

@@ -1,5 +1,11 @@
 """GradedInteraction --> Rollout: the fields the RL loss needs, checked once.
 
+`admit` is the trainer's one filter of graded records: another tenant's record, a quarantined or
+no-signal one and a malformed one never become a Rollout. Records from Kafka pass it in the RL buffer
+(buffer.py), which adds what only a stream has (revisions, staleness, groups); records handed to the
+library entry (`Trainer.rl_round`, rounds.py) pass it there. A Rollout is thus a record already
+admitted, and is not filtered again.
+
 `behaviour_logprobs` is `Interaction.response_logprobs_t1` (log softmax at temperature 1, unfiltered):
 the same quantity the trainer recomputes for π_θ, so π_old/π_rollout is a like-for-like ratio
 (events.proto). It is empty when inference did not record it; those rollouts train without the
@@ -14,6 +20,12 @@ from shared.proto.apprentice.v1 import events_pb2
 
 DEFAULT_TENANT = "default"
 DEFAULT_DOMAIN = "general"
+
+
+OTHER_TENANT = "other_tenant"
+MALFORMED = "malformed"
+NO_SIGNAL = "no_signal"
+QUARANTINED = "quarantined"
 
 
 class MalformedRollout(ValueError):
@@ -67,3 +79,32 @@ def from_graded(g: events_pb2.GradedInteraction) -> Rollout:
         behaviour_logprobs=list(it.response_logprobs_t1), policy_version=it.policy_version or "base",
         max_new_tokens=int(it.sampling.max_new_tokens), finish_reason=it.finish_reason, revision=g.revision,
     )
+
+
+@dataclass(frozen=True)
+class Admission:
+    """`admit`'s verdict on one graded record: its Rollout, or the reason it may not train (`reason`
+    names the skip counter)."""
+
+    rollout: Rollout | None
+    reason: str = ""
+
+
+def admit(g: events_pb2.GradedInteraction, tenant: str) -> Admission:
+    """May `g` train `tenant`'s model? Not when it belongs to another tenant (the graded envelope's
+    tenant, or an interaction envelope that disagrees with it), has no interaction id, was quarantined
+    by the grader (reward hacking suspected) or carries no reward signal, or lacks prompt or response
+    tokens (e.g. an answer redacted at capture: its tokens were dropped)."""
+    inner = g.interaction.envelope.tenant
+    if tenant_of(g) != tenant or (inner and inner != tenant):
+        return Admission(None, OTHER_TENANT)
+    if not g.interaction.interaction_id:
+        return Admission(None, MALFORMED)
+    if g.quarantined:
+        return Admission(None, QUARANTINED)
+    if not g.has_signal:
+        return Admission(None, NO_SIGNAL)
+    try:
+        return Admission(from_graded(g))
+    except MalformedRollout:
+        return Admission(None, MALFORMED)

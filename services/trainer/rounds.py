@@ -30,7 +30,7 @@ from services.trainer.distill import (
 from services.trainer.knowledge import KnowledgeBase
 from services.trainer.policy import Policy, PolicyConfig
 from services.trainer.rl import RLConfig, RunningBaseline, rl_round
-from services.trainer.rollouts import MalformedRollout, Rollout, from_graded, tenant_of
+from services.trainer.rollouts import Rollout, admit
 from services.trainer.settings import TrainerSettings
 from services.trainer.steplog import StepHook
 from shared.grading import load_function
@@ -109,36 +109,30 @@ class Trainer:
 
     # --- RL ---------------------------------------------------------------------------------------------
     def rl_round(self, items: Sequence[Rollout | events_pb2.GradedInteraction]) -> RoundResult:
-        """GRPO-family update on rollouts or graded records. Graded records of other tenants, without
-        signal, quarantined or malformed are skipped and counted (the service's buffer does more:
-        staleness, revisions, groups waiting for siblings)."""
+        """GRPO-family update on graded records or on rollouts already admitted. Graded records pass the
+        trainer's filter here (`admit`: other tenants', quarantined, no-signal and malformed ones are
+        skipped and counted); rollouts passed it where they were made (the service's RL buffer, which
+        also handles staleness, revisions and groups waiting for siblings) and are not filtered again.
+        A rollout of another tenant is a caller's wiring error: it raises, and nothing is trained."""
+        tenant = self.settings.tenant
+        foreign = sorted({it.tenant for it in items if isinstance(it, Rollout) and it.tenant != tenant})
+        if foreign:
+            raise ValueError(f"rollouts of tenant(s) {', '.join(map(repr, foreign))} given to the trainer of "
+                             f"tenant {tenant!r}: graded records are admitted per tenant before they train")
         rollouts: list[Rollout] = []
         skipped: dict[str, int] = {}
         for it in items:
             if isinstance(it, Rollout):
-                reason = "other_tenant" if it.tenant != self.settings.tenant else ""
-                r: Rollout | None = it
+                rollouts.append(it)
+                continue
+            verdict = admit(it, tenant)
+            if verdict.rollout is None:
+                skipped[verdict.reason] = skipped.get(verdict.reason, 0) + 1
             else:
-                reason, r = self._usable(it)
-            if reason:
-                skipped[reason] = skipped.get(reason, 0) + 1
-            elif r is not None:
-                rollouts.append(r)
+                rollouts.append(verdict.rollout)
         metrics = rl_round(self.policy, rollouts, self.rl_cfg, self.baseline, max_steps=self.steps_left(),
                            on_step=self._step_hook(self.rl_cfg.algorithm), staleness_of=self.staleness_of)
         return RoundResult(self.rl_cfg.algorithm, metrics, [r.interaction_id for r in rollouts], skipped)
-
-    def _usable(self, g: events_pb2.GradedInteraction) -> tuple[str, Rollout | None]:
-        if tenant_of(g) != self.settings.tenant:
-            return "other_tenant", None
-        if not g.has_signal:
-            return "no_signal", None
-        if g.quarantined:
-            return "quarantined", None
-        try:
-            return "", from_graded(g)
-        except MalformedRollout:
-            return "malformed", None
 
     # --- OEL consolidation -------------------------------------------------------------------------------
     def consolidation_round(self, examples: Sequence[DistillExample],

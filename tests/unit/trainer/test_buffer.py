@@ -93,3 +93,22 @@ def test_state_round_trip() -> None:
     assert c.lineage == ["base", "v1"] and "t" in c.trained
     assert c.pending["a"].offset == 17 and c.groups["G"].seen == {"a"}
     assert c.pending["a"].rollout.completion_ids == [4, 5]
+
+
+def test_a_newer_revision_that_may_not_train_withdraws_the_pending_one() -> None:
+    b = RolloutBuffer("acme")
+    for reason, newer in (("no_signal", graded("a", revision=2, has_signal=False)),
+                          ("malformed", graded("b", revision=2, response=()))):
+        iid = newer.interaction.interaction_id
+        assert b.offer(graded(iid), 0) == ACCEPTED
+        assert b.offer(newer, 0) == reason
+    assert b.ready(0) == [] and b.skipped["revoked"] == 2
+
+
+def test_a_malformed_sibling_still_completes_its_group() -> None:
+    """An answer redacted at capture has no tokens (malformed): its siblings need not wait for it."""
+    b = RolloutBuffer("acme", group_wait_s=100)
+    b.offer(graded("g1", group="G", group_size=2), 0)
+    assert b.ready(1) == []
+    assert b.offer(graded("g2", group="G", group_size=2, response=()), 1) == "malformed"
+    assert ids(b.ready(1)) == ["g1"]

@@ -144,6 +144,25 @@ def test_step_budget_and_graded_inputs(tiny) -> None:  # noqa: ANN001
     assert t.rl_round(recs[:8]).steps == 0
 
 
+def test_graded_inputs_of_another_tenant_or_malformed_never_train(tiny) -> None:  # noqa: ANN001
+    t = make_trainer(tiny, batch_size=4)
+    mixed = graded("mixed")
+    mixed.interaction.envelope.tenant = "globex"       # acme's grading of a globex interaction: refused
+    r = t.rl_round([mixed, graded("empty", response=()), graded("ok")])
+    assert r.skipped == {"other_tenant": 1, "malformed": 1} and r.trained_ids == ["ok"]
+
+
+def test_rollouts_of_another_tenant_are_refused_before_any_step(tiny) -> None:  # noqa: ANN001
+    """Rollouts were admitted for their tenant where they were made (the service's buffer): a trainer
+    given another tenant's is wired wrong, and trains nothing rather than skipping them quietly."""
+    t = make_trainer(tiny, batch_size=4)
+    rs = group_rollouts()
+    rs[5].tenant = "globex"
+    with pytest.raises(ValueError, match="'globex'"):
+        t.rl_round(rs)
+    assert t.policy.steps == 0
+
+
 def test_rl_config_presets() -> None:
     s = TrainerSettings(algorithm="dapo")
     assert RLConfig.from_settings(s) == RLConfig(algorithm="dapo", eps_high=0.28, drop_equal_groups=True,
