@@ -1,4 +1,5 @@
-"""`apprentice serve grader` / `python -m services.grader`: validate the config, then run the chosen runtime."""
+"""`apprentice serve grader` / `python -m services.grader`: validate the config, then run the faust
+runtime (services/grader/service.py)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     except GraderConfigError as e:
         print(f"apprentice grader: {e}\n(set APPRENTICE_GRADER_CONFIG_PATH to a valid file)", file=sys.stderr)
         return 2
-    from services.grader.runtime import make_runtime  # heavy: only after the config is known to be good
+    # heavy (faust): imported only after the config is known to be good
+    from services.grader.service import FaustRuntime
     from shared.rpc.grpc_util import service_host
     from shared.service import run_service
 
     metrics_host = service_host("", settings.common)
-    return run_service(make_runtime(settings.runtime, settings, config), metrics_port=settings.metrics_port,
-                       metrics_host=metrics_host)
+    return run_service(FaustRuntime(settings, config), metrics_port=settings.metrics_port, metrics_host=metrics_host)
 
 
 if __name__ == "__main__":
