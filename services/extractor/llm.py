@@ -1,4 +1,4 @@
-"""Extraction prompts --> completions: the swappable extractor LLM (ABC + factory).
+"""Extraction prompts --> completions: the swappable extractor LLM (the interface; llm_kinds.py picks one).
 
 Implementations (sibling modules):
 - `inference`: the current policy through the Inference gRPC service (default; OEL's on-policy extractor);
@@ -11,10 +11,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from services.extractor.settings import ExtractorSettings
 
 
 class LLMUnavailable(RuntimeError):
@@ -50,23 +46,3 @@ class ExtractorLLM(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, most implementations hold nothing
         """Release connections or models."""
-
-
-def make_llm(settings: ExtractorSettings) -> ExtractorLLM:
-    """The extractor LLM of `settings.llm`'s kind."""
-    llm = settings.llm
-    if llm.kind == "inference":
-        # cycle: llm_inference subclasses ExtractorLLM of this module
-        from services.extractor.llm_inference import InferenceLLM
-
-        return InferenceLLM(llm.endpoint, model=settings.common.model, timeout_s=settings.request_timeout_s)
-    if llm.kind == "openai":
-        # cycle: llm_openai subclasses ExtractorLLM of this module
-        from services.extractor.llm_openai import OpenAICompatibleLLM
-
-        return OpenAICompatibleLLM(llm.base_url, llm.model, api_key_env=llm.api_key_env,
-                                   timeout_s=settings.request_timeout_s)
-    # cycle: llm_local subclasses ExtractorLLM of this module (and loads torch)
-    from services.extractor.llm_local import LocalLLM
-
-    return LocalLLM(llm.model or settings.common.model)

@@ -25,7 +25,8 @@ from services.extractor.consolidation import ConsolidationFollower
 from services.extractor.curation import Curator, Embedder, TokenCounter, approx_tokens
 from services.extractor.extraction import ExtractionSettings, Extractor, RateLimiter
 from services.extractor.knowledge import Extracted, KnowledgeStore
-from services.extractor.llm import ExtractorLLM, LLMUnavailable, make_llm
+from services.extractor.llm import ExtractorLLM, LLMUnavailable
+from services.extractor.llm_kinds import make_llm
 from services.extractor.metrics import ITEMS, LLM_CALLS, LLM_ERRORS, OPEN_SESSIONS, SNAPSHOTS, TRAJECTORIES
 from services.extractor.servicer import SERVICE, create_knowledge_server
 from services.extractor.settings import ExtractorSettings

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from services.extractor.extraction import ExtractionSettings, Extractor, RateLimiter, correction_item
-from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse, LLMUnavailable, make_llm
+from services.extractor.llm import ExtractorLLM, LLMRequest, LLMResponse, LLMUnavailable
+from services.extractor.llm_kinds import make_llm
 from services.extractor.llm_openai import OpenAICompatibleLLM
 from services.extractor.settings import ExtractorSettings, InferenceLLMSettings, OpenAILLMSettings
 from services.extractor.trajectories import SessionBuffer, Trajectory
