@@ -37,7 +37,7 @@ import pytest
 
 from shared.contracts.topics import Topics
 from tests.helpers.waiting import wait_for
-from tools.stack.stack import Ports
+from tools.stack.ports import Ports
 
 pytestmark = pytest.mark.integration
 

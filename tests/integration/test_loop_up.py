@@ -21,7 +21,7 @@ import pytest
 from shared.contracts.topics import Topics
 from shared.kafka.admin import broker_answers
 from tests.helpers.waiting import wait_for
-from tools.stack.stack import Ports
+from tools.stack.ports import Ports
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.contracts.grader_waiting import from_metrics
 from shared.contracts.metric_names import INFERENCE_SPOOL_DEPTH
-from shared.contracts.stack_endpoints import read_endpoints, state_home
+from shared.contracts.stack_endpoints import state_home
 from shared.kafka.admin import broker_answers
 from shared.kafka.lag import lag_by_group, partition_lag
-from shared.metrics import metric_sum, scrape
+from shared.metrics import metric_sum
 from shared.models import ModelUnavailable, check_model_name
 from shared.progress import progress, progress_enabled
 from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
@@ -31,37 +30,19 @@ from tools.demo.task import TaskError, load_task
 from tools.demo.task_config import BUSINESS_NAMES_ENV, write_task_config
 from tools.devca import apply_stack_client_env, ensure_dev_credentials
 from tools.stack.client_env import env_lines
-from tools.stack.stack import Ports
+from tools.stack.ports import Ports
+from tools.stack.probe import metrics_text, service_health, stack_ports, stack_state
 from tools.stack.status_view import render_status
 from tools.stack.supervisor import main as supervise
 
 
-def _state(home: Path) -> dict[str, Any]:
-    """The supervisor's `stack.json` (pids, restarts, ports), or {} when no stack was started here."""
-    try:
-        return dict(json.loads((home / "stack.json").read_text()))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 def _supervisor_pid(home: Path) -> int | None:
     try:
-        pid = int(_state(home)["supervisor_pid"])
+        pid = int(stack_state(home)["supervisor_pid"])
         os.kill(pid, 0)
         return pid
     except (ValueError, KeyError, ProcessLookupError):
         return None
-
-
-def stack_ports(home: Path) -> Ports:
-    """The ports the running stack was started with: recorded in stack.json by `up`'s supervisor, else in
-    the endpoints record every stack writes (a private stack's), else the configured ones."""
-    recorded = _state(home).get("ports")
-    if recorded:
-        return Ports.from_dict(recorded)
-
-    endpoints = read_endpoints(home)
-    return Ports.from_endpoints(endpoints) if endpoints is not None else Ports.configured()
 
 
 def _apply_task(name_or_path: str, home: Path) -> str | None:
@@ -194,7 +175,7 @@ def _wait_for_services(home: Path, ports: Ports, sup: subprocess.Popen[bytes], w
         while True:
             health = service_health(ports)
             starting = [n for n, ok in health.items() if not ok]
-            exits = {n: s.get("exits") for n, s in _state(home).get("services", {}).items() if s.get("exits")}
+            exits = {n: s.get("exits") for n, s in stack_state(home).get("services", {}).items() if s.get("exits")}
             note = ("still starting: " + ", ".join(f"{n} (exited {len(exits[n])}x)" if n in exits else n
                                                   for n in starting)) if starting else "all healthy"
             bar.n = len(health) - len(starting)
@@ -226,29 +207,6 @@ def down(argv: list[str]) -> int:
     return kafka(["stop"])
 
 
-def _grpc_healthy(port: int, common: CommonSettings | None = None) -> bool:
-    try:
-        with open_channel(f"127.0.0.1:{port}", common) as ch:
-            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
-            return resp.status == health_pb2.HealthCheckResponse.SERVING
-    except grpc.RpcError:
-        return False
-
-
-def _metrics(port: int) -> str | None:
-    return scrape(f"127.0.0.1:{port}")
-
-
-def service_health(ports: Ports, common: CommonSettings | None = None) -> dict[str, bool]:
-    """gRPC health for the three gRPC services; a metrics endpoint that answers for grader and trainer
-    (they serve no gRPC). `common`: the client settings (TLS CA) to dial with."""
-    return {"inference": _grpc_healthy(ports.inference, common),
-            "grader": _metrics(ports.metrics["grader"]) is not None,
-            "extractor": _grpc_healthy(ports.extractor, common),
-            "trainer": _metrics(ports.metrics["trainer"]) is not None,
-            "weights": _grpc_healthy(ports.weights, common)}
-
-
 def service_ports(ports: Ports) -> dict[str, dict[str, int]]:
     """What each service listens on (status's PORT column): gRPC and HTTP where it has them, else metrics."""
     return {"inference": {"grpc": ports.inference, "http": ports.http},
@@ -262,15 +220,15 @@ def collect_status(settings: CommonSettings) -> dict[str, Any]:
     report: dict[str, Any] = {"broker": {"bootstrap": settings.kafka_bootstrap,
                                          "up": broker_answers(settings.kafka_bootstrap)}}
     home = state_home(settings.home)    # a private stack (the demo's) announced here keeps its state in its run
-    state = _state(home)
+    state = stack_state(home)
     ports = stack_ports(home)
     health = service_health(ports)
     report["supervisor"] = {"pid": _supervisor_pid(home), "ports": ports.as_dict(), "home": str(home)}
     report["services"] = {name: {"healthy": ok, **state.get("services", {}).get(name, {}),
                                  "ports": service_ports(ports)[name]}
                           for name, ok in health.items()}
-    report["spool_depth"] = metric_sum(_metrics(ports.metrics["inference"]), INFERENCE_SPOOL_DEPTH)
-    waiting = from_metrics(_metrics(ports.metrics["grader"]))  # answers waiting for feedback (contracts/grader_waiting.py)
+    report["spool_depth"] = metric_sum(metrics_text(ports.metrics["inference"]), INFERENCE_SPOOL_DEPTH)
+    waiting = from_metrics(metrics_text(ports.metrics["grader"]))  # answers waiting for feedback (contracts/grader_waiting.py)
     report["grader_waiting"] = waiting.as_dict() if waiting is not None else None
     report["pods"], report["knowledge"] = _versions(settings, ports)
     if report["broker"]["up"]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from shared.contracts.stack_endpoints import read_endpoints, state_home
 from shared.settings import default_home
 from tools.devca import DevCredentials
+from tools.stack.probe import stack_ports
 
 BUNDLE = "ca-bundle.pem"
 REPLACING_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")
@@ -69,9 +70,6 @@ def _export(name: str, value: str) -> str:
 def env_lines(home: Path, tenant: str = "default") -> list[str]:
     """The lines `apprentice env` prints for the stack under `home` (its recorded endpoints when it runs,
     else the configured ports). FileNotFoundError when the stack has no development credentials."""
-    # cycle: tools/stack/cli.py imports this module
-    from tools.stack.cli import stack_ports
-
     endpoints = read_endpoints(home)
     secrets = Path(endpoints.tls_ca).parent if endpoints is not None and endpoints.tls_ca else home / "secrets"
     creds = DevCredentials(secrets.resolve())

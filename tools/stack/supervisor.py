@@ -17,16 +17,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shared.contracts.stack_endpoints import StackEndpoints, remove_endpoints, write_endpoints
 from shared.logs import configure_logging
 from shared.retry import Backoff
 from shared.settings import CommonSettings
 from tools.devca import DevCredentials, ensure_dev_credentials
-
-if TYPE_CHECKING:
-    from tools.stack.stack import Ports
+from tools.stack.ports import Ports, wire_services
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +156,6 @@ class Supervisor:
 
 
 def main() -> int:
-    # cycle: tools/stack/stack.py imports this module
-    from tools.stack.stack import Ports, wire_services
-
     settings = CommonSettings()
     configure_logging("supervisor", settings.log_level, settings.log_json)
     services = tuple(os.environ.get("APPRENTICE_STACK_SERVICES", ",".join(SERVICES)).split(","))

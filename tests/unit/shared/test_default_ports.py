@@ -29,7 +29,7 @@ def test_metrics_ports_are_the_services_defaults(service: str) -> None:
 
 def test_the_dashboard_port_and_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     from services.dashboard.settings import DashboardSettings
-    from tools.stack.stack import Ports
+    from tools.stack.ports import Ports
 
     monkeypatch.delenv(DASHBOARD_PORT_VAR, raising=False)
     assert DashboardSettings().port == DASHBOARD_PORT == Ports.configured().dashboard

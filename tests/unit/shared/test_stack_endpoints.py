@@ -86,7 +86,7 @@ def test_remove_only_our_own_record(tmp_path: Path) -> None:
 def test_a_private_stack_is_announced_only_where_no_live_stack_is_recorded(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from tools.stack.stack import Ports
+    from tools.stack.ports import Ports
 
     home, run = tmp_path / "home", tmp_path / "home" / "demo" / "run-1"
     demo = replace(_endpoints(os.getpid()), home=str(run))
