@@ -15,11 +15,11 @@ The handles: inference `InferenceApp` (services/inference/service.py), weights `
 (services/weights/service.py), extractor `ExtractorApp` (services/extractor/service.py), trainer `TrainerApp`
 (services/trainer/service.py; torchrun's ranks > 0 run `loop.follower` instead, without metrics or signals
 of their own), dashboard `DashboardServer` (services/dashboard/service.py; no metrics endpoint: port 0), grader
-`FaustRuntime` (services/grader/service.py). Each services/<name>/service.py holds its handle alone
+`GraderService` (services/grader/service.py). Each services/<name>/service.py holds its handle alone
 (tests/unit/test_service_handles.py).
 
 faust's Worker wants to own the event loop and the signals (asyncio installs loop signal handlers only
-on the main thread). `FaustRuntime` therefore runs the whole faust side, loop included, on a thread of
+on the main thread). `GraderService` therefore runs the whole faust side, loop included, on a thread of
 its own, with a Worker that installs no signal handlers; its `stop()` schedules on that loop what the
 Worker's own SIGTERM handler would have done. `run_service` then drives it like any other handle.
 """

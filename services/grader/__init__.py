@@ -1,9 +1,9 @@
 """Grader service: Interaction + FeedbackEvents --> GradedInteraction (reward, components, hacking flags).
 
-Two runtimes (`runtime.py`, `APPRENTICE_GRADER_RUNTIME`): faust (`app.py`, faust-streaming agents; the
-default) and native (`native_runtime.py`, confluent-kafka with one transaction per batch; supported and
-tested the same way). Both run the same pure modules: `routing.py` (source record -> join item),
-`join.py` (timing, revisions, idempotency), `components.py` (graders -> reward), `detectors.py` (reward
-hacking), `judge_groups.py` + `judge.py` (LLM judge), `state.py` (table values). Rule graders and the
-config schema are shared: `shared/grading`. README.md says which runtime is the default and why.
+`core/` is the pure grading core: routing.py (source record -> join item), join.py (timing, revisions,
+idempotency), components.py (graders -> reward), detectors.py (reward hacking), judge_groups.py +
+judge.py (LLM judge), limits.py (what one interaction may hold), state.py (table values). `stream/` is
+its faust wiring: app.py builds the faust app and the stages (route, grade, judge, ticker, recovery),
+which see it only through context.py's `StageContext`. service.py is the handle `__main__` runs. Rule
+graders and the config schema are shared: `shared/grading`. README.md has the whole picture.
 """

@@ -25,12 +25,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"apprentice grader: {e}\n(set APPRENTICE_GRADER_CONFIG_PATH to a valid file)", file=sys.stderr)
         return 2
     # heavy (faust): imported only after the config is known to be good
-    from services.grader.service import FaustRuntime
+    from services.grader.service import GraderService
     from shared.rpc.grpc_util import service_host
     from shared.service import run_service
 
     metrics_host = service_host("", settings.common)
-    return run_service(FaustRuntime(settings, config), metrics_port=settings.metrics_port, metrics_host=metrics_host)
+    return run_service(GraderService(settings, config), metrics_port=settings.metrics_port, metrics_host=metrics_host)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The faust runtime's handle (shared/service.py): the GraderApp of app.py, run by a faust Worker on a
-thread of its own.
+"""The grader's service handle (shared/service.py `ServiceHandle`): the GraderApp of stream/app.py, run by a
+faust Worker on a thread of its own.
 
 A faust Worker (mode's) expects to own the process: `execute_from_commandline` runs its event loop until
 the worker stops, and installs SIGINT/SIGTERM handlers on that loop, which asyncio only allows on the
@@ -28,7 +28,7 @@ import faust
 from services.grader.core.rulebook import RuleBook
 from services.grader.settings import GraderSettings
 from services.grader.stream.app import GraderApp
-from services.grader.stream.changelog import ensure_internal_topics
+from services.grader.stream.internal_topics import ensure_internal_topics
 from services.grader.stream.rules_follower import follow
 from shared.grading import GraderConfig
 
@@ -37,11 +37,13 @@ log = logging.getLogger(__name__)
 
 class _Worker(faust.Worker):
     def install_signal_handlers(self) -> None:
-        """None: the process's signals belong to run_service (shared/service.py); `FaustRuntime.stop`
+        """None: the process's signals belong to run_service (shared/service.py); `GraderService.stop`
         stops the worker instead."""
 
 
-class FaustRuntime:
+class GraderService:
+    """Start/stop the grader: its internal topics, the runtime rules follower, then the faust worker."""
+
     def __init__(self, settings: GraderSettings, config: GraderConfig) -> None:
         self.settings = settings
         self.config = config

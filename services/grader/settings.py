@@ -2,38 +2,80 @@
 
 The grader *rules* (which graders per tenant and task) live in a YAML file (`config_path`, schema in
 `shared/grading/schema.py`); these settings are about running the stream processor.
+
+The native runtime is gone (faust is the only one), and with it `APPRENTICE_GRADER_RUNTIME` and the native-only
+settings. A variable of them left in an environment is handled at start by `_gone_settings`:
+
+- `APPRENTICE_GRADER_RUNTIME=faust`: a warning, then the grader starts. It names what runs anyway, and
+  manifests that spelled the old default out keep working.
+- `APPRENTICE_GRADER_RUNTIME=native` (or anything else): a startup error (exit 2, one line). That operator
+  asked for another runtime, with its own exactly-once mechanism (Kafka transactions) and its own group
+  members; starting faust in its place, perhaps beside native workers of an older release still in the
+  consumer group, is a decision for them, not a silent default.
+- the native-only tuning variables (`TRANSACTION_TIMEOUT_S`, `RESTORE_TIMEOUT_S`, `SHUTDOWN_GRACE_S`): a
+  warning each; they tuned something that no longer exists, and nothing that remains changes meaning.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.grader.core.limits import STATE_HEADROOM
-from shared.settings import ApprenticeSettings, CommonSettings
+from services.grader.core.limits import STATE_HEADROOM, Limits
+from shared.settings import ApprenticeSettings, CommonSettings, SettingMoved
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG = Path(__file__).with_name("default_config.yaml")
 
+ENV_PREFIX = "APPRENTICE_GRADER_"
+
+NATIVE_ONLY = ("transaction_timeout_s", "restore_timeout_s", "shutdown_grace_s")
+"""Settings of the removed native runtime: warned about when set, never read."""
+
+
+class SettingRemoved(SettingMoved):
+    """A removed setting whose value asks for something that no longer exists (shared/startup.py prints it
+    as one line and exits 2, as for a moved one)."""
+
+
+def _env(name: str, environ: Mapping[str, str]) -> str:
+    """`name` in `environ` without regard to case, as pydantic-settings reads variables ("" = unset)."""
+    return next((v for k, v in environ.items() if k.upper() == name.upper()), "")
+
+
+def _gone_settings(values: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    """The runtime choice and the native-only settings, as keywords or variables: see the module docstring."""
+    runtime = str(values.get("runtime") or _env(ENV_PREFIX + "RUNTIME", environ)).strip()
+    if runtime.lower() not in ("", "faust"):
+        raise SettingRemoved(f"{ENV_PREFIX}RUNTIME={runtime} asks for a runtime that was removed: faust is the "
+                             f"grader's only runtime (services/grader/README.md); stop every {runtime} worker, "
+                             f"then unset {ENV_PREFIX}RUNTIME")
+    if runtime:
+        log.warning("%sRUNTIME is no longer read: faust is the grader's only runtime; unset it", ENV_PREFIX)
+    for name in NATIVE_ONLY:
+        if name in values or _env(ENV_PREFIX + name, environ):
+            log.warning("%s%s is no longer read (a setting of the removed native runtime); unset it",
+                        ENV_PREFIX, name.upper())
+
 
 class GraderSettings(ApprenticeSettings):
-    model_config = SettingsConfigDict(env_prefix="APPRENTICE_GRADER_")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
+
+    def __init__(self, **values: Any) -> None:
+        _gone_settings(values, os.environ)
+        super().__init__(**{k: v for k, v in values.items() if k != "runtime" and k not in NATIVE_ONLY})
 
     common: CommonSettings = Field(default_factory=CommonSettings)
 
     config_path: Path = DEFAULT_CONFIG
     """Grader-config YAML (tenants, tasks, graders, detector thresholds). Validated at start."""
-
-    runtime: Literal["faust", "native"] = "faust"
-    """How the stages run against Kafka (services/grader/README.md, "Runtimes"). `faust` (default): the
-    faust-streaming app the project's users asked for, proven by the chaos test (every service and the
-    broker killed under load). `native` (supported, tested alike): confluent-kafka batches, one Kafka
-    transaction per batch (outputs, state changelog and input offsets commit together), about half the
-    CPU per record of faust. Both share
-    routing, the join state machine, graders and detectors, and use the same topics, table changelogs
-    and consumer group: stop every worker of one runtime before starting the other."""
 
     app_name: str = "apprentice-grader"
     """Faust app id (= consumer group) after the topic prefix; changelog and internal topics derive from it."""
@@ -45,21 +87,22 @@ class GraderSettings(ApprenticeSettings):
     store: Literal["memory://"] = "memory://"
     """Faust table store. memory:// restores the table from its changelog at start (seconds for ~10^5
     pending interactions). The grade stage writes the changelog itself with explicit partitions (see
-    faust_grade.py), which a disk store keyed by the current event's partition would not follow."""
+    stream/grade.py), which a disk store keyed by the current event's partition would not follow."""
 
     batch_max: int = Field(default=500, ge=1)
-    """Records per processing batch. Each batch costs two flushes (state, then graded records), so
-    larger batches mean higher throughput and slightly higher latency."""
+    """Records per processing batch (each stage's `take_events`). Each grade batch costs three acknowledged
+    writes (states, graded records, confirmation: stream/grade.py), so larger batches mean higher
+    throughput and slightly higher latency."""
 
     batch_within_s: float = Field(default=0.05, gt=0)
     """A batch is processed after this long even when not full (latency bound under light load)."""
 
     commit_interval_s: float = Field(default=1.0, gt=0)
-    """faust runtime: how often consumed offsets are committed (records already processed; a shorter
+    """How often consumed offsets are committed (records already processed; a shorter
     interval replays fewer after a crash)."""
 
     stall_after_s: float = Field(default=30.0, gt=0)
-    """faust runtime: a source or join partition whose committed offset has stayed short of its end for
+    """A source or join partition whose committed offset has stayed short of its end for
     this long is resumed and re-read from that offset (services/grader/core/stall.py)."""
 
     tick_interval_s: float = Field(default=1.0, gt=0)
@@ -93,25 +136,13 @@ class GraderSettings(ApprenticeSettings):
     before handing its partitions to a restarted or surviving worker (faust's default is 60 s)."""
 
     max_poll_interval_s: float = Field(default=300.0, ge=6.0, le=3600.0)
-    """Kafka consumer `max.poll.interval.ms` (both runtimes): a member that does not poll for this long is
-    thrown out of its group. Slow judge calls do not count against it: the native judge stage keeps
-    polling with its partitions paused while they run (shared/kafka/busy.py), faust fetches in the
-    background. At least the session timeout (librdkafka refuses less)."""
+    """Kafka consumer `max.poll.interval.ms`: a member that does not poll for this long is thrown out of its
+    group. Slow judge calls do not count against it: faust fetches in the background. At least the
+    session timeout (Kafka refuses less)."""
 
     instance_id: str = ""
     """Static group membership (`group.instance.id`): a worker restarted under the same id takes its
-    partitions back at once. Must differ between replicas. "" = faust: dynamic membership; native: the
-    host name and the lowest free worker slot of this data directory (a file lock), so that a worker
-    restarted on the same host reuses its id (and its transactional id)."""
-
-    transaction_timeout_s: float = Field(default=30.0, ge=5.0, le=900.0)
-    """native: Kafka transaction timeout. A worker that dies mid-transaction and is not restarted under
-    the same id holds back read_committed readers of the partitions it wrote to until the broker aborts
-    the transaction after this long; a batch must commit well within it."""
-
-    restore_timeout_s: float = Field(default=240.0, gt=0)
-    """native: longest time to read a partition's state changelog when the worker is given it
-    (must stay below the consumer's max.poll.interval of 300 s)."""
+    partitions back at once. Must differ between replicas. "" = dynamic membership."""
 
     # --- bounds on what one interaction may accumulate (services/grader/core/limits.py) -----------------
     max_feedback: int = Field(default=32, ge=1)
@@ -136,11 +167,6 @@ class GraderSettings(ApprenticeSettings):
     `message.max.bytes`, below the broker's default limit (1 MiB). Interactions too large to leave room
     for a full feedback budget under it are dead-lettered. Raise it only with the topics' limits."""
 
-    shutdown_grace_s: float = Field(default=10.0, gt=0)
-    """native runtime: after SIGTERM, how long the batch in progress may take to commit; past it the
-    worker exits at once, as after kill -9 (the open transaction is aborted and redone after a restart),
-    so a Kafka call that hangs (a failing broker) never holds a stop."""
-
     metrics_port: int = 9102
     """Prometheus endpoint (docs/architecture.md §2); 0 disables it."""
 
@@ -152,10 +178,9 @@ class GraderSettings(ApprenticeSettings):
 
     fault_injection: str = ""
     """Tests only: `after_state:N` / `after_emit:N` ends the process abruptly (os._exit, like kill -9) in
-    the N-th batch that emits. faust: right after phase (a) / (b) (faust_grade.py). native: after the batch's
-    records are in the log inside its open transaction / right after the transaction committed.
-    `fail_after_state:N` (faust): the batch raises at that point instead (a Kafka time-out under load),
-    and the worker must recover it by itself."""
+    the N-th grade batch that emits, right after its phase (a) / (b) (stream/grade.py).
+    `fail_after_state:N`: the batch raises at that point instead (a Kafka time-out under load), and the
+    worker must recover it by itself."""
 
     @field_validator("fault_injection")
     @classmethod
@@ -181,6 +206,13 @@ class GraderSettings(ApprenticeSettings):
                              f"interaction after the feedback budget (APPRENTICE_GRADER_MAX_FEEDBACK_BYTES="
                              f"{self.max_feedback_bytes}) and 64 KiB of state headroom; raise it or lower the budget")
         return self
+
+    def limits(self) -> Limits:
+        """The bounds on one interaction (core/limits.py), with the interaction-id MAC key shared with
+        inference (b"" = none). Built here, not in the core: the core never reads settings."""
+        return Limits(max_feedback=self.max_feedback, max_feedback_bytes=self.max_feedback_bytes,
+                      max_comment_chars=self.max_comment_chars, skew_s=self.feedback_skew_s,
+                      max_record_bytes=self.max_record_bytes, id_secret=self.common.interaction_id_key())
 
     @property
     def app_id(self) -> str:

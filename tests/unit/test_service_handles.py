@@ -67,12 +67,12 @@ def _dashboard(tmp: Path) -> Any:
 
 
 def _grader(tmp: Path) -> Any:
-    from services.grader.service import FaustRuntime
+    from services.grader.service import GraderService
     from services.grader.settings import GraderSettings
     from shared.grading import load_grader_config
 
     settings = GraderSettings(metrics_port=0, common=_common(tmp))
-    return FaustRuntime(settings, load_grader_config(settings.config_path))
+    return GraderService(settings, load_grader_config(settings.config_path))
 
 
 HANDLES = {"inference": _inference, "weights": _weights, "extractor": _extractor, "trainer": _trainer,

@@ -3,8 +3,8 @@
 Join-topic records are *bundles* of items that belong to the same partition: one Kafka record per
 partition per routing batch instead of one per item, because per-record framework overhead, not
 grading, bounds the grader's throughput. A bundle is b"B" + repeated (u32 len, key, u32 len, value).
-Both runtimes write and read them (the faust agents and native_runtime.py / batch.py), and the
-partitioner is Kafka's, so either runtime puts a key in the partition the other expects.
+The faust stages write and read them (services/grader/stream/), and the partitioner is Kafka's
+murmur2, so a key lands in the partition its producer's default partitioner would choose.
 """
 
 from __future__ import annotations

@@ -20,13 +20,9 @@ record while the interaction it is about is still graded:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 from shared.security.interaction_ids import verify
-
-if TYPE_CHECKING:
-    from services.grader.settings import GraderSettings
 
 STATE_HEADROOM = 64 * 1024
 """Bytes of a state (and of a graded record) that are neither the interaction nor its feedback: the
@@ -42,7 +38,8 @@ STAGE_IDENTITY = "grader.identity"
 
 @dataclass(frozen=True)
 class Limits:
-    """The grader's settings that bound what one interaction may accumulate (config.py documents each)."""
+    """The grader's settings that bound what one interaction may accumulate (services/grader/settings.py
+    documents each and builds them: `GraderSettings.limits()`)."""
 
     max_feedback: int = 32
     max_feedback_bytes: int = 128 * 1024
@@ -162,9 +159,3 @@ def oversize(state_bytes: int, emit: events_pb2.GradedInteraction | None, limits
                                      f"APPRENTICE_GRADER_MAX_RECORD_BYTES={limits.max_record_bytes}")
     return None
 
-
-def limits_of(settings: GraderSettings) -> Limits:
-    """The grader settings' bounds, with the interaction-id MAC key shared with inference (b"" = none)."""
-    return Limits(max_feedback=settings.max_feedback, max_feedback_bytes=settings.max_feedback_bytes,
-                  max_comment_chars=settings.max_comment_chars, skew_s=settings.feedback_skew_s,
-                  max_record_bytes=settings.max_record_bytes, id_secret=settings.common.interaction_id_key())

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.grader.core.signal_graders import grade_feedback, grade_judge, grade_kpi
 from shared.grading import (
     ContainsSpec,
     ExactSpec,
@@ -71,8 +72,6 @@ class TaskPlan:
 
 def _grade_fn(spec: Any) -> GradeFn:
     """The grade function of one grader entry (the dispatch done once instead of per record)."""
-    from services.grader.core.components import grade_feedback, grade_judge, grade_kpi
-
     kind = type(spec)
     if kind in (FeedbackSpec, KpiSpec):
         by_feedback = grade_feedback if kind is FeedbackSpec else grade_kpi

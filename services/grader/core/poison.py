@@ -12,17 +12,16 @@ was retried forever, and nothing else was graded, for any tenant, also after a r
   backoff: splitting cannot help, and dead-lettering good records while the cluster is sick would lose
   them.
 
-`Bisector` is the native runtime's bookkeeping (services/grader/stage.py): the consumer gives it the
-records of each batch, it says how many to take. The faust runtime runs the same policy over the
-items in hand (`run_bisecting`). Waits between tries are shared/retry.py's `Backoff`.
+`run_bisecting` applies this policy to the items in hand (the faust agents: services/grader/stream/route.py
+and grade.py). Waits between tries are shared/retry.py's `Backoff`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from shared.retry import Backoff
@@ -54,12 +53,9 @@ class Failure:
     record_caused: bool
 
 
-def classify(exc: BaseException, delivery_error: str = "") -> Failure:
-    """`exc`: what a batch raised. `delivery_error`: the first per-record delivery error name the
-    producer reported in that batch (a transaction's commit only says that something failed)."""
-    name = delivery_error.split(" ", 1)[0] if delivery_error else _error_name(exc)
-    if delivery_error:
-        return Failure(delivery_error, name in RECORD_ERRORS)
+def classify(exc: BaseException) -> Failure:
+    """What a batch raised --> its signature, and whether a record can have caused it."""
+    name = _error_name(exc)
     module = type(exc).__module__.split(".", 1)[0]
     if module in KAFKA_MODULES or name != type(exc).__name__:
         return Failure(f"{name}: {str(exc)[:200]}", name in RECORD_ERRORS)
@@ -79,66 +75,6 @@ def _error_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-@dataclass
-class Bisector:
-    """How many of the next records a batch may take, after failures (native runtime, stage.py).
-
-    `limit` is `batch_max` until a record-caused failure repeats at the same start with the same
-    signature; then each failure with that signature halves it, and a one-record batch that fails so is
-    poison. `limit` returns to `batch_max` once the records of the batch that first failed have all been
-    processed or dead-lettered."""
-
-    batch_max: int
-    limit: int = 0
-    _last: tuple[Hashable, str] | None = None
-    _confirmed: str = ""
-    _window: dict[Hashable, int] = field(default_factory=dict)
-    """partition -> the last offset of the batch that failed twice: bisecting ends past these."""
-
-    def __post_init__(self) -> None:
-        self.limit = self.limit or self.batch_max
-
-    def failed(self, positions: Sequence[tuple[Hashable, int]], failure: Failure) -> bool:
-        """A batch of the records at `positions` ((partition, offset) in batch order) failed. Returns True
-        when it is one record that must be dead-lettered; else the caller retries (taking `limit`)."""
-        if not failure.record_caused or not positions:
-            return False  # retried as it is: the cluster, not a record
-        start = positions[0]
-        again = self._last == (start, failure.signature) or failure.signature == self._confirmed
-        self._last = (start, failure.signature)
-        if not again:
-            return False
-        if not self._confirmed:
-            self._window = {}
-            for part, offset in positions:
-                self._window[part] = max(offset, self._window.get(part, -1))
-        self._confirmed = failure.signature
-        if len(positions) == 1:
-            return True
-        self.limit = max(1, len(positions) // 2)
-        log.warning("a batch failed twice the same way; splitting it",
-                    extra={"records": len(positions), "next": self.limit, "failure": failure.signature[:300]})
-        return False
-
-    def succeeded(self, positions: Sequence[tuple[Hashable, int]]) -> None:
-        """A batch of the records at `positions` committed."""
-        self._last = None
-        if not self._confirmed:
-            return
-        for part, offset in positions:
-            if offset >= self._window.get(part, offset + 1):
-                self._window.pop(part, None)
-        if not self._window:
-            self._reset()
-
-    def poisoned(self) -> None:
-        """The poison record was dead-lettered: back to whole batches."""
-        self._reset()
-
-    def _reset(self) -> None:
-        self.limit, self._last, self._confirmed, self._window = self.batch_max, None, "", {}
-
-
 def _batch_backoff() -> Backoff:
     """Waits between tries of a batch that failed (0.2 s doubling to 10 s), per chunk."""
     return Backoff(first_s=0.2, max_s=10.0)
@@ -149,7 +85,7 @@ async def run_bisecting(items: Sequence[T], attempt: Callable[[Sequence[T]], Awa
                         on_error: Callable[[], None] | None = None,
                         describe: Callable[[BaseException], Failure] = classify,
                         backoff: Callable[[], Backoff] = _batch_backoff) -> None:
-    """Run `attempt(items)` until it succeeds (the faust runtime's agents: faust_route.py, faust_grade.py).
+    """Run `attempt(items)` until it succeeds (stream/route.py, stream/grade.py).
     A record-caused failure that repeats the same way splits the items in halves (run in order); a
     single item that fails so goes to `poison` (which dead-letters it). Other failures are retried after
     the next wait of `backoff()` (shared/retry.py; one schedule per chunk). Cancellation (shutdown)

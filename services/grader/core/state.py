@@ -117,7 +117,7 @@ SEQ_KEY_PREFIX = "__confirmed__/"
 
 
 def seq_key(partition: int) -> str:
-    """Table key holding partition `partition`'s confirmed emission sequence (see faust_recovery.py)."""
+    """Table key holding partition `partition`'s confirmed emission sequence (see services/grader/stream/recovery.py)."""
     return f"{SEQ_KEY_PREFIX}{partition}"
 
 

@@ -1,43 +1,41 @@
-"""Interactions + FeedbackEvents (Kafka) --> GradedInteractions (Kafka): the grader's faust runtime.
+"""Interactions + FeedbackEvents (Kafka) --> GradedInteractions (Kafka): the grader's faust app.
 
-(`APPRENTICE_GRADER_RUNTIME=faust`, the default; the other runtime is native_runtime.py. Both apply the
-same pure core: routing.py, join.py, components.py, detectors.py, judge_groups.py.)
-
-One faust app (id = topic prefix + `apprentice-grader`) with three agents and a timer:
+The stages apply the pure grading core (services/grader/core/: routing.py, join.py, components.py,
+detectors.py, judge_groups.py). One faust app (id = topic prefix + `apprentice-grader`) with three agents and a timer:
 
     interactions, feedback --route--> <app>-join --grade--> graded (key = session id)
                                   \\--> <app>-judge (key = group id) --judge--> <app>-join (judge results)
     ticker (every tick_interval_s): due windows / retention --> tick items on <app>-join
 
 This module wires them: the faust app, its topics and tables, and what every stage sends through
-(`send`, `dead_letter`, `send_bundles`). The stages: faust_route.py, faust_grade.py (owns the
-`pending` table: the three acknowledged phases of each batch), faust_judge.py, faust_ticker.py;
-after a crash or a rebalance, faust_recovery.py settles the emissions left in doubt (the emission
-markers), looking them up with event_scan.py. faust_patches.py holds every repair of faust's own
-consumer and producer. Why this adds up to an exactly-once effect: README.md, "Exactly-once effect
-(faust)".
+(`send`, `dead_letter`, `send_bundles`). `GraderApp` implements context.py's `StageContext`, the one
+interface the stages see (they never import this module). The stages: route.py, grade.py (owns the
+`pending` table: the three acknowledged phases of each batch), judge.py, ticker.py; after a crash or a
+rebalance, recovery.py settles the emissions left in doubt (the emission markers), looking them up with
+event_scan.py. patches.py holds every repair of faust's own consumer and producer. Why this adds up to
+an exactly-once effect: services/grader/README.md, "Exactly-once effect".
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection, Mapping
 from typing import Any
 
 import faust
-from faust.types import EventT
+from faust.types import TP, ConsumerT, EventT, TableT
 
 from services.grader import metrics as M
 from services.grader.core.bundles import encode_bundles, partition_for
 from services.grader.core.detectors import DetectorStats
 from services.grader.core.join import Joiner, Rejected
 from services.grader.core.judge_client import JudgeBackend
-from services.grader.core.limits import limits_of
 from services.grader.core.routing import DEADLETTER_HEADERS, dead_letter
 from services.grader.core.rulebook import RuleBook
 from services.grader.core.waiting import WaitingIndex
 from services.grader.settings import GraderSettings
 from services.grader.stream import patches as faust_patches
+from services.grader.stream.context import DueIndex, JoinItems, Settler
 from services.grader.stream.grade import GradeStage
 from services.grader.stream.judge import JudgeStage
 from services.grader.stream.recovery import EmissionRecovery
@@ -53,16 +51,13 @@ log = logging.getLogger(__name__)
 
 SOURCE = "grader"
 
-JoinItems = dict[int, list[tuple[bytes, bytes]]]
-"""Join items by join partition: (interaction id, kind byte + payload)."""
-
-
 def _brokers(bootstrap: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
 
 
 class GraderApp:
-    """The faust app and what its stages share: topics, tables, the due index, and the ways to send."""
+    """The faust app and what its stages share (context.py `StageContext`): topics, tables, the due
+    index, and the ways to send."""
 
     def __init__(self, settings: GraderSettings, config: GraderConfig, *,
                  judge: JudgeBackend | None = None, book: RuleBook | None = None) -> None:
@@ -71,9 +66,8 @@ class GraderApp:
         topics = settings.common.topics
         self.stats = DetectorStats(config.detectors)
         self.joiner = Joiner(book or RuleBook(config), self.stats, retention_s=settings.retention_s,
-                             orphan_feedback_s=settings.orphan_feedback_s, source=SOURCE, limits=limits_of(settings))
-        self.due: dict[bytes, tuple[float, bool, int]] = {}
-        """key -> (next time the ticker must look at it, window still open, join partition)."""
+                             orphan_feedback_s=settings.orphan_feedback_s, source=SOURCE, limits=settings.limits())
+        self.due: DueIndex = {}
         self.waiting = WaitingIndex()
         """The open windows by tenant and task (waiting.py), kept beside `due`."""
         self.judge_due: dict[bytes, float] = {}
@@ -100,13 +94,14 @@ class GraderApp:
         self.source_topic = app.topic(topics.interactions, topics.feedback, **raw)
         self.join_topic = app.topic(settings.join_topic, partitions=P, internal=True, **raw)
         self.judge_topic = app.topic(settings.judge_topic, partitions=P, internal=True, **raw)
-        self.topic_names = {"interactions": topics.interactions, "feedback": topics.feedback,
+        self.topic_names: Mapping[str, str] = {"interactions": topics.interactions, "feedback": topics.feedback,
                             "graded": topics.graded, "deadletter": topics.deadletter}
         # Keys and values are raw bytes (the app's serializers): states are encoded by state.py.
-        self.table = app.Table("pending", partitions=P, key_type=bytes, value_type=bytes)
-        self.judge_table = app.Table("judge-groups", partitions=P, key_type=bytes, value_type=bytes)
+        self.table: TableT[bytes, bytes] = app.Table("pending", partitions=P, key_type=bytes, value_type=bytes)
+        self.judge_table: TableT[bytes, bytes] = app.Table("judge-groups", partitions=P, key_type=bytes,
+                                                           value_type=bytes)
 
-        self.recovery = EmissionRecovery(self)
+        self.recovery: Settler = EmissionRecovery(self)
         self.route = RouteStage(self)
         self.grade = GradeStage(self)
         self.judge = JudgeStage(self, judge)
@@ -149,11 +144,27 @@ class GraderApp:
         items.setdefault(partition_for(key, self.settings.partitions), []).append((key, value))
 
     @staticmethod
-    def changelog_name(table: Any) -> str:
+    def changelog_name(table: TableT[bytes, bytes]) -> str:
         return str(table.changelog_topic.get_topic_name())
 
     def active_partitions(self, topic: str) -> set[int]:
-        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
+        return {tp.partition for tp in self.assigned((topic,))}
+
+    def assigned(self, topics: Collection[str]) -> list[TP]:
+        return [tp for tp in self.app.assignor.assigned_actives() if tp.topic in topics]
+
+    @property
+    def consumer(self) -> ConsumerT:
+        return self.app.consumer
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self.app.should_stop)
+
+    @property
+    def ready(self) -> bool:
+        recovered = self.app.tables.recovery.completed.is_set()  # type: ignore[attr-defined]
+        return bool(recovered and not self.app.rebalancing)
 
     async def _on_partitions_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
         """(faust signal receiver) A partition that leaves this worker must be settled again if it ever

@@ -1,6 +1,6 @@
 """Event ids + a topic + a start time --> the ids found there (confluent-kafka, read_committed).
 
-The faust runtime's recovery (faust_recovery.py) asks this to tell an emission that reached the graded
+The emission recovery (recovery.py) asks this to tell an emission that reached the graded
 topic before a crash from one that did not: Kafka's time index finds each partition's first offset at
 `since`, and the partitions are read from there to their end.
 """

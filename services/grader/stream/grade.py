@@ -2,7 +2,7 @@
 
 The grade agent owns the table and applies `join.Joiner` (pure) to each item. A batch goes in three
 acknowledged phases, so that a crash anywhere leaves either nothing to redo or emissions that
-faust_recovery.py can settle:
+recovery.py can settle:
 
   (a) every changed state to the changelog, acknowledged; a state that emits carries the batch's
       sequence and wall clock (`pending_seq`, `pending_ts`: the emission marker);
@@ -13,7 +13,7 @@ A batch that fails is retried (poison.run_bisecting; its partitions are settled 
 may have left emissions in doubt), split when one item makes it fail the same way twice, and that
 item alone is dead-lettered. No exception may reach faust's agent supervisor: it would restart the
 agent without the batch in hand, and the batch's records would be lost (README.md, "Exactly-once
-effect (faust)").
+effect").
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from faust.types import EventT
 
@@ -35,10 +35,8 @@ from services.grader.core.limits import oversize
 from services.grader.core.poison import POISON_STAGE, Failure, run_bisecting
 from services.grader.core.routing import GRADED_HEADERS
 from services.grader.core.state import PendingState, encode_seq, seq_key
+from services.grader.stream.context import StageContext
 from shared.proto.apprentice.v1 import events_pb2
-
-if TYPE_CHECKING:
-    from services.grader.stream.app import GraderApp
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +63,7 @@ def items_of(events: Sequence[EventT]) -> list[Item]:
 
 
 class GradeStage:
-    def __init__(self, g: GraderApp) -> None:
+    def __init__(self, g: StageContext) -> None:
         self.g = g
         point, _, count = g.settings.fault_injection.partition(":")
         self._fault = (point, int(count)) if point else None
@@ -184,7 +182,7 @@ class GradeStage:
                                         key=item.key or None, value=item.value or None))
 
     def _maybe_crash(self, point: str) -> None:
-        """Tests only (config.py `fault_injection`): exit as kill -9 would, at an in-doubt point."""
+        """Tests only (settings.py `fault_injection`): exit as kill -9 would, at an in-doubt point."""
         if self._fault is not None and self._fault == (point, self._emitting_batches):
             log.warning("fault injection: exiting abruptly", extra={"point": point})
             os._exit(137)

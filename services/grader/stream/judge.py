@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from faust.types import EventT
 
@@ -20,16 +20,14 @@ from services.grader.core.join import TICK
 from services.grader.core.judge_client import JudgeBackend, judge_group, make_judge_backend
 from services.grader.core.judge_groups import JudgeGroup, add_member, judge_items
 from services.grader.core.judge_groups import due as judge_due
+from services.grader.stream.context import JoinItems, StageContext
 from shared.proto.apprentice.v1 import events_pb2
-
-if TYPE_CHECKING:
-    from services.grader.stream.app import GraderApp, JoinItems
 
 log = logging.getLogger(__name__)
 
 
 class JudgeStage:
-    def __init__(self, g: GraderApp, backend: JudgeBackend | None = None) -> None:
+    def __init__(self, g: StageContext, backend: JudgeBackend | None = None) -> None:
         self.g = g
         self.backend = backend
         """Made on the first judge call (settings.judge_backend) unless given."""

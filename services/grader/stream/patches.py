@@ -24,9 +24,9 @@ Producer (`IdempotentProducer`):
       errors with which the broker answers "not appended" are rewound.
 
 Consumer (`LosslessConsumer`, with `ReadCommittedThread`):
-  C1. read_committed: faust reads read_committed only under exactly_once. The native runtime writes the
-      join topic and the table changelogs in transactions; after a switch of runtime the records of its
-      aborted batches must not become state here.
+  C1. read_committed: faust reads read_committed only under exactly_once. The grader's former native
+      runtime wrote the join topic and the table changelogs in transactions; in a deployment that ran
+      it, the records of its aborted batches are still in those logs and must not become state here.
   C2. Rewind partitions without a committed offset: after recovery faust seeks stream partitions "to
       their committed offset", but aiokafka skips the seek for a partition that has none, leaving the
       position after records faust fetched and then dropped from its queues while recovering. Such
@@ -80,7 +80,7 @@ from services.grader.stream.commit_offsets import committable
 log = logging.getLogger(__name__)
 
 JOIN_SUFFIX = "-join"
-"""Internal join topics end so (config.py `join_topic`): contiguous offsets, written only by the grader."""
+"""Internal join topics end so (settings.py `join_topic`): contiguous offsets, written only by the grader."""
 
 
 class IdempotentProducer(faust_aiokafka.Producer):

@@ -1,13 +1,13 @@
 """faust runtime: emission markers --> in-doubt emissions settled after a crash or a rebalance.
 
-Each grade batch (faust_grade.py) writes its changed states to the changelog before it sends their
+Each grade batch (grade.py) writes its changed states to the changelog before it sends their
 graded records; a state that emits carries `pending_seq` (the batch's sequence) and `pending_ts`, and
 after the records are acknowledged the batch writes `__confirmed__/<partition> = seq`. A restored state
 with `pending_seq` above its partition's confirmed sequence was emitted between those two writes, or
 not at all: it is in doubt. Before the grade agent applies anything to a join partition this worker
 (newly) owns, `settle` looks for each in-doubt record's deterministic event id in the graded topic
-(event_scan.py), emits the missing ones, and confirms. README.md, "Exactly-once effect (faust)", has
-the whole argument.
+(event_scan.py), emits the missing ones, and confirms. services/grader/README.md, "Exactly-once
+effect", has the whole argument.
 """
 
 from __future__ import annotations
@@ -16,18 +16,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.grader import metrics as M
 from services.grader.core.join import Rejected, graded_event_id
 from services.grader.core.poison import POISON_STAGE, classify
 from services.grader.core.routing import DEADLETTER_HEADERS, GRADED_HEADERS, dead_letter
 from services.grader.core.state import SEQ_KEY_PREFIX, PendingState, decode_seq, encode_seq, seq_key
+from services.grader.stream.context import StageContext
 from services.grader.stream.event_scan import find_event_ids
 from shared.proto.apprentice.v1 import events_pb2
-
-if TYPE_CHECKING:
-    from services.grader.stream.app import GraderApp
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +34,7 @@ class EmissionRecovery:
     """The batch sequences, which join partitions are settled, and the lock that orders a settle with
     grade batches (both touch the table)."""
 
-    def __init__(self, g: GraderApp) -> None:
+    def __init__(self, g: StageContext) -> None:
         self.g = g
         self.seq = 0
         self.settled: set[int] = set()
@@ -75,7 +73,12 @@ class EmissionRecovery:
         for key, raw in list(data.items()):
             if key.startswith(SEQ_KEY_PREFIX.encode()) or raw is None:
                 continue
-            st = PendingState.decode(raw)
+            try:
+                st = PendingState.decode(raw)
+            except ValueError as e:  # the grade stage dead-letters the next item that meets it
+                log.error("unreadable state in the pending table; not settled",
+                          extra={"key": key[:80].decode(errors="replace"), "error": str(e)[:200]})
+                continue
             self.seq = max(self.seq, st.pending_seq)
             if st.partition not in parts:
                 continue

@@ -8,26 +8,24 @@ Interactions a judge grader needs also go to the judge topic, keyed by group id.
 
 Each batch runs under poison.run_bisecting and never raises: an exception reaching faust's agent
 supervisor restarts the agent without the batch in hand, and those records are lost (README.md,
-"Exactly-once effect (faust)"). Retrying is safe: routing is idempotent downstream (event ids).
+"Exactly-once effect"). Retrying is safe: routing is idempotent downstream (event ids).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from faust.types import EventT
 
 from services.grader.core.poison import POISON_STAGE, Failure, run_bisecting
 from services.grader.core.routing import route
-
-if TYPE_CHECKING:
-    from services.grader.stream.app import GraderApp, JoinItems
+from services.grader.stream.context import JoinItems, StageContext
 
 
 class RouteStage:
-    def __init__(self, g: GraderApp) -> None:
+    def __init__(self, g: StageContext) -> None:
         self.g = g
 
     async def agent(self, stream: Any) -> None:

@@ -1,10 +1,10 @@
-"""The runtime-rules topic --> the RuleBook of this worker (both runtimes; confluent-kafka, own thread).
+"""The runtime-rules topic --> the RuleBook of this worker (confluent-kafka, own thread).
 
 Every worker reads `apprentice.grader-rules.v1` whole, from its beginning (no consumer group: each worker
 needs every rule), before it grades anything (`start` returns once it has reached the end it saw), then
 follows it on a daemon thread. A record is checked by rulebook.py: a good one changes the RuleBook
-(the joiner notices the new revision; the runtimes then tick every open window so that the new windows
-and graders apply to interactions already waiting); a refused one changes nothing and goes to the
+(the joiner notices the new revision; the ticker, stream/ticker.py, then ticks every open window so
+that the new windows and graders apply to interactions already waiting); a refused one changes nothing and goes to the
 dead-letter topic (stage `grader.rules`). Refused records met while catching up at start are only
 logged: they were dead-lettered when they were written, and every restart would repeat the letter.
 """

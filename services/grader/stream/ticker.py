@@ -3,7 +3,7 @@
 Windows and retention are wall-clock timers: due keys get a tick record on the join topic (or the
 judge topic), so that every state change still happens inside its agent, in partition order. The same
 timer settles join partitions that received no record since this worker got them (their windows must
-still close; faust_recovery.py) and runs the stall watchdog (stall.py: a stream partition whose commit
+still close; recovery.py) and runs the stall watchdog (core/stall.py: a stream partition whose commit
 stays short of its end is re-read from its committed offset).
 """
 
@@ -13,16 +13,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.grader import metrics as M
 from services.grader.core.join import TICK
 from services.grader.core.judge_groups import JudgeGroup
 from services.grader.core.judge_groups import due as judge_due
 from services.grader.core.stall import StallTracker
-
-if TYPE_CHECKING:
-    from services.grader.stream.app import GraderApp, JoinItems
+from services.grader.stream.context import JoinItems, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +29,7 @@ TICK_RETRY_S = 30.0
 
 
 class Ticker:
-    def __init__(self, g: GraderApp) -> None:
+    def __init__(self, g: StageContext) -> None:
         self.g = g
         self._stalls = StallTracker(g.settings.stall_after_s)
         self._stall_check_at = 0.0
@@ -40,7 +38,7 @@ class Ticker:
     async def run(self) -> None:
         """(faust task) Every `tick_interval_s` until the app stops; a failed tick is retried next time."""
         interval = self.g.settings.tick_interval_s
-        while not self.g.app.should_stop:
+        while not self.g.stopping:
             await asyncio.sleep(interval)
             try:
                 await self.tick(time.time())
@@ -51,13 +49,13 @@ class Ticker:
         g = self.g
         join_topic = g.settings.join_topic
         active = g.active_partitions(join_topic)
-        recovered = g.app.tables.recovery.completed.is_set()  # type: ignore[attr-defined]
+        ready = g.ready
         recovery = g.recovery
-        if active - recovery.settled and not g.app.rebalancing and recovered:
+        if active - recovery.settled and ready:
             # A partition with no new records since this worker got it still has windows to close.
             async with recovery.lock:
                 await recovery.settle_new(g.active_partitions(join_topic))
-        if recovered and not g.app.rebalancing and now >= self._stall_check_at:
+        if g.ready and now >= self._stall_check_at:
             self._stall_check_at = now + min(5.0, g.settings.stall_after_s / 2)
             try:
                 await self._unstall(now)
@@ -100,10 +98,10 @@ class Ticker:
         stopped short of their end (stall.py says why this is needed and safe)."""
         g = self.g
         streams = {g.topic_names["interactions"], g.topic_names["feedback"], g.settings.join_topic}
-        tps = [tp for tp in g.app.assignor.assigned_actives() if tp.topic in streams]
+        tps = g.assigned(streams)
         if not tps:
             return
-        consumer = g.app.consumer
+        consumer = g.consumer
         ends = await consumer.highwaters(*tps)
         committed = consumer._committed_offset  # type: ignore[attr-defined]  # faust: set by perform_seek and commits
         by_key = {(tp.topic, tp.partition): tp for tp in tps}

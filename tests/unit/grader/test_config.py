@@ -94,19 +94,34 @@ def test_settings_namespaces_app_id_with_the_topic_prefix(monkeypatch: pytest.Mo
     assert s.join_topic.startswith("test-abc.") and s.judge_topic.startswith("test-abc.")
 
 
-def test_runtime_setting_and_factory(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pydantic import ValidationError
-    from services.grader.runtime import make_runtime
+def test_a_native_runtime_left_in_the_environment_stops_the_start_and_faust_is_only_warned_about(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The removed runtime choice (settings.py says why native refuses and faust warns)."""
+    from shared.settings import SettingMoved
+    from shared.startup import one_line
 
-    monkeypatch.delenv("APPRENTICE_GRADER_RUNTIME", raising=False)
-    assert GraderSettings().runtime == "faust"
     monkeypatch.setenv("APPRENTICE_GRADER_RUNTIME", "native")
-    assert GraderSettings().runtime == "native"
-    monkeypatch.setenv("APPRENTICE_GRADER_RUNTIME", "spark")
-    with pytest.raises(ValidationError, match="native"):
+    with pytest.raises(SettingMoved, match="APPRENTICE_GRADER_RUNTIME=native asks for a runtime that was removed") as e:
         GraderSettings()
-    with pytest.raises(ValueError, match="unknown grader runtime 'spark'"):
-        make_runtime("spark", GraderSettings.model_construct(), load_grader_config(DEFAULT_CONFIG))
+    assert "\n" not in one_line("grader", e.value)
+    monkeypatch.setenv("apprentice_grader_runtime", "Native")  # read without regard to case, as pydantic does
+    monkeypatch.delenv("APPRENTICE_GRADER_RUNTIME")
+    with pytest.raises(SettingMoved):
+        GraderSettings()
+    monkeypatch.delenv("apprentice_grader_runtime")
+    for name, value in (("APPRENTICE_GRADER_RUNTIME", "faust"), ("APPRENTICE_GRADER_SHUTDOWN_GRACE_S", "5"),
+                        ("APPRENTICE_GRADER_TRANSACTION_TIMEOUT_S", "10")):
+        monkeypatch.setenv(name, value)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="services.grader.settings"):
+            s = GraderSettings()
+        assert f"{name} is no longer read" in caplog.text
+        assert not hasattr(s, name.removeprefix("APPRENTICE_GRADER_").lower())
+        monkeypatch.delenv(name)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="services.grader.settings"):
+        GraderSettings()
+    assert caplog.text == ""
 
 
 def test_fault_injection_points_are_validated(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,8 +135,9 @@ def test_fault_injection_points_are_validated(monkeypatch: pytest.MonkeyPatch) -
         GraderSettings()
 
 
-def test_both_runtimes_use_the_same_internal_topics(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The native runtime writes the changelogs faust's tables read (and the other way round)."""
+def test_the_internal_topics_created_before_faust_starts_are_the_ones_faust_uses(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """stream/internal_topics.py creates the changelogs under the settings' names: faust's own for its tables."""
     from services.grader.stream.app import GraderApp
 
     monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", "test-xyz.")
@@ -130,4 +146,4 @@ def test_both_runtimes_use_the_same_internal_topics(monkeypatch: pytest.MonkeyPa
     faust_app = GraderApp(s, load_grader_config(DEFAULT_CONFIG))
     assert faust_app.table.changelog_topic.get_topic_name() == s.pending_changelog
     assert faust_app.judge_table.changelog_topic.get_topic_name() == s.judge_changelog
-    assert faust_app.app.conf.id == s.app_id  # the consumer group of both
+    assert faust_app.app.conf.id == s.app_id  # the consumer group

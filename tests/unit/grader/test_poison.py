@@ -9,7 +9,7 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from confluent_kafka import KafkaError, KafkaException
 
-from services.grader.core.poison import Bisector, Failure, _batch_backoff, classify, run_bisecting
+from services.grader.core.poison import Failure, _batch_backoff, classify, run_bisecting
 from shared.retry import Backoff
 
 TOO_BIG = Failure("MSG_SIZE_TOO_LARGE on graded", record_caused=True)
@@ -23,57 +23,6 @@ def test_classify_tells_record_failures_from_cluster_failures() -> None:
     assert classify(MessageSizeTooLargeError()).record_caused
     assert not classify(KafkaTimeoutError()).record_caused
     assert classify(ValueError("a verifier blew up")).record_caused  # our code failing on a record
-    aborted = classify(RuntimeError("commit failed"), "MSG_SIZE_TOO_LARGE on t.graded")
-    assert aborted == Failure("MSG_SIZE_TOO_LARGE on t.graded", True)
-
-
-def positions(offsets: Sequence[int], part: str = "p0") -> list[tuple[str, int]]:
-    return [(part, o) for o in offsets]
-
-
-def test_bisector_finds_the_poison_record_and_returns_to_whole_batches() -> None:
-    """Records 0..7, record 5 poison: what the native stage does with the limit the bisector sets."""
-    b = Bisector(batch_max=8)
-    committed, attempts, poisoned = 0, 0, []
-    while committed < 8:
-        attempts += 1
-        assert attempts < 20, "did not converge"
-        batch = list(range(committed, min(8, committed + b.limit)))
-        if 5 in batch:
-            if b.failed(positions(batch), TOO_BIG):
-                assert batch == [5]
-                poisoned.append(5)
-                b.poisoned()
-                committed = 6
-        else:
-            b.succeeded(positions(batch))
-            committed = batch[-1] + 1
-    assert poisoned == [5] and b.limit == 8
-    assert attempts <= 2 + 4 + 2  # twice whole, then halves: log2(8) steps, plus the successes in between
-
-
-def test_bisector_never_splits_on_cluster_failures_and_needs_two_alike() -> None:
-    b = Bisector(batch_max=100)
-    batch = positions(range(100))
-    for _ in range(5):
-        assert not b.failed(batch, BROKER_DOWN)
-    assert b.limit == 100
-    assert not b.failed(batch, TOO_BIG) and b.limit == 100  # once may be chance
-    assert not b.failed(batch, Failure("INVALID_RECORD on x", True)) and b.limit == 100  # another way
-    assert not b.failed(batch, Failure("INVALID_RECORD on x", True)) and b.limit == 50  # the same way twice
-    assert b.failed(positions([7]), Failure("INVALID_RECORD on x", True))
-
-
-def test_bisector_restores_whole_batches_once_past_the_window_that_failed() -> None:
-    b = Bisector(batch_max=10)
-    batch = positions(range(10))
-    b.failed(batch, TOO_BIG)
-    b.failed(batch, TOO_BIG)
-    assert b.limit == 5
-    b.succeeded(positions(range(5)))  # the poison was a transient after all: the rest passes
-    assert b.limit == 5
-    b.succeeded(positions(range(5, 10)))
-    assert b.limit == 10
 
 
 def run(coro: object) -> None:
