@@ -1,4 +1,5 @@
-"""A bad grader config stops `apprentice serve grader` at start with a message that says what to fix."""
+"""A bad grader config, or a removed runtime asked for, stops `apprentice serve grader` at start with a
+message that says what to fix."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ tasks:
 """
 
 
-def serve(config: Path, tmp_path: Path, *cmd: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "APPRENTICE_GRADER_CONFIG_PATH": str(config), "APPRENTICE_HOME": str(tmp_path),
+def serve(config: Path, tmp_path: Path, *cmd: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("APPRENTICE_GRADER_")}, **extra_env, "APPRENTICE_GRADER_CONFIG_PATH": str(config), "APPRENTICE_HOME": str(tmp_path),
            "APPRENTICE_GRADER_METRICS_PORT": "0", "APPRENTICE_LOG_JSON": "false",
            # nothing listens here: the config must be rejected before any connection is tried
            "APPRENTICE_KAFKA_BOOTSTRAP": "127.0.0.1:1"}
@@ -46,3 +47,13 @@ def test_invalid_config_is_a_clear_error_at_start(tmp_path: Path, cmd: tuple[str
 def test_missing_config_file(tmp_path: Path) -> None:
     out = serve(tmp_path / "nope.yaml", tmp_path, "-m", "services.grader")
     assert out.returncode == 2 and "cannot read grader config" in out.stderr
+
+
+def test_a_native_runtime_left_in_the_environment_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The native runtime was removed: asking for it stops the start (services/grader/settings.py says why)."""
+    from services.grader.settings import DEFAULT_CONFIG
+
+    out = serve(DEFAULT_CONFIG, tmp_path, "-m", "services.grader", APPRENTICE_GRADER_RUNTIME="native")
+    assert out.returncode == 2, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("apprentice grader: APPRENTICE_GRADER_RUNTIME=native asks for a runtime that was removed")

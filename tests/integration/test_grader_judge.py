@@ -43,9 +43,7 @@ tasks:
 """
 
 
-@pytest.mark.parametrize("runtime", ["native", "faust"])
-def test_judge_scores_groups_through_inference(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path,
-                                               runtime: str) -> None:
+def test_judge_scores_groups_through_inference(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path) -> None:
     from tests.helpers.inference import start_inference
 
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")
@@ -56,7 +54,7 @@ def test_judge_scores_groups_through_inference(kafka_bootstrap: str, tiny_model_
     cfg.write_text(CONFIG)
     port = free_port()
     grader = GraderProcess(grader_env(topics.prefix, kafka_bootstrap, cfg, tmp_path, metrics_port=str(port),
-                                      inference_endpoint=f"127.0.0.1:{inference.port}", runtime=runtime),
+                                      inference_endpoint=f"127.0.0.1:{inference.port}"),
                            tmp_path / "grader.log").start()
     reader = TopicReader(kafka_bootstrap, topics.graded)
     try:
@@ -106,12 +104,11 @@ def _members(admin, group: str) -> tuple[str, list[str]]:  # type: ignore[no-unt
     return desc.state.name, sorted(m.member_id for m in desc.members)
 
 
-@pytest.mark.parametrize("runtime", ["native", "faust"])
 def test_a_judge_slower_than_the_poll_interval_costs_no_membership(kafka_bootstrap: str, tiny_model_name: str,
-                                                                   tmp_path: Path, runtime: str) -> None:
+                                                                   tmp_path: Path) -> None:
     """The real Inference service, slowed by its fault injection past the grader consumer's
     max.poll.interval: the judge still scores the group, and the broker sees the same members of the
-    grader's groups before, during and after the slow call (no eviction, no rebalance)."""
+    grader's group before, during and after the slow call (no eviction, no rebalance)."""
     import time
 
     from confluent_kafka.admin import AdminClient
@@ -125,14 +122,13 @@ def test_a_judge_slower_than_the_poll_interval_costs_no_membership(kafka_bootstr
                                 topic_prefix=topics.prefix, fault_delay_s=SLOW_S)
     cfg = tmp_path / "grader.yaml"
     cfg.write_text(CONFIG)
-    grader = GraderProcess(grader_env(topics.prefix, kafka_bootstrap, cfg, tmp_path, runtime=runtime,
+    grader = GraderProcess(grader_env(topics.prefix, kafka_bootstrap, cfg, tmp_path,
                                       inference_endpoint=f"127.0.0.1:{inference.port}",
                                       max_poll_interval_s=str(MAX_POLL_S), session_timeout_s=str(MAX_POLL_S)),
                            tmp_path / "grader.log").start()
     reader = TopicReader(kafka_bootstrap, topics.graded)
     admin = AdminClient({**librdkafka_config(), "bootstrap.servers": kafka_bootstrap})
-    groups = [topics.group_id("apprentice-grader")] + (
-        [topics.group_id("apprentice-grader-judge")] if runtime == "native" else [])
+    groups = [topics.group_id("apprentice-grader")]
     try:
         # the grader is settled in its groups before the slow call starts
         def settled() -> dict[str, tuple[str, list[str]]] | None:

@@ -1,4 +1,4 @@
-"""Grading rules set at run time, against the real broker, for both runtimes.
+"""Grading rules set at run time, against the real broker.
 
 An interaction and its KPI for a tenant the grader's file does not configure wait out the wildcard
 rule's window (600 s here), and the grader says so on /metrics (the waiting summary and the feedback
@@ -82,17 +82,16 @@ class Stack:
         return "\n".join(describe(from_metrics(scrape(f"127.0.0.1:{self.port}"))))
 
 
-@pytest.fixture(scope="module", params=["native", "faust"])
-def stack(request: pytest.FixtureRequest, kafka_bootstrap: str,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module")
+def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")
     ensure_topics(kafka_bootstrap, topics)
     home = tmp_path_factory.mktemp("grader-rules")
     cfg = home / "grader.yaml"
     cfg.write_text(CONFIG)
     port = free_port()
-    grader = GraderProcess(grader_env(topics.prefix, kafka_bootstrap, cfg, home, metrics_port=str(port),
-                                      runtime=request.param), home / "grader.log").start()
+    grader = GraderProcess(grader_env(topics.prefix, kafka_bootstrap, cfg, home, metrics_port=str(port)),
+                           home / "grader.log").start()
     s = Stack(kafka_bootstrap, topics, grader, port, home)
     try:
         yield s

@@ -1,5 +1,4 @@
-"""The grader against the real broker: one `python -m services.grader` process per runtime (native and
-faust) serves every test here.
+"""The grader against the real broker: one `python -m services.grader` process serves every test here.
 
 Immediate grading, feedback joined within the window, late feedback -> revision, tool time-out ->
 masked, duplicates idempotent, malformed records -> dead-letter topic while the app keeps running,
@@ -55,7 +54,6 @@ tasks:
 
 class Stack:
     def __init__(self, bootstrap: str, topics: Topics, grader: GraderProcess, metrics_port: int) -> None:
-        self.runtime = ""
         self.bootstrap = bootstrap
         self.topics = topics
         self.grader = grader
@@ -83,19 +81,17 @@ class Stack:
         return out
 
 
-@pytest.fixture(scope="module", params=["native", "faust"])
-def stack(request: pytest.FixtureRequest, kafka_bootstrap: str,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module")
+def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}.")
     ensure_topics(kafka_bootstrap, topics)
     home = tmp_path_factory.mktemp("grader")
     cfg = home / "grader.yaml"
     cfg.write_text(CONFIG)
     port = free_port()
-    grader = GraderProcess(grader_env(topics.prefix, kafka_bootstrap, cfg, home, metrics_port=str(port),
-                                      runtime=request.param), Path(home) / "grader.log").start()
+    grader = GraderProcess(grader_env(topics.prefix, kafka_bootstrap, cfg, home, metrics_port=str(port)),
+                           Path(home) / "grader.log").start()
     s = Stack(kafka_bootstrap, topics, grader, port)
-    s.runtime = request.param
     try:
         yield s
     finally:
@@ -115,10 +111,6 @@ def test_immediate_rule_grading(stack: Stack) -> None:
     assert rec.grader_config_version == "it-1" and not rec.quarantined
     raw = next(m for m in stack.graded.records if graded(m.value()).interaction.interaction_id == it.interaction_id)
     assert raw.key() == it.session_id.encode()  # graded topic key = session id
-
-
-def test_the_chosen_runtime_runs(stack: Stack) -> None:
-    assert ("native grader starting" in stack.grader.log_tail(100_000)) == (stack.runtime == "native")
 
 
 def test_interactions_written_in_transactions_are_graded_and_committed_past(stack: Stack) -> None:

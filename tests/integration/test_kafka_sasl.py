@@ -10,7 +10,7 @@ from the environment only (`APPRENTICE_KAFKA_SECURITY_PROTOCOL`, `..._SASL_USERN
 - a client without credentials, with a wrong password, or an unknown user is refused (bounded waits) and
   writes nothing;
 - the stack runs through it: the inference service captures a Generate and a Feedback, and the grader
-  (faust runtime, the default, and the native one) joins and grades them.
+  joins and grades them.
 """
 
 from __future__ import annotations
@@ -184,15 +184,14 @@ tasks:
 """
 
 
-@pytest.mark.parametrize("runtime", ["faust", "native"])
 def test_inference_and_grader_run_through_the_sasl_listener(
-        sasl_env: dict[str, str], ns: Topics, tiny_model_name: str, tmp_path: Path, runtime: str) -> None:
+        sasl_env: dict[str, str], ns: Topics, tiny_model_name: str, tmp_path: Path) -> None:
     bootstrap = sasl_env["APPRENTICE_KAFKA_BOOTSTRAP"]
     assert CommonSettings().kafka_security_protocol == "SASL_PLAINTEXT"
     cfg = tmp_path / "grader.yaml"
     cfg.write_text(CONFIG)
     # the grader process inherits this process's environment: the SASL settings of `sasl_env`
-    grader = GraderProcess(grader_env(ns.prefix, bootstrap, cfg, tmp_path, runtime=runtime),
+    grader = GraderProcess(grader_env(ns.prefix, bootstrap, cfg, tmp_path),
                            tmp_path / "grader.log").start()
     app = start_inference(tmp_path / "inference", model=tiny_model_name, bootstrap=bootstrap,
                           topic_prefix=ns.prefix, follow_updates=False, heartbeat_interval_s=0, http_port=0)

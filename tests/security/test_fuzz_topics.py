@@ -2,7 +2,7 @@
 valid protobufs of another type with or without the type header, random instances of the right type,
 realistic records with a NaN or infinity planted in a float field, truncated records).
 
-Property, per consumer (grader: interactions + feedback, both runtimes; extractor: graded; weights:
+Property, per consumer (grader: interactions + feedback; extractor: graded; weights:
 checkpoints): every record the shared validation refuses (`shared.contracts.validation.decode_record`) reaches the
 dead-letter topic, with its key and a stage naming that consumer, and the consumer is still running
 afterwards. Records the validation accepts may be processed or dead-lettered later; they must not stop
@@ -214,15 +214,13 @@ class Grader:
     ns: Namespace
 
 
-@pytest.fixture(scope="module", params=["native", "faust"])
-def grader(request: pytest.FixtureRequest, kafka_bootstrap: str, plain_env: None,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Grader]:
-    """A grader process of each runtime, each in its own namespace (the two runtimes' consumer groups
-    speak different protocols and must not meet)."""
+@pytest.fixture(scope="module")
+def grader(kafka_bootstrap: str, plain_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Grader]:
+    """A grader process in its own namespace."""
     g_ns = Namespace(kafka_bootstrap)
-    home = tmp_path_factory.mktemp(f"grader-{request.param}")
+    home = tmp_path_factory.mktemp("grader")
     (home / "grader.yaml").write_text(GRADER_CONFIG)
-    env = {**grader_env(g_ns.topics.prefix, kafka_bootstrap, home / "grader.yaml", home, runtime=request.param),
+    env = {**grader_env(g_ns.topics.prefix, kafka_bootstrap, home / "grader.yaml", home),
            "APPRENTICE_INTERACTION_ID_SECRET": ""}
     proc = GraderProcess(env, home / "grader.log").start()
     try:
@@ -231,7 +229,7 @@ def grader(request: pytest.FixtureRequest, kafka_bootstrap: str, plain_env: None
         g_ns.produce(g_ns.topics.interactions, key, b"\xff", None)
         g_ns.producer.flush(10)
         got = g_ns.letters({key.encode()}, timeout=180)
-        assert got, f"the {request.param} grader never dead-lettered a first record:\n{proc.log_tail()}"
+        assert got, f"the grader never dead-lettered a first record:\n{proc.log_tail()}"
         yield Grader(proc, g_ns)
     finally:
         proc.stop()

@@ -1,5 +1,5 @@
-"""Attacks on the grader through Kafka, replayed against the real broker and a real grader process (both
-runtimes): each must now end in the dead-letter topic, with the stage and reason, while everything else
+"""Attacks on the grader through Kafka, replayed against the real broker and a real grader process: each
+must now end in the dead-letter topic, with the stage and reason, while everything else
 is still graded.
 
 - tenant B's correction on tenant A's interaction id was joined into A's graded record;
@@ -74,9 +74,9 @@ NO_SECURITY = {"APPRENTICE_INTERACTION_ID_SECRET": ""}
 class Grader:
     """One namespace, one grader process, readers of the graded and dead-letter topics."""
 
-    def __init__(self, bootstrap: str, home: Path, runtime: str, *, graded_config: dict[str, str] | None = None,
+    def __init__(self, bootstrap: str, home: Path, *, graded_config: dict[str, str] | None = None,
                  secret: str = "", **extra: str) -> None:
-        self.bootstrap, self.home, self.runtime = bootstrap, home, runtime
+        self.bootstrap, self.home = bootstrap, home
         self.topics = Topics(prefix=f"test-atk-{uuid.uuid4().hex[:8]}.")
         if graded_config:  # the graded topic with special limits, created before the others
             client = admin(bootstrap)  # kept alive until its future resolves
@@ -84,7 +84,7 @@ class Grader:
         ensure_topics(bootstrap, self.topics)
         cfg = home / "grader.yaml"
         cfg.write_text(CONFIG)
-        self.env = {**grader_env(self.topics.prefix, bootstrap, cfg, home, runtime=runtime, **extra), **NO_SECURITY,
+        self.env = {**grader_env(self.topics.prefix, bootstrap, cfg, home, **extra), **NO_SECURITY,
                     "APPRENTICE_INTERACTION_ID_SECRET": secret}
         self.starts = 0
         self.proc = self.start()
@@ -125,10 +125,9 @@ class Grader:
         delete_namespace(self.bootstrap, self.topics.prefix)
 
 
-@pytest.fixture(scope="module", params=["native", "faust"])
-def grader(request: pytest.FixtureRequest, kafka_bootstrap: str,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Grader]:
-    g = Grader(kafka_bootstrap, tmp_path_factory.mktemp(f"attacks-{request.param}"), request.param)
+@pytest.fixture(scope="module")
+def grader(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Grader]:
+    g = Grader(kafka_bootstrap, tmp_path_factory.mktemp("attacks"))
     try:
         yield g
     finally:
@@ -242,10 +241,9 @@ def test_an_interaction_id_already_used_by_another_producer_is_dead_lettered(gra
 
 def test_forged_interaction_ids_are_dead_lettered(kafka_bootstrap: str, tmp_path: Path) -> None:
     """With the MAC secret shared with inference, an id must verify for the record's tenant: a Kafka writer
-    cannot aim feedback at another tenant's interaction, nor invent ids. (Routing is the same code in both
-    runtimes; one is enough here.)"""
+    cannot aim feedback at another tenant's interaction, nor invent ids."""
     secret = uuid.uuid4().hex
-    g = Grader(kafka_bootstrap, tmp_path, "native", secret=secret)
+    g = Grader(kafka_bootstrap, tmp_path, secret=secret)
     try:
         good = issue(TENANT_A, secret.encode())
         it = interaction(tenant=TENANT_A, task="support", interaction_id=good)
@@ -264,14 +262,13 @@ def test_forged_interaction_ids_are_dead_lettered(kafka_bootstrap: str, tmp_path
         g.close()
 
 
-@pytest.mark.parametrize("runtime", ["native", "faust"])
-def test_a_record_the_broker_refuses_is_dead_lettered_and_the_rest_is_graded(kafka_bootstrap: str, tmp_path: Path,
-                                                                           runtime: str) -> None:
+def test_a_record_the_broker_refuses_is_dead_lettered_and_the_rest_is_graded(kafka_bootstrap: str,
+                                                                           tmp_path: Path) -> None:
     """The graded topic takes records of at most 60 kB (an operator's topic limit below the grader's own):
     the graded record of a long answer is refused by the broker. Before, its batch failed for good; and
-    in the faust runtime every later graded record of that partition failed with
-    OutOfOrderSequenceNumber (aiokafka kept the refused batch's sequence; faust_patches.py, P2)."""
-    g = Grader(kafka_bootstrap, tmp_path, runtime, graded_config={"max.message.bytes": "60000"}, batch_max="50")
+    every later graded record of that partition failed with OutOfOrderSequenceNumber (aiokafka kept the
+    refused batch's sequence; services/grader/stream/patches.py, P2)."""
+    g = Grader(kafka_bootstrap, tmp_path, graded_config={"max.message.bytes": "60000"}, batch_max="50")
     try:
         # random text: the topic limit applies to compressed batches
         # the same session: its graded record is refused on the partition the others are written to
@@ -295,13 +292,10 @@ def test_a_record_the_broker_refuses_is_dead_lettered_and_the_rest_is_graded(kaf
         g.close()
 
 
-@pytest.mark.parametrize("runtime", ["native", "faust"])
-def test_sigterm_stops_the_grader_promptly_while_kafka_writes_fail(kafka_bootstrap: str, tmp_path: Path,
-                                                                  runtime: str) -> None:
+def test_sigterm_stops_the_grader_promptly_while_kafka_writes_fail(kafka_bootstrap: str, tmp_path: Path) -> None:
     """The graded topic needs 2 in-sync replicas on a 1-broker cluster: every graded write fails (and is
     retried by the client). A grader in that state must still stop within seconds on SIGTERM."""
-    g = Grader(kafka_bootstrap, tmp_path, runtime, graded_config={"min.insync.replicas": "2"},
-               shutdown_grace_s="5")
+    g = Grader(kafka_bootstrap, tmp_path, graded_config={"min.insync.replicas": "2"})
     changelog = f"{g.topics.prefix}apprentice-grader-pending-changelog"
     wait_for(lambda: changelog in list_topics(kafka_bootstrap), what="the grader's changelog topic (made at start)",
              stall_s=90, every=0.5)
@@ -309,7 +303,7 @@ def test_sigterm_stops_the_grader_promptly_while_kafka_writes_fail(kafka_bootstr
     try:
         it = interaction(tenant=TENANT_A, task="rules", text="9 lives")
         g.interaction(it)
-        # the batch is under way once its state is written (in its open transaction, for native)
+        # the batch is under way once its state is written
         assert state.wait_for(lambda rs: len(rs) >= 1, 90), g.proc.log_tail()
         assert g.proc.alive()
         start = time.monotonic()
@@ -322,8 +316,8 @@ def test_sigterm_stops_the_grader_promptly_while_kafka_writes_fail(kafka_bootstr
 
 
 def test_every_record_names_its_type_in_a_header(grader: Grader) -> None:
-    """What producers write (the shared EventProducer, and the grader's own graded records and dead letters
-    in both runtimes) carries `apprentice-type`, so a consumer can refuse a record of another type."""
+    """What producers write (the shared EventProducer, and the grader's own graded records and dead letters)
+    carries `apprentice-type`, so a consumer can refuse a record of another type."""
     it = interaction(tenant=TENANT_A, task="rules", text="1 answer")
     grader.interaction(it)
     grader.feedback(feedback(it.interaction_id, kind="rating", value=float("inf"), tenant=TENANT_A))

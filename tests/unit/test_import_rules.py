@@ -32,6 +32,8 @@ VIOLATIONS = {
                                          "def f():\n    import services.weights.registry\n    import tools.devca\n"),
     "grader-core-without-runtime": ("services/grader/core/_violation.py",
                                     "import faust\n\nfrom services.grader.stream import app\n"),
+    "grader-stages-without-app": ("services/grader/stream/_violation.py",
+                                  "def f():\n    from services.grader.stream.app import GraderApp\n    return GraderApp\n"),
     "services-without-tools": ("services/trainer/_violation.py", "from tools.devca import DevCredentials\n"),
     "dashboard-imported-by-none": ("tools/stack/_violation.py",
                                    "def f():\n    from services.dashboard import web\n    return web\n"),
