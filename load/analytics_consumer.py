@@ -14,17 +14,15 @@ import argparse
 import json
 import sys
 import time
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluent_kafka import Consumer  # noqa: E402
 
 from shared.contracts.events import UndecodableEvent, decode  # noqa: E402
-from shared.kafka.security import librdkafka_config  # noqa: E402
+from shared.kafka.consumers import new_consumer  # noqa: E402
 from shared.proto.apprentice.v1 import events_pb2  # noqa: E402
 from shared.settings import CommonSettings  # noqa: E402
 
@@ -67,9 +65,8 @@ def aggregate(interactions: list[events_pb2.Interaction],
 
 def consume(settings: CommonSettings, from_beginning: bool, idle_s: float, max_s: float):  # noqa: ANN201
     topics = settings.topics
-    c = Consumer({**librdkafka_config(settings), "bootstrap.servers": settings.kafka_bootstrap,
-                  "group.id": f"analytics-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest" if from_beginning else "latest"})
+    c = new_consumer(settings.kafka_bootstrap, purpose="analytics", security=settings,
+                     offset_reset="earliest" if from_beginning else "latest")
     c.subscribe([topics.interactions, topics.graded])
     interactions, graded, bad = [], [], 0
     last, start = time.monotonic(), time.monotonic()

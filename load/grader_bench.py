@@ -34,13 +34,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shared.contracts.topics import Topics  # noqa: E402
 from shared.kafka.admin import admin, delete_topics, ensure_topics, list_topics, wait_for_broker  # noqa: E402
+from shared.kafka.consumers import new_consumer  # noqa: E402
 from shared.kafka.security import faust_credentials, librdkafka_config  # noqa: E402
 from tests.helpers.grader import GraderProcess, interaction  # noqa: E402
 
@@ -94,9 +95,7 @@ def produce_inputs(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]
 
 
 def passthrough(bootstrap: str, src: str, dst: str, n: int, batch: int, timeout: float = 300.0) -> None:
-    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap, "group.id": f"bench-pass-{uuid.uuid4()}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                  "isolation.level": "read_committed"})
+    c = new_consumer(bootstrap, purpose="bench-pass")
     p = Producer({**librdkafka_config(), "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                   "linger.ms": 5, "compression.type": "lz4"})
     c.subscribe([src])
@@ -108,6 +107,7 @@ def passthrough(bootstrap: str, src: str, dst: str, n: int, batch: int, timeout:
             for m in msgs:
                 p.produce(dst, m.value(), m.key())
                 p.poll(0)
+                c.store_offsets(m)      # the factory's consumers store nothing on their own
             if msgs:
                 p.flush(30)
                 c.commit(asynchronous=False)
@@ -145,9 +145,7 @@ def output_rate(bootstrap: str, topic: str, n: int, timeout: float,
     """(records seen, records/s between the first and the last broker timestamp, `probe()` at the last
     record minus `probe()` at the first: e.g. the CPU the pipeline spent while it produced them, start-up
     left out); read_committed."""
-    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap, "group.id": f"bench-read-{uuid.uuid4()}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                  "isolation.level": "read_committed"})
+    c = new_consumer(bootstrap, purpose="bench-read")
     c.subscribe([topic])
     stamps: list[int] = []
     deadline = time.monotonic() + timeout

@@ -87,7 +87,7 @@ class ConsolidationFollower:
         return changed
 
     def _run(self) -> None:
-        consumer = EventConsumer(self.bootstrap, self.group, [self.topic], extra_config={"log_level": 3})
+        consumer = EventConsumer(self.bootstrap, self.group, [self.topic], log_level=3)
         backoff = Backoff(1.0, 10.0)
         try:
             while not self._stop.is_set():
@@ -107,7 +107,7 @@ class ConsolidationFollower:
                     log.exception("knowledge consolidation failed; retrying")
                     consumer.close()
                     self._stop.wait(backoff.next())
-                    consumer = EventConsumer(self.bootstrap, self.group, [self.topic], extra_config={"log_level": 3})
+                    consumer = EventConsumer(self.bootstrap, self.group, [self.topic], log_level=3)
         finally:
             consumer.close()
 

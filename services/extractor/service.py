@@ -177,8 +177,8 @@ class ExtractorApp:
             poll_ms = int(self.settings.max_poll_interval_s * 1000)
             self.consumer = EventConsumer(self.settings.common.kafka_bootstrap,
                                           self.topics.group_id(self.settings.group_id), [self.topics.graded],
-                                          extra_config={"max.poll.interval.ms": poll_ms,
-                                                        "session.timeout.ms": min(10_000, poll_ms)})
+                                          max_poll_interval_ms=poll_ms,
+                                          session_timeout_ms=min(10_000, poll_ms))
         return self.consumer
 
     def _run(self) -> None:

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from services.grader.core.rulebook import RuleRecord, RuleRefused, new_record, rule_key, sign
 from shared.kafka.admin import broker_answers, ensure_topics
+from shared.kafka.reader import ReadTimeout, TopicMissing, read_topic_to_end
 from shared.kafka.security import librdkafka_config
 from shared.security.keys import read_secret
 from shared.settings import CommonSettings
@@ -148,35 +149,21 @@ def _write(common: Any, rec: RuleRecord) -> int:
 
 
 def read_rules(common: Any, timeout_s: float = 15.0) -> dict[str, tuple[dict[str, Any] | None, str]]:
-    """key -> (the latest record's JSON, "" or why it does not read as a rule record) on the rules topic."""
-
-    topic = common.topics.grader_rules
-    c = Consumer({**librdkafka_config(common), "bootstrap.servers": common.kafka_bootstrap,
-                  "group.id": common.topics.group_id("apprentice-cli-rules"), "enable.auto.commit": False})
+    """key -> (the latest record's JSON, "" or why it does not read as a rule record) on the rules topic
+    (read to its end: shared/kafka/reader.py; `ReadTimeout` when it cannot be in `timeout_s`)."""
     out: dict[str, tuple[dict[str, Any] | None, str]] = {}
     try:
-        md = c.list_topics(topic, timeout=10).topics.get(topic)
-        if md is None or md.error is not None:
-            return out
-        parts = sorted(md.partitions)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        done = {p for p, e in ends.items() if e <= 0}
-        deadline = time.monotonic() + timeout_s
-        while len(done) < len(parts) and time.monotonic() < deadline:
-            for m in c.consume(500, 0.5):
-                if m.error() is not None:
-                    continue
-                key = (m.key() or b"").decode(errors="replace")
-                try:
-                    out[key] = (json.loads(m.value() or b"null"), "")
-                    RuleRecord.model_validate(out[key][0])
-                except ValueError as e:
-                    out[key] = (None, str(e).splitlines()[0])
-                if (m.offset() or 0) + 1 >= ends[m.partition() or 0]:
-                    done.add(m.partition() or 0)
-    finally:
-        c.close()
+        records = list(read_topic_to_end(common.kafka_bootstrap, common.topics.grader_rules,
+                                         purpose="apprentice-cli-rules", security=common, timeout_s=timeout_s))
+    except TopicMissing:
+        return out
+    for m in records:
+        key = (m.key() or b"").decode(errors="replace")
+        try:
+            out[key] = (json.loads(m.value() or b"null"), "")
+            RuleRecord.model_validate(out[key][0])
+        except ValueError as e:
+            out[key] = (None, str(e).splitlines()[0])
     return out
 
 
@@ -184,7 +171,12 @@ def _list(common: Any, *, as_json: bool) -> int:
     if not broker_answers(common.kafka_bootstrap, security=common):
         print(f"apprentice grader: {unreachable(KAFKA, common.kafka_bootstrap)}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    rules = {k: v for k, v in read_rules(common).items() if v[0] is None or not v[0].get("deleted")}
+    try:
+        read = read_rules(common)
+    except ReadTimeout as e:     # a partial list would look complete
+        print(f"apprentice grader: {e}", file=sys.stderr)
+        return 1
+    rules = {k: v for k, v in read.items() if v[0] is None or not v[0].get("deleted")}
     if as_json:
         print(json.dumps([{"key": k, "record": r, "error": err} for k, (r, err) in sorted(rules.items())], indent=1))
         return 0

@@ -277,8 +277,7 @@ class UpdateFollower:
     def _run(self) -> None:
         topic = self.settings.common.topics.model_updates
         group = self.settings.common.topics.group_id(f"inference-{self.settings.pod_id}-{uuid.uuid4().hex[:8]}")
-        consumer = EventConsumer(self.settings.common.kafka_bootstrap, group, [topic],
-                                 extra_config={"log_level": 3})
+        consumer = EventConsumer(self.settings.common.kafka_bootstrap, group, [topic], log_level=3)
         backoff = Backoff(1.0, 5.0)
         try:
             while not self._stop.is_set():

@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import logging
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, Message, TopicPartition
 
-from shared.kafka.client_logs import client_log_config
-from shared.kafka.security import SecuritySource, librdkafka_config
+from shared.kafka.consumers import new_consumer
+from shared.kafka.reader import topic_partitions
+from shared.kafka.security import SecuritySource
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +25,12 @@ class PartitionReader:
     def __init__(self, bootstrap: str, topic: str, group_id: str, start: dict[int, int] | None = None, *,
                  from_end: bool = False, metadata_timeout: float = 10.0, security: SecuritySource = None) -> None:
         self.topic = topic
-        self._consumer = Consumer({
-            **librdkafka_config(security), **client_log_config(bootstrap),
-            "bootstrap.servers": bootstrap, "group.id": group_id, "enable.auto.commit": False,
-            "enable.auto.offset.store": False, "isolation.level": "read_committed",
-        })
-        md = self._consumer.list_topics(topic, timeout=metadata_timeout)
-        meta = md.topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
+        self._consumer = new_consumer(bootstrap, purpose=f"trainer-{topic}", group_id=group_id, security=security)
+        try:
+            self.partitions = topic_partitions(self._consumer, topic, metadata_timeout)
+        except Exception:
             self._consumer.close()
-            raise KafkaException(f"topic {topic!r} not found (create it with `apprentice topics`)")
-        self.partitions = sorted(meta.partitions)
+            raise
         start = start or {}
         default = OFFSET_END if from_end else OFFSET_BEGINNING
         self.start: dict[int, int] = dict(start)

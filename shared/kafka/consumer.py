@@ -9,14 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import Counter
 
 from shared.kafka.busy import call_while_polling
-from shared.kafka.client_logs import client_log_config
-from shared.kafka.security import SecuritySource, librdkafka_config
+from shared.kafka.consumers import OffsetReset, new_consumer
+from shared.kafka.security import SecuritySource
 
 log = logging.getLogger(__name__)
 
@@ -31,29 +31,23 @@ MAX_POLL_EXCEEDED = Counter("apprentice_kafka_max_poll_exceeded_total",
 
 class EventConsumer:
     def __init__(self, bootstrap: str, group_id: str, topics: Iterable[str], *,
-                 auto_offset_reset: str = "earliest", extra_config: dict[str, Any] | None = None,
-                 security: SecuritySource = None) -> None:
-        """`security`: TLS/SASL settings (shared/kafka/security.py); None = from the environment."""
-        config: dict[str, Any] = {
-            **librdkafka_config(security),
-            **client_log_config(bootstrap),
-            "bootstrap.servers": bootstrap,
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": auto_offset_reset,
-            "isolation.level": "read_committed",
-            "session.timeout.ms": 10000,
-            "heartbeat.interval.ms": 1000,
-        }
-        config.update(extra_config or {})
+                 auto_offset_reset: OffsetReset = "earliest", security: SecuritySource = None,
+                 log_level: int | None = None, max_poll_interval_ms: int | None = None,
+                 session_timeout_ms: int = 10_000) -> None:
+        """`security`: TLS/SASL settings (shared/kafka/security.py); None = from the environment. The
+        consumer comes from shared/kafka/consumers.py (read_committed, nothing committed but what
+        `commit` is given; its client id names the group); `max_poll_interval_ms` None = librdkafka's 300 s;
+        `log_level` 3 quiets a consumer that outlives broker restarts."""
         self.group_id = group_id
         self.topics = list(topics)
-        self.max_poll_interval_s = float(config.get("max.poll.interval.ms", 300_000)) / 1000
+        self.max_poll_interval_s = (max_poll_interval_ms or 300_000) / 1000
         self.rebalances = {"assigned": 0, "revoked": 0, "lost": 0}
         """Rebalance callbacks seen by this consumer (also `apprentice_kafka_rebalance_events_total`)."""
         self.max_poll_exceeded = 0
-        self._consumer = Consumer(config)
+        self._consumer = new_consumer(bootstrap, purpose=group_id, group_id=group_id, security=security,
+                                      offset_reset=auto_offset_reset, log_level=log_level,
+                                      session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=1000,
+                                      max_poll_interval_ms=max_poll_interval_ms)
         self._consumer.subscribe(self.topics, on_assign=self._assigned, on_revoke=self._revoked,
                                  on_lost=self._lost)
 

@@ -7,13 +7,16 @@ of the stack, and groups that never commit (tail, probes, the dashboard's reader
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
 
 from shared.contracts.topics import Topics
 from shared.kafka.client_logs import client_log_config
+from shared.kafka.consumers import new_consumer
+from shared.kafka.reader import watermarks
 from shared.kafka.security import SecuritySource, librdkafka_config
 
 PROBE_GROUP = "apprentice-status-probe"
@@ -48,14 +51,14 @@ def partition_lag(bootstrap: str, topics: Topics, *, security: SecuritySource = 
     # one request per group (the API takes one at a time), all in flight together: a shared broker may
     # hold many groups of other stacks
     futures = {gid: admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)])[gid] for gid in groups}
-    probe = Consumer({**base, "group.id": PROBE_GROUP})
+    probe = new_consumer(bootstrap, purpose="status-probe", group_id=PROBE_GROUP, security=security)
     rows: list[PartitionLag] = []
     try:
         for gid, fut in futures.items():
             for tp in fut.result(15).topic_partitions:
                 if tp.topic not in ours or tp.offset < 0:
                     continue
-                _lo, hi = probe.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)
+                _lo, hi = watermarks(probe, tp.topic, tp.partition, time.monotonic() + 5)
                 rows.append(PartitionLag(gid, tp.topic, tp.partition, tp.offset, hi))
     finally:
         probe.close()

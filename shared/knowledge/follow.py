@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -22,6 +23,7 @@ from confluent_kafka import TopicPartition
 from shared.contracts.events import UndecodableEvent
 from shared.contracts.validation import decode_record
 from shared.kafka.consumer import EventConsumer
+from shared.kafka.reader import watermarks
 from shared.proto.apprentice.v1 import events_pb2
 from shared.retry import Backoff
 
@@ -67,7 +69,7 @@ class SnapshotFollower:
             consumer = None
             try:
                 consumer = EventConsumer(self.bootstrap, f"{self.group_prefix}-{uuid.uuid4().hex[:12]}",
-                                         [self.topic], auto_offset_reset="earliest", extra_config={"log_level": 3})
+                                         [self.topic], auto_offset_reset="earliest", log_level=3)
                 self._ends = None
                 while not self._stop.is_set():
                     self.poll(consumer)
@@ -110,7 +112,7 @@ class SnapshotFollower:
         if self._ends is None:
             ends = {}
             for tp in assigned:
-                low, high = raw.get_watermark_offsets(TopicPartition(self.topic, tp.partition), timeout=10)
+                low, high = watermarks(raw, self.topic, tp.partition, time.monotonic() + 10)
                 if high > low:
                     ends[tp.partition] = high
             self._ends = ends

@@ -14,7 +14,6 @@ restart a broker (the shared one at 9092 is never touched).
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -22,26 +21,27 @@ from typing import Any
 from confluent_kafka import Consumer, Message
 from google.protobuf.message import Message as ProtoMessage
 
-from shared.kafka.security import SecuritySource, librdkafka_config
+from shared.kafka.consumers import Isolation, new_consumer
+from shared.kafka.reader import read_topic_to_end
+from shared.kafka.security import SecuritySource
 from tests.helpers.ports import free_ports
 from tools.broker.local_broker import LocalBroker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def consumer(bootstrap: str, *, group: str = "reader", isolation: str = "read_committed",
+def consumer(bootstrap: str, *, group: str = "reader", isolation: Isolation = "read_committed",
              security: SecuritySource = None) -> Consumer:
     """A consumer of its own new group, from the earliest offset, committing nothing (`read_committed`,
-    as every Apprentice consumer reads; `read_uncommitted` also shows what aborted transactions wrote)."""
-    return Consumer({**librdkafka_config(security), "bootstrap.servers": bootstrap,
-                     "group.id": f"{group}-{uuid.uuid4()}", "auto.offset.reset": "earliest",
-                     "enable.auto.commit": False, "isolation.level": isolation})
+    as every Apprentice consumer reads; `read_uncommitted` also shows what aborted transactions wrote):
+    shared/kafka/consumers.py's, as every consumer of the code base."""
+    return new_consumer(bootstrap, purpose=f"test-{group}", isolation=isolation, security=security)
 
 
 class TopicReader:
     """Reads a topic from the beginning and keeps everything it has seen."""
 
-    def __init__(self, bootstrap: str, topic: str, *, isolation: str = "read_committed",
+    def __init__(self, bootstrap: str, topic: str, *, isolation: Isolation = "read_committed",
                  security: SecuritySource = None) -> None:
         self.topic = topic
         self.c = consumer(bootstrap, isolation=isolation, security=security)
@@ -121,30 +121,9 @@ def read_all(bootstrap: str, topic: str, *, expect: int | None = None, timeout: 
 
 
 def read_to_end(bootstrap: str, topic: str, timeout: float = 120.0) -> list[Any]:
-    """Every record on `topic` up to its end as of now, duplicates included: each partition is read until
-    the consumer's position reaches the high watermark taken at the start (an end that is exact, unlike
-    waiting for the topic to go quiet, and that steps over transaction markers)."""
-    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-    c = consumer(bootstrap, group="read-to-end", isolation="read_committed")
-    try:
-        parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        out: list[Any] = []
-        deadline = time.monotonic() + timeout
-        while True:
-            behind = [tp for tp in c.position([TopicPartition(topic, p) for p in parts if ends[p] > 0])
-                      if tp.offset < ends[tp.partition]]          # not fetched yet: OFFSET_INVALID (< 0)
-            if not behind:
-                return out
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: partitions {[tp.partition for tp in behind]} not read to their end")
-            m = c.poll(0.5)
-            if m is not None and not m.error():
-                out.append(m)
-    finally:
-        c.close()
+    """Every record on `topic` up to its end as of now, duplicates included (shared/kafka/reader.py: an
+    end that is exact, unlike waiting for the topic to go quiet, and that steps over transaction markers)."""
+    return list(read_topic_to_end(bootstrap, topic, purpose="test-read-to-end", timeout_s=timeout))
 
 
 # --- a private broker ------------------------------------------------------------------------------

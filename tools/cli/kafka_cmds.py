@@ -8,16 +8,15 @@ import json
 import socket
 import sys
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import KafkaException
 
 from shared.contracts.events import UndecodableEvent, decode, message_type, to_dict
 from shared.contracts.topics import EVENT_TOPICS
 from shared.kafka.admin import broker_answers, ensure_topics, list_topics
-from shared.kafka.client_logs import client_log_config
-from shared.kafka.security import PLAINTEXT, librdkafka_config
+from shared.kafka.consumers import new_consumer
+from shared.kafka.security import PLAINTEXT
 from shared.settings import CommonSettings
 from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
 from tools.broker.local_broker import BrokerError, LocalBroker
@@ -193,11 +192,8 @@ def tail(argv: list[str]) -> int:
         return 2
     base = settings.topics.base_of(topic)
     msg_type = None if base not in EVENT_TOPICS else message_type(base)   # None: JSON values, printed as such
-    consumer = Consumer({**librdkafka_config(settings), **client_log_config(settings.kafka_bootstrap),
-                         "bootstrap.servers": settings.kafka_bootstrap,
-                         "group.id": f"apprentice-tail-{uuid.uuid4()}",
-                         "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest" if ns.from_beginning else "latest"})
+    consumer = new_consumer(settings.kafka_bootstrap, purpose="apprentice-tail", security=settings,
+                            offset_reset="earliest" if ns.from_beginning else "latest")
     consumer.subscribe([topic])
     seen, idle_since = 0, time.monotonic()
     try:

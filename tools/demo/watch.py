@@ -4,16 +4,12 @@ checkpoints, model updates), from a background consumer in its own group."""
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer
-
 from shared.contracts.events import UndecodableEvent, decode
 from shared.contracts.topics import Topics
-from shared.kafka.client_logs import client_log_config
-from shared.kafka.security import librdkafka_config
+from shared.kafka.consumers import new_consumer
 from shared.proto.apprentice.v1 import events_pb2
 
 
@@ -34,9 +30,7 @@ class TopicWatcher:
         self.lock = threading.Lock()
         self._stop = threading.Event()
         # log_level 2: while the broker is down (chaos runs restart it) librdkafka would log every reconnect
-        self._consumer = Consumer({**librdkafka_config(), **client_log_config(bootstrap), "bootstrap.servers": bootstrap,
-                                   "group.id": f"demo-watch-{uuid.uuid4().hex[:8]}",
-                                   "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 2})
+        self._consumer = new_consumer(bootstrap, purpose="demo-watch", log_level=2)
         self._consumer.subscribe([topics.interactions, topics.graded, topics.knowledge, topics.checkpoints,
                                   topics.model_updates, topics.deadletter])
         self._thread = threading.Thread(target=self._run, name="topic-watcher", daemon=True)

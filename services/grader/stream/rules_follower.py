@@ -14,17 +14,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, Producer, TopicPartition
 
 from services.grader import metrics as M
 from services.grader.core.join import Rejected
 from services.grader.core.routing import DEADLETTER_HEADERS, dead_letter
 from services.grader.core.rulebook import RuleBook, RuleRefused, parse_record
 from services.grader.settings import GraderSettings
-from shared.kafka.client_logs import client_log_config
+from shared.kafka.consumers import new_consumer
+from shared.kafka.reader import ReadTimeout, TopicMissing, read_to_end
 from shared.kafka.security import librdkafka_config
 from shared.security.identity import Role
 from shared.security.keys import KeyRing
@@ -51,10 +51,8 @@ class RulesFollower:
         self.topic = settings.common.topics.grader_rules
         common = settings.common
         self._security = librdkafka_config(common)
-        self._consumer = Consumer({**self._security, **client_log_config(common.kafka_bootstrap),
-                                   "bootstrap.servers": common.kafka_bootstrap,
-                                   "group.id": common.topics.group_id(f"{settings.app_name}-rules-reader"),
-                                   "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+        self._consumer = new_consumer(common.kafka_bootstrap, purpose="grader-rules", security=common,
+                                      group_id=common.topics.group_id(f"{settings.app_name}-rules-reader"))
         self._producer: Producer | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -62,23 +60,17 @@ class RulesFollower:
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Read the topic up to its current end (at most `timeout_s`), then follow it on a thread."""
-        md = self._consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
-        parts = sorted(md.partitions) if md is not None and md.error is None else [0]
-        tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts]
-        self._consumer.assign(tps)
-        ends = {}
-        for p in parts:
-            _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
-            ends[p] = high
-        deadline = time.monotonic() + timeout_s
-        done = {p for p, end in ends.items() if end <= 0}
-        while len(done) < len(parts) and time.monotonic() < deadline:
-            for m in self._consumer.consume(500, 0.2):
+        try:
+            for m in read_to_end(self._consumer, self.topic, timeout_s=timeout_s):
                 self._handle(m)
-                if m.error() is None and (m.offset() or 0) + 1 >= ends.get(m.partition() or 0, 0):
-                    done.add(m.partition() or 0)
-        if len(done) < len(parts):
-            log.warning("runtime grading rules not read to their end at start; going on", extra={"topic": self.topic})
+        except ReadTimeout as e:
+            # the consumer stays assigned: the follower below reads on from where this stopped
+            log.warning("runtime grading rules not read to their end at start; going on: %s", e,
+                        extra={"topic": self.topic})
+        except TopicMissing as e:
+            log.warning("runtime grading rules topic missing at start; following its partition 0: %s", e,
+                        extra={"topic": self.topic})
+            self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
         self._live = True
         log.info("runtime grading rules read", extra={"rules": len(self.book.rules()), "topic": self.topic})
         self._thread = threading.Thread(target=self._run, name="grader-rules", daemon=True)
