@@ -28,6 +28,7 @@ from services.inference.client import InferenceClient
 from shared.contracts.topics import Topics
 from shared.kafka import EventConsumer, EventProducer, ensure_topics
 from shared.kafka.admin import admin, broker_answers, list_topics
+from shared.kafka.reader import read_topic_to_end
 from shared.kafka.security import PLAINTEXT, KafkaSecurity, librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from shared.settings import CommonSettings
@@ -116,6 +117,12 @@ def test_settings_in_the_environment_secure_every_client(broker: LocalBroker, sa
         consumer.commit(got)
     finally:
         consumer.close()
+    # the one reader (shared/kafka/reader.py) builds its consumer through the one factory, secured the same
+    # way; without credentials it fails instead of reading an empty topic
+    assert [events_pb2.FeedbackEvent.FromString(m.value() or b"").interaction_id
+            for m in read_topic_to_end(bootstrap, ns.feedback, purpose="sasl-test")] == [fb.interaction_id]
+    with pytest.raises((KafkaException, TimeoutError)):
+        list(read_topic_to_end(bootstrap, ns.feedback, purpose="sasl-test", security=PLAINTEXT, timeout_s=5))
     # the plain listener is still served (existing users, set-up), the controller stays internal
     assert broker_answers(broker.bootstrap, security=PLAINTEXT)
 
