@@ -22,12 +22,11 @@ import pytest
 from services.inference.client import InferenceClient
 from shared.contracts.topics import Topics
 from shared.kafka.admin import delete_topics, ensure_topics
-from shared.privacy.detector import Span
 from shared.privacy.policy import Redactor
-from shared.privacy.presidio_detector import PresidioDetector
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.inference import start_inference
 from tests.helpers.kafka import collect
+from tests.helpers.privacy import CountingDetector
 
 pytestmark = pytest.mark.integration
 
@@ -126,16 +125,6 @@ def test_reject_tenant_gets_invalid_argument_naming_types(client: InferenceClien
     assert not leaked(e.value.details())
 
 
-class CountingDetector(PresidioDetector):
-    """The real detector, counting the texts it is asked to read."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: Counter[str] = Counter()
-
-    def find(self, text: str, *, names: bool = True) -> list[Span]:
-        self.calls[text] += 1
-        return super().find(text, names=names)
 
 
 @pytest.mark.parametrize(("tenant", "prompt"), [("acme", PROMPT), ("strict", "How long is the warranty?")])

@@ -15,11 +15,10 @@ from services.inference.settings import InferenceSettings
 from shared.decoding.chat_template import encode_chat
 from shared.decoding.generation import encode_prompt
 from shared.decoding.params import Sample
-from shared.privacy.detector import Span
 from shared.privacy.policy import Redactor
-from shared.privacy.presidio_detector import PresidioDetector
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2
 from shared.rpc.grpc_util import InvalidRequest
+from tests.helpers.privacy import CountingDetector
 
 EMAIL, CARD, NAME = "dana.w@example.com", "4111.1111.1111.1111", "Dana Whitfield"
 PROMPT = f"Hi, my name is {NAME}. Refund card {CARD} and write to {EMAIL}."
@@ -199,16 +198,6 @@ def test_a_captured_answer_keeps_the_staff_name_the_users_name_shares_a_word_wit
 
 
 # --- each text through the detector once per request -------------------------------------------------
-class CountingDetector(PresidioDetector):
-    """The real detector, counting the texts it is asked to read."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: Counter[str] = Counter()
-
-    def find(self, text: str, *, names: bool = True) -> list[Span]:
-        self.calls[text] += 1
-        return super().find(text, names=names)
 
 
 @pytest.fixture(scope="module")
