@@ -28,6 +28,7 @@ from services.trainer.buffer import ACCEPTED, RolloutBuffer
 from services.trainer.checkpoint import Checkpoint, CheckpointStore
 from services.trainer.distill import DistillExample
 from services.trainer.distributed import broadcast, world_size
+from services.trainer.publish import Publisher, manifest_digest
 from services.trainer.rollouts import MALFORMED, OTHER_TENANT, QUARANTINED, domain_of
 from services.trainer.rounds import RoundResult, Trainer
 from services.trainer.settings import TrainerSettings
@@ -115,8 +116,6 @@ class TrainerService:
         self.range_start = dict(offsets)
         self.producer = EventProducer(s.common.kafka_bootstrap, client_id=f"trainer-{s.tenant}")
         self.dead = DeadLetterPublisher(self.producer, topics.deadletter, source="trainer")
-        from services.trainer.publish import Publisher
-
         self.publisher = Publisher(weights_stub, self.producer, topics.checkpoints, model=s.common.model,
                                    tenant=s.tenant, group=s.resolved_group_id)
         self.schedule = Schedule(s.trigger_samples, s.trigger_seconds, s.min_samples, s.trigger_on_knowledge,
@@ -303,8 +302,6 @@ class TrainerService:
             self._next_publish_try = now + self._publish_backoff.next()
             log.warning("publish failed, will retry: %s", e, extra={"checkpoint": ckpt.id})
             return False
-        from services.trainer.publish import manifest_digest
-
         self._publish_backoff.reset()
         self.store.mark_published(ckpt.id, manifest.version, manifest_digest(manifest))
         self.buffer.advance(manifest.version)
