@@ -215,7 +215,8 @@ class InferenceApp:
         inference_pb2_grpc.add_FeedbackServicer_to_server(FeedbackServicer(self), server)
 
     # --- shared request steps ---------------------------------------------------------------------
-    def _ensure_ready(self) -> None:
+    def check_ready(self) -> None:
+        """The readiness rule every call of either door passes (`prepare`, and the HTTP API's /health)."""
         if not self.ready.is_set() or self.manager is None:
             raise Unavailable("the model is still loading; retry shortly")
         if not self.engine.healthy():
@@ -224,7 +225,7 @@ class InferenceApp:
             raise Unavailable("this server is shutting down; retry on another replica")
 
     def prepare(self, request: inference_pb2.GenerateRequest, context: Any) -> PreparedRequest:
-        self._ensure_ready()
+        self.check_ready()
         trace_id_var.set(metadata_value(context, "x-trace-id") or uuid.uuid4().hex)
         tenant = resolve_tenant(request.tenant, context, self.settings)
         p = prepare(request, tenant, self.settings, self.engine.tokenizer, self.engine.context_window,

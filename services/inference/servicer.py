@@ -1,4 +1,4 @@
-"""gRPC `apprentice.v1.Inference` and `apprentice.v1.Feedback` --> the InferenceApp (service.py).
+"""gRPC `apprentice.v1.Inference` and `apprentice.v1.Feedback` --> the app's request steps (calls.py).
 
 The servicers only translate: protobuf requests to the app's request steps, the app's samples and stream
 events back to protobuf, and every call into the request metrics (`observed`). What a call does lives in
@@ -12,18 +12,16 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
 from services.inference import metrics
+from services.inference.calls import Calls
 from services.inference.engines.base import ChoiceDone, Delta
 from services.inference.requests import PreparedRequest
 from shared.proto.apprentice.v1 import inference_pb2, inference_pb2_grpc
 from shared.rpc.grpc_util import ServiceError, grpc_errors
-
-if TYPE_CHECKING:
-    from services.inference.service import InferenceApp
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,7 +73,7 @@ def _usage(p: PreparedRequest, samples: list[Any]) -> inference_pb2.Usage:
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, app: InferenceApp) -> None:
+    def __init__(self, app: Calls) -> None:
         self.app = app
 
     @grpc_errors
@@ -115,7 +113,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
 
 class FeedbackServicer(inference_pb2_grpc.FeedbackServicer):
-    def __init__(self, app: InferenceApp) -> None:
+    def __init__(self, app: Calls) -> None:
         self.app = app
 
     @grpc_errors

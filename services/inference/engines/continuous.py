@@ -25,18 +25,15 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from services.inference import metrics
 from services.inference.engines.base import EngineError, RequestHandle
+from services.inference.engines.transformers_types import Backbone, Policy, Queued, SchedulerHost
 from services.inference.scheduler import Admission, Budget
 from shared.decoding.batch import DecodeBatch
 from shared.decoding.params import Sample
 from shared.decoding.prompt_cache import PromptCache
 from shared.decoding.rows import DecodeRow
-
-if TYPE_CHECKING:
-    from services.inference.engines.transformers_engine import Backbone, Policy, TransformersEngine, _Queued
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +42,7 @@ log = logging.getLogger(__name__)
 class _Request:
     """A request taken from the engine's queue: its rows, which wait for admission, how many finished."""
 
-    q: _Queued
+    q: Queued
     rows: list[DecodeRow]
     tenant: str
     ready: list[int] = field(default_factory=list)   # rows waiting for admission (preempted ones first)
@@ -64,9 +61,10 @@ class _Request:
 
 
 class ContinuousScheduler:
-    """Drives a `TransformersEngine`'s queue with continuous batching; `run()` is the scheduler thread."""
+    """Drives a `TransformersEngine`'s queue (transformers_types.py `SchedulerHost`) with continuous batching;
+    `run()` is the scheduler thread."""
 
-    def __init__(self, engine: TransformersEngine) -> None:
+    def __init__(self, engine: SchedulerHost) -> None:
         s = engine.settings
         self.engine = engine
         self.admission: Admission[_Request] = Admission(Budget(
@@ -115,7 +113,7 @@ class ContinuousScheduler:
             eng._running = [r.q for r in self.requests]
             return not (eng._stopping and not self.requests and not eng._queue and not eng._tasks)
 
-    def _take(self, q: _Queued) -> None:
+    def _take(self, q: Queued) -> None:
         eng = self.engine
         h, req = q.handle, q.handle.request
         n = max(1, req.sampling.n)

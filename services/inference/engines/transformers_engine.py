@@ -26,7 +26,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,35 +42,16 @@ from services.inference.engines.base import (
     UnknownVersion,
     VersionFiles,
 )
+from services.inference.engines.continuous import ContinuousScheduler
+from services.inference.engines.transformers_types import Backbone, Policy, Queued
 from services.inference.multi_lora import LoraPool
 from services.inference.settings import InferenceSettings
 from shared.decoding.batch import decode_batch
-from shared.decoding.prompt_cache import PromptCache
 from shared.decoding.rows import DecodeRow
 from shared.decoding.text import eos_ids_of
 from shared.models import load_model
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Backbone:
-    """One set of full weights in memory, plus the LoRA versions registered on it (if any)."""
-
-    version: str
-    model: Any
-    lora: LoraPool | None = None          # the resident adapters' stacked weights, once one is registered
-    adapters: set[str] = field(default_factory=set)
-    prompts: PromptCache | None = None    # recent prefills on these weights (continuous scheduler)
-
-
-@dataclass
-class Policy:
-    """A servable version: a backbone, optionally with one of its LoRA adapters (named as the version)."""
-
-    version: str
-    backbone: Backbone
-    adapter: str | None = None
 
 
 def _push_delta(handle: RequestHandle, index: int, token_ids: list[int], text: str) -> None:
@@ -80,12 +60,6 @@ def _push_delta(handle: RequestHandle, index: int, token_ids: list[int], text: s
 
 def _push_choice(handle: RequestHandle, index: int, sample: Any) -> None:
     handle.push_choice(index, sample)
-
-
-@dataclass
-class _Queued:
-    handle: RequestHandle
-    policy: Policy
 
 
 class TransformersEngine(Engine):
@@ -100,13 +74,13 @@ class TransformersEngine(Engine):
         self._policies: dict[str, Policy] = {}
         self._lock = threading.Lock()                 # guards _policies
         self._cv = threading.Condition()              # guards _queue, _tasks, _stopping
-        self._queue: deque[_Queued] = deque()
+        self._queue: deque[Queued] = deque()
         self._tasks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._stopping = False
-        self._running: list[_Queued] = []            # taken from the queue, not finished (both schedulers)
+        self._running: list[Queued] = []            # taken from the queue, not finished (both schedulers)
         self._peaks: deque[tuple[float, int]] = deque()   # (time, requests queued + running) at submits
         self._thread: threading.Thread | None = None
-        self._scheduler: Any = None                   # the ContinuousScheduler, when that one runs
+        self._scheduler: ContinuousScheduler | None = None   # when that scheduler runs
         s = settings
         self.adapters = AdapterCache(max_count=s.adapter_cache_max_count, max_bytes=s.adapter_cache_max_bytes,
                                      max_rank=s.adapter_max_rank, workers=s.adapter_load_workers, wake=self._wake)
@@ -168,13 +142,13 @@ class TransformersEngine(Engine):
                 adapter = policy.adapter
                 self.adapters.ref(adapter)
                 handle.add_done_callback(lambda _h: self.adapters.unref(adapter))
-            self._queue.append(_Queued(handle, policy))
+            self._queue.append(Queued(handle, policy))
             self._peaks.append((time.monotonic(), len(self._queue) + len(self._running)))
             metrics.QUEUE_DEPTH.set(len(self._queue))
             self._cv.notify_all()
         return handle
 
-    def _take_batch(self) -> list[_Queued] | None:
+    def _take_batch(self) -> list[Queued] | None:
         """The oldest request plus same-version requests that arrive within `batch_wait_ms`."""
         wait_s = self.settings.batch_wait_ms / 1000.0
         max_rows = self.settings.max_batch_rows
@@ -226,9 +200,6 @@ class TransformersEngine(Engine):
     def _loop(self) -> None:
         try:
             if self.settings.scheduler == "continuous":
-                # cycle: continuous.py drives this module's engine
-                from services.inference.engines.continuous import ContinuousScheduler
-
                 self._scheduler = ContinuousScheduler(self)
                 self._scheduler.run()
             else:
@@ -259,7 +230,7 @@ class TransformersEngine(Engine):
                     self._running = []
         self._run_tasks()
 
-    def _run_batch(self, batch: list[_Queued]) -> None:
+    def _run_batch(self, batch: list[Queued]) -> None:
         policy = batch[0].policy
         bb = policy.backbone
         rows: list[DecodeRow] = []

@@ -16,20 +16,14 @@ on a thread, bind, TLS, graceful stop) is the one every HTTP server uses: `share
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from services.inference.calls import Calls
+from services.inference.openai_api.routes import HttpApi
 from shared.rpc.grpc_util import service_host
 from shared.rpc.http_listener import HttpServer
 
-if TYPE_CHECKING:
-    from services.inference.service import InferenceApp
 
-
-def start_http(app: InferenceApp) -> HttpServer:
+def start_http(app: Calls) -> HttpServer:
     """Serve `app`'s HTTP API on `http_port`, bound like its gRPC server (host, keys, TLS)."""
-    # cycle: routes.py imports this package's modules; loaded only when the HTTP API is on
-    from services.inference.openai_api.routes import HttpApi
-
     s = app.settings
     host = service_host(s.host, s.common, extra_keys=s.legacy_key_entries())
     return HttpServer(HttpApi(app).asgi, host, s.http_port, s.common, name="inference HTTP API",

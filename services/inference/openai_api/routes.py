@@ -1,9 +1,9 @@
 """HTTP requests --> the inference service's own request steps --> OpenAI-shaped answers.
 
 Each route authenticates (auth.py), parses its body (schemas.py) into the same proto a gRPC caller
-sends, and runs the steps the gRPC servicers run, on a worker thread, as the caller
-(`acting_as(identity)`): `InferenceApp.prepare` (tenant, validation), `complete` / `stream` (routing,
-engine, capture of every choice with its behaviour log-probs) and `submit_feedback` (ownership, caps).
+sends, and runs the steps the gRPC servicers run (calls.py), on a worker thread, as the caller
+(`acting_as(identity)`): `prepare` (tenant, validation), `complete` / `stream` (routing, engine,
+capture of every choice with its behaviour log-probs) and `submit_feedback` (ownership, caps).
 Nothing here validates, generates or captures on its own, so both doors serve and record alike.
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /v1/feedback (Apprentice
@@ -16,7 +16,7 @@ import contextvars
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from starlette.applications import Starlette
@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from services.inference import metrics
+from services.inference.calls import Calls
 from services.inference.openai_api import models as M
 from services.inference.openai_api import responses as R
 from services.inference.openai_api.auth import FEEDBACK, GENERATE, HttpCallContext, authenticate
@@ -44,13 +45,10 @@ from services.inference.openai_api.streaming import (
     text_stream,
     watch_disconnect,
 )
+from services.inference.requests import Completion, PreparedRequest
 from shared.rpc.grpc_util import Unavailable
 from shared.security.identity import Identity, acting_as
 from shared.security.server_security import ServerSecurity
-
-if TYPE_CHECKING:
-    from services.inference.requests import Completion, PreparedRequest
-    from services.inference.service import InferenceApp
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
 
@@ -85,7 +83,7 @@ def _error(e: BaseException) -> JSONResponse:
 class HttpApi:
     """The routes of one inference server; `asgi` is the application uvicorn serves."""
 
-    def __init__(self, app: InferenceApp) -> None:
+    def __init__(self, app: Calls) -> None:
         self.app = app
         s = app.settings
         self.keyring = ServerSecurity.from_settings(s.common, extra=s.legacy_key_entries()).keyring
@@ -248,7 +246,7 @@ class HttpApi:
 
     async def health(self, request: Request) -> Response:
         try:
-            self.app._ensure_ready()          # the readiness rule every call of either door passes
+            self.app.check_ready()             # the readiness rule every call of either door passes
         except Unavailable as e:
             return _json({"status": "unavailable", "reason": str(e)}, 503)
         return _json({"status": "ok"})
