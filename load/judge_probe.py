@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from shared.grading import DetectorConfig
     from shared.models import load_model
     from shared.proto.apprentice.v1 import common_pb2, events_pb2
-    from tools.demo.task import load_task
+    from tools.tasks.task import load_task
 
     torch.set_num_threads(ns.threads)
     task = load_task(ns.task)

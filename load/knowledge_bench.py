@@ -36,7 +36,7 @@ from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
 from shared.kafka.producer import EventProducer  # noqa: E402
 from shared.proto.apprentice.v1 import events_pb2  # noqa: E402
 from tests.helpers.kafka import collect  # noqa: E402
-from tools.demo.task import load_task  # noqa: E402
+from tools.tasks.task import load_task  # noqa: E402
 
 TENANT = "bench"
 

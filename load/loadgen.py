@@ -59,7 +59,7 @@ from load.loadgen_transports import (  # noqa: E402
 )
 from shared.retry import call  # noqa: E402
 from shared.settings import CommonSettings  # noqa: E402
-from tools.demo.task import check_answer, load_task  # noqa: E402
+from tools.tasks.task import check_answer, load_task  # noqa: E402
 
 T = TypeVar("T")
 

@@ -112,7 +112,7 @@ def accuracy(model: Any, tok: Any, task: Any, ctx: dict[str, list[list[str]]], p
              show: int, result: ModelResult) -> None:
     from shared.decoding.generation import generate
     from shared.decoding.params import SamplingConfig
-    from tools.demo.task import check_answer
+    from tools.tasks.task import check_answer
 
     held = task.held_out_questions()
     cfg = SamplingConfig(max_new_tokens=max_new, stop=("\n",) if plain else ())
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from shared.models import load_model
     from tools.demo.stats import wilson
-    from tools.demo.task import load_task
+    from tools.tasks.task import load_task
 
     torch.set_num_threads(ns.threads)
     torch.manual_seed(ns.seed)

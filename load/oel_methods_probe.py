@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from shared.decoding.generation import encode_prompt, generate, render_chat
     from shared.decoding.logprobs import sequence_logprobs
     from shared.models import load_model
-    from tools.demo.task import check_answer, load_task
+    from tools.tasks.task import check_answer, load_task
 
     task = load_task("support_desk")
     train, held = task.train_questions(), task.held_out_questions()
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     for method in ns.methods.split(","):
         for lr in (float(x) for x in ns.lrs.split(",")):
             base, _ = load_model(ns.model)  # peft wraps layers in place: start each run from a fresh copy
-            verifier = ("tools.demo.task:verify_training_answer", {"task": "support_desk"}) \
+            verifier = ("tools.tasks.task:verify_training_answer", {"task": "support_desk"}) \
                 if ns.filter == "verifier" else ("", {})
             finetune = FullFinetune(kind="full") if ns.finetune == "full" else LoraFinetune()
             settings = TrainerSettings(distill_method=method, lr=lr, finetune=finetune, device=ns.device,

@@ -5,7 +5,7 @@ a group whose rewards are all equal, so only mixed groups teach anything).
 The sampling is the demo's deployment sampling (tools/demo/demo.py, simulated_users.py): the task's
 chat messages, temperature 0.7, top-p 0.95, `--max-new-tokens` (the full demo budget: 48), through the
 same `shared.decoding.generation.generate` the inference engine uses; the KPI is the task's own check
-(`tools.demo.task.check_answer`), the rule the simulated backend reports.
+(`tools.tasks.task.check_answer`), the rule the simulated backend reports.
 
     python load/rl_task_probe.py --task support_routing --n 8
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from shared.decoding.params import SamplingConfig
     from shared.models import load_model
     from tools.demo.stats import wilson
-    from tools.demo.task import check_answer, load_task
+    from tools.tasks.task import check_answer, load_task
 
     torch.set_num_threads(ns.threads)
     task = load_task(ns.task)

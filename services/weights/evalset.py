@@ -31,7 +31,7 @@ Both kinds may instead (or also) name a loop task file (`task_file: path`, tools
 format; relative to the eval set's folder): the held-out set then takes the task's held-out questions
 (the last `held_out_per_fact` of each fact, never trained on) with each fact's `answer_check`, and the
 OOD set takes the task's `out_of_distribution` questions with their checks. The packaged defaults do
-this for the demo task (tools/demo/tasks/support_desk.yaml).
+this for the demo task (tools/tasks/support_desk.yaml).
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ import importlib.metadata, json, sys
 import services, shared
 from services.dashboard import web as dashboard
 from services.grader.settings import DEFAULT_CONFIG
-from tools.demo.task import TASKS_DIR, load_task
+from tools.tasks.task import TASKS_DIR, load_task
 from services.weights.evalset import _packaged_dir
 from tools.broker.local_broker import POM
 from shared.proto.apprentice.v1 import (common_pb2, events_pb2, inference_pb2, inference_pb2_grpc, knowledge_pb2,
@@ -200,7 +200,7 @@ def test_wheel_holds_every_runtime_file(wheel_venv: WheelVenv, tmp_path: Path) -
     assert set(files["dashboard templates"]) == {p.name for p in (REPO / "services/dashboard/templates").iterdir()}
     assert set(files["dashboard static"]) == {p.name for p in (REPO / "services/dashboard/static").iterdir()}
     assert files["grader default config"] and files["kafka pom"], files
-    assert set(files["tasks"]) == {p.name for p in (REPO / "tools/demo/tasks").glob("*.yaml")}
+    assert set(files["tasks"]) == {p.name for p in (REPO / "tools/tasks").glob("*.yaml")}
     assert set(files["eval sets"]) == {p.name for p in (REPO / "services/weights/evalsets").glob("*.yaml")}
 
 

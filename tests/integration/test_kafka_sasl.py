@@ -165,7 +165,7 @@ def test_reusing_a_broker_without_the_sasl_listener_says_how_to_fix_it(broker: L
 
 def test_cli_start_with_sasl_reuses_the_broker_and_prints_the_client_settings(
         broker: LocalBroker, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from tools.cli.kafka_cmds import kafka
+    from tools.broker.cli import kafka
 
     monkeypatch.setenv("APPRENTICE_HOME", str(broker.home.parent))
     monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", broker.bootstrap)

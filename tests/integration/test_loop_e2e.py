@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def test_one_round_changes_the_served_version_and_links_to_offsets(kafka_bootstrap: str, tiny_model_name: str,
                                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tools.demo.demo import Demo, DemoBudget
-    from tools.demo.task import load_task
+    from tools.tasks.task import load_task
 
     monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", kafka_bootstrap)
     task = load_task("support_desk")

@@ -16,7 +16,7 @@ from shared.contracts.topics import Topics
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.kafka import read_all
 from tools.demo import cli as demo_cli
-from tools.demo.task import load_task
+from tools.tasks.task import load_task
 
 pytestmark = pytest.mark.integration
 

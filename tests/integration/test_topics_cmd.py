@@ -10,7 +10,7 @@ from confluent_kafka.admin import ConfigResource
 
 from shared.contracts.topics import Topics
 from shared.kafka.admin import admin, delete_topics
-from tools.cli.kafka_cmds import topics
+from tools.broker.cli import topics
 
 
 @pytest.fixture

@@ -28,7 +28,8 @@ from services.weights import cli as weights_cli
 from shared.contracts.stack_endpoints import apply_stack_endpoints
 from shared.settings import default_home
 from tools import devca
-from tools.cli import failures, kafka_cmds
+from tools.broker import cli as kafka_cmds
+from tools.cli import failures
 from tools.demo import cli as demo_cli
 from tools.stack import cli as stack_cli
 from tools.stack import client_env

@@ -10,7 +10,7 @@ from typing import Any
 
 from shared.models import ModelUnavailable, check_model_name
 from shared.settings import CommonSettings
-from tools.demo.task import TaskError, load_task
+from tools.tasks.task import TaskError, load_task
 
 
 def main(argv: list[str]) -> int:

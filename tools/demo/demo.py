@@ -42,11 +42,11 @@ from tools.demo.reward_hack import (
 )
 from tools.demo.run_dirs import new_run_dir, prune_runs
 from tools.demo.simulated_users import SimulatedUsers
-from tools.demo.task import Task, load_task
-from tools.demo.task_config import write_task_config
 from tools.demo.train_progress import TrainingProgress
 from tools.demo.watch import TopicWatcher
 from tools.stack.stack import LocalStack
+from tools.tasks.config import write_task_config
+from tools.tasks.task import Task, load_task
 
 
 @dataclass

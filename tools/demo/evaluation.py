@@ -16,8 +16,8 @@ from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_
 from shared.security.channels import open_channel
 from shared.settings import CommonSettings
 from tools.demo.stats import wilson
-from tools.demo.task import OODItem, Task, check_answer, check_ood
-from tools.demo.task_config import general_ood_questions
+from tools.tasks.config import general_ood_questions
+from tools.tasks.task import OODItem, Task, check_answer, check_ood
 
 
 @dataclass

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.security.channels import open_channel
 from shared.settings import CommonSettings
-from tools.demo.task import Fact, Task, check_answer
+from tools.tasks.task import Fact, Task, check_answer
 
 
 @dataclass

@@ -25,15 +25,15 @@ from shared.progress import progress, progress_enabled
 from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
 from shared.security.channels import open_channel
 from shared.settings import CommonSettings
-from tools.cli.kafka_cmds import SHARE_ENV, foreign_broker, kafka
-from tools.demo.task import TaskError, load_task
-from tools.demo.task_config import BUSINESS_NAMES_ENV, write_task_config
+from tools.broker.cli import SHARE_ENV, foreign_broker, kafka
 from tools.devca import apply_stack_client_env, ensure_dev_credentials
 from tools.stack.client_env import env_lines
 from tools.stack.ports import Ports
 from tools.stack.probe import metrics_text, service_health, stack_ports, stack_state
 from tools.stack.status_view import render_status
 from tools.stack.supervisor import main as supervise
+from tools.tasks.config import BUSINESS_NAMES_ENV, write_task_config
+from tools.tasks.task import TaskError, load_task
 
 
 def _supervisor_pid(home: Path) -> int | None:

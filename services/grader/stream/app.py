@@ -29,7 +29,6 @@ from services.grader import metrics as M
 from services.grader.core.bundles import encode_bundles, partition_for
 from services.grader.core.detectors import DetectorStats
 from services.grader.core.join import Joiner, Rejected
-from services.grader.core.judge_client import JudgeBackend
 from services.grader.core.routing import DEADLETTER_HEADERS, dead_letter
 from services.grader.core.rulebook import RuleBook
 from services.grader.core.waiting import WaitingIndex
@@ -38,6 +37,7 @@ from services.grader.stream import patches as faust_patches
 from services.grader.stream.context import DueIndex, JoinItems, Settler
 from services.grader.stream.grade import GradeStage
 from services.grader.stream.judge import JudgeStage
+from services.grader.stream.judge_client import JudgeBackend
 from services.grader.stream.recovery import EmissionRecovery
 from services.grader.stream.route import RouteStage
 from services.grader.stream.ticker import Ticker

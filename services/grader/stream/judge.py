@@ -17,10 +17,10 @@ from typing import Any
 from faust.types import EventT
 
 from services.grader.core.join import TICK
-from services.grader.core.judge_client import JudgeBackend, judge_group, make_judge_backend
 from services.grader.core.judge_groups import JudgeGroup, add_member, judge_items
 from services.grader.core.judge_groups import due as judge_due
 from services.grader.stream.context import JoinItems, StageContext
+from services.grader.stream.judge_client import JudgeBackend, judge_group, make_judge_backend
 from shared.proto.apprentice.v1 import events_pb2
 
 log = logging.getLogger(__name__)

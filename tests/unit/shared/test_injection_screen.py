@@ -85,7 +85,7 @@ def test_the_tokenizers_own_special_tokens(tiny_model_name: str) -> None:
 def test_the_demo_tasks_corrections_pass() -> None:
     """Every correction the demo's simulated agents send, as the item the extractor makes of it."""
     from services.extractor.extraction import correction_item
-    from tools.demo.task import load_task
+    from tools.tasks.task import load_task
 
     task = load_task("support_desk")
     for fact, question in task.train_questions():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.demo.task import TaskError, load_task
+from tools.tasks.task import TaskError, load_task
 
 GOOD_FACT = """  - id: a
     fact: x

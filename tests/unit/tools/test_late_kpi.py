@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from shared.proto.apprentice.v1 import inference_pb2_grpc
 from tools.demo.simulated_users import SimulatedUsers
-from tools.demo.task import load_task
+from tools.tasks.task import load_task
 
 
 class _Recorder:

@@ -17,9 +17,9 @@ from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2_grp
 from shared.weights.client import TRAINED_INTERACTIONS, file_entries
 from tools.demo.reward_hack import is_flagged, verify
 from tools.demo.simulated_users import Exchange, OrderService, SimulatedUsers
-from tools.demo.task import TaskError, load_task
-from tools.demo.task_config import grader_config
 from tools.demo.watch import LoopState
+from tools.tasks.config import grader_config
+from tools.tasks.task import TaskError, load_task
 
 
 def test_the_variant_is_the_routing_task_plus_a_tool_and_the_strict_one_differs_only_in_the_mapping() -> None:

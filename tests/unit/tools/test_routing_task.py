@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tools.demo.report import StepsLog, plot
-from tools.demo.task import check_answer, load_task
-from tools.demo.task_config import write_task_config
+from tools.tasks.config import write_task_config
+from tools.tasks.task import check_answer, load_task
 
 TASK = load_task("support_routing")
 TEAMS = ("billing", "shipping", "returns", "repairs", "accounts")

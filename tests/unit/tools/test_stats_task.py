@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tools.demo.stats import newcombe_diff, wilson
-from tools.demo.task import TaskError, check_answer, load_task
+from tools.tasks.task import TaskError, check_answer, load_task
 
 
 def test_wilson_by_hand() -> None:

@@ -15,8 +15,8 @@ from services.grader.settings import DEFAULT_CONFIG
 from services.weights.evalset import load_heldout, load_ood
 from shared.grading import GraderConfig, load_grader_config
 from tests.helpers.grader import feedback, interaction
-from tools.demo.task import Task, TaskError, load_task
-from tools.demo.task_config import general_ood_questions, write_task_config
+from tools.tasks.config import general_ood_questions, write_task_config
+from tools.tasks.task import TASKS_DIR, Task, TaskError, load_task
 
 T0 = 1_800_000_000.0
 
@@ -84,7 +84,7 @@ def test_gate_eval_sets_come_from_the_task(tmp_path: Path) -> None:
 
 
 def test_trainer_trains_the_task_tenant_with_its_own_check(tmp_path: Path) -> None:
-    from tools.demo.task import verify_training_answer
+    from tools.tasks.task import verify_training_answer
 
     task = load_task("velo_atelier")
     trainer = write_task_config(task, tmp_path)["trainer"]
@@ -100,7 +100,7 @@ def test_trainer_trains_the_task_tenant_with_its_own_check(tmp_path: Path) -> No
 
 
 def test_names_that_cannot_travel_are_refused(tmp_path: Path) -> None:
-    src = Path(load_task.__code__.co_filename).parent / "tasks" / "velo_atelier.yaml"
+    src = TASKS_DIR / "velo_atelier.yaml"
     text = src.read_text(encoding="utf-8")
     for old, new, where in (("tenant: loewenzahn-velo", "tenant: löwenzahn/velo", "tenant"),
                             ("task: werkstatt", "task: werk statt", "task"),

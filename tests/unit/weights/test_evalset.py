@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_packaged_defaults_use_the_demo_tasks_held_out_split() -> None:
-    task = yaml.safe_load((REPO / "tools/demo/tasks/support_desk.yaml").read_text())
+    task = yaml.safe_load((REPO / "tools/tasks/support_desk.yaml").read_text())
     keep = task["held_out_per_fact"]
     h = load_heldout()
     # every fact's last `held_out_per_fact` questions (never trained on), graded by the fact's own check

@@ -18,7 +18,7 @@ from shared import yaml_errors
 from shared.grading.rules import RuleResult, grade_rule, parse_rule_spec
 from shared.privacy.business import clean_names
 
-TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+TASKS_DIR = Path(__file__).resolve().parent
 
 
 class TaskError(ValueError):

@@ -42,7 +42,7 @@ from shared.grading import DetectorConfig, GraderConfigError, parse_grader_confi
 from shared.privacy import get_detector
 from shared.privacy.business import clean_name, clean_names, parse_business_names
 from shared.privacy.detector import PERSON
-from tools.demo.task import OODItem, Task, TaskError
+from tools.tasks.task import OODItem, Task, TaskError
 
 BUSINESS_NAMES_ENV = "APPRENTICE_BUSINESS_NAMES"
 REDACTING_SERVICES = ("inference", "extractor")
@@ -190,7 +190,7 @@ def write_task_config(task: Task, directory: Path, environ: Mapping[str, str] | 
         "trainer": {"APPRENTICE_TRAINER_TENANT": task.tenant,
                     # the task's own answer check as the filter on teacher samples (sft_filtered); it knows
                     # the training questions only, never the held-out ones
-                    "APPRENTICE_TRAINER_SFT_VERIFIER": "tools.demo.task:verify_training_answer",
+                    "APPRENTICE_TRAINER_SFT_VERIFIER": "tools.tasks.task:verify_training_answer",
                     "APPRENTICE_TRAINER_SFT_VERIFIER_PARAMS": json.dumps({"task": str(task_file)})},
         "extractor": {},
         "inference": {},
