@@ -4,8 +4,11 @@ The errors caught here are the operator's to fix, not bugs: a port another proce
 (`PortInUse`: a second `apprentice serve inference` on the same host must not start and take half of
 the traffic), a public bind without keys (`InsecureBind`), keys that do not parse (`KeyConfigError`),
 TLS files that cannot be used (`TLSConfigError`), a model that cannot be loaded here
-(`ModelUnavailable`: an unknown name, a missing package), a variable that was renamed (`SettingMoved`). Their messages already say what to change; a
-traceback would only bury that line. Anything else still raises (a bug keeps its traceback).
+(`ModelUnavailable`: an unknown name, a missing package), a variable that was renamed (`SettingMoved`), a
+value the settings refuse (pydantic's `ValidationError` raised by a settings class: a typo inside a group, a
+field of another kind, a number out of range). Their messages already say what to change; a traceback would
+only bury that line. Anything else still raises (a bug keeps its traceback, a `ValidationError` of anything
+but a settings class included).
 
 Every service's `main` (both `apprentice serve NAME` and `python -m services.NAME` call it) is wrapped:
 
@@ -19,6 +22,8 @@ import functools
 import sys
 from collections.abc import Callable
 from typing import TypeVar
+
+from pydantic import ValidationError
 
 F = TypeVar("F", bound=Callable[..., int])
 
@@ -44,8 +49,22 @@ def startup_errors() -> tuple[type[Exception], ...]:
 
 def one_line(service: str, exc: BaseException) -> str:
     """`apprentice <service>: <message>` on a single line (a multi-line message is joined)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = invalid_settings(exc) if isinstance(exc, ValidationError) else None
+    text = text or " ".join(str(exc).split()) or type(exc).__name__
     return f"apprentice {service}: {text}"
+
+
+def is_settings_error(exc: ValidationError) -> bool:
+    """Raised while reading a settings class (`<Name>Settings`, shared/settings.py), not by a model of data."""
+    return exc.title.endswith("Settings")
+
+
+def invalid_settings(exc: ValidationError) -> str:
+    """Each refused setting as `path: reason` (pydantic's own text names the input type and a URL; the
+    input itself is never echoed: it may be a secret)."""
+    problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(settings)'}: {err['msg']}"
+                         for err in exc.errors(include_url=False, include_input=False))
+    return f"invalid settings ({exc.title}): {problems} (docs/settings.md lists every variable)"
 
 
 def exit_on_startup_error(service: str) -> Callable[[F], F]:
@@ -56,6 +75,11 @@ def exit_on_startup_error(service: str) -> Callable[[F], F]:
             try:
                 return main(*args, **kwargs)
             except startup_errors() as e:
+                print(one_line(service, e), file=sys.stderr, flush=True)
+                return EXIT_STARTUP_ERROR
+            except ValidationError as e:
+                if not is_settings_error(e):
+                    raise
                 print(one_line(service, e), file=sys.stderr, flush=True)
                 return EXIT_STARTUP_ERROR
         return run  # type: ignore[return-value]

@@ -23,3 +23,16 @@ def test_an_old_variable_stops_the_service_with_one_line(service: str, old: str,
     env[old] = "vllm" if service == "inference" else "gpt-4o-mini"
     proc = run_to_exit(service, env)
     assert_one_line_exit(proc, service, f"{old} was renamed: set {new}")
+
+
+@pytest.mark.parametrize(("service", "env_set", "needle"), [
+    ("extractor", {"APPRENTICE_EXTRACTOR_LLM__KIND": "openai", "APPRENTICE_EXTRACTOR_LLM__MODEL": "m",
+                   "APPRENTICE_EXTRACTOR_LLM__MODELL": "a-typo"}, "llm.openai.modell: Extra inputs are not permitted"),
+    ("inference", {"APPRENTICE_INFERENCE_ENGINE__KIND": "tpu"}, "engine: Input tag 'tpu'"),
+])
+def test_a_refused_value_stops_the_service_with_one_line(service: str, env_set: dict[str, str], needle: str,
+                                                         tmp_path: Path) -> None:
+    env = {**service_env(SERVICES[service], tmp_path, Topics(prefix="unused."), "127.0.0.1:1"), **env_set}
+    proc = run_to_exit(service, env)
+    line = assert_one_line_exit(proc, service, "invalid settings", needle)
+    assert "a-typo" not in line

@@ -8,11 +8,11 @@ import importlib
 from typing import Annotated, Any, ClassVar, get_args, get_origin
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import ApprenticeSettings, Group, SettingMoved, env_name
-from shared.startup import one_line, startup_errors
+from shared.startup import EXIT_STARTUP_ERROR, exit_on_startup_error, one_line, startup_errors
 
 
 class Sub(Group):
@@ -105,3 +105,33 @@ def test_every_moved_service_setting_names_its_new_variable(module: str, cls_nam
         with pytest.raises(SettingMoved, match=env_name(prefix, new)):
             cls()
         monkeypatch.delenv(prefix + old.upper())
+
+
+# --- a value the settings refuse: one line at start, a bug's ValidationError keeps its traceback ---------
+class ExampleSettings(Example):
+    """Named as every settings class is (`<Name>Settings`): what shared/startup.py recognises."""
+
+
+@exit_on_startup_error("example")
+def _start_example() -> int:
+    ExampleSettings()
+    return 0
+
+
+def test_a_refused_value_is_one_line_naming_the_setting_not_the_value(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("APPRENTICE_EXAMPLE_SUB__SIZ", "hunter2")
+    assert _start_example() == EXIT_STARTUP_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("apprentice example: invalid settings (ExampleSettings): sub.siz: ")
+    assert "hunter2" not in err and "errors.pydantic.dev" not in err
+
+
+def test_a_validation_error_of_data_is_not_a_startup_error() -> None:
+    @exit_on_startup_error("example")
+    def main() -> int:
+        Sub.model_validate({"size": "many"})    # a model of data, not settings: a bug, with its traceback
+        return 0
+
+    with pytest.raises(ValidationError):
+        main()
