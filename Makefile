@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-browser test-all demo up down protos lint bench clean setup-vllm test-vllm settings-doc
+.PHONY: setup test test-browser test-all demo up down protos lint bench clean setup-vllm test-vllm settings-doc helm-acls
 
 # The venv is reused while it is newer than pyproject.toml and this file.
 $(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
@@ -92,6 +92,11 @@ protos:
 # docs/settings.md from the settings classes (tools/settings_reference.py; a unit test fails when it is stale).
 settings-doc: $(STAMP)
 	$(BIN)/python -m tools.settings_reference
+
+# The Helm chart's KafkaUser ACLs (deploy/helm/apprentice/files/kafka-acls.yaml) from the access table,
+# shared/contracts/topic_access.py (tools/deploy_acls.py; tests/deploy/test_helm_acls.py fails when stale).
+helm-acls: $(STAMP)
+	$(BIN)/python -m tools.deploy_acls helm
 
 # Needs only the venv (no Kafka): CI runs it before `make test`.
 lint: $(STAMP)

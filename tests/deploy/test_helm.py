@@ -149,7 +149,7 @@ def test_bad_values_fail_with_a_clear_message(helm: Path, tmp_path: Path) -> Non
     res = _template(helm, tmp_path, "default", extra=("--set", "kafka.external.bootstrap="))
     assert res.returncode != 0 and "kafka.external.bootstrap is required" in res.stderr
     res = _template(helm, tmp_path, "default", extra=("--set", "kafka.external.securityProtocol=SASL_SSL"))
-    assert res.returncode != 0 and "saslUsername is required" in res.stderr
+    assert res.returncode != 0 and "saslPasswordSecret.name is required" in res.stderr
     res = _template(helm, tmp_path, "default", extra=("--kube-version", "1.27.0"))
     assert res.returncode != 0 and "kubeVersion" in res.stderr
 
@@ -185,6 +185,13 @@ def _check_strimzi(doc: dict[str, Any], clusters: set[str]) -> None:
         assert all(isinstance(v, str) for v in spec["config"].values()), spec["config"]
     elif kind == "KafkaUser":
         assert spec["authentication"]["type"] in ("scram-sha-512", "tls", "tls-external")
+        for acl in spec.get("authorization", {}).get("acls", []):
+            res = acl["resource"]
+            assert res["type"] in ("topic", "group", "cluster", "transactionalId"), acl
+            assert res["type"] == "cluster" or (res["name"] and res["patternType"] in ("literal", "prefix")), acl
+            assert acl["operations"] and set(acl["operations"]) <= {
+                "Read", "Write", "Create", "Delete", "Alter", "Describe", "ClusterAction", "AlterConfigs",
+                "DescribeConfigs", "IdempotentWrite", "All"}, acl
     else:
         raise AssertionError(f"unexpected Strimzi kind {kind}")
 
@@ -308,14 +315,15 @@ def test_strimzi_topics_are_the_contract_topics(rendered: dict[str, list[dict[st
         assert t["partitions"] == s.partitions and t["replicas"] == 3, s.name
         assert t["config"]["retention.ms"] == str(s.retention_ms), s.name
         assert (t["config"].get("cleanup.policy") == "compact") == s.compacted, s.name
-    # the services authenticate to the TLS listener as the KafkaUser, with the cluster CA
-    (user,) = _kind(rendered["strimzi-gpu-scaled"], "KafkaUser")
+    # the services authenticate to the TLS listener as a KafkaUser each, with the cluster CA (which user,
+    # with which ACLs: tests/deploy/test_helm_acls.py)
+    users = {u["metadata"]["name"] for u in _kind(rendered["strimzi-gpu-scaled"], "KafkaUser")}
     (kafka,) = _kind(rendered["strimzi-gpu-scaled"], "Kafka")
     for _doc, c in _containers(rendered["strimzi-gpu-scaled"]):
         env = _env(c)
         assert env["APPRENTICE_KAFKA_BOOTSTRAP"] == f"{kafka['metadata']['name']}-kafka-bootstrap:9093"
         assert env["APPRENTICE_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
-        assert env["APPRENTICE_KAFKA_SASL_USERNAME"] == user["metadata"]["name"]
+        assert env["APPRENTICE_KAFKA_SASL_USERNAME"] in users
 
 
 def test_grader_configmap_is_the_packaged_default_config(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -59,8 +59,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.kafka.strimzi.clusterName | default (printf "%s-kafka" (include "apprentice.fullname" .)) -}}
 {{- end -}}
 
-{{- define "apprentice.strimziUser" -}}
-{{- printf "%s-services" (include "apprentice.fullname" .) -}}
+{{/* The Secret Strimzi's user operator writes a KafkaUser's password into (its secretPrefix + the user). */}}
+{{- define "apprentice.strimziUserSecret" -}}
+{{- printf "%s-kafka-%s" (include "apprentice.fullname" .root) .principal -}}
 {{- end -}}
 
 {{- define "apprentice.strimziScram" -}}
@@ -75,30 +76,40 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* Kafka client settings of every service (shared/config.py), and where their secrets are mounted. */}}
+{{/* Kafka client settings of one workload (shared/settings.py) and where its secrets are mounted: include
+with (dict "root" $ "principal" "grader"). Every workload is its own principal of
+shared/contracts/topic_access.py (SASL username = principal), so the broker's ACLs (files/kafka-acls.yaml)
+apply to it alone; its password is mounted as a file from its own Secret, never put in the environment. */}}
+{{- define "apprentice.kafkaSasl" -}}
+{{- if eq (include "apprentice.strimziScram" .root) "true" -}}true
+{{- else if and (not .root.Values.kafka.strimzi.enabled) (hasPrefix "SASL_" .root.Values.kafka.external.securityProtocol) -}}true
+{{- end -}}
+{{- end -}}
+
 {{- define "apprentice.kafkaEnv" -}}
+{{- $root := .root -}}
 - name: APPRENTICE_KAFKA_BOOTSTRAP
-  value: {{ include "apprentice.kafkaBootstrap" . | quote }}
-{{- if eq (include "apprentice.strimziScram" .) "true" }}
+  value: {{ include "apprentice.kafkaBootstrap" $root | quote }}
+{{- if eq (include "apprentice.strimziScram" $root) "true" }}
 - name: APPRENTICE_KAFKA_SECURITY_PROTOCOL
   value: SASL_SSL
 - name: APPRENTICE_KAFKA_SASL_MECHANISM
   value: SCRAM-SHA-512
 - name: APPRENTICE_KAFKA_SASL_USERNAME
-  value: {{ include "apprentice.strimziUser" . | quote }}
+  value: {{ .principal | quote }}
 - name: APPRENTICE_KAFKA_SASL_PASSWORD_FILE
   value: /secrets/kafka-user/password
 - name: APPRENTICE_KAFKA_SSL_CA
   value: /secrets/kafka-ca/ca.crt
-{{- else if not .Values.kafka.strimzi.enabled }}
-{{- $ext := .Values.kafka.external }}
+{{- else if not $root.Values.kafka.strimzi.enabled }}
+{{- $ext := $root.Values.kafka.external }}
 - name: APPRENTICE_KAFKA_SECURITY_PROTOCOL
   value: {{ $ext.securityProtocol | quote }}
 {{- if hasPrefix "SASL_" $ext.securityProtocol }}
 - name: APPRENTICE_KAFKA_SASL_MECHANISM
   value: {{ $ext.saslMechanism | quote }}
 - name: APPRENTICE_KAFKA_SASL_USERNAME
-  value: {{ required "kafka.external.saslUsername is required with a SASL_* securityProtocol" $ext.saslUsername | quote }}
+  value: {{ $ext.saslUsername | default .principal | quote }}
 - name: APPRENTICE_KAFKA_SASL_PASSWORD_FILE
   value: /secrets/kafka-user/password
 {{- end }}
@@ -109,8 +120,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
+{{/* Include with the root context. */}}
 {{- define "apprentice.kafkaVolumeMounts" -}}
-{{- if or (eq (include "apprentice.strimziScram" .) "true") (and (not .Values.kafka.strimzi.enabled) (hasPrefix "SASL_" .Values.kafka.external.securityProtocol)) }}
+{{- if eq (include "apprentice.kafkaSasl" (dict "root" .)) "true" }}
 - name: kafka-user
   mountPath: /secrets/kafka-user
   readOnly: true
@@ -122,22 +134,27 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
+{{/* Include with (dict "root" $ "principal" "grader"). With an external cluster the password Secret's
+name may hold `{principal}` (kafka.external.saslPasswordSecret.name), so each workload gets its own. */}}
 {{- define "apprentice.kafkaVolumes" -}}
-{{- if eq (include "apprentice.strimziScram" .) "true" }}
+{{- $root := .root -}}
+{{- if eq (include "apprentice.strimziScram" $root) "true" }}
 - name: kafka-user
   secret:
-    secretName: {{ include "apprentice.strimziUser" . }}
+    secretName: {{ include "apprentice.strimziUserSecret" . }}
+    defaultMode: 0440
     items: [{key: password, path: password}]
 - name: kafka-ca
   secret:
-    secretName: {{ printf "%s-cluster-ca-cert" (include "apprentice.strimziCluster" .) }}
+    secretName: {{ printf "%s-cluster-ca-cert" (include "apprentice.strimziCluster" $root) }}
     items: [{key: ca.crt, path: ca.crt}]
-{{- else if not .Values.kafka.strimzi.enabled }}
-{{- $ext := .Values.kafka.external }}
+{{- else if not $root.Values.kafka.strimzi.enabled }}
+{{- $ext := $root.Values.kafka.external }}
 {{- if hasPrefix "SASL_" $ext.securityProtocol }}
 - name: kafka-user
   secret:
-    secretName: {{ required "kafka.external.saslPasswordSecret.name is required with a SASL_* securityProtocol" $ext.saslPasswordSecret.name }}
+    secretName: {{ required "kafka.external.saslPasswordSecret.name is required with a SASL_* securityProtocol" $ext.saslPasswordSecret.name | replace "{principal}" .principal }}
+    defaultMode: 0440
     items: [{key: {{ $ext.saslPasswordSecret.key }}, path: password}]
 {{- end }}
 {{- if $ext.caSecret.name }}
@@ -150,11 +167,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* --- What every service container shares ----------------------------------------------------------
-Include with (dict "root" $ "token" "service.token" "idSecret" true): the environment of a service:
-Kafka, model, state folders, the key ring it accepts, the token it presents, TLS. */}}
+Include with (dict "root" $ "principal" "grader" "token" "service.token" "idSecret" true): the environment
+of a service: Kafka (as its principal), model, state folders, the key ring it accepts, the token it presents, TLS. */}}
 {{- define "apprentice.env" -}}
 {{- $root := .root -}}
-{{ include "apprentice.kafkaEnv" $root }}
+{{ include "apprentice.kafkaEnv" (dict "root" $root "principal" (required "apprentice.env needs a principal" .principal)) }}
 - name: APPRENTICE_TOPIC_PREFIX
   value: {{ $root.Values.topicPrefix | quote }}
 - name: APPRENTICE_MODEL
@@ -218,7 +235,7 @@ re-read when its file changes). */}}
   readOnly: true
 {{- end -}}
 
-{{/* Include with (dict "root" $ "token" "service.token" "idSecret" true "data" <volume source or nil>). */}}
+{{/* Include with (dict "root" $ "principal" "grader" "token" "service.token" "idSecret" true "data" <volume source or nil>). */}}
 {{- define "apprentice.volumes" -}}
 {{- $root := .root -}}
 - name: auth
@@ -237,7 +254,7 @@ re-read when its file changes). */}}
     secretName: {{ include "apprentice.tlsSecretName" $root }}
     defaultMode: 0440
 {{- end }}
-{{- include "apprentice.kafkaVolumes" $root }}
+{{- include "apprentice.kafkaVolumes" (dict "root" $root "principal" (required "apprentice.volumes needs a principal" .principal)) }}
 - name: data
 {{- if .data }}
 {{ toYaml .data | indent 2 }}
