@@ -60,7 +60,8 @@ TABLE: tuple[TopicAccess, ...] = (
     _access(t.MODEL_UPDATES, (WEIGHTS,), (INFERENCE, EXTRACTOR, *_OBSERVERS)),
     # Every consumer dead-letters what it refuses; the dead letter says which consumer refused what, and
     # is never input to the loop.
-    _access(t.DEADLETTER, (INFERENCE, GRADER, EXTRACTOR, TRAINER, WEIGHTS), _OBSERVERS),
+    # (inference never dead-letters: a pod that cannot apply an order logs it, services/inference/hotswap.py)
+    _access(t.DEADLETTER, (GRADER, EXTRACTOR, TRAINER, WEIGHTS), _OBSERVERS),
     _access(t.AUDIT, (WEIGHTS, EXTRACTOR), _OBSERVERS),
     _access(t.GRADER_RULES, (OPERATOR,), (GRADER, *_OBSERVERS)),
 )
@@ -78,6 +79,16 @@ GROUP_PREFIXES: dict[str, tuple[str, ...]] = {
     DASHBOARD: ("dashboard-",),
     OPERATOR: ("operator-",),
     ANALYTICS: ("analytics-",),
+}
+
+PRIVATE_GROUP_PREFIXES: dict[str, tuple[str, ...]] = {
+    # the throw-away groups of readers that assign partitions themselves and commit nothing
+    # (shared/kafka/consumers.py `private_group`: "<purpose>-<uuid>", NOT namespaced by the topic prefix),
+    # and the status probe's group (shared/kafka/lag.py PROBE_GROUP)
+    GRADER: ("grader-",),                               # grader-verify (stream/event_scan.py)
+    EXTRACTOR: ("extractor-",),                         # extractor-rebuild (snapshots.py)
+    DASHBOARD: ("apprentice-status-probe",),            # the lag view (shared/kafka/lag.py)
+    OPERATOR: ("apprentice-tail-", "apprentice-cli-rules-", "apprentice-status-probe"),
 }
 
 INTERNAL_TOPIC_PREFIXES: dict[str, tuple[str, ...]] = {

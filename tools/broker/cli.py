@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException
 
+from shared.contracts import topic_access as access
 from shared.contracts.events import UndecodableEvent, decode, message_type, to_dict
-from shared.contracts.topics import EVENT_TOPICS
+from shared.contracts.topics import EVENT_TOPICS, Topics
 from shared.kafka.admin import broker_answers, ensure_topics, list_topics
 from shared.kafka.consumers import new_consumer
-from shared.kafka.security import PLAINTEXT
 from shared.settings import CommonSettings
 from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
-from tools.broker.local_broker import BrokerError, LocalBroker
+from tools.broker.acls import describe_acls, grants, table_lines
+from tools.broker.local_broker import DEFAULT_PLAINTEXT_PORT, BrokerError, LocalBroker
 
 if TYPE_CHECKING:
     from tools.broker.local_broker import BrokerStatus
@@ -29,14 +30,15 @@ SHARE_ENV = "APPRENTICE_USE_RUNNING_BROKER"
 `--use-running-broker`)."""
 
 
-def _broker(settings: CommonSettings, *, sasl: bool = False, sasl_port: int = 9094):  # noqa: ANN202 - lazy imports
-
-    return LocalBroker.for_settings(settings, sasl=sasl, sasl_port=sasl_port)
+def _broker(settings: CommonSettings, *, plaintext_port: int | None = None) -> LocalBroker:
+    return LocalBroker.for_settings(settings, plaintext_port=plaintext_port)
 
 
 def whose(st: BrokerStatus) -> str:
     """The answering broker in words: the home it belongs to (and its pid) when it is another home's local
     broker, else the data folder it reports."""
+    if st.refuses_admin:
+        return "a broker that refuses this home's admin credentials (another home's, or one started before authorization)"
     if st.serving_home is not None:
         pid = st.serving_pid
         return (f"the broker of {st.serving_home}" + (f" (pid {pid})" if pid else "")
@@ -76,52 +78,87 @@ def foreign_broker(settings: CommonSettings) -> str | None:
 
 
 def kafka(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="apprentice kafka", description="The local single-node KRaft broker.")
-    ap.add_argument("action", choices=["start", "stop", "status", "fetch"])
+    ap = argparse.ArgumentParser(prog="apprentice kafka", description="The local single-node KRaft broker: "
+                                 "SASL only, every client authenticated, every request authorized (SECURITY.md).")
+    ap.add_argument("action", choices=["start", "stop", "status", "fetch", "acls", "rotate"],
+                    help="acls: print the access table, or --apply / --describe the ACLs of a deployment; "
+                         "rotate: a new password for --principal")
     ap.add_argument("--no-topics", action="store_true", help="do not create the Apprentice topics on start")
-    ap.add_argument("--sasl", action="store_true",
-                    help="also serve a SASL_PLAINTEXT (SCRAM-SHA-512) listener on --sasl-port, with a generated "
-                         "password kept under APPRENTICE_HOME (implied by APPRENTICE_KAFKA_SECURITY_PROTOCOL="
-                         "SASL_PLAINTEXT, whose bootstrap address is then the SASL listener)")
-    ap.add_argument("--sasl-port", type=int, default=9094, help="port of the SASL listener (default 9094)")
+    ap.add_argument("--plaintext-listener", action="store_true",
+                    help="INSECURE: also serve a plain listener on --plaintext-port where any client, without "
+                         "credentials, may read and write every topic (legacy clients on a trusted machine only)")
+    ap.add_argument("--plaintext-port", type=int, default=DEFAULT_PLAINTEXT_PORT,
+                    help=f"port of the plain listener (default {DEFAULT_PLAINTEXT_PORT})")
+    ap.add_argument("--prefix", default=None,
+                    help="acls: the deployment's topic prefix (default: APPRENTICE_TOPIC_PREFIX)")
+    ap.add_argument("--apply", action="store_true", help="acls: create the missing SCRAM users and ACLs")
+    ap.add_argument("--describe", action="store_true", help="acls: print the ACLs the broker holds")
+    ap.add_argument("--principal", choices=[*access.PRINCIPALS, access.ADMIN], help="rotate: whose password")
     ns = ap.parse_args(argv)
     settings = CommonSettings()
 
     try:
-        broker = _broker(settings, sasl=ns.sasl, sasl_port=ns.sasl_port)
+        broker = _broker(settings, plaintext_port=ns.plaintext_port if ns.plaintext_listener else None)
         if ns.action == "fetch":
             libs = broker.fetch_jars()
             print(f"kafka jars ready in {libs}")
         elif ns.action == "start":
             t0 = time.monotonic()
-            st = broker.start()
+            st = broker.start(topics=settings.topics)
             how = "started" if st.owned else "reused (already running)"
-            print(f"kafka broker {how} at {st.bootstrap} in {time.monotonic() - t0:.1f}s"
+            print(f"kafka broker {how} at {st.bootstrap} (SASL_PLAINTEXT, ACLs on) in {time.monotonic() - t0:.1f}s"
                   + (f" (pid {st.pid})" if st.pid else "")
                   + (f"; not this home's: {whose(st)}" if st.foreign else ""))
-            if st.sasl_bootstrap:
-                print(f"SASL/SCRAM listener at {st.sasl_bootstrap}, user {broker.sasl_user!r}; clients use it with:")
-                for name, value in broker.sasl_env().items():
-                    print(f"  export {name}={value}")
+            print(f"credentials of each principal in {broker.sasl_dir}; the operator's: "
+                  + " ".join(f"{k}={v}" for k, v in broker.client_env(access.OPERATOR).items()))
+            if st.plaintext_bootstrap:
+                print(f"WARNING: INSECURE plain listener at {st.plaintext_bootstrap}: any client there may read "
+                      "and write every topic without credentials", file=sys.stderr)
             if not ns.no_topics:
-                created = ensure_topics(st.bootstrap, settings.topics, security=PLAINTEXT)  # the plain listener
+                created = ensure_topics(st.bootstrap, settings.topics, security=broker.security(access.ADMIN))
                 print(f"topics: {len(created)} created, {len(settings.topics.specs())} in all")
         elif ns.action == "stop":
             print("kafka broker stopped" if broker.stop() else "no broker started by apprentice is running")
+        elif ns.action == "acls":
+            return _acls(broker, Topics(settings.topic_prefix if ns.prefix is None else ns.prefix),
+                         apply=ns.apply, describe=ns.describe)
+        elif ns.action == "rotate":
+            if ns.principal is None:
+                ap.error("rotate needs --principal")
+            broker.rotate(ns.principal)
+            print(f"new password for {ns.principal!r} in {broker.password_file(ns.principal)}"
+                  + ("; restart the broker (`apprentice kafka stop`, `start`) for it to take effect"
+                     if ns.principal == access.ADMIN else "; restart the processes that use it"))
         else:
             st = broker.status()
-            sasl = f"; SASL/SCRAM at {st.sasl_bootstrap}" if st.sasl_bootstrap else ""
             if st.foreign:  # the data folder of the broker that answers, never this home's unused one
-                print(f"kafka broker up at {st.bootstrap}, not this home's: {whose(st)}{sasl} "
+                print(f"kafka broker up at {st.bootstrap}, not this home's: {whose(st)} "
                       f"(this home's broker would keep its data in {st.data_dir})")
                 return 0
             state = "up" if st.running else "down"
             owner = f", started by apprentice (pid {st.pid})" if st.owned else (", external" if st.running else "")
-            print(f"kafka broker {state} at {st.bootstrap}{owner}{sasl}; data {st.serving_data_dir or st.data_dir}")
+            print(f"kafka broker {state} at {st.bootstrap}{owner}; data {st.serving_data_dir or st.data_dir}")
             return 0 if st.running else 1
     except BrokerError as e:
         print(f"apprentice kafka {ns.action}: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _acls(broker: LocalBroker, topics: Topics, *, apply: bool, describe: bool) -> int:
+    """`apprentice kafka acls`: the table; with --apply the users and ACLs of `topics`' deployment are
+    created on the broker (as admin); with --describe the ACLs it holds for that deployment are printed."""
+    if not (apply or describe):
+        print("\n".join(table_lines()))
+        print(f"\n{len(grants(topics))} ACL bindings for the prefix {topics.prefix!r} (--apply creates them)")
+        return 0
+    if apply:
+        created = broker.ensure_access(topics)
+        print(f"{len(created)} ACL bindings created for the prefix {topics.prefix!r} "
+              f"({len(grants(topics))} wanted; SCRAM users of {', '.join(access.PRINCIPALS)} set)")
+    if describe:
+        for g in describe_acls(broker.admin_client(), topics):
+            print(g)
     return 0
 
 

@@ -8,12 +8,20 @@ A pid file says only what this home started; a broker on 9092 started from anoth
 the same, and `apprentice up` used to reuse it silently while `kafka status` named this home's data folder,
 which that broker never reads. `BrokerStatus.foreign` and `serving_home` say whose it is.
 
-With `sasl_port` the broker also serves a SASL_PLAINTEXT listener there (SCRAM-SHA-512). Its one user
-(`sasl_user`) gets a random password, generated once and kept in `<home>/kafka/sasl/<user>.password`
-(mode 0600, outside the repository); the user is (re)created through the Admin API on every start, so a
-broker formatted without SCRAM users gains them when restarted with SASL. The plain listener stays
-(set-up, health probes, and clients that were configured for it); the controller listener is plaintext
-on loopback.
+The broker authenticates every client and authorizes every request (SECURITY.md §4): its one listener on
+the bootstrap port speaks SASL_PLAINTEXT, with SCRAM-SHA-512 for the principals of
+shared/contracts/topic_access.py (one user each) and PLAIN for `admin`, the super user declared in the
+broker's own JAAS configuration (so it exists on a freshly formatted data folder and on one formatted by
+the old plaintext configuration alike, before any SCRAM user does). Kafka's StandardAuthorizer with
+`allow.everyone.if.no.acl.found=false` refuses whatever tools/broker/acls.py did not grant. The controller
+listener and inter-broker traffic authenticate as `admin` over SASL PLAIN too (SCRAM cannot bootstrap a
+KRaft controller: its users live in the metadata the controller serves).
+
+Every password is generated once (256 random bits) under `<home>/kafka/sasl/<principal>.password` (folder
+0700, files 0600, never in the repository); `server.properties`, which holds the admin password for the
+JAAS line, is 0600 too. A plain listener exists only when asked for (`plaintext_port`, `apprentice kafka
+start --plaintext-listener`): its clients are User:ANONYMOUS and are granted everything, i.e. exactly the
+open door this configuration closes; never for anything but a legacy client on a trusted machine.
 """
 
 from __future__ import annotations
@@ -33,26 +41,35 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
+    AdminClient,
     ConfigResource,
     ResourceType,
     ScramCredentialInfo,
     ScramMechanism,
+    UserScramCredentialAlteration,
     UserScramCredentialUpsertion,
 )
 
-from shared.kafka.admin import admin, broker_answers, wait_for_broker
-from shared.kafka.security import PLAINTEXT, KafkaSecurity
+from shared.contracts import topic_access as access
+from shared.kafka.admin import admin, broker_answers
+from shared.kafka.security import KafkaSecurity
+from tools.broker.acls import Grant, apply_acls, grants, open_door_grants
 
 if TYPE_CHECKING:
+    from shared.contracts.topics import Topics
     from shared.settings import CommonSettings
 
 POM = Path(__file__).with_name("pom.xml")
 """The Maven file naming the broker's jars: package data beside this module, so an installed wheel (which
 has no source tree around it) can fetch them too."""
-DEFAULT_PORT, DEFAULT_SASL_PORT = 9092, 9094
+DEFAULT_PORT, DEFAULT_PLAINTEXT_PORT = 9092, 9095
 SCRAM_MECHANISM = "SCRAM-SHA-512"
+"""How the principals of the access table authenticate."""
+ADMIN_MECHANISM = "PLAIN"
+"""How `admin` authenticates: declared in the broker's JAAS line, it needs no SCRAM user to exist."""
 SCRAM_ITERATIONS = 8192
 """PBKDF2 rounds of the stored SCRAM credential (Kafka's minimum is 4096)."""
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
 class BrokerError(RuntimeError):
@@ -62,20 +79,26 @@ class BrokerError(RuntimeError):
 @dataclass
 class BrokerStatus:
     running: bool
+    """A broker answers at `bootstrap` and accepts this home's admin credentials."""
     owned: bool
     pid: int | None
     bootstrap: str
     data_dir: Path
-    sasl_bootstrap: str | None = None
-    """The SASL_PLAINTEXT (SCRAM-SHA-512) listener, when this broker serves one."""
     serving_data_dir: Path | None = None
     """The data folder of the broker that answers at `bootstrap`, as it reports it (`log.dirs`): `data_dir`
     when it is this home's; None when none answers or it does not say."""
+    refuses_admin: bool = False
+    """Something listens at `bootstrap` but does not accept this home's admin credentials: another home's
+    broker, or a broker started before authorization (a plaintext one)."""
+    plaintext_bootstrap: str | None = None
+    """The insecure plain listener, when this broker was asked for one."""
 
     @property
     def foreign(self) -> bool:
-        """A broker answers at `bootstrap` but it is not this home's: it keeps its data elsewhere (or, when it
-        does not say where, this home did not start it)."""
+        """A broker answers at `bootstrap` but it is not this home's: it keeps its data elsewhere, refuses
+        this home's admin, or (when it does not say where its data is) this home did not start it."""
+        if self.refuses_admin:
+            return True
         if not self.running:
             return False
         if self.serving_data_dir is not None:
@@ -103,131 +126,129 @@ class BrokerStatus:
             return None
 
 
+def write_secret(path: Path, text: str, *, replace: bool) -> None:
+    """Write `text` to `path` with mode 0600 in a 0700 folder. Without `replace`, an existing file wins
+    (O_EXCL: two concurrent starts must not end up with different passwords); with it, the new file
+    replaces the old one atomically (a reader sees one or the other, never half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
+    target = path.with_name(path.name + ".tmp") if replace else path
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL), 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    if replace:
+        target.replace(path)
+
+
 class LocalBroker:
-    def __init__(self, home: Path, *, host: str = "127.0.0.1", port: int = 9092, controller_port: int = 9093,
-                 heap: str = "512m", sasl_port: int | None = None, sasl_user: str = "apprentice",
-                 sasl_password: str | None = None) -> None:
-        """`sasl_port`: also serve SASL_PLAINTEXT (SCRAM-SHA-512) there, for `sasl_user` with
-        `sasl_password` (None = the password generated once under `home`)."""
+    def __init__(self, home: Path, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                 controller_port: int = 9093, heap: str = "512m", plaintext_port: int | None = None) -> None:
+        """`port`: the SASL_PLAINTEXT listener every client uses. `plaintext_port`: also serve the insecure
+        plain listener there (its clients, User:ANONYMOUS, may do anything; see the module docstring)."""
         self.home = home / "kafka"
         self.libs = self.home / "libs"
         self.data = self.home / "data"
         self.pid_file = self.home / "broker.pid"
         self.log_file = home / "logs" / "kafka.log"
         self.host, self.port, self.controller_port, self.heap = host, port, controller_port, heap
-        if sasl_port in (port, controller_port):
-            raise BrokerError(f"the SASL port {sasl_port} is already the broker's plain or controller port")
-        self.sasl_port, self.sasl_user, self._sasl_password = sasl_port, sasl_user, sasl_password
+        if plaintext_port in (port, controller_port):
+            raise BrokerError(f"the plaintext port {plaintext_port} is already the broker's SASL or controller port")
+        self.plaintext_port = plaintext_port
 
     @classmethod
-    def for_settings(cls, settings: CommonSettings, *, sasl: bool = False,
-                     sasl_port: int = DEFAULT_SASL_PORT) -> LocalBroker:
-        """The local broker that `settings` point at. `APPRENTICE_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT`
-        means the bootstrap address is the SASL listener: the plain listener then stays on 9092 and the
-        SCRAM user is the configured one, with the configured password (so the clients' settings and the
-        broker agree). `sasl` adds the SASL listener on `sasl_port` to a PLAINTEXT configuration."""
+    def for_settings(cls, settings: CommonSettings, *, plaintext_port: int | None = None) -> LocalBroker:
+        """The local broker that `settings` point at: its SASL listener on the bootstrap address, the
+        controller on the next port (9092 -> 9093, as ever: a second home's broker on another port must not
+        collide with the first one's controller)."""
         host, _, port_s = settings.kafka_bootstrap.split(",")[0].rpartition(":")
         host, port = host or "127.0.0.1", int(port_s or DEFAULT_PORT)
-        protocol = settings.kafka_security_protocol
-        if protocol == "SASL_PLAINTEXT":
-            if settings.kafka_sasl_mechanism != SCRAM_MECHANISM:
-                raise BrokerError(f"the local broker's SASL listener speaks {SCRAM_MECHANISM}: set "
-                                  f"APPRENTICE_KAFKA_SASL_MECHANISM={SCRAM_MECHANISM}")
-            pw = settings.kafka_sasl_password
-            return cls(settings.home, host=host, port=DEFAULT_PORT, sasl_port=port,
-                       sasl_user=settings.kafka_sasl_username or "apprentice",
-                       sasl_password=pw.get_secret_value() if pw is not None else None)
-        if protocol != "PLAINTEXT":
-            raise BrokerError(f"the local broker serves PLAINTEXT and SASL_PLAINTEXT, not {protocol}: point "
-                              "APPRENTICE_KAFKA_BOOTSTRAP at a cluster with TLS listeners instead")
-        # the controller listens next to the broker (9092 -> 9093, as ever): a second home's broker on
-        # another port must not collide with the first one's controller on 9093
-        return cls(settings.home, host=host, port=port, controller_port=port + 1,
-                   sasl_port=sasl_port if sasl else None)
+        if settings.kafka_security_protocol not in ("PLAINTEXT", "SASL_PLAINTEXT"):
+            raise BrokerError(f"the local broker serves SASL_PLAINTEXT, not {settings.kafka_security_protocol}: "
+                              "point APPRENTICE_KAFKA_BOOTSTRAP at a cluster with TLS listeners instead")
+        return cls(settings.home, host=host, port=port, controller_port=port + 1, plaintext_port=plaintext_port)
 
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
-    # --- the SASL/SCRAM listener --------------------------------------------------------------------
     @property
-    def sasl_bootstrap(self) -> str | None:
-        return f"{self.host}:{self.sasl_port}" if self.sasl_port else None
+    def plaintext_bootstrap(self) -> str | None:
+        return f"{self.host}:{self.plaintext_port}" if self.plaintext_port else None
 
+    # --- credentials ------------------------------------------------------------------------------
     @property
-    def sasl_password_file(self) -> Path:
-        return self.home / "sasl" / f"{self.sasl_user}.password"
+    def sasl_dir(self) -> Path:
+        return self.home / "sasl"
 
-    def sasl_password(self) -> str:
-        """The SCRAM user's password: the one given, else generated on first use (256 random bits) and
-        read back from `sasl_password_file` afterwards."""
-        if self._sasl_password is not None:
-            return self._sasl_password
-        f = self.sasl_password_file
+    def password_file(self, principal: str) -> Path:
+        return self.sasl_dir / f"{principal}.password"
+
+    def password(self, principal: str = access.ADMIN) -> str:
+        """`principal`'s password: generated on first use (256 random bits), read back afterwards."""
+        f = self.password_file(principal)
         if not f.exists():
-            f.parent.mkdir(parents=True, exist_ok=True)
-            f.parent.chmod(0o700)
-            try:  # O_EXCL: two concurrent starts must not end up with different passwords
-                fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                pass
-            else:
-                with os.fdopen(fd, "w") as out:
-                    out.write(secrets.token_urlsafe(32) + "\n")
+            write_secret(f, secrets.token_urlsafe(32) + "\n", replace=False)
         return f.read_text().removesuffix("\n")
 
-    def sasl_security(self) -> KafkaSecurity:
-        """Client security for the SASL listener (what `APPRENTICE_KAFKA_*` would configure)."""
-        return KafkaSecurity(protocol="SASL_PLAINTEXT", mechanism=SCRAM_MECHANISM, username=self.sasl_user,
-                             password=self.sasl_password())
+    def security(self, principal: str = access.ADMIN) -> KafkaSecurity:
+        """Client security of `principal` (admin: PLAIN; the table's principals: SCRAM-SHA-512)."""
+        return KafkaSecurity(protocol="SASL_PLAINTEXT", username=principal, password=self.password(principal),
+                             mechanism=ADMIN_MECHANISM if principal == access.ADMIN else SCRAM_MECHANISM)
 
-    def sasl_env(self) -> dict[str, str]:
-        """The environment that points every Apprentice client at the SASL listener (the password as the
-        generated file's path; a password given to the constructor is the caller's to pass on)."""
-        assert self.sasl_bootstrap, "the broker has no SASL listener (sasl_port)"
-        env = {"APPRENTICE_KAFKA_BOOTSTRAP": self.sasl_bootstrap,
-               "APPRENTICE_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
-               "APPRENTICE_KAFKA_SASL_MECHANISM": SCRAM_MECHANISM,
-               "APPRENTICE_KAFKA_SASL_USERNAME": self.sasl_user}
-        if self._sasl_password is None:
-            self.sasl_password()
-            env["APPRENTICE_KAFKA_SASL_PASSWORD_FILE"] = str(self.sasl_password_file.resolve())
-        return env
+    def client_env(self, principal: str) -> dict[str, str]:
+        """The environment that makes an Apprentice process a client of this broker as `principal` (the
+        password as its file's path, read by the client's settings at start)."""
+        self.password(principal)
+        return {"APPRENTICE_KAFKA_BOOTSTRAP": self.bootstrap,
+                "APPRENTICE_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                "APPRENTICE_KAFKA_SASL_MECHANISM": self.security(principal).mechanism,
+                "APPRENTICE_KAFKA_SASL_USERNAME": principal,
+                "APPRENTICE_KAFKA_SASL_PASSWORD_FILE": str(self.password_file(principal).resolve())}
 
-    def ensure_sasl_user(self, timeout: float = 30.0) -> None:
-        """Create (or reset) the SCRAM user with the stored password, over the plain listener."""
+    def admin_client(self) -> AdminClient:
+        return admin(self.bootstrap, security=self.security(access.ADMIN))
 
-        client = admin(self.bootstrap, security=PLAINTEXT)  # keep the handle: its futures die with it
-        upsert = UserScramCredentialUpsertion(self.sasl_user, ScramCredentialInfo(
-            ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS), self.sasl_password().encode())
-        for fut in client.alter_user_scram_credentials([upsert], request_timeout=timeout).values():
+    def ensure_users(self, timeout: float = 30.0, principals: tuple[str, ...] = access.PRINCIPALS) -> None:
+        """Give every principal its SCRAM credential with the password in its file (upserted on every start,
+        so the broker always holds what the files say, on an old data folder too); return once the last
+        one authenticates (credentials reach the listener through the metadata log)."""
+        client = self.admin_client()  # keep the handle: its futures die with it
+        upserts: list[UserScramCredentialAlteration] = [UserScramCredentialUpsertion(p, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS),
+                                                self.password(p).encode()) for p in principals]
+        for fut in client.alter_user_scram_credentials(upserts, request_timeout=timeout).values():
             fut.result(timeout)
+        deadline = time.monotonic() + timeout
+        while not broker_answers(self.bootstrap, timeout=1.0, security=self.security(principals[-1])):
+            if time.monotonic() > deadline:
+                raise BrokerError(f"the broker at {self.bootstrap} did not accept user {principals[-1]!r} within "
+                                  f"{timeout:.0f}s; see {self.log_file}")
+            time.sleep(0.2)
 
-    def _sasl_answers(self, timeout: float = 2.0) -> bool:
-        return self.sasl_bootstrap is not None and broker_answers(self.sasl_bootstrap, timeout,
-                                                                  security=self.sasl_security())
+    def rotate(self, principal: str, timeout: float = 30.0) -> None:
+        """A new password for `principal`: its file replaced, its SCRAM credential updated. Running clients
+        keep their connections; a process started afterwards reads the new file (restart the service).
+        The admin's password is the broker's JAAS line: it takes effect when the broker restarts."""
+        write_secret(self.password_file(principal), secrets.token_urlsafe(32) + "\n", replace=True)
+        if principal != access.ADMIN:
+            self.ensure_users(timeout, (principal,))
 
-    def _sasl_port_open(self) -> bool:
+    def ensure_access(self, topics: Topics | None = None, timeout: float = 30.0) -> list[Grant]:
+        """Users, then the ACLs of the deployment of `topics` (and the open door on ANONYMOUS when this broker
+        serves a plain listener); returns the bindings created (none when all were there)."""
+        self.ensure_users(timeout)
+        wanted = grants(topics) + (open_door_grants() if self.plaintext_port else [])
+        return apply_acls(self.admin_client(), wanted, timeout)
+
+    def _answers(self, timeout: float = 2.0) -> bool:
+        return broker_answers(self.bootstrap, timeout, security=self.security(access.ADMIN))
+
+    def _port_open(self) -> bool:
         with socket.socket() as s:
             s.settimeout(1.0)
-            return s.connect_ex((self.host, self.sasl_port or 0)) == 0
-
-    def _ready_sasl(self, timeout: float) -> None:
-        """With a SASL listener: make sure its user exists and that it authenticates."""
-        if self.sasl_port is None or self._sasl_answers():
-            return
-        if not self._sasl_port_open():
-            raise BrokerError(f"the broker at {self.bootstrap} has no SASL listener on {self.sasl_bootstrap}: "
-                              "it was started without one; stop it (`apprentice kafka stop`) and start it "
-                              "again with `--sasl`")
-        self.ensure_sasl_user(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:  # the credential reaches the listener through the metadata log
-            if self._sasl_answers(timeout=1.0):
-                return
-            time.sleep(0.2)
-        raise BrokerError(f"the SASL listener {self.sasl_bootstrap} did not accept user {self.sasl_user!r} "
-                          f"within {timeout:.0f}s; see {self.log_file}")
+            return s.connect_ex((self.host, self.port)) == 0
 
     # --- set-up -----------------------------------------------------------------------------------
     def fetch_jars(self) -> Path:
@@ -260,31 +281,43 @@ class LocalBroker:
                               "(e.g. `apt-get install openjdk-17-jre-headless`) or set APPRENTICE_KAFKA_BOOTSTRAP")
         return java
 
-    def _properties(self) -> Path:
-        props = self.home / "server.properties"
-        listeners = f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}"
-        advertised = f"PLAINTEXT://{self.host}:{self.port}"
-        protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
-        sasl: list[str] = []
-        if self.sasl_port:
-            listeners += f",SASL_PLAINTEXT://{self.host}:{self.sasl_port}"
-            advertised += f",SASL_PLAINTEXT://{self.host}:{self.sasl_port}"
-            protocols += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
-            sasl = [f"listener.name.sasl_plaintext.sasl.enabled.mechanisms={SCRAM_MECHANISM}",
-                    # The broker side of SCRAM needs a login module, without credentials of its own
-                    # (SCRAM users live in the cluster metadata).
-                    f"listener.name.sasl_plaintext.{SCRAM_MECHANISM.lower()}.sasl.jaas.config="
-                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"]
-        props.write_text("\n".join([
+    @property
+    def properties_file(self) -> Path:
+        return self.home / "server.properties"
+
+    def properties(self) -> list[str]:
+        """The broker's configuration lines (holding the admin password: written 0600)."""
+        pw = self.password(access.ADMIN)
+        plain_admin = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+                       f'username="{access.ADMIN}" password="{pw}" user_{access.ADMIN}="{pw}";')
+        listeners = [f"SASL_PLAINTEXT://{self.host}:{self.port}"]
+        protocols = ["SASL_PLAINTEXT:SASL_PLAINTEXT", "CONTROLLER:SASL_PLAINTEXT"]
+        if self.plaintext_port:
+            listeners.append(f"PLAINTEXT://{self.host}:{self.plaintext_port}")
+            protocols.append("PLAINTEXT:PLAINTEXT")
+        return [
             "process.roles=broker,controller",
             "node.id=1",
             f"controller.quorum.voters=1@{self.host}:{self.controller_port}",
-            f"listeners={listeners}",
-            f"advertised.listeners={advertised}",
+            f"listeners={','.join(listeners)},CONTROLLER://{self.host}:{self.controller_port}",
+            f"advertised.listeners={','.join(listeners)}",
             "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            f"listener.security.protocol.map={protocols}",
-            *sasl,
+            "inter.broker.listener.name=SASL_PLAINTEXT",
+            f"listener.security.protocol.map={','.join(protocols)}",
+            # who is who: admin over PLAIN (declared here), every other principal over SCRAM (its
+            # credential in the cluster metadata, tools/broker/acls.py's users)
+            f"sasl.mechanism.inter.broker.protocol={ADMIN_MECHANISM}",
+            f"sasl.mechanism.controller.protocol={ADMIN_MECHANISM}",
+            f"listener.name.sasl_plaintext.sasl.enabled.mechanisms={SCRAM_MECHANISM},{ADMIN_MECHANISM}",
+            f"listener.name.sasl_plaintext.plain.sasl.jaas.config={plain_admin}",
+            f"listener.name.sasl_plaintext.{SCRAM_MECHANISM.lower()}.sasl.jaas.config="
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            f"listener.name.controller.sasl.enabled.mechanisms={ADMIN_MECHANISM}",
+            f"listener.name.controller.plain.sasl.jaas.config={plain_admin}",
+            # what each may do: only what an ACL grants (admin is the super user)
+            f"authorizer.class.name={AUTHORIZER}",
+            "allow.everyone.if.no.acl.found=false",
+            f"super.users=User:{access.ADMIN}",
             f"log.dirs={self.data.resolve()}",
             "num.partitions=3",
             "offsets.topic.replication.factor=1",
@@ -294,11 +327,22 @@ class LocalBroker:
             "share.coordinator.state.topic.replication.factor=1",
             "share.coordinator.state.topic.min.isr=1",
             "group.initial.rebalance.delay.ms=0",
+            # only a principal with CREATE on the topic gets one created by a metadata request: admin
             "auto.create.topics.enable=true",
             "log.cleaner.backoff.ms=5000",
             "",
-        ]))
-        return props
+        ]
+
+    def _properties(self) -> Path:
+        write_secret(self.properties_file, "\n".join(self.properties()), replace=True)
+        return self.properties_file
+
+    def _started_secured(self) -> bool:
+        """Whether this home's broker was started with an authorizer (else: by the old plaintext config)."""
+        try:
+            return f"authorizer.class.name={AUTHORIZER}" in self.properties_file.read_text()
+        except OSError:
+            return False
 
     def _classpath(self) -> str:
         return str(self.libs.resolve() / "*")
@@ -337,11 +381,11 @@ class LocalBroker:
 
     def serving_data_dir(self, timeout: float = 5.0) -> Path | None:
         """The data folder of the broker that answers at `bootstrap`, as it reports it: its `log.dirs`
-        (the first one), read over the Admin API. Whatever started that broker, this names whose it is;
-        None when none answers or it does not say (a cluster that refuses to describe its configs)."""
+        (the first one), read over the Admin API as admin. Whatever started that broker, this names whose
+        it is; None when none answers or it does not say (a cluster that refuses to describe its configs)."""
 
         try:
-            client = admin(self.bootstrap, quiet=True, security=PLAINTEXT)
+            client = admin(self.bootstrap, quiet=True, security=self.security(access.ADMIN))
             brokers = client.list_topics(timeout=timeout).brokers
             # the broker listening on this port (a cluster has several; the local broker is node 1)
             node = next((b.id for b in brokers.values() if b.port == self.port), next(iter(brokers), None))
@@ -358,19 +402,34 @@ class LocalBroker:
 
     def status(self) -> BrokerStatus:
         pid = self._owned_pid()
-        running = broker_answers(self.bootstrap, security=PLAINTEXT)
-        return BrokerStatus(running=running, owned=pid is not None,
-                            pid=pid, bootstrap=self.bootstrap, data_dir=self.data,
-                            sasl_bootstrap=self.sasl_bootstrap if self._sasl_answers() else None,
-                            serving_data_dir=self.serving_data_dir() if running else None)
+        running = self._answers()
+        return BrokerStatus(running=running, owned=pid is not None, pid=pid, bootstrap=self.bootstrap,
+                            data_dir=self.data, serving_data_dir=self.serving_data_dir() if running else None,
+                            refuses_admin=not running and self._port_open(),
+                            plaintext_bootstrap=self.plaintext_bootstrap if running else None)
 
-    def start(self, timeout: float = 90.0) -> BrokerStatus:
-        """Start the broker unless one already answers; return once a metadata request succeeds (and,
-        with `sasl_port`, once the SASL listener authenticates its user)."""
-        if broker_answers(self.bootstrap, security=PLAINTEXT):
-            self._ready_sasl(timeout)
+    def refusal(self) -> str:
+        """Why a broker that listens at `bootstrap` but refuses this home's admin cannot be used."""
+        return (f"a broker listens at {self.bootstrap} but refuses this home's admin credentials "
+                f"({self.password_file(access.ADMIN)}): it is another home's broker, or one started before "
+                "authorization (plaintext). Stop it (`APPRENTICE_HOME=<its home> apprentice kafka stop`), or "
+                "give this home a broker of its own on another port (APPRENTICE_KAFKA_BOOTSTRAP=127.0.0.1:29092)")
+
+    def start(self, timeout: float = 90.0, topics: Topics | None = None) -> BrokerStatus:
+        """Start the broker unless this home's already answers; return once admin is accepted and every
+        principal's SCRAM user and the ACLs of the deployment of `topics` (default: no prefix) exist.
+        This home's broker still running the old plaintext configuration is restarted with the secured one
+        (same data folder); another broker on the port that refuses this home's admin is an error."""
+        if self._answers():
+            self.ensure_access(topics, timeout=max(30.0, timeout / 3))
             return self.status()
         pid = self._owned_pid()
+        if self._port_open():
+            if pid is None:
+                raise BrokerError(self.refusal())
+            if not self._started_secured():   # ours, from before authorization: restart it secured
+                self.stop()
+                pid = None
         if pid is None:
             self.home.mkdir(parents=True, exist_ok=True)
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -388,8 +447,8 @@ class LocalBroker:
             pid = proc.pid
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if broker_answers(self.bootstrap, timeout=1.0, security=PLAINTEXT):
-                self._ready_sasl(max(10.0, deadline - time.monotonic()))
+            if self._answers(timeout=1.0):
+                self.ensure_access(topics, timeout=max(10.0, deadline - time.monotonic()))
                 return self.status()
             if self._owned_pid() is None:
                 tail = self.log_file.read_text(errors="replace")[-3000:] if self.log_file.exists() else ""
@@ -416,4 +475,50 @@ class LocalBroker:
         return True
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        wait_for_broker(self.bootstrap, timeout, security=PLAINTEXT)
+        deadline = time.monotonic() + timeout
+        while not self._answers():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no Kafka broker accepted admin at {self.bootstrap} within {timeout:.0f}s")
+            time.sleep(0.5)
+
+
+def local_credentials_dir(environ: dict[str, str] | os._Environ[str]) -> Path | None:
+    """The credentials folder of the local broker whose password file `environ` names
+    (`<home>/kafka/sasl/<principal>.password`), else None (no SASL, or credentials of the user's own: a
+    stack then leaves its services' Kafka settings as the user set them)."""
+    f = environ.get("APPRENTICE_KAFKA_SASL_PASSWORD_FILE")
+    if not f or environ.get("APPRENTICE_KAFKA_SECURITY_PROTOCOL", "").upper() != "SASL_PLAINTEXT":
+        return None
+    d = Path(f).parent
+    return d if d.name == "sasl" and d.parent.name == "kafka" and (d / f"{access.ADMIN}.password").exists() else None
+
+
+def principal_env(sasl_dir: Path, principal: str) -> dict[str, str]:
+    """The Kafka client variables of `principal` with the local broker's credentials in `sasl_dir` (the
+    bootstrap address stays what the process already has)."""
+    return {"APPRENTICE_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "APPRENTICE_KAFKA_SASL_MECHANISM": ADMIN_MECHANISM if principal == access.ADMIN else SCRAM_MECHANISM,
+            "APPRENTICE_KAFKA_SASL_USERNAME": principal,
+            "APPRENTICE_KAFKA_SASL_PASSWORD_FILE": str((sasl_dir / f"{principal}.password").resolve()),
+            "APPRENTICE_KAFKA_SASL_PASSWORD": ""}
+
+
+def principal_security(sasl_dir: Path, principal: str) -> KafkaSecurity:
+    """`principal`'s client security with the local broker's credentials in `sasl_dir`."""
+    return KafkaSecurity(protocol="SASL_PLAINTEXT", username=principal,
+                         password=(sasl_dir / f"{principal}.password").read_text().removesuffix("\n"),
+                         mechanism=ADMIN_MECHANISM if principal == access.ADMIN else SCRAM_MECHANISM)
+
+
+def apply_client_env(home: Path, principal: str, environ: os._Environ[str] | dict[str, str] | None = None) -> bool:
+    """Make this process a client of `home`'s local broker as `principal` (the CLI: `operator`): fill the
+    Kafka client variables with its credentials, unless the environment sets Kafka security of its own or
+    the broker has not generated them yet. Returns whether it did."""
+    env = os.environ if environ is None else environ
+    if env.get("APPRENTICE_KAFKA_SECURITY_PROTOCOL") or env.get("APPRENTICE_KAFKA_SASL_USERNAME"):
+        return False
+    sasl_dir = home / "kafka" / "sasl"
+    if not (sasl_dir / f"{principal}.password").exists():
+        return False
+    env.update(principal_env(sasl_dir, principal))
+    return True
