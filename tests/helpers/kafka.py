@@ -13,6 +13,7 @@ restart a broker (the shared one at 9092 is never touched).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,7 +26,7 @@ from shared.kafka.consumers import Isolation, new_consumer
 from shared.kafka.reader import read_topic_to_end
 from shared.kafka.security import SecuritySource
 from tests.helpers.ports import free_ports
-from tools.broker.local_broker import LocalBroker
+from tools.broker.local_broker import LocalBroker, local_credentials_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -140,7 +141,14 @@ def link_broker_jars(home: Path) -> None:
 
 
 def private_broker(home: Path, **options: Any) -> LocalBroker:
-    """A LocalBroker (not started) on free ports with its data under `home`, reusing the local jars."""
+    """A LocalBroker (not started) on free ports with its data under `home`, reusing the local jars and the
+    session broker's credentials (tests/conftest.py): the same admin and principals' passwords, so this
+    process (admin, from its environment) and a stack's services reach either broker alike."""
     link_broker_jars(home)
+    held = local_credentials_dir(os.environ)
+    link = home / "kafka" / "sasl"
+    if held is not None and not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(held.resolve(), target_is_directory=True)
     port, controller = free_ports(2)
     return LocalBroker(home, port=port, controller_port=controller, **options)

@@ -29,7 +29,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -179,8 +178,16 @@ def table_lines() -> list[str]:
     return lines
 
 
-def refused(e: BaseException) -> bool:
-    """Whether a Kafka error says the principal lacks a right (rather than the broker being away)."""
-    if not isinstance(e, KafkaException):
-        return False
-    return e.args[0].code() in {29, 30, 31, 53}   # TOPIC/GROUP/CLUSTER/TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+def access_markdown() -> list[str]:
+    """The access table as SECURITY.md prints it (tests/unit/tools/test_kafka_acls.py keeps them equal)."""
+    rows = ["| topic | who may write (and sign) | who may read |", "|---|---|---|"]
+    rows += [f"| `{a.topic}` | {', '.join(sorted(a.writers))} | {', '.join(sorted(a.readers))} |"
+             for a in access.TABLE]
+    rows += ["", "| principal | consumer groups (after the deployment's prefix) | also (not namespaced) |",
+             "|---|---|---|"]
+    for who in access.PRINCIPALS:
+        own = ", ".join(f"`{g}*`" for g in access.GROUP_PREFIXES.get(who, ()))
+        private = ", ".join(f"`{g}*`" for g in access.PRIVATE_GROUP_PREFIXES.get(who, ()))
+        internal = ", ".join(f"topics and transactional ids `{g}*`" for g in access.INTERNAL_TOPIC_PREFIXES.get(who, ()))
+        rows.append(f"| {who} | {own} | {'; '.join(x for x in (private, internal) if x) or '-'} |")
+    return rows

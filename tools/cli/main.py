@@ -26,9 +26,11 @@ from services.trainer import __main__ as trainer_main
 from services.weights import __main__ as weights_main
 from services.weights import cli as weights_cli
 from shared.contracts.stack_endpoints import apply_stack_endpoints
+from shared.contracts.topic_access import ADMIN, OPERATOR
 from shared.settings import default_home
 from tools import devca
 from tools.broker import cli as kafka_cmds
+from tools.broker.local_broker import apply_client_env
 from tools.cli import failures
 from tools.demo import cli as demo_cli
 from tools.stack import cli as stack_cli
@@ -134,6 +136,11 @@ def _main(argv: list[str]) -> int:
         if command != "up":  # `up` binds what its own settings say, never a previous stack's record
             apply_stack_endpoints(default_home())
         devca.apply_stack_client_env(default_home())
+    if command not in ("serve", "kafka") and not asks_help:
+        # ... and as a principal of the local broker (its generated credentials), unless the environment
+        # sets Kafka security of its own: the operator's tools as `operator`, the demo (which creates its
+        # namespace's topics and ACLs) as the broker's `admin` (SECURITY.md §4)
+        apply_client_env(default_home(), ADMIN if command == "demo" else OPERATOR)
     if command in DELEGATED:
         return int(DELEGATED[command].run(rest) or 0)
     if command == "serve":

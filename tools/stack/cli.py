@@ -17,6 +17,7 @@ import grpc
 from shared.contracts.grader_waiting import from_metrics
 from shared.contracts.metric_names import INFERENCE_SPOOL_DEPTH
 from shared.contracts.stack_endpoints import state_home
+from shared.contracts.topic_access import OPERATOR
 from shared.kafka.admin import broker_answers
 from shared.kafka.lag import lag_by_group, partition_lag
 from shared.metrics import metric_sum
@@ -26,6 +27,7 @@ from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weight
 from shared.security.channels import open_channel
 from shared.settings import CommonSettings
 from tools.broker.cli import SHARE_ENV, foreign_broker, kafka
+from tools.broker.local_broker import apply_client_env
 from tools.devca import apply_stack_client_env, ensure_dev_credentials
 from tools.stack.client_env import env_lines
 from tools.stack.ports import Ports
@@ -94,6 +96,9 @@ def up(argv: list[str]) -> int:
             return 1
     if kafka(["start"]) != 0:
         return 1
+    # this process (status, lag) as the operator; the supervisor gives each service its own principal
+    if apply_client_env(settings.home, OPERATOR):
+        settings = CommonSettings()
     if _supervisor_pid(settings.home):
         print("the stack is already up (apprentice status)")
         return 0

@@ -14,15 +14,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shared.contracts.stack_endpoints import announce_endpoints, remove_endpoints, write_endpoints
+from shared.contracts.topic_access import ADMIN
 from shared.contracts.topics import Topics
-from shared.kafka.admin import ensure_topics
+from shared.kafka.admin import admin, ensure_topics
 from shared.security.channels import open_channel
 from shared.settings import CommonSettings
-from tools.broker.local_broker import LocalBroker
+from tools.broker.acls import apply_acls, grants
+from tools.broker.local_broker import (
+    LocalBroker,
+    apply_client_env,
+    local_credentials_dir,
+    principal_env,
+    principal_security,
+)
 from tools.devca import ensure_dev_credentials
 from tools.stack.ports import Ports, wire_services
 from tools.stack.probe import service_health
-from tools.stack.supervisor import Supervisor, stack_endpoints
+from tools.stack.supervisor import SERVICES, Supervisor, stack_endpoints
 
 if TYPE_CHECKING:
     pass
@@ -45,6 +53,20 @@ class LocalStack:
         self.common = CommonSettings()
         self.broker = broker
         self.bootstrap = broker.bootstrap if broker is not None else self.common.kafka_bootstrap
+        # Kafka credentials (SECURITY.md §4): each service is its own principal of the access table, with
+        # the local broker's credentials: a private broker's, those this process already holds (tests:
+        # the session broker's admin; the CLI), or those of the broker `start` starts. A broker with
+        # credentials of the user's own (no local credentials folder) is left as the user configured it.
+        self._starts: LocalBroker | None = None
+        if broker is not None:
+            self.sasl_dir: Path | None = broker.sasl_dir
+        elif (held := local_credentials_dir(os.environ)) is not None:
+            self.sasl_dir = held
+        elif self.common.kafka_security_protocol == "PLAINTEXT":
+            self._starts = LocalBroker.for_settings(self.common)
+            self.sasl_dir = self._starts.sasl_dir
+        else:
+            self.sasl_dir = None
         self.topics = Topics(prefix if prefix is not None else f"run-{uuid.uuid4().hex[:8]}.")
         self.ports = Ports()
         env = dict(os.environ, APPRENTICE_MODEL=model, APPRENTICE_TOPIC_PREFIX=self.topics.prefix,
@@ -57,6 +79,9 @@ class LocalStack:
         per_service["inference"]["APPRENTICE_INFERENCE_POD_ID"] = "pod-0"
         if self.creds is not None:  # the dashboard reads every tenant's data and acts as the operator
             per_service["dashboard"]["APPRENTICE_DASHBOARD_OPERATOR_TOKEN_FILE"] = str(self.creds.operator_token)
+        if self.sasl_dir is not None:
+            for name in SERVICES:
+                per_service[name].update(principal_env(self.sasl_dir, name))
         for name, extra in (service_env or {}).items():
             per_service[name].update(extra)
         self.supervisor = Supervisor(run_dir, env=env, service_env=per_service)
@@ -98,10 +123,14 @@ class LocalStack:
 
     def start(self) -> None:
         if self.broker is not None:
-            self.broker.start()
-        else:
-            LocalBroker.for_settings(self.common).start()  # with SASL settings: the broker's SASL listener
-        ensure_topics(self.bootstrap, self.topics)
+            self.broker.start(topics=self.topics)       # its users and this namespace's ACLs
+        elif self._starts is not None:
+            self._starts.start(topics=self.topics)      # started (or reused) here: this process is its admin
+            apply_client_env(self.common.home, ADMIN)
+        elif self.sasl_dir is not None:                 # the local broker this process holds admin of
+            apply_acls(admin(self.bootstrap, security=principal_security(self.sasl_dir, ADMIN)), grants(self.topics))
+        su = principal_security(self.sasl_dir, ADMIN) if self.sasl_dir is not None else None
+        ensure_topics(self.bootstrap, self.topics, security=su)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor.start_background()
         # `APPRENTICE_HOME=<run_dir> apprentice weights list` (or status, tail, ...) then finds this stack

@@ -23,6 +23,7 @@ from shared.contracts.stack_endpoints import StackEndpoints, remove_endpoints, w
 from shared.logs import configure_logging
 from shared.retry import Backoff
 from shared.settings import CommonSettings
+from tools.broker.local_broker import local_credentials_dir, principal_env
 from tools.devca import DevCredentials, ensure_dev_credentials
 from tools.stack.ports import Ports, wire_services
 
@@ -176,6 +177,13 @@ def main() -> int:
         # the dashboard reads every tenant's data as the operator (its users sign in with operator keys)
         if "APPRENTICE_DASHBOARD_OPERATOR_TOKEN_FILE" not in os.environ:
             wiring["dashboard"]["APPRENTICE_DASHBOARD_OPERATOR_TOKEN_FILE"] = str(creds.operator_token)
+
+    sasl_dir = local_credentials_dir(os.environ)
+    if sasl_dir is not None:
+        # the local broker's credentials (`apprentice up` holds the operator's): each service gets its own
+        # principal's instead, and with it exactly the rights of the access table (SECURITY.md §4)
+        for name, env in wiring.items():
+            env.update(principal_env(sasl_dir, name))
 
     dev = DevCredentials(settings.home / "secrets") if secure_dev else None
     write_endpoints(settings.home, stack_endpoints(

@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from pydantic import ValidationError
 
+from shared.contracts import topic_access as access
 from shared.kafka.security import (
     PLAINTEXT,
     KafkaSecurity,
@@ -158,34 +159,47 @@ def test_explicit_security_overrides_the_environment(monkeypatch: pytest.MonkeyP
                                             kafka_sasl_password=None)) == {"security.protocol": "plaintext"}
 
 
-def test_local_broker_sasl_password_is_generated_private_and_stable(tmp_path: Path) -> None:
-    b = LocalBroker(tmp_path, port=29192, controller_port=29193, sasl_port=29194, sasl_user="svc")
-    pw = b.sasl_password()
-    assert len(pw) >= 40 and b.sasl_password() == pw
-    assert stat.S_IMODE(b.sasl_password_file.stat().st_mode) == 0o600
-    assert stat.S_IMODE(b.sasl_password_file.parent.stat().st_mode) == 0o700
-    assert LocalBroker(tmp_path, sasl_port=29194, sasl_user="svc").sasl_password() == pw   # read back
-    assert LocalBroker(tmp_path / "other", sasl_port=29194, sasl_user="svc").sasl_password() != pw
-    env = b.sasl_env()
-    assert env["APPRENTICE_KAFKA_BOOTSTRAP"] == "127.0.0.1:29194"
-    assert env["APPRENTICE_KAFKA_SASL_PASSWORD_FILE"] == str(b.sasl_password_file.resolve())
-    props = b._properties().read_text()
-    assert "SASL_PLAINTEXT://127.0.0.1:29194" in props and "PLAINTEXT://127.0.0.1:29192" in props
-    assert pw not in props                                          # the broker stores only SCRAM hashes
+def test_local_broker_passwords_are_generated_private_and_stable(tmp_path: Path) -> None:
+    b = LocalBroker(tmp_path, port=29192, controller_port=29193)
+    pw = b.password(access.GRADER)
+    assert len(pw) >= 40 and b.password(access.GRADER) == pw and b.password(access.TRAINER) != pw
+    f = b.password_file(access.GRADER)
+    assert stat.S_IMODE(f.stat().st_mode) == 0o600 and stat.S_IMODE(f.parent.stat().st_mode) == 0o700
+    assert LocalBroker(tmp_path).password(access.GRADER) == pw                      # read back
+    assert LocalBroker(tmp_path / "other").password(access.GRADER) != pw
+    env = b.client_env(access.GRADER)
+    assert env["APPRENTICE_KAFKA_BOOTSTRAP"] == "127.0.0.1:29192"
+    assert env["APPRENTICE_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512"
+    assert env["APPRENTICE_KAFKA_SASL_PASSWORD_FILE"] == str(f.resolve())
+    assert b.client_env(access.ADMIN)["APPRENTICE_KAFKA_SASL_MECHANISM"] == "PLAIN"
+    b.rotate(access.ADMIN)   # the admin's password is the broker's JAAS line: no broker needed to rotate it
+    assert b.password(access.ADMIN) != LocalBroker(tmp_path / "other").password(access.ADMIN)
+
+
+def test_local_broker_config_is_sasl_only_and_authorizing(tmp_path: Path) -> None:
+    b = LocalBroker(tmp_path, port=29192, controller_port=29193)
+    props = b._properties()
+    text = props.read_text()
+    assert stat.S_IMODE(props.stat().st_mode) == 0o600          # it holds the admin's password
+    assert "listeners=SASL_PLAINTEXT://127.0.0.1:29192,CONTROLLER://127.0.0.1:29193" in text
+    assert "PLAINTEXT://" not in text.replace("SASL_PLAINTEXT://", "")
+    assert "CONTROLLER:SASL_PLAINTEXT" in text and "sasl.mechanism.controller.protocol=PLAIN" in text
+    assert "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer" in text
+    assert "allow.everyone.if.no.acl.found=false" in text and "super.users=User:admin" in text
+    assert b.password(access.GRADER) not in text                 # the principals' passwords live as SCRAM hashes
+    insecure = LocalBroker(tmp_path, port=29192, controller_port=29193, plaintext_port=29195)
+    assert "PLAINTEXT://127.0.0.1:29195" in "\n".join(insecure.properties())
 
 
 def test_local_broker_for_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("APPRENTICE_HOME", str(tmp_path))
-    plain = LocalBroker.for_settings(CommonSettings())
-    assert (plain.port, plain.sasl_port) == (9092, None)
-    assert LocalBroker.for_settings(CommonSettings(), sasl=True, sasl_port=9096).sasl_port == 9096
-    # clients configured for SASL: their bootstrap is the SASL listener, their credentials the broker's user
-    _sasl_env(monkeypatch, sasl_password=SECRET, bootstrap="127.0.0.1:9094")
     b = LocalBroker.for_settings(CommonSettings())
-    assert (b.port, b.sasl_port, b.sasl_user, b.sasl_password()) == (9092, 9094, "svc", SECRET)
-    assert not b.sasl_password_file.exists()
-    monkeypatch.setenv("APPRENTICE_KAFKA_SASL_MECHANISM", "SCRAM-SHA-256")
-    with pytest.raises(BrokerError, match="SCRAM-SHA-512"):
+    assert (b.port, b.controller_port, b.plaintext_port) == (9092, 9093, None)
+    assert LocalBroker.for_settings(CommonSettings(), plaintext_port=9095).plaintext_port == 9095
+    _sasl_env(monkeypatch, sasl_password=SECRET, bootstrap="127.0.0.1:29092")
+    assert LocalBroker.for_settings(CommonSettings()).port == 29092     # the SASL listener is the bootstrap
+    monkeypatch.setenv("APPRENTICE_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    with pytest.raises(BrokerError, match="not SASL_SSL"):
         LocalBroker.for_settings(CommonSettings())
-    with pytest.raises(BrokerError, match="already the broker's plain"):
-        LocalBroker(tmp_path, port=9092, sasl_port=9092)
+    with pytest.raises(BrokerError, match="already the broker's SASL"):
+        LocalBroker(tmp_path, port=9092, plaintext_port=9092)
