@@ -71,7 +71,7 @@ def test_broker_log_dir_is_on_the_volume_and_host_tools_have_a_listener() -> Non
     env = kafka["environment"]
     # The image's launch script would default log.dirs to /tmp/kraft-combined-logs, outside the volume:
     # recreating the container would then lose every topic, the compacted knowledge base included.
-    mounts = dict(v.split(":")[:2][::-1] for v in kafka["volumes"])
+    mounts = dict(v.split(":")[:2][::-1] for v in kafka["volumes"] if isinstance(v, str))
     assert mounts.get(env["KAFKA_LOG_DIRS"]) == "kafka-data", (env["KAFKA_LOG_DIRS"], mounts)
     listeners, advertised = _env_list(env["KAFKA_LISTENERS"]), _env_list(env["KAFKA_ADVERTISED_LISTENERS"])
     protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
