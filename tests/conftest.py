@@ -21,17 +21,35 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
+    """The local broker (started, reused, or restarted when it still runs the configuration from before
+    authorization), with this process and its subprocesses as its admin (super user): the suite's own
+    set-up (topics, reading any topic) needs it; stacks give each service its own principal
+    (tools/stack/stack.py). A broker of the user's own, with credentials set in the environment, is used
+    as configured; a broker on the port that refuses this home's admin stops the session with why."""
+    from shared.contracts.topic_access import ADMIN
     from shared.kafka.admin import broker_answers
-    from tools.broker.local_broker import LocalBroker
+    from tools.broker.local_broker import BrokerError, LocalBroker, local_credentials_dir
 
     bootstrap = os.environ.get("APPRENTICE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    if broker_answers(bootstrap):
+    if os.environ.get("APPRENTICE_KAFKA_SECURITY_PROTOCOL") and local_credentials_dir(os.environ) is None:
+        if not broker_answers(bootstrap, timeout=10.0):
+            pytest.exit(f"kafka_bootstrap: the configured broker at {bootstrap} does not accept the configured "
+                        "credentials", returncode=3)
         yield bootstrap
         return
-    broker = LocalBroker(Path(os.environ.get("APPRENTICE_HOME", REPO / ".apprentice")))
-    status = broker.start()
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    broker = LocalBroker(Path(os.environ.get("APPRENTICE_HOME", REPO / ".apprentice")), host=host or "127.0.0.1",
+                         port=int(port), controller_port=int(port) + 1)
+    before = broker.status()
+    started = not (before.running or before.refuses_admin)   # nothing listened: this session starts it
+    try:
+        status = broker.start()
+    except BrokerError as e:
+        pytest.exit(f"kafka_bootstrap: {e}", returncode=3)
+    os.environ.pop("APPRENTICE_KAFKA_SASL_PASSWORD", None)
+    os.environ.update(broker.client_env(ADMIN))
     yield status.bootstrap
-    if not os.environ.get("APPRENTICE_TEST_KEEP_BROKER"):
+    if started and not os.environ.get("APPRENTICE_TEST_KEEP_BROKER"):
         broker.stop()
 
 

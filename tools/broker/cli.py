@@ -8,6 +8,7 @@ import json
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException
@@ -15,12 +16,12 @@ from confluent_kafka import KafkaException
 from shared.contracts import topic_access as access
 from shared.contracts.events import UndecodableEvent, decode, message_type, to_dict
 from shared.contracts.topics import EVENT_TOPICS, Topics
-from shared.kafka.admin import broker_answers, ensure_topics, list_topics
+from shared.kafka.admin import admin, broker_answers, ensure_topics, list_topics
 from shared.kafka.consumers import new_consumer
 from shared.settings import CommonSettings
 from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
-from tools.broker.acls import describe_acls, grants, table_lines
-from tools.broker.local_broker import DEFAULT_PLAINTEXT_PORT, BrokerError, LocalBroker
+from tools.broker.acls import apply_acls, describe_acls, grants, table_lines
+from tools.broker.local_broker import DEFAULT_PLAINTEXT_PORT, BrokerError, LocalBroker, principal_security
 
 if TYPE_CHECKING:
     from tools.broker.local_broker import BrokerStatus
@@ -159,6 +160,22 @@ def _acls(broker: LocalBroker, topics: Topics, *, apply: bool, describe: bool) -
     if describe:
         for g in describe_acls(broker.admin_client(), topics):
             print(g)
+    return 0
+
+
+def share_broker(settings: CommonSettings, sasl_dir: Path) -> int:
+    """Set up the deployment of `settings` (its topics, the ACLs of its prefix) on another home's local
+    broker, as that broker's admin (its credentials in `sasl_dir`): `apprentice up --use-running-broker`."""
+    su = principal_security(sasl_dir, access.ADMIN)
+    try:
+        created = apply_acls(admin(settings.kafka_bootstrap, security=su), grants(settings.topics))
+        ensure_topics(settings.kafka_bootstrap, settings.topics, security=su)
+    except (KafkaException, OSError, TimeoutError) as e:
+        print(f"apprentice up: cannot set up the shared broker at {settings.kafka_bootstrap} as the admin of "
+              f"{sasl_dir}: {e}", file=sys.stderr)
+        return 1
+    print(f"kafka broker shared at {settings.kafka_bootstrap}: {len(created)} ACL bindings created for the "
+          f"prefix {settings.topic_prefix!r}")
     return 0
 
 

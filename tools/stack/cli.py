@@ -26,8 +26,8 @@ from shared.progress import progress, progress_enabled
 from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
 from shared.security.channels import open_channel
 from shared.settings import CommonSettings
-from tools.broker.cli import SHARE_ENV, foreign_broker, kafka
-from tools.broker.local_broker import apply_client_env
+from tools.broker.cli import SHARE_ENV, foreign_broker, kafka, share_broker
+from tools.broker.local_broker import apply_client_env, local_credentials_dir
 from tools.devca import apply_stack_client_env, ensure_dev_credentials
 from tools.stack.client_env import env_lines
 from tools.stack.ports import Ports
@@ -89,12 +89,19 @@ def up(argv: list[str]) -> int:
     except ModelUnavailable as e:
         print(f"apprentice up: {e}", file=sys.stderr)
         return 2
-    if not (ns.use_running_broker or os.environ.get(SHARE_ENV, "") not in ("", "0")):
+    sharing = ns.use_running_broker or os.environ.get(SHARE_ENV, "") not in ("", "0")
+    if not sharing:
         refusal = foreign_broker(settings)  # another home's broker: its data is not where ours would be
         if refusal is not None:
             print(f"apprentice up: {refusal}", file=sys.stderr)
             return 1
-    if kafka(["start"]) != 0:
+    held = local_credentials_dir(os.environ)
+    if sharing and held is not None and held.resolve() != (settings.home / "kafka" / "sasl").resolve():
+        # another home's local broker, whose admin credentials the environment holds: its users exist;
+        # this deployment gets its topics and ACLs there
+        if share_broker(settings, held) != 0:
+            return 1
+    elif kafka(["start"]) != 0:
         return 1
     # this process (status, lag) as the operator; the supervisor gives each service its own principal
     if apply_client_env(settings.home, OPERATOR):
