@@ -22,6 +22,7 @@ from services.extractor.settings import ExtractorSettings
 from shared.contracts.events import decode
 from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
+from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.kafka import read_all
 from tests.unit.extractor.factories import graded
@@ -71,7 +72,7 @@ def snapshots(bootstrap: str, topics: Topics) -> list[events_pb2.KnowledgeSnapsh
 
 
 def committed(bootstrap: str, group: str, topic: str, partitions: int = 6) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
         tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
         return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
@@ -80,7 +81,7 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int = 6) -> di
 
 
 def ends(bootstrap: str, topic: str, partitions: int = 6) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ends-{uuid.uuid4()}"})
+    c = Consumer({**librdkafka_config(), "bootstrap.servers": bootstrap, "group.id": f"ends-{uuid.uuid4()}"})
     try:
         out = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
         return {p: hi for p, hi in out.items() if hi > 0}

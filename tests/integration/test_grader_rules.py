@@ -26,6 +26,7 @@ from shared.contracts.grader_waiting import describe, from_metrics
 from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
+from shared.kafka.security import librdkafka_config
 from shared.metrics import scrape
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.grader import (
@@ -149,7 +150,7 @@ def test_a_rule_set_at_run_time_grades_the_waiting_interaction_within_seconds(st
 
 
 def test_invalid_rule_records_are_dead_lettered_and_change_nothing(stack: Stack) -> None:
-    p = Producer({"bootstrap.servers": stack.bootstrap})
+    p = Producer({**librdkafka_config(), "bootstrap.servers": stack.bootstrap})
     bad = [  # a rule under another tenant's key, a wildcard without the flag, a verifier, not JSON
         (b"victim/billing", json.dumps({"tenant": "acme", "task": "billing", "revision": 1, "operator": "x",
                                          "rules": {"graders": [{"name": "k", "type": "kpi", "kpi": "k"}]}})),

@@ -19,6 +19,7 @@ from services.grader.core.join import graded_event_id
 from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
+from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.grader import (
     GraderProcess,
@@ -119,7 +120,7 @@ def test_interactions_written_in_transactions_are_graded_and_committed_past(stac
     records. The committed interactions are graded, the aborted ones never, and the grader's commit
     moves past those offsets (one that waited for them would hold the partition back for good)."""
     run = uuid.uuid4().hex[:8]
-    producer = Producer({"bootstrap.servers": stack.bootstrap, "transactional.id": f"outside-{run}",
+    producer = Producer({**librdkafka_config(), "bootstrap.servers": stack.bootstrap, "transactional.id": f"outside-{run}",
                          "enable.idempotence": True})
     producer.init_transactions(30)
     kept = [interaction(task="rules", text=f"Warranty {i} months.", session_id=f"txn-{run}") for i in range(3)]
@@ -139,7 +140,7 @@ def test_interactions_written_in_transactions_are_graded_and_committed_past(stac
     graded_ids = {graded(m.value()).interaction.interaction_id for m in stack.graded.records}
     assert not graded_ids & {it.interaction_id for it in dropped}  # same partition, written before kept[1:]
 
-    reader = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": f"{stack.topics.prefix}apprentice-grader",
+    reader = Consumer({**librdkafka_config(), "bootstrap.servers": stack.bootstrap, "group.id": f"{stack.topics.prefix}apprentice-grader",
                        "enable.auto.commit": False})
     try:
         tp = TopicPartition(stack.topics.interactions, 0)

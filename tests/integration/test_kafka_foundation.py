@@ -14,6 +14,7 @@ from shared.contracts.events import decode, make_envelope
 from shared.contracts.topics import Topics
 from shared.kafka import DeadLetterPublisher, EventConsumer, EventProducer
 from shared.kafka.decode import decode_batch
+from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.kafka import read_all
 
@@ -96,7 +97,7 @@ def test_apprentice_tail_prints_a_json_topic_as_its_documents(kafka_bootstrap: s
     line for a value that is not JSON) instead of failing on a missing message type."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer = Producer({**librdkafka_config(), "bootstrap.servers": kafka_bootstrap})
     producer.produce(topics.grader_rules, b'{"tenant": "acme", "task": "billing"}', key=b"acme/billing")
     producer.produce(topics.grader_rules, b"\xff not json", key=b"junk/x")
     producer.flush(30)

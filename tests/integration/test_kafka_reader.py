@@ -17,6 +17,7 @@ from shared.contracts.topics import Topics
 from shared.kafka.admin import admin, delete_topics
 from shared.kafka.consumers import Isolation, new_consumer
 from shared.kafka.reader import Start, read_to_end, read_topic_to_end
+from shared.kafka.security import librdkafka_config
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ def test_an_empty_topic_reads_as_nothing_at_once(kafka_bootstrap: str, make_topi
 
 def test_every_partition_is_read_to_its_end_and_no_further(kafka_bootstrap: str, make_topic: Callable[[int], str]) -> None:
     topic = make_topic(3)
-    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    p = Producer({**librdkafka_config(), "bootstrap.servers": kafka_bootstrap})
     sent = [(i % 2, f"r{i}".encode()) for i in range(10)]          # partitions 0 and 1; 2 stays empty
     for part, v in sent:
         p.produce(topic, v, partition=part)
@@ -79,7 +80,7 @@ def test_every_partition_is_read_to_its_end_and_no_further(kafka_bootstrap: str,
 def test_a_transactional_topic_ends_past_its_markers_and_aborted_records(kafka_bootstrap: str,
                                                                          make_topic: Callable[[int], str]) -> None:
     topic = make_topic(3)
-    p = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"test-reader-{uuid.uuid4()}"})
+    p = Producer({**librdkafka_config(), "bootstrap.servers": kafka_bootstrap, "transactional.id": f"test-reader-{uuid.uuid4()}"})
     p.init_transactions(30)
     p.begin_transaction()
     for i in range(3):
