@@ -29,7 +29,7 @@ from shared.settings import CommonSettings
 from tools.broker.cli import SHARE_ENV, foreign_broker, kafka, share_broker
 from tools.broker.local_broker import apply_client_env, local_credentials_dir
 from tools.devca import apply_stack_client_env, ensure_dev_credentials
-from tools.stack.client_env import env_lines
+from tools.stack.client_env import env_lines, kafka_lines
 from tools.stack.ports import Ports
 from tools.stack.probe import metrics_text, service_health, stack_ports, stack_state
 from tools.stack.status_view import render_status
@@ -152,6 +152,11 @@ def up(argv: list[str]) -> int:
                   "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'")
     if (secrets / "ca.pem").exists():
         _print_client_env(settings.home)
+    analytics = kafka_lines(settings.home, settings.kafka_bootstrap)
+    if analytics:
+        print("\nKafka consumers outside the loop (read-only) log in as 'analytics' "
+              "(or: eval \"$(apprentice env --kafka analytics)\"):")
+        print("\n".join(line for line in analytics if not line.startswith("#")))
     if ports.dashboard:
         secure = (secrets / "ca.pem").exists()
         print(f"Dashboard: {'https' if secure else 'http'}://localhost:{ports.dashboard}/"

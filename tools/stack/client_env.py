@@ -21,7 +21,9 @@ import sys
 from pathlib import Path
 
 from shared.contracts.stack_endpoints import read_endpoints, state_home
-from shared.settings import default_home
+from shared.contracts.topic_access import ANALYTICS, PRINCIPALS
+from shared.settings import CommonSettings, default_home
+from tools.broker.local_broker import principal_env
 from tools.devca import DevCredentials
 from tools.stack.probe import stack_ports
 
@@ -97,14 +99,40 @@ def env_lines(home: Path, tenant: str = "default") -> list[str]:
     return lines
 
 
+def kafka_lines(home: Path, bootstrap: str, principal: str = ANALYTICS) -> list[str]:
+    """The lines that make a Kafka client of the local broker under `home` log in as `principal` (by
+    default `analytics`: read-only, for consumers outside the loop); none before the broker generated its
+    credentials. The password stays in its file: the lines name the file."""
+    sasl_dir = home / "kafka" / "sasl"
+    if not (sasl_dir / f"{principal}.password").exists():
+        return []
+    env = {"APPRENTICE_KAFKA_BOOTSTRAP": bootstrap, **principal_env(sasl_dir, principal)}
+    env.pop("APPRENTICE_KAFKA_SASL_PASSWORD")
+    return [f"# Kafka clients as {principal!r} (SECURITY.md §5: what it may read and write); librdkafka: "
+            f"security.protocol=SASL_PLAINTEXT sasl.mechanism={env['APPRENTICE_KAFKA_SASL_MECHANISM']} "
+            f"sasl.username={principal} sasl.password=<the file's content>",
+            *(_export(k, v) for k, v in env.items())]
+
+
 def main(argv: list[str] | None = None) -> int:
     """`apprentice env [--tenant T]`: print the shell lines that make stock clients trust and call the local
     stack; `eval "$(apprentice env)"` applies them."""
 
     ap = argparse.ArgumentParser(prog="apprentice env", description=main.__doc__)
     ap.add_argument("--tenant", default="default", help="whose backend key OPENAI_API_KEY is (default: default)")
+    ap.add_argument("--kafka", metavar="PRINCIPAL", choices=PRINCIPALS,
+                    help="print instead the Kafka client lines of that principal of the local broker "
+                         "(analytics: read-only consumers outside the loop)")
     ns = ap.parse_args(argv)
     home = default_home()
+    if ns.kafka:
+        lines = kafka_lines(home, CommonSettings().kafka_bootstrap, ns.kafka)
+        if not lines:
+            print(f"apprentice env: the local broker of {home} has no credentials yet: `apprentice kafka start`",
+                  file=sys.stderr)
+            return 1
+        print("\n".join(lines))
+        return 0
     try:
         lines = env_lines(home, ns.tenant)
     except FileNotFoundError as e:

@@ -87,3 +87,16 @@ def test_up_prints_the_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert 'eval "$(apprentice env)"' in out
     assert f"export SSL_CERT_FILE={tmp_path / 'secrets' / 'ca-bundle.pem'}" in out
     assert "export OPENAI_API_KEY=" in out and "NODE_EXTRA_CA_CERTS" in out
+
+
+def test_kafka_lines_log_in_as_analytics_without_printing_the_password(tmp_path: Path) -> None:
+    from tools.stack.client_env import kafka_lines
+
+    assert kafka_lines(tmp_path, "127.0.0.1:9092") == []           # no broker credentials yet
+    sasl = tmp_path / "kafka" / "sasl"
+    sasl.mkdir(parents=True)
+    (sasl / "analytics.password").write_text("s3cret-analytics\n")
+    text = "\n".join(kafka_lines(tmp_path, "127.0.0.1:9092"))
+    assert "export APPRENTICE_KAFKA_SASL_USERNAME=analytics" in text
+    assert f"export APPRENTICE_KAFKA_SASL_PASSWORD_FILE={(sasl / 'analytics.password').resolve()}" in text
+    assert "APPRENTICE_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT" in text and "s3cret" not in text
