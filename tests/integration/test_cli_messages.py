@@ -102,15 +102,26 @@ def test_up_refuses_another_homes_broker_and_status_names_its_data(other_homes_b
     assert not (home_b / "stack.json").exists() and not (home_b / "logs" / "supervisor.log").exists()
     assert not (home_b / "kafka" / "data").exists()
 
-    # asked to share it (flag or variable): `up` goes on, and says whose broker it shares. A live supervisor
+    # asked to share it without that broker's credentials: `up` says which ones it needs (the broker
+    # authorizes every client, SECURITY.md §4)
+    admin_file = home_a / "kafka" / "sasl" / "admin.password"
+    refused = _apprentice(home_b, "up", "--use-running-broker", APPRENTICE_KAFKA_BOOTSTRAP=bootstrap,
+                          APPRENTICE_MODEL=MODEL)
+    assert refused.returncode == 1 and f"APPRENTICE_KAFKA_SASL_PASSWORD_FILE={admin_file.resolve()}" in refused.stderr, \
+        refused.stderr
+    _no_traceback(refused)
+    # with them (flag or variable): `up` goes on, and says whose broker it shares. A live supervisor
     # recorded in this home stands in for a running stack, so `up` stops right after the broker step.
     (home_b / "stack.json").write_text(json.dumps({"supervisor_pid": os.getpid()}))
-    for args, extra in ((["--use-running-broker"], {}), ([], {"APPRENTICE_USE_RUNNING_BROKER": "1"})):
+    admin = {"APPRENTICE_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "APPRENTICE_KAFKA_SASL_MECHANISM": "PLAIN",
+             "APPRENTICE_KAFKA_SASL_USERNAME": "admin", "APPRENTICE_KAFKA_SASL_PASSWORD_FILE": str(admin_file)}
+    for args, extra in ((["--use-running-broker"], admin), ([], {"APPRENTICE_USE_RUNNING_BROKER": "1", **admin})):
         shared = _apprentice(home_b, "up", *args, APPRENTICE_KAFKA_BOOTSTRAP=bootstrap, APPRENTICE_MODEL=MODEL,
                              **extra)
         assert shared.returncode == 0, shared.stdout + shared.stderr
-        assert "reused (already running)" in shared.stdout and f"not this home's: the broker of {home_a.resolve()}" \
-            in shared.stdout and "the stack is already up" in shared.stdout, shared.stdout
+        assert f"kafka broker shared at {bootstrap}" in shared.stdout and \
+            f"not this home's: the broker of {home_a.resolve()}" in shared.stdout and \
+            "the stack is already up" in shared.stdout, shared.stdout
 
 
 # --- 2. weights list with only the base model -------------------------------------------------------

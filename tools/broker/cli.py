@@ -38,14 +38,14 @@ def _broker(settings: CommonSettings, *, plaintext_port: int | None = None) -> L
 def whose(st: BrokerStatus) -> str:
     """The answering broker in words: the home it belongs to (and its pid) when it is another home's local
     broker, else the data folder it reports."""
-    if st.refuses_admin:
-        return "a broker that refuses this home's admin credentials (another home's, or one started before authorization)"
     if st.serving_home is not None:
         pid = st.serving_pid
         return (f"the broker of {st.serving_home}" + (f" (pid {pid})" if pid else "")
                 + f", data {st.serving_data_dir}")
     if st.serving_data_dir is not None:
         return f"a broker with its data in {st.serving_data_dir}"
+    if st.refuses_admin:
+        return "a broker that refuses this home's admin credentials (another home's, or one started before authorization)"
     return "a broker this home did not start (it does not say where its data is)"
 
 
@@ -174,8 +174,9 @@ def share_broker(settings: CommonSettings, sasl_dir: Path) -> int:
         print(f"apprentice up: cannot set up the shared broker at {settings.kafka_bootstrap} as the admin of "
               f"{sasl_dir}: {e}", file=sys.stderr)
         return 1
-    print(f"kafka broker shared at {settings.kafka_bootstrap}: {len(created)} ACL bindings created for the "
-          f"prefix {settings.topic_prefix!r}")
+    st = LocalBroker.for_settings(settings).status()
+    print(f"kafka broker shared at {settings.kafka_bootstrap} (not this home's: {whose(st)}): {len(created)} ACL "
+          f"bindings created for the prefix {settings.topic_prefix!r}")
     return 0
 
 

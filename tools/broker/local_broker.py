@@ -400,12 +400,30 @@ class LocalBroker:
         first = (entry.value or "").split(",")[0].strip() if entry is not None else ""
         return Path(first) if first else None
 
+    def listening_process_data_dir(self) -> Path | None:
+        """The data folder of the local broker process that listens on this port, read from the configuration
+        file on its command line (`kafka.Kafka <server.properties>`): whose broker it is when it refuses this
+        home's admin and so cannot be asked. None when no local broker process listens there."""
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                args = cmdline.read_bytes().split(b"\0")
+                props = Path(args[args.index(b"kafka.Kafka") + 1].decode())
+                conf = dict(line.split("=", 1) for line in props.read_text().splitlines()
+                            if "=" in line and not line.startswith("#"))
+            except (OSError, ValueError, IndexError, UnicodeDecodeError):
+                continue
+            if any(entry.endswith(f"//{self.host}:{self.port}") for entry in conf.get("listeners", "").split(",")):
+                first = conf.get("log.dirs", conf.get("log.dir", "")).split(",")[0].strip()
+                return Path(first) if first else None
+        return None
+
     def status(self) -> BrokerStatus:
         pid = self._owned_pid()
         running = self._answers()
+        refuses = not running and self._port_open()
+        serving = self.serving_data_dir() if running else self.listening_process_data_dir() if refuses else None
         return BrokerStatus(running=running, owned=pid is not None, pid=pid, bootstrap=self.bootstrap,
-                            data_dir=self.data, serving_data_dir=self.serving_data_dir() if running else None,
-                            refuses_admin=not running and self._port_open(),
+                            data_dir=self.data, serving_data_dir=serving, refuses_admin=refuses,
                             plaintext_bootstrap=self.plaintext_bootstrap if running else None)
 
     def refusal(self) -> str:

@@ -26,8 +26,8 @@ from shared.progress import progress, progress_enabled
 from shared.proto.apprentice.v1 import knowledge_pb2, knowledge_pb2_grpc, weights_pb2, weights_pb2_grpc
 from shared.security.channels import open_channel
 from shared.settings import CommonSettings
-from tools.broker.cli import SHARE_ENV, foreign_broker, kafka, share_broker
-from tools.broker.local_broker import apply_client_env, local_credentials_dir
+from tools.broker.cli import SHARE_ENV, foreign_broker, kafka, share_broker, whose
+from tools.broker.local_broker import LocalBroker, apply_client_env, local_credentials_dir
 from tools.devca import apply_stack_client_env, ensure_dev_credentials
 from tools.stack.client_env import env_lines, kafka_lines
 from tools.stack.ports import Ports
@@ -96,6 +96,12 @@ def up(argv: list[str]) -> int:
             print(f"apprentice up: {refusal}", file=sys.stderr)
             return 1
     held = local_credentials_dir(os.environ)
+    if sharing and held is None and (st := LocalBroker.for_settings(settings).status()).refuses_admin:
+        home = st.serving_home or Path("<its home>")
+        print(f"apprentice up: to share {whose(st)}, run as its admin: APPRENTICE_KAFKA_SECURITY_PROTOCOL="
+              f"SASL_PLAINTEXT APPRENTICE_KAFKA_SASL_MECHANISM=PLAIN APPRENTICE_KAFKA_SASL_USERNAME=admin "
+              f"APPRENTICE_KAFKA_SASL_PASSWORD_FILE={home / 'kafka' / 'sasl' / 'admin.password'}", file=sys.stderr)
+        return 1
     if sharing and held is not None and held.resolve() != (settings.home / "kafka" / "sasl").resolve():
         # another home's local broker, whose admin credentials the environment holds: its users exist;
         # this deployment gets its topics and ACLs there
