@@ -185,13 +185,14 @@ class CommonSettings(ApprenticeSettings):
 
     # --- Kafka client security (every producer, consumer and admin client, faust included) ---------
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    """How clients talk to the brokers. PLAINTEXT (default): no TLS, no authentication, as the local
-    broker's 9092 listener. SASL_PLAINTEXT: SCRAM authentication (`apprentice kafka start --sasl`).
+    """How clients talk to the brokers. PLAINTEXT (default): no TLS, no authentication (the local broker
+    refuses such clients; the CLI and `apprentice up` fill in its generated credentials).
+    SASL_PLAINTEXT: SASL authentication, as the local broker's only listener requires.
     SSL / SASL_SSL: TLS to the brokers, verified against `kafka_ssl_ca` (or the system's CAs)."""
 
     kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = "SCRAM-SHA-512"
     """SASL mechanism when the protocol is SASL_*. SCRAM never sends the password itself; PLAIN does, so
-    use it only with SASL_SSL."""
+    use it only with SASL_SSL, or on loopback for the local broker's `admin` (its JAAS-declared super user)."""
 
     kafka_sasl_username: str | None = None
     """SASL user name; required by SASL_PLAINTEXT and SASL_SSL."""
@@ -202,8 +203,8 @@ class CommonSettings(ApprenticeSettings):
 
     kafka_sasl_password_file: Path | None = None
     """File holding the SASL password (a mounted secret; one trailing newline is ignored). Read at
-    start-up when `kafka_sasl_password` is not set. `apprentice kafka start --sasl` writes one under
-    the broker's home."""
+    start-up when `kafka_sasl_password` is not set. The local broker writes one per principal under
+    `<home>/kafka/sasl/`."""
 
     kafka_ssl_ca: Path | None = None
     """PEM CA bundle that signs the brokers' certificates (SSL, SASL_SSL); unset = the system's CAs."""
