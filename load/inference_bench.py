@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.inference.client import InferenceClient  # noqa: E402
 from services.inference.engines.base import GenerationRequest  # noqa: E402
+from shared.contracts.topic_access import ADMIN  # noqa: E402
 from shared.contracts.topics import Topics  # noqa: E402
 from shared.decoding.generation import encode_prompt, render_chat  # noqa: E402
 from shared.decoding.params import SamplingConfig  # noqa: E402
@@ -130,6 +131,7 @@ def kafka_down(model: str, n: int, max_new: int) -> tuple[float, float, int, int
     tmp = Path(tempfile.mkdtemp(prefix="inference-bench-"))
     broker = private_broker(tmp / "broker")
     broker.start(timeout=180)
+    os.environ.update(broker.client_env(ADMIN))     # its clients (the pod, the reader) as the broker's admin
     topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:6]}.")
     ensure_topics(broker.bootstrap, topics)
     app = start_inference(tmp / "pod", model=model, bootstrap=broker.bootstrap, topic_prefix=topics.prefix,
