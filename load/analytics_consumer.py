@@ -6,6 +6,9 @@ group, binary protobuf values), keeps the highest revision of each graded record
     tenant  policy_version  interactions  graded  with_signal  mean_reward  success_rate  quarantined  mean_tokens
 
 Usage: python load/analytics_consumer.py [--from-beginning] [--idle 5] [--json]
+
+Against the local broker it logs in as the read-only `analytics` principal:
+eval "$(apprentice env --kafka analytics)" first (SECURITY.md §5).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +69,9 @@ def aggregate(interactions: list[events_pb2.Interaction],
 
 def consume(settings: CommonSettings, from_beginning: bool, idle_s: float, max_s: float):  # noqa: ANN201
     topics = settings.topics
+    # a group of the deployment's `analytics-` prefix: the one the broker lets the analytics principal use
     c = new_consumer(settings.kafka_bootstrap, purpose="analytics", security=settings,
+                     group_id=topics.group_id(f"analytics-{uuid.uuid4().hex[:12]}"),
                      offset_reset="earliest" if from_beginning else "latest")
     c.subscribe([topics.interactions, topics.graded])
     interactions, graded, bad = [], [], 0
