@@ -32,6 +32,7 @@ from shared.contracts.topics import Topics
 from shared.contracts.validation import TYPE_HEADER
 from shared.kafka import EventProducer
 from shared.kafka.admin import admin, ensure_topics, list_topics
+from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from shared.security.interaction_ids import issue
 from tests.helpers.grader import (
@@ -202,7 +203,7 @@ def test_wrong_types_and_non_finite_values_are_dead_lettered_not_graded(grader: 
     disguised = feedback(it.interaction_id, kind="rating", tenant=TENANT_A, value=5)
     grader.send(grader.topics.interactions, "disguised-1", disguised)
     # ... and written raw by an outside producer without any header
-    raw = Producer({"bootstrap.servers": grader.bootstrap})
+    raw = Producer({**librdkafka_config(), "bootstrap.servers": grader.bootstrap})
     raw.produce(grader.topics.interactions, disguised.SerializeToString(), b"disguised-2")
     raw.produce(grader.topics.interactions, disguised.SerializeToString(), b"disguised-3",
                 headers=[(TYPE_HEADER, b"apprentice.v1.Interaction")])  # lying about its type
