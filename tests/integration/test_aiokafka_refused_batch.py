@@ -22,6 +22,7 @@ from confluent_kafka.admin import NewTopic
 
 from services.grader.stream import patches as faust_patches
 from shared.kafka.admin import admin, delete_topics
+from shared.kafka.security import resolve
 from tests.helpers.kafka import TopicReader
 
 LIMIT = 20_000
@@ -41,8 +42,11 @@ def small_topic(kafka_bootstrap: str) -> Iterator[str]:
 
 async def _send_around_a_refused_record(bootstrap: str, topic: str) -> list[BaseException | None]:
     """good-1, then a record the broker refuses, then good-2 and good-3: each send's outcome."""
+    sec = resolve()                     # the environment's client security, as every Kafka client takes it
+    auth = {"sasl_mechanism": sec.mechanism, "sasl_plain_username": sec.username,
+            "sasl_plain_password": sec.password} if sec.sasl else {}
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all",
-                                max_request_size=10 * LIMIT)
+                                max_request_size=10 * LIMIT, security_protocol=sec.protocol, **auth)
     await producer.start()
     outcomes: list[BaseException | None] = []
     try:
