@@ -40,8 +40,11 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.inference.client import InferenceClient  # noqa: E402
+from shared.contracts.topic_access import ADMIN  # noqa: E402
 from shared.contracts.topics import Topics  # noqa: E402
 from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
+from shared.settings import default_home  # noqa: E402
+from tools.broker.local_broker import apply_client_env  # noqa: E402
 
 SHORT_PROMPTS = [f"Quick question {i}: is order #{2000 + i} shipped?" for i in range(8)]
 LONG_PROMPT = "Write a long, detailed story about a lighthouse keeper and the sea."
@@ -207,6 +210,9 @@ def throughput_round(server: Server, work: list[list[dict[str, Any]]]) -> tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
+    # against the local broker (SASL only, authorizing): this benchmark sets up its own topics, so it runs
+    # as that broker's admin unless the environment sets Kafka credentials (docs/deployment.md)
+    apply_client_env(default_home(), ADMIN)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-random")
     ap.add_argument("--only", choices=("short-under-load", "throughput"))

@@ -39,11 +39,14 @@ from confluent_kafka.admin import NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from shared.contracts.topic_access import ADMIN  # noqa: E402
 from shared.contracts.topics import Topics  # noqa: E402
 from shared.kafka.admin import admin, delete_topics, ensure_topics, list_topics, wait_for_broker  # noqa: E402
 from shared.kafka.consumers import new_consumer  # noqa: E402
 from shared.kafka.security import faust_credentials, librdkafka_config  # noqa: E402
+from shared.settings import default_home  # noqa: E402
 from tests.helpers.grader import GraderProcess, interaction  # noqa: E402
+from tools.broker.local_broker import apply_client_env  # noqa: E402
 
 CONFIG = """
 version: bench-1
@@ -289,6 +292,9 @@ class Bench:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # against the local broker (SASL only, authorizing): this benchmark sets up its own topics, so it runs
+    # as that broker's admin unless the environment sets Kafka credentials (docs/deployment.md)
+    apply_client_env(default_home(), ADMIN)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--batch", type=int, default=1000, help="records per batch: passthrough and APPRENTICE_GRADER_BATCH_MAX")

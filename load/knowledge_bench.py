@@ -31,11 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from load.inference_bench import header, pct, row, spawn_server  # noqa: E402
 from services.inference.client import InferenceClient  # noqa: E402
 from shared.contracts.events import make_envelope  # noqa: E402
+from shared.contracts.topic_access import ADMIN  # noqa: E402
 from shared.contracts.topics import Topics  # noqa: E402
 from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
 from shared.kafka.producer import EventProducer  # noqa: E402
 from shared.proto.apprentice.v1 import events_pb2  # noqa: E402
+from shared.settings import default_home  # noqa: E402
 from tests.helpers.kafka import collect  # noqa: E402
+from tools.broker.local_broker import apply_client_env  # noqa: E402
 from tools.tasks.task import load_task  # noqa: E402
 
 TENANT = "bench"
@@ -57,6 +60,9 @@ def knowledge_snapshot(task_name: str) -> events_pb2.KnowledgeSnapshot:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # against the local broker (SASL only, authorizing): this benchmark sets up its own topics, so it runs
+    # as that broker's admin unless the environment sets Kafka credentials (docs/deployment.md)
+    apply_client_env(default_home(), ADMIN)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--task", default="support_desk")

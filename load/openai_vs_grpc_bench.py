@@ -39,9 +39,12 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 
 from services.inference.client import InferenceClient  # noqa: E402
+from shared.contracts.topic_access import ADMIN  # noqa: E402
 from shared.contracts.topics import Topics  # noqa: E402
 from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
+from shared.settings import default_home  # noqa: E402
 from tests.helpers.ports import free_port  # noqa: E402
+from tools.broker.local_broker import apply_client_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MESSAGES = [{"role": "user", "content": "My order #1042 has not arrived. What should I do?"}]
@@ -167,6 +170,9 @@ def measure(doors: Doors, concurrency: int, requests: int, per_block: int, with_
 
 
 def main(argv: list[str] | None = None) -> int:
+    # against the local broker (SASL only, authorizing): this benchmark sets up its own topics, so it runs
+    # as that broker's admin unless the environment sets Kafka credentials (docs/deployment.md)
+    apply_client_env(default_home(), ADMIN)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-random")
     ap.add_argument("--bootstrap", default=os.environ.get("APPRENTICE_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))

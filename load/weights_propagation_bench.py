@@ -45,7 +45,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from shared.contracts.topic_access import ADMIN  # noqa: E402
+from shared.settings import default_home  # noqa: E402
 from tests.helpers.ports import free_port  # noqa: E402
+from tools.broker.local_broker import apply_client_env  # noqa: E402
 
 TARGET = 2.0
 
@@ -285,6 +288,9 @@ def run_engine(args: argparse.Namespace, engine: str, kinds: list[str], versions
 
 
 def main(argv: list[str] | None = None) -> int:
+    # against the local broker (SASL only, authorizing): this benchmark sets up its own topics, so it runs
+    # as that broker's admin unless the environment sets Kafka credentials (docs/deployment.md)
+    apply_client_env(default_home(), ADMIN)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--engines", default="transformers",
