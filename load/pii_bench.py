@@ -24,6 +24,11 @@ Business names (`APPRENTICE_BUSINESS_NAMES`, shared/privacy/business.py), betwee
     places next to end users' names, e-mails and phones): the share of business-name occurrences that
     survive redaction (must be all with the names declared; without, what the detector takes) and the
     recall on the end users' data in the same texts (must be unchanged).
+1d. Disguises (load/pii_disguises.py): spelled-out at/dot, full-width and Indic/Arabic digits, mixed
+    separators, dotted IBANs, values split across two messages, the OpenAI `user` field, session ids, and
+    prose that reads like them: recall per form (any detection type masks it) and precision (a detection
+    that touches no labelled value is a false alarm). Each conversation goes through `find_conversation`
+    where the detector has it (a scan over the messages together), else `find` per message.
 """
 
 from __future__ import annotations
@@ -158,6 +163,45 @@ def business_names_quality(examples: list[Labelled]) -> None:
                 print(f"  missed {t}: {m}")
 
 
+def disguises() -> None:
+    from load.pii_disguises import CASES, NEGATIVE
+
+    det = get_detector()
+    per_form: dict[str, list[int]] = {}        # form -> [labelled, found, detected, false alarms]
+    misses: list[str] = []
+    for case in CASES:
+        joint = getattr(det, "find_conversation", None)
+        found = joint(list(case.messages)) if joint else [det.find(m) for m in case.messages]
+        row = per_form.setdefault(case.form, [0, 0, 0, 0])
+        gold: list[list[tuple[int, int]]] = [[] for _ in case.messages]
+        for i, value in case.values:
+            a = case.messages[i].index(value)
+            gold[i].append((a, a + len(value)))
+        for i, (text, spans) in enumerate(zip(case.messages, found, strict=True)):
+            masked = {k for s in spans for k in range(s.start, s.end)}
+            for a, b in gold[i]:
+                row[0] += 1
+                if all(k in masked for k in range(a, b) if text[k].isalnum()):
+                    row[1] += 1
+                else:
+                    misses.append(f"  missed ({case.form}): {text[a:b]!r} in {text!r}")
+            for s in spans:
+                row[2] += 1
+                if not any(s.start < b and a < s.end for a, b in gold[i]):
+                    row[3] += 1
+                    misses.append(f"  false alarm ({case.form}): {text[s.start:s.end]!r} ({s.entity}) in {text!r}")
+    print(f"\n1d) disguised personal data ({len(CASES)} conversations, load/pii_disguises.py)")
+    print(f"{'form':<24}{'labelled':>9}{'found':>7}{'recall':>8}{'detected':>10}{'false':>7}{'precision':>11}")
+    tot = [0, 0, 0, 0]
+    for form, (n, tp, d, fa) in per_form.items():
+        tot = [tot[0] + n, tot[1] + tp, tot[2] + d, tot[3] + fa]
+        rec = f"{tp / n:.3f}" if n else "-"
+        print(f"{form:<24}{n:>9}{tp:>7}{rec:>8}{d:>10}{fa:>7}{(d - fa) / d if d else 1.0:>11.3f}")
+    n, tp, d, fa = tot
+    print(f"{'all':<24}{n:>9}{tp:>7}{tp / n:>8.3f}{d:>10}{fa:>7}{(d - fa) / d if d else 1.0:>11.3f}")
+    print("\n".join(misses))
+
+
 def capture_step(texts: list[str], tok: Any) -> None:
     from services.inference.privacy import CapturePrivacy
     from services.inference.requests import interaction_event, prepare
@@ -236,12 +280,16 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--model", default="tiny-random")
     ap.add_argument("--skip-server", action="store_true", help="only the detector and the capture step")
+    ap.add_argument("--disguises-only", action="store_true", help="only section 1d (disguised personal data)")
     args = ap.parse_args()
     print(f"pii_bench {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} ({platform.machine()}, "
           f"{__import__('os').cpu_count()} CPUs, Python {platform.python_version()})")
     t0 = time.perf_counter()
     get_detector()
     print(f"detector build (Presidio + spaCy en_core_web_sm): {time.perf_counter() - t0:.1f} s, once per process")
+    disguises()
+    if args.disguises_only:
+        return
     texts = quality()
     business_names_quality(load_labelled(LABELLED))
     from shared.models import load_tokenizer
