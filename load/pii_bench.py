@@ -164,7 +164,7 @@ def business_names_quality(examples: list[Labelled]) -> None:
 
 
 def disguises() -> None:
-    from load.pii_disguises import CASES, NEGATIVE
+    from load.pii_disguises import CASES
 
     det = get_detector()
     per_form: dict[str, list[int]] = {}        # form -> [labelled, found, detected, false alarms]
