@@ -10,6 +10,9 @@ Layout: `<dir>/<first_seq:020d>.seg` files of records, a `cursor` file (highest 
 up to it acknowledged) and a `lock` file (one process per spool). Record:
 `crc32 (4) | payload length (4) | seq (8) | topic length (2) | topic | key length (4) | key | value`,
 the CRC covering everything after itself; a torn tail (crash mid-write) is cut off on open.
+The spool holds captured events (prompts and answers) in the clear: the directory is 0700 and
+every file 0600 whatever the process umask, and a spool an older version left readable is tightened on
+open (SECURITY.md, personal data).
 No network and no threads here: the capture worker owns the only instance.
 """
 
@@ -23,9 +26,34 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 log = logging.getLogger(__name__)
+
+DIR_MODE, FILE_MODE = 0o700, 0o600
+"""Only the service's own account may list the spool or read what it captured."""
+
+
+def _private_open(path: Path, mode: str) -> BinaryIO:
+    """`open(path, mode)` (binary) creating the file 0600; fchmod as well, since the umask only removes
+    bits and an existing file keeps the mode it was created with."""
+    flags = {"ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC}[mode]
+    fd = os.open(path, flags, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        return cast(BinaryIO, os.fdopen(fd, mode))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def make_private(directory: Path) -> None:
+    """Create `directory` if needed and tighten it and every file in it to the service alone."""
+    directory.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    os.chmod(directory, DIR_MODE)
+    for f in directory.iterdir():
+        if f.is_file() and not f.is_symlink():
+            os.chmod(f, FILE_MODE)
 
 _HEAD = struct.Struct(">IIQ")       # crc, payload length, seq
 _TOPIC = struct.Struct(">H")
@@ -79,9 +107,9 @@ class Spool:
     def __init__(self, directory: Path | str, *, max_bytes: int = 512 << 20, segment_bytes: int = 4 << 20,
                  cursor_interval_s: float = 0.2) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_private(self.dir)
         self.max_bytes, self.segment_bytes, self.cursor_interval_s = max_bytes, segment_bytes, cursor_interval_s
-        self._lock_f = open(self.dir / "lock", "w")  # noqa: SIM115 - held for the spool's lifetime
+        self._lock_f = _private_open(self.dir / "lock", "wb")   # held for the spool's lifetime
         try:
             fcntl.flock(self._lock_f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -133,7 +161,7 @@ class Spool:
         if self._writer is not None:
             self._writer.close()
         path = self.dir / f"{self.next_seq:020d}.seg"
-        self._writer = open(path, "ab")  # noqa: SIM115 - closed on rotation / close()
+        self._writer = _private_open(path, "ab")   # closed on rotation / close()
         self._segments.append(_Segment(self.next_seq, path, self.next_seq - 1, 0))
 
     def append(self, topic: str, key: bytes, value: bytes) -> int | None:
@@ -225,7 +253,8 @@ class Spool:
 
     def _save_cursor(self) -> None:
         tmp = self.dir / "cursor.tmp"
-        tmp.write_text(str(self.cursor))
+        with _private_open(tmp, "wb") as f:
+            f.write(str(self.cursor).encode())
         os.replace(tmp, self.dir / "cursor")
         self._cursor_saved_at = time.monotonic()
 
