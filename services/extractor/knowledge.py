@@ -122,7 +122,8 @@ class KnowledgeStore:
         """The base at `version` (0 = latest); NotFound when unknown or no longer kept."""
         with self._lock:
             if key not in self._latest:
-                raise NotFound(f"no knowledge base {key!r}; known: {', '.join(self.base_keys()) or 'none'}")
+                # names only the key asked for: listing the others told any tenant every other tenant's bases
+                raise NotFound(f"no knowledge base {key!r}")
             if version == 0:
                 return _copy(self._latest[key])
             snap = self._history.get(key, {}).get(version)

@@ -215,3 +215,20 @@ def test_anonymous_callers_without_a_tenant_read_nothing_and_cannot_plant_inject
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
         snap = anon.Get(K.GetKnowledgeRequest(key=KEY_A), metadata=named)
         assert all(INJECTION not in it.text for it in snap.items)
+
+
+# --- 4. a missing key's error reveals nothing about other keys or tenants -------------------------------
+
+
+def test_get_of_a_missing_key_names_no_other_base(secure_stack: SecureStack, knowledge_server: Any) -> None:
+    """Attack: `Get` of a key that does not exist answered `no knowledge base ...; known: <every tenant's key>`,
+    so any tenant's key enumerated the others' bases. The error now names only the key asked for."""
+    _seed(knowledge_server)
+    target = f"127.0.0.1:{knowledge_server.port}"
+    backend = knowledge_pb2_grpc.KnowledgeStub(secure_stack.dial.backend(target, TENANT_A))
+    for call in (lambda: backend.Get(K.GetKnowledgeRequest(key=f"{TENANT_A}/no-such-domain")),
+                 lambda: backend.Get(K.GetKnowledgeRequest(key=KEY_A, version=9999))):
+        err = rpc_error(call)
+        assert err.code() == grpc.StatusCode.NOT_FOUND
+        details = err.details() or ""
+        assert TENANT_B not in details and "known" not in details and KEY_B not in details, details
