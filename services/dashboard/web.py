@@ -20,7 +20,6 @@ every `refresh_s` seconds (`static/dashboard.js`, charts by the vendored Chart.j
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
@@ -45,6 +44,7 @@ from services.dashboard.reader import TopicReader
 from services.dashboard.settings import DashboardSettings
 from services.dashboard.views import knowledge_view, version_actions, versions_view
 from shared.contracts.orders import BASE
+from shared.json_body import InvalidJSONBody, parse_json_body
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.security.keys import KeyRing
 from shared.security.server_security import ServerSecurity
@@ -239,9 +239,9 @@ class Dashboard:
     async def _body(self, request: Request) -> dict[str, Any]:
         raw = await _bounded_body(request)
         try:
-            body = json.loads(raw or b"{}")
-        except ValueError as e:
-            raise BadRequest(f"the body must be JSON: {e}") from None
+            body = parse_json_body(raw or b"{}")
+        except InvalidJSONBody as e:
+            raise BadRequest(str(e)) from None
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
         return body

@@ -114,7 +114,8 @@ def error_response(e: BaseException) -> tuple[int, dict[str, Any], dict[str, str
     else:
         log.exception("unhandled error in an HTTP handler")
         status, kind, code = _INTERNAL
-        message, param = f"internal error: {type(e).__name__}: {e}", None
+        # the exception's name and text stay in the log: they describe the server, not the client's mistake
+        message, param = "internal error (logged on the server)", None
     return status, {"error": {"message": message, "type": kind, "param": param, "code": code}}, headers
 
 

@@ -13,7 +13,6 @@ extension, the JSON form of `FeedbackRequest`), GET /health (no auth: 200 once t
 from __future__ import annotations
 
 import contextvars
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -46,6 +45,7 @@ from services.inference.openai_api.streaming import (
     watch_disconnect,
 )
 from services.inference.requests import Completion, PreparedRequest
+from shared.json_body import InvalidJSONBody, parse_json_body
 from shared.rpc.grpc_util import Unavailable
 from shared.security.identity import Identity, acting_as
 from shared.security.server_security import ServerSecurity
@@ -130,9 +130,9 @@ class HttpApi:
             if len(data) > self.max_body_bytes:
                 raise PayloadTooLarge(f"the body exceeds {self.max_body_bytes} bytes")
         try:
-            return json.loads(data)
-        except ValueError as e:
-            raise BadRequest(f"the body is not valid JSON: {e}") from None
+            return parse_json_body(data)
+        except InvalidJSONBody as e:
+            raise BadRequest(str(e)) from None
 
     def _call(self, request: Request, method: str) -> Call:
         identity = authenticate(self.keyring, request.headers.get("authorization", ""), method)
