@@ -23,11 +23,15 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from shared.contracts.topic_access import ADMIN
 from shared.contracts.topics import Topics
+from shared.kafka.admin import admin
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.startup import EXIT_STARTUP_ERROR
 from tests.helpers.ports import free_port
 from tests.helpers.waiting import wait_for
+from tools.broker.acls import apply_acls, grants
+from tools.broker.local_broker import local_credentials_dir, principal_env, principal_security
 
 pytestmark = pytest.mark.integration
 
@@ -67,6 +71,10 @@ def service_env(svc: Service, home: Path, topics: Topics, bootstrap: str, **port
     env.update(APPRENTICE_HOME=str(home), APPRENTICE_MODEL="tiny-random", APPRENTICE_KAFKA_BOOTSTRAP=bootstrap,
                APPRENTICE_TOPIC_PREFIX=topics.prefix, APPRENTICE_LOG_JSON="false", PYTHONUNBUFFERED="1",
                APPRENTICE_TORCH_THREADS="1")
+    sasl_dir = local_credentials_dir(os.environ)      # the session broker's: the service as its own principal
+    if sasl_dir is not None:                           # ... with the ACLs of the test's namespace
+        apply_acls(admin(bootstrap, security=principal_security(sasl_dir, ADMIN)), grants(topics))
+        env.update(principal_env(sasl_dir, svc.name))
     env[svc.metrics_port_env] = str(ports.get("metrics", free_port()))
     if svc.grpc_port_env:
         env[svc.grpc_port_env] = str(ports.get("grpc", free_port()))
