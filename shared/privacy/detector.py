@@ -8,6 +8,7 @@ lazily (the spaCy pipeline takes seconds to load), and is safe to call from any 
 
 from __future__ import annotations
 
+import unicodedata
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -19,11 +20,13 @@ IBAN = "IBAN_CODE"
 IP = "IP_ADDRESS"
 PERSON = "PERSON"
 SSN = "US_SSN"
-ENTITIES: tuple[str, ...] = (EMAIL, PHONE, CARD, IBAN, IP, PERSON, SSN)
+SESSION_ID = "SESSION_ID"
+"""A UUID, or a long token named as a session/account/user id (shared/privacy/recognizers.py)."""
+ENTITIES: tuple[str, ...] = (EMAIL, PHONE, CARD, IBAN, IP, PERSON, SSN, SESSION_ID)
 
 # Which type wins when two detections overlap: the checksummed and structured ones first (a card number
 # also parses as a phone number; an e-mail's local part may read as a name), names last.
-PRIORITY: dict[str, int] = {EMAIL: 7, CARD: 6, IBAN: 5, SSN: 4, IP: 3, PHONE: 2, PERSON: 1}
+PRIORITY: dict[str, int] = {EMAIL: 7, CARD: 6, IBAN: 5, SSN: 4, IP: 3, SESSION_ID: 3, PHONE: 2, PERSON: 1}
 
 
 @dataclass(frozen=True)
@@ -63,3 +66,44 @@ class PiiDetector(ABC):
     def find_many(self, texts: list[str]) -> list[list[Span]]:
         """`find` for each text (implementations may batch)."""
         return [self.find(t) for t in texts]
+
+    def find_conversation(self, texts: list[str]) -> list[list[Span]]:
+        """`find` for each message of one conversation, plus the structured values split across two
+        adjacent messages ("my email is jane.doe@exa" / "mple.com"): each pair is scanned joined (with no
+        glue and with one space) and a detection that crosses the join is kept as its piece in each
+        message. Names are not joined (two messages "I am Jane" / "Doe" are read alone)."""
+        per = [list(x) for x in self.find_many(texts)]
+        for i in range(len(texts) - 1):
+            a, b = texts[i], texts[i + 1]
+            if not (a and b and _JOINABLE(a[-1]) and _JOINABLE(b[0])):
+                continue
+            for glue in ("", " "):
+                head = len(a) + len(glue)
+                for s in self.find(a + glue + b, names=False):
+                    if s.start < len(a) and s.end > head:
+                        per[i].append(Span(s.start, len(a), s.entity, s.score))
+                        per[i + 1].append(Span(0, s.end - head, s.entity, s.score))
+        return [resolve_overlaps(x) for x in per]
+
+
+def _JOINABLE(c: str) -> bool:  # noqa: N802 - reads as the predicate it is
+    """A message edge that can be half of a split value: a letter or digit, or an address's punctuation."""
+    return c.isalnum() or c in "@.+-_("
+
+
+def detection_view(text: str) -> str:
+    """`text` as the recognizers read it, of the same length (a span of the view is the same span of the
+    text): every Unicode decimal digit (full-width, Devanagari, Arabic-Indic...) as its ASCII digit, and
+    every character whose NFKC form is one character (full-width letters and punctuation, "（" -> "(")
+    as that character. ASCII text is returned as is."""
+    if text.isascii():
+        return text
+    out = []
+    for c in text:
+        d = unicodedata.decimal(c, None)
+        if d is not None:
+            out.append(str(d))
+            continue
+        n = unicodedata.normalize("NFKC", c)
+        out.append(n if len(n) == 1 else c)
+    return "".join(out)

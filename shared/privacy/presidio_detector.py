@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from shared.privacy.detector import ENTITIES, PERSON, PiiDetector, Span, resolve_overlaps
+from shared.privacy.detector import ENTITIES, PERSON, PiiDetector, Span, detection_view, resolve_overlaps
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,9 @@ class PresidioDetector(PiiDetector):
         engine = SpacyNlpEngine(models=[{"lang_code": "en", "model_name": SPACY_MODEL}], ner_model_configuration=ner)
         # loaded here: SpacyNlpEngine.load() downloads a model it does not find installed
         engine.nlp = {"en": nlp}  # type: ignore[assignment]
-        structured = [r.OfflineEmailRecognizer(), r.CardRecognizer(), r.IbanRecognizer(), r.VersionAwareIpRecognizer(),
-                      r.WindowedPhoneRecognizer(PHONE_REGIONS), UsSsnRecognizer()]
+        structured = [r.OfflineEmailRecognizer(), r.SpelledEmailRecognizer(), r.CardRecognizer(), r.IbanRecognizer(),
+                      r.VersionAwareIpRecognizer(), r.WindowedPhoneRecognizer(PHONE_REGIONS), UsSsnRecognizer(),
+                      r.SessionIdRecognizer()]
         names = [SpacyRecognizer(supported_entities=[PERSON]), r.IntroducedNameRecognizer()]
         self._analyzer = AnalyzerEngine(registry=_registry(RecognizerRegistry, [*structured, *names]),
                                         nlp_engine=engine, supported_languages=["en"])
@@ -80,6 +81,7 @@ class PresidioDetector(PiiDetector):
         if not text or not text.strip():
             return []
         analyzer = self._analyzer if names else self._structured
+        text = detection_view(text)     # unicode digits and full-width forms as ASCII; same positions
         with self._lock:
             results = analyzer.analyze(text=text, language="en", entities=[e for e in ENTITIES if names or e != PERSON],
                                        score_threshold=SCORE_THRESHOLD)

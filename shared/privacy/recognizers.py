@@ -34,7 +34,7 @@ from presidio_analyzer import (
 from presidio_analyzer.predefined_recognizers import EmailRecognizer, IpRecognizer, PhoneRecognizer
 
 from shared.privacy.checksums import IBAN_LENGTHS, card_ok, iban_ok
-from shared.privacy.detector import CARD, IBAN, PERSON, PHONE
+from shared.privacy.detector import CARD, EMAIL, IBAN, PERSON, PHONE, SESSION_ID
 
 
 def _result(rec: LocalRecognizer, entity: str, start: int, end: int, score: float) -> RecognizerResult:
@@ -50,8 +50,9 @@ def _result(rec: LocalRecognizer, entity: str, start: int, end: int, score: floa
 # --- cards -------------------------------------------------------------------------------------------
 _SEP = r"[ .\-]"
 _CARD_PATTERNS = [
-    # 4-4-4-x (Visa, Mastercard, Discover, JCB, UnionPay: 13-19 digits) with one separator kind throughout
-    Pattern("card 4-4-4-x", rf"(?<![\d.\-])\d{{4}}({_SEP}?)\d{{4}}\1\d{{4}}\1\d{{1,7}}(?![\d]|[.\-]\d)", 0.3),
+    # 4-4-4-x (Visa, Mastercard, Discover, JCB, UnionPay: 13-19 digits), separators of any kinds mixed
+    # ("4111-1111 1111.1111"): prefix + Luhn keep the precision, not the separators
+    Pattern("card 4-4-4-x", rf"(?<![\d.\-])\d{{4}}{_SEP}?\d{{4}}{_SEP}?\d{{4}}{_SEP}?\d{{1,7}}(?![\d]|[.\-]\d)", 0.3),
     # read out digit by digit (voice transcripts, "4 1 1 1 ..."): 13-19 digits, one separator kind
     Pattern("card digit by digit", r"(?<![\d.\-])\d([ .\-])\d(?:\1\d){11,17}(?![\d]|[.\-]\d)", 0.3),
     # 4-6-5 (Amex) and 4-6-4 (Diners)
@@ -73,8 +74,9 @@ class CardRecognizer(PatternRecognizer):
 
 
 # --- IBANs -------------------------------------------------------------------------------------------
-# Country code + check digits, then alphanumerics in groups (of any size) split by one space or dash.
-_IBAN_START = re.compile(r"(?<![A-Za-z0-9])([A-Za-z]{2})(\d{2})(?=[ \-]?[A-Za-z0-9])")
+# Country code + check digits, then alphanumerics in groups (of any size) split by one space, dash, dot or
+# slash (mod-97 and the country's length keep the precision).
+_IBAN_START = re.compile(r"(?<![A-Za-z0-9])([A-Za-z]{2})(\d{2})(?=[ \-./]?[A-Za-z0-9])")
 
 
 class IbanRecognizer(LocalRecognizer):
@@ -99,7 +101,7 @@ class IbanRecognizer(LocalRecognizer):
                 c = text[i]
                 if c.isascii() and c.isalnum():
                     n, prev_sep = n + 1, False
-                elif c in " -" and not prev_sep and n >= 4:
+                elif c in " -./" and not prev_sep and n >= 4:     # "DE89.3704...", "FR14/2004/..."
                     prev_sep = True
                 else:
                     break
@@ -129,6 +131,73 @@ class OfflineEmailRecognizer(EmailRecognizer):
     def validate_result(self, pattern_text: str) -> bool:
         domain = pattern_text.rsplit("@", 1)[-1].lower()
         return domain.rsplit(".", 1)[-1] in _PRIVATE_TLDS or bool(_TLD(domain).suffix)
+
+
+# Spelled-out addresses: "jane dot doe at example dot com", "jane(at)example(dot)com", "jane [at] x [dot] org",
+# "omar AT gmail DOT com", "sven@lindqvist dot se". A bracketed or upper-case at/dot, or a real "@", is a
+# disguise on its own; a plain lower-case " at " only when the part before it has the punctuation of an
+# address (".", "_", "+", a digit or a spelled dot), so "look at example dot com" stays prose.
+_BR_AT = r"\s*[(\[{<]\s*at\s*[)\]}>]\s*"
+_BR_DOT = r"\s*[(\[{<]\s*dot\s*[)\]}>]\s*"
+_DOT = rf"(?:\.|{_BR_DOT}|\s+(?:dot|DOT)\s+)"
+_AT = rf"(?:\s*@\s*|{_BR_AT}|\s+(?:at|AT)\s+)"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9_+\-]{0,62})"
+_SPELLED_EMAIL = re.compile(rf"(?<![\w.@+\-])(?P<local>{_LABEL}(?:{_DOT}{_LABEL}){{0,4}})(?P<at>{_AT})"
+                            rf"(?P<domain>{_LABEL}(?:{_DOT}{_LABEL}){{1,4}})(?![\w@]|\.\w)", re.IGNORECASE)
+_SPELLED_TOKEN = re.compile(rf"{_BR_AT}|{_BR_DOT}|\s+(?:at|dot)\s+", re.IGNORECASE)
+
+
+class SpelledEmailRecognizer(LocalRecognizer):
+    """E-mail addresses with "at"/"dot" spelled out or bracketed; the address they spell must pass the
+    e-mail recognizer's domain check (a public suffix or a private top-level name)."""
+
+    def __init__(self) -> None:
+        super().__init__(supported_entities=[EMAIL], name="ApprenticeSpelledEmailRecognizer")
+
+    def load(self) -> None:
+        pass
+
+    def analyze(self, text: str, entities: list[str], nlp_artifacts: Any = None) -> list[RecognizerResult]:
+        out: list[RecognizerResult] = []
+        for m in _SPELLED_EMAIL.finditer(text):
+            if not _SPELLED_TOKEN.search(m.group(0)) and "@" in m.group("at"):
+                continue                            # a plain address: the e-mail recognizer's
+            at = m.group("at")
+            plain_at = "@" not in at and not re.search(r"[(\[{<]", at) and not at.strip().isupper()
+            local = m.group("local")
+            if plain_at and not (re.search(r"[._+\d]", local) or _SPELLED_TOKEN.search(local)):
+                continue
+            domain = _SPELLED_TOKEN.sub(".", m.group("domain")).lower()
+            if domain.rsplit(".", 1)[-1] in _PRIVATE_TLDS or _TLD(domain).suffix:
+                out.append(_result(self, EMAIL, m.start(), m.end(), 0.9))
+        return out
+
+
+# --- session and account ids ---------------------------------------------------------------------
+# A token of 16+ letters, digits, "_" and "-" (a UUID, a hex or base62 id, "cus_..."), with both letters and
+# digits, that the words before it name a session, account, user, customer or device id/token. A bare UUID
+# (a request id, a trace id) or an order number is not tied to a person and stays.
+_NAMED_ID = re.compile(r"\b(?:session|account|acct|user|customer|client|device|member)[ _\-]?"
+                       r"(?:id|token|key|number|no)?\b\s*(?:is|=|:|#)?\s*"
+                       r"(?P<id>[A-Za-z0-9_\-]{16,128})(?![\w\-])", re.IGNORECASE)
+
+
+class SessionIdRecognizer(LocalRecognizer):
+    """Session, account and user ids (`SESSION_ID`): they tie a captured conversation to one person."""
+
+    def __init__(self) -> None:
+        super().__init__(supported_entities=[SESSION_ID], name="ApprenticeSessionIdRecognizer")
+
+    def load(self) -> None:
+        pass
+
+    def analyze(self, text: str, entities: list[str], nlp_artifacts: Any = None) -> list[RecognizerResult]:
+        out: list[RecognizerResult] = []
+        for m in _NAMED_ID.finditer(text):
+            tok = m.group("id")
+            if re.search(r"[A-Za-z]", tok) and re.search(r"\d", tok):
+                out.append(_result(self, SESSION_ID, m.start("id"), m.end("id"), 0.8))
+        return out
 
 
 # --- IP addresses ------------------------------------------------------------------------------------
