@@ -141,3 +141,32 @@ def test_each_text_of_a_served_request_is_read_by_the_detector_once(app: Any, cl
     finally:
         app.privacy.redactor = served
     assert counting.calls == Counter([prompt, *(c.text for c in r.choices if c.text)])
+
+
+DISGUISED = {                       # value -> the form it hides in (load/pii_disguises.py has more)
+    "jane dot doe at example dot com": "spelled-out e-mail",
+    "jane(at)example(dot)com": "bracketed at/dot",
+    "４１１１ １１１１ １１１１ １１１１": "full-width digits",
+    "+९१ ९८७६५ ४३२१०": "Devanagari digits",
+    "4111-1111 1111.1111": "mixed separators",
+    "DE89.3704.0044.0532.0130.00": "dotted IBAN",
+    "3f2b9c1e-8d4a-4f6b-9e2d-7a1c5b8e0f93": "session id",
+}
+
+
+def test_disguised_personal_data_reaches_topics_and_spool_redacted(app: Any, client: InferenceClient,
+                                                                   kafka_bootstrap: str, ns: Topics) -> None:
+    """Each disguise in a chat prompt: neither the interactions topic nor the spool holds the value."""
+    values = list(DISGUISED)
+    prompt = ("Refund please. Mail jane dot doe at example dot com or jane(at)example(dot)com; card "
+              f"{values[2]}, old card {values[4]}, phone {values[3]}, IBAN {values[5]}, "
+              f"my session id is {values[6]}.")
+    r = client.generate([{"role": "user", "content": prompt}], max_new_tokens=6)
+    iid = r.choices[0].interaction_id
+    got = [e for e in collect(kafka_bootstrap, ns.interactions, events_pb2.Interaction, want=[iid])
+           if e.interaction_id == iid]
+    assert got
+    topic, disk = got[0].SerializeToString(), spool_bytes(app)
+    leaks = {DISGUISED[v]: where for v in values for where, data in (("topic", topic), ("spool", disk))
+             if v.encode() in data}
+    assert leaks == {}
