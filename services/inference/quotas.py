@@ -75,8 +75,8 @@ class _TenantState:
 class Lease:
     """One admitted request; `release(generated_tokens)` when it ends (idempotent, thread-safe)."""
 
-    def __init__(self, owner: TenantQuotas | None, tenant: str) -> None:
-        self._owner, self.tenant = owner, tenant
+    def __init__(self, owner: TenantQuotas | None, tenant: str, samples: int = 1) -> None:
+        self._owner, self.tenant, self.samples = owner, tenant, samples
         self._released = False
 
     def release(self, generated_tokens: int = 0) -> None:
@@ -87,7 +87,7 @@ class Lease:
             if self._released:
                 return
             self._released = True
-            owner._end(self.tenant, generated_tokens)
+            owner._end(self.tenant, self.samples, generated_tokens)
 
 
 class TenantQuotas:
@@ -117,16 +117,20 @@ class TenantQuotas:
     def limits(self, tenant: str) -> QuotaLimits:
         return self.overrides.get(tenant, self.default)
 
-    def admit(self, tenant: str, prompt_tokens: int) -> Lease:
-        """Admit one request of `tenant` or raise `QuotaExceeded`; charges the prompt tokens."""
+    def admit(self, tenant: str, prompt_tokens: int, samples: int = 1) -> Lease:
+        """Admit one request of `tenant` with `samples` samples (its `n`) or raise `QuotaExceeded`; charges
+        the prompt tokens. Concurrency counts samples, not requests: each sample is a row of the batch, so
+        a request of n=4 costs the other tenants what four requests of n=1 cost."""
+        samples = max(1, samples)
         lim = self.limits(tenant)
         if lim.unlimited:
             return Lease(None, tenant)
         with self._lock:
             st = self._tenants.setdefault(tenant, _TenantState())
-            if lim.max_concurrent > 0 and st.in_flight >= lim.max_concurrent:
+            if lim.max_concurrent > 0 and st.in_flight > 0 and st.in_flight + samples > lim.max_concurrent:
                 raise QuotaExceeded(
-                    f"tenant {tenant!r} already has {st.in_flight} requests in flight (quota {lim.max_concurrent}); "
+                    f"tenant {tenant!r} already has {st.in_flight} samples in flight, {samples} more would pass "
+                    f"its quota of {lim.max_concurrent}; "
                     f"retry after {CONCURRENCY_RETRY_S:g} s", CONCURRENCY_RETRY_S, "concurrency")
             if lim.tokens_per_s > 0:
                 now = self.clock()
@@ -140,13 +144,13 @@ class TenantQuotas:
                         f"tenant {tenant!r} is over its token rate ({lim.tokens_per_s:g} tokens/s, burst "
                         f"{st.bucket.burst:g}); retry after {wait:g} s", wait, "tokens")
                 st.bucket.level -= prompt_tokens
-            st.in_flight += 1
-        return Lease(self, tenant)
+            st.in_flight += samples
+        return Lease(self, tenant, samples)
 
-    def _end(self, tenant: str, generated_tokens: int) -> None:
+    def _end(self, tenant: str, samples: int, generated_tokens: int) -> None:
         """Caller holds _lock."""
         st = self._tenants[tenant]
-        st.in_flight -= 1
+        st.in_flight -= samples
         if st.bucket is not None:
             st.bucket.refill(self.clock())
             st.bucket.level -= generated_tokens

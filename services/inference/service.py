@@ -275,7 +275,7 @@ class InferenceApp:
 
     def _admit(self, p: PreparedRequest) -> Lease:
         try:
-            return self.quotas.admit(p.tenant, prompt_tokens=len(p.prompt_ids))
+            return self.quotas.admit(p.tenant, prompt_tokens=len(p.prompt_ids), samples=max(1, p.sampling.n))
         except QuotaExceeded as e:
             metrics.QUOTA_REFUSED.labels(reason=e.reason).inc()
             raise

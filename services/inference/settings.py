@@ -79,12 +79,14 @@ class QuotaSettings(Group):
     """What one tenant may use of this pod (services/inference/quotas.py): over it, RESOURCE_EXHAUSTED (HTTP
     429) with the time to retry."""
 
-    max_concurrent: int = Field(default=0, ge=0)
-    """Requests one tenant may have in flight (queued + generating) on this pod; 0 = unlimited."""
+    max_concurrent: int = Field(default=16, ge=0)
+    """Samples one tenant may have in flight (queued + generating) on this pod, a request of `n` samples
+    counting `n`; 0 = unlimited. On by default: without it one tenant's flood of concurrent requests held
+    every HTTP worker and the scheduler's queue, and another tenant's latency went from 0.12 s to 21 s."""
 
-    tokens_per_s: float = Field(default=0.0, ge=0.0, json_schema_extra={"unit": "tokens/s"})
+    tokens_per_s: float = Field(default=2000.0, ge=0.0, json_schema_extra={"unit": "tokens/s"})
     """Token rate (prompt + generated tokens per second) one tenant may use on this pod, as a token bucket;
-    0 = unlimited."""
+    0 = unlimited. On by default, above what one tenant gets from a pod's fair share of a small model."""
 
     burst_tokens: int = Field(default=0, ge=0)
     """Token bucket size (what a tenant may use at once after idling); 0 = 10 s of `tokens_per_s`."""

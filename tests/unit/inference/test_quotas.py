@@ -28,7 +28,7 @@ def test_concurrency_quota_refuses_one_more_and_a_release_frees_a_slot() -> None
         q.admit("acme", 10)
     assert isinstance(e.value, ResourceExhausted) and e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert e.value.retry_after_s == CONCURRENCY_RETRY_S and e.value.reason == "concurrency"
-    assert "2 requests in flight (quota 2)" in str(e.value) and "retry after 1 s" in str(e.value)
+    assert "2 samples in flight, 1 more would pass its quota of 2" in str(e.value) and "retry after 1 s" in str(e.value)
     q.admit("other", 10)                           # another tenant is not affected
     a.release(5)
     a.release(5)                                   # idempotent
