@@ -98,8 +98,8 @@ class CapturePrivacy:
         `answer_names`, read as a model answer (`Redactor.scan_answer`)."""
         t0 = time.perf_counter()
         business = self.settings.common.business_names_for(tenant)
-        scan = (self.redactor.scan(text, business=business) if answer_names is None
-                else self.redactor.scan_answer(text, answer_names, business))
+        scan = (self.redactor.scan(text, tenant=tenant, business=business) if answer_names is None
+                else self.redactor.scan_answer(text, answer_names, business, tenant=tenant))
         metrics.PII_SCAN_SECONDS.observe(time.perf_counter() - t0)
         for span in scan.spans:
             metrics.PII_FOUND.labels(entity=span.entity, where=where).inc()

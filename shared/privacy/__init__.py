@@ -1,7 +1,7 @@
 """Personal data in free text: one detector (Presidio + spaCy + checksums) and the capture policies.
 
     from shared.privacy import Redactor, PiiPolicy
-    scan = Redactor().scan("mail me at dana@example.com")   # scan.types == ["EMAIL_ADDRESS"]
+    scan = Redactor().scan("mail me at dana@example.com", tenant="acme")   # scan.types == ["EMAIL_ADDRESS"]
     scan.redacted                                          # "mail me at <EMAIL_ADDRESS>"
 """
 

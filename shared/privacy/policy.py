@@ -6,6 +6,9 @@ turn, and `n` samples of one request share a prompt, so most scans of captured t
 Every scan takes the tenant's declared business names (`shared.privacy.business`): the detections that are
 only those words are kept in the text, so a scan's result depends on the text *and* the names, and the
 cache is keyed by both (one tenant's names must never decide what is kept of another tenant's text).
+The key also holds the tenant itself: a hit answers in a fraction of a scan's time, so a cache shared across
+tenants would tell tenant B, by its latency alone, that tenant A had sent the same text
+(tests/security/test_cache_isolation.py).
 """
 
 from __future__ import annotations
@@ -86,8 +89,9 @@ class Scan:
 
 
 class Redactor:
-    """A detector with an LRU cache of results keyed by a hash of the text and of the business names the
-    result was filtered by (thread-safe)."""
+    """A detector with an LRU cache of results keyed by a hash of the tenant, the text and the business names
+    the result was filtered by (thread-safe). Keyed by tenant so no tenant's scan is served from (and timed
+    by) another tenant's."""
 
     def __init__(self, detector: Callable[[], PiiDetector] = get_detector, cache_size: int = 4096) -> None:
         self._detector = detector
@@ -99,13 +103,22 @@ class Redactor:
         """Build the detector now (seconds) rather than on the first captured request."""
         self._detector().find("warm-up: Dana Whitfield, dana@example.com")
 
-    def scan(self, text: str, *, names: bool = True, business: BusinessNames = NO_NAMES) -> Scan:
-        """The detector's spans of `text` (cached), less those that are only one of the tenant's declared
-        `business` names; `names=False`: structured types only."""
+    @staticmethod
+    def cache_key(text: str, *, tenant: str, names: bool = True, business: BusinessNames = NO_NAMES) -> bytes:
+        """The cache key of one scan: the tenant, the text, the kind of scan and the business names. The
+        tenant is hashed length-prefixed with the text so no (tenant, text) pair collides with another."""
+        t = tenant.encode("utf-8", "surrogatepass")
+        h = hashlib.blake2b(digest_size=16, person=b"names" if names else b"structured")
+        h.update(len(t).to_bytes(4, "big") + t)
+        h.update(text.encode("utf-8", "surrogatepass"))
+        return h.digest() + business.key
+
+    def scan(self, text: str, *, tenant: str, names: bool = True, business: BusinessNames = NO_NAMES) -> Scan:
+        """The detector's spans of `text` sent by `tenant` (cached per tenant), less those that are only
+        one of the tenant's declared `business` names; `names=False`: structured types only."""
         if not text:
             return Scan(text, ())
-        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16,
-                              person=b"names" if names else b"structured").digest() + business.key
+        key = self.cache_key(text, tenant=tenant, names=names, business=business)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -118,13 +131,14 @@ class Redactor:
                 self._cache.popitem(last=False)
         return Scan(text, spans)
 
-    def scan_answer(self, text: str, names: Iterable[str], business: BusinessNames = NO_NAMES) -> Scan:
+    def scan_answer(self, text: str, names: Iterable[str], business: BusinessNames = NO_NAMES, *,
+                    tenant: str) -> Scan:
         """A model's answer: every structured type (e-mail, phone, card, IBAN, IP, SSN), and as names only
         the `names` the conversation gave (matched as whole, case-sensitive words: "Thanks, Dana!"), except
         where such a word is part of a declared business name ("Dana" from a user's "Dana Smith" inside
         "ask Dana Whitfield"). Answers are not read with NER: an answer about a public figure is not
         personal data, and NER reads names into the random text of small or early models."""
-        spans = list(self.scan(text, names=False, business=business).spans)
+        spans = list(self.scan(text, tenant=tenant, names=False, business=business).spans)
         found = []
         for name in names:
             found += [Span(m.start(), m.end(), PERSON, 0.85)

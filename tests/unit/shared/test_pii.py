@@ -117,8 +117,8 @@ def test_redactor_caches_by_text() -> None:
             return [Span(0, 4, PERSON)] if text.startswith("Dana") else []
 
     r = Redactor(lambda: Counting(), cache_size=2)   # type: ignore[arg-type, return-value]
-    assert r.scan("Dana says hi").redacted == "<PERSON> says hi"
-    assert r.scan("Dana says hi").types == [PERSON]
-    assert r.scan("").spans == () and calls == ["Dana says hi"]
-    r.scan("x"), r.scan("y"), r.scan("Dana says hi")             # evicted (size 2): scanned again
+    assert r.scan("Dana says hi", tenant="t").redacted == "<PERSON> says hi"
+    assert r.scan("Dana says hi", tenant="t").types == [PERSON]
+    assert r.scan("", tenant="t").spans == () and calls == ["Dana says hi"]
+    r.scan("x", tenant="t"), r.scan("y", tenant="t"), r.scan("Dana says hi", tenant="t")             # evicted (size 2): scanned again
     assert calls == ["Dana says hi", "x", "y", "Dana says hi"]

@@ -26,9 +26,9 @@ def redactor() -> Redactor:
 
 def test_a_correction_keeps_the_product_and_the_staff_member_but_not_the_user(redactor: Redactor) -> None:
     # the detector reads all three as people: without declared names the facts are lost
-    assert redactor.scan(CORRECTION).redacted == ("This is <PERSON> support: <PERSON> from our returns desk approves "
+    assert redactor.scan(CORRECTION, tenant="t").redacted == ("This is <PERSON> support: <PERSON> from our returns desk approves "
                                                   "it. <PERSON> asked us to write to <EMAIL_ADDRESS>.")
-    kept = redactor.scan(CORRECTION, business=BusinessNames.of(ACME))
+    kept = redactor.scan(CORRECTION, tenant="t", business=BusinessNames.of(ACME))
     assert kept.redacted == ("This is Trailmate support: Dana Whitfield from our returns desk approves it. "
                              "<PERSON> asked us to write to <EMAIL_ADDRESS>.")
     assert kept.types == [EMAIL, PERSON] and kept.names() == {"Dana", "Smith"}
@@ -36,35 +36,35 @@ def test_a_correction_keeps_the_product_and_the_staff_member_but_not_the_user(re
 
 def test_structured_data_is_redacted_even_with_a_declared_word(redactor: Redactor) -> None:
     text = "Write to dana.whitfield@trailmate.com or call Dana Whitfield at +1 415 555 0132, card 4111.1111.1111.1111."
-    assert redactor.scan(text, business=BusinessNames.of(ACME)).redacted == (
+    assert redactor.scan(text, tenant="t", business=BusinessNames.of(ACME)).redacted == (
         "Write to <EMAIL_ADDRESS> or call Dana Whitfield at <PHONE_NUMBER>, card <CREDIT_CARD>.")
 
 
 def test_whole_words_any_case_and_nothing_beyond_the_name(redactor: Redactor) -> None:
     b = BusinessNames.of(ACME)
-    assert redactor.scan("This is TRAILMATE support", business=b).redacted == "This is TRAILMATE support"
-    assert redactor.scan("This is Trailmates support", business=b).redacted == "This is <PERSON> support"
-    assert redactor.scan("I'm Dana Whitfield-Smith, please help", business=b).redacted == "I'm <PERSON>, please help"
-    assert redactor.scan("Hi, I am Dana Smith", business=b).redacted == "Hi, I am <PERSON>"
-    assert redactor.scan("Regards,\nDana Whitfield\nTrailmate", business=b).redacted == \
+    assert redactor.scan("This is TRAILMATE support", tenant="t", business=b).redacted == "This is TRAILMATE support"
+    assert redactor.scan("This is Trailmates support", tenant="t", business=b).redacted == "This is <PERSON> support"
+    assert redactor.scan("I'm Dana Whitfield-Smith, please help", tenant="t", business=b).redacted == "I'm <PERSON>, please help"
+    assert redactor.scan("Hi, I am Dana Smith", tenant="t", business=b).redacted == "Hi, I am <PERSON>"
+    assert redactor.scan("Regards,\nDana Whitfield\nTrailmate", tenant="t", business=b).redacted == \
         "Regards,\nDana Whitfield\nTrailmate"     # NER reads the sign-off as one name
 
 
 def test_an_answer_keeps_the_staff_name_that_shares_a_word_with_the_user(redactor: Redactor) -> None:
     answer = "Thanks, Dana! Dana Whitfield will call you."
-    assert redactor.scan_answer(answer, {"Dana", "Smith"}, BusinessNames.of(ACME)).redacted == \
+    assert redactor.scan_answer(answer, {"Dana", "Smith"}, BusinessNames.of(ACME), tenant="t").redacted == \
         "Thanks, <PERSON>! Dana Whitfield will call you."
-    assert redactor.scan_answer(answer, {"Dana", "Smith"}).redacted == "Thanks, <PERSON>! <PERSON> Whitfield will call you."
+    assert redactor.scan_answer(answer, {"Dana", "Smith"}, tenant="t").redacted == "Thanks, <PERSON>! <PERSON> Whitfield will call you."
 
 
 def test_the_cache_is_keyed_by_the_names_too(redactor: Redactor) -> None:
     """One process serves many tenants: a scan cached under tenant A's names must not answer tenant B."""
     r = Redactor(cache_size=8)
     a = BusinessNames.of(ACME)
-    assert "Dana Whitfield" in r.scan(CORRECTION, business=a).redacted
-    assert "Dana Whitfield" not in r.scan(CORRECTION).redacted
-    assert "Dana Whitfield" not in r.scan(CORRECTION, business=BusinessNames.of(["Brightwater"])).redacted
-    assert "Dana Whitfield" in r.scan(CORRECTION, business=a).redacted
+    assert "Dana Whitfield" in r.scan(CORRECTION, tenant="t", business=a).redacted
+    assert "Dana Whitfield" not in r.scan(CORRECTION, tenant="t").redacted
+    assert "Dana Whitfield" not in r.scan(CORRECTION, tenant="t", business=BusinessNames.of(["Brightwater"])).redacted
+    assert "Dana Whitfield" in r.scan(CORRECTION, tenant="t", business=a).redacted
     assert a.key != NO_NAMES.key == b"" and BusinessNames.of(["dana whitfield", "TRAILMATE"]).key == a.key
 
 
@@ -83,8 +83,8 @@ def test_tenant_a_names_do_not_exempt_tenant_b(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setenv("APPRENTICE_BUSINESS_NAMES", '{"acme": ["Trailmate", "Dana  Whitfield"], "globex": ["Hank"]}')
     s = CommonSettings()
     assert s.business_names == {"acme": ["Trailmate", "Dana Whitfield"], "globex": ["Hank"]}
-    assert "Dana Whitfield" in redactor.scan(CORRECTION, business=s.business_names_for("acme")).redacted
-    other = redactor.scan(CORRECTION, business=s.business_names_for("globex")).redacted
+    assert "Dana Whitfield" in redactor.scan(CORRECTION, tenant="t", business=s.business_names_for("acme")).redacted
+    other = redactor.scan(CORRECTION, tenant="t", business=s.business_names_for("globex")).redacted
     assert "Trailmate" not in other and "Whitfield" not in other
     assert s.business_names_for("initech") is NO_NAMES or not s.business_names_for("initech")
 

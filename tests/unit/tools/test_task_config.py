@@ -169,8 +169,8 @@ def test_declared_and_derived_business_names_reach_the_redacting_services(tmp_pa
     assert extractor.common.business_names == inference.common.business_names == json.loads(value)
     # the simulated backend's correction keeps the business's words at the capture edge
     correction = task.facts[0].correction
-    assert Redactor().scan(correction, business=inference.common.business_names_for("acme")).redacted == correction
-    assert "<PERSON>" in Redactor().scan(correction, business=inference.common.business_names_for("globex")).redacted
+    assert Redactor().scan(correction, tenant="t", business=inference.common.business_names_for("acme")).redacted == correction
+    assert "<PERSON>" in Redactor().scan(correction, tenant="t", business=inference.common.business_names_for("globex")).redacted
 
 
 def test_a_task_without_the_field_still_keeps_the_names_in_its_own_text(tmp_path: Path) -> None:
