@@ -185,6 +185,11 @@ class RecordSigner:
         self.principal = principal
         self._private = private
 
+    @property
+    def key_id(self) -> str:
+        """The id of this signer's key, as in its `<principal>@<key_id>.pub` file."""
+        return key_id_of(self._private.public_key())
+
     def headers(self, topic: str, key: bytes | str | None, value: bytes | None,
                 headers: Headers | None = None) -> list[tuple[str, bytes]]:
         """`headers` (type header included) with the signing headers appended, any stale ones dropped."""

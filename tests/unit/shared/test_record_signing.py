@@ -102,3 +102,15 @@ def test_init_keys_and_load(tmp_path: Path) -> None:
     assert s.verify(s.KeyRing.load(tmp_path), t.GRADER_RULES, None, b"rules", headers).ok
     with pytest.raises(s.SigningKeyMissing, match="APPRENTICE_RECORD_KEYS_DIR"):
         s.load_signer(tmp_path, "weights")
+
+
+def test_tool_writes_a_pair_per_writer(tmp_path: Path) -> None:
+    from tools.record_keys import SIGNERS, ensure
+
+    assert set(SIGNERS) == {"inference", "grader", "extractor", "trainer", "weights", "operator"}
+    assert ensure(tmp_path) == list(SIGNERS)
+    ring = s.KeyRing.load(tmp_path)
+    for principal in SIGNERS:
+        signer = s.load_signer(tmp_path, principal)
+        pub = ring.get(principal, signer.key_id)
+        assert pub is not None
