@@ -5,7 +5,8 @@ topics each may sign, in shared/contracts/topic_access.py.
     .venv/bin/python -m tools.record_keys              # <home>/secrets/records
     .venv/bin/python -m tools.record_keys --dir /path
 
-Not yet called by `apprentice up`, the demo or the tests' session (see the signing report).
+Run by hand for now: `apprentice up`, the demo and the tests' session do not call it yet, and no service signs or
+checks records yet.
 """
 
 from __future__ import annotations
