@@ -225,8 +225,13 @@ class VLLMEngine(Engine):
             handle.started_at = time.monotonic()
             watcher = asyncio.ensure_future(self._watch_cancel(handle))
             try:
-                async for out in self._engine.generate(TokensPrompt(prompt_token_ids=list(req.prompt_ids)), params,
-                                                       req.request_id, lora_request=lora):
+                # vLLM's prefix cache is on by default and shared by every request: a hit answers faster, so
+                # one tenant could time another's recent prompts. `cache_salt` (the tenant) keeps each
+                # tenant's cached blocks its own, as shared/decoding/prompt_cache.py does for ours.
+                prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids))
+                if req.tenant:
+                    prompt["cache_salt"] = req.tenant
+                async for out in self._engine.generate(prompt, params, req.request_id, lora_request=lora):
                     for c in out.outputs:
                         self._take(handle, samples[c.index], raw_sets[c.index], c)
             finally:
