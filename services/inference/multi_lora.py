@@ -122,15 +122,15 @@ def load_adapter_weights(path: Path, name: str, linears: dict[str, tuple[int, in
 
 
 def _read_tensors(path: Path, name: str) -> dict[str, torch.Tensor]:
-    st, pt = path / "adapter_model.safetensors", path / "adapter_model.bin"
+    # safetensors only: a pickled adapter_model.bin is never loaded (shared/weights/formats.py)
+    st = path / "adapter_model.safetensors"
     try:
         if st.exists():
             return dict(load_file(st, device="cpu"))
-        if pt.exists():
-            return dict(torch.load(pt, map_location="cpu", weights_only=True))
     except Exception as e:  # noqa: BLE001 - any parse failure is a bad adapter, reported with its cause
         raise AdapterError(f"adapter {name}: cannot read its weights: {type(e).__name__}: {e}") from e
-    raise AdapterError(f"adapter {name}: no adapter_model.safetensors or adapter_model.bin in {path}")
+    raise AdapterError(f"adapter {name}: no adapter_model.safetensors in {path} (pickled .bin adapters are "
+                       "refused)")
 
 
 class LoraPool:

@@ -76,7 +76,7 @@ class Policy:
             # heavy: transformers, only when a policy is built
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32, use_safetensors=True)
         if model is None:
             model, tokenizer = load_model(cfg.model_name)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model_name)

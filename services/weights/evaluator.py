@@ -61,6 +61,7 @@ from shared.progress import progress
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.rpc.grpc_util import FailedPrecondition, NotFound
 from shared.weights.client import load_version
+from shared.weights.formats import TENSOR_SUFFIX, pickle_bearing
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,14 @@ def nonfinite_tensors(files_dir: Path) -> tuple[list[str], int]:
     import torch
 
     bad, total = [], 0
-    for path in sorted(files_dir.rglob("*.safetensors")):
+    # a pickle stored before uploads refused them is not checked (it would run code), so it fails; and a
+    # version with no tensor file at all fails too: "0 of 0 tensors" once passed a NaN `pytorch_model.bin`
+    bad += [f"{p.relative_to(files_dir)}: not safetensors (refused)"
+            for p in sorted(files_dir.rglob("*")) if p.is_file() and pickle_bearing(p.name)]
+    tensor_files = sorted(files_dir.rglob(f"*{TENSOR_SUFFIX}"))
+    if not tensor_files:
+        bad.append(f"no {TENSOR_SUFFIX} file: nothing to check or serve")
+    for path in tensor_files:
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping

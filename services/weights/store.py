@@ -29,6 +29,7 @@ from shared.contracts.events import timestamp
 from shared.contracts.orders import BASE
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.rpc.grpc_util import FailedPrecondition, InvalidRequest, NotFound, ServiceError, require
+from shared.weights.formats import pickle_bearing, refusal
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ def validate_header(header: weights_pb2.UploadHeader, max_bytes: int) -> None:
     total = 0
     for f in header.files:
         validate_path(f.path)
+        require(not pickle_bearing(f.path), refusal(f.path))
         require(f.path not in seen, f"file {f.path!r} declared twice")
         seen.add(f.path)
         require(f.size >= 0, f"file {f.path!r}: size must be >= 0")

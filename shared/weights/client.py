@@ -130,7 +130,7 @@ def load_version(manifest: weights_pb2.Manifest, files_dir: Path | str, base_mod
             model = PeftModel.from_pretrained(base, files, is_trainable=False)
     elif manifest.kind in (FULL, ""):
         with LOAD_LOCK:
-            model = AutoModelForCausalLM.from_pretrained(files, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(files, dtype=torch.float32, use_safetensors=True)
     else:
         raise ValueError(f"unknown checkpoint kind {manifest.kind!r}")
     model.eval()

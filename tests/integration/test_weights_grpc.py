@@ -90,12 +90,12 @@ def test_upload_download_round_trip(stub: weights_pb2_grpc.WeightsStub, checkpoi
 def test_empty_and_nested_files(stub: weights_pb2_grpc.WeightsStub, tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
-    (src / "sub" / "weights.bin").write_bytes(b"w" * 1000)
+    (src / "sub" / "weights.safetensors").write_bytes(b"w" * 1000)
     (src / "empty.json").write_bytes(b"")
     m = upload_version(stub, header(), src)
     got = download_version(stub, MODEL, m.version, tmp_path / "dl")
     assert got.version == "v1" and (tmp_path / "dl" / "empty.json").read_bytes() == b""
-    assert (tmp_path / "dl" / "sub" / "weights.bin").read_bytes() == b"w" * 1000
+    assert (tmp_path / "dl" / "sub" / "weights.safetensors").read_bytes() == b"w" * 1000
 
 
 def _stream(h: weights_pb2.UploadHeader, parts: list[tuple[str, int, bytes]]) -> Iterator[weights_pb2.UploadRequest]:

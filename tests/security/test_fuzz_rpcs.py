@@ -105,7 +105,7 @@ def deployment(secure_stack: SecureStack, weights_server: Any, knowledge_server:
                tmp_path_factory: pytest.TempPathFactory) -> Deployment:
     d = secure_stack.dial
     src: Path = tmp_path_factory.mktemp("version")
-    (src / "weights.bin").write_bytes(b"\x01" * 4096)
+    (src / "weights.safetensors").write_bytes(b"\x01" * 4096)
     (src / "config.json").write_text("{}")
     upload_version(weights_pb2_grpc.WeightsStub(d.service(f"127.0.0.1:{weights_server.port}")),
                    weights_pb2.UploadHeader(model=MODEL, kind="full", tenant=TENANT_A), src)
@@ -163,8 +163,8 @@ def templates(dep: Deployment) -> dict[str, list[Message]]:
     w, k, i = weights_pb2, knowledge_pb2, inference_pb2
     data = b"abcd"
     upload = [w.UploadRequest(header=w.UploadHeader(model=MODEL, kind="full", tenant=TENANT_A, files=[
-                  w.FileEntry(path="w.bin", size=len(data), sha256=hashlib.sha256(data).hexdigest())])),
-              w.UploadRequest(chunk=w.FileChunk(path="w.bin", offset=0, data=data))]
+                  w.FileEntry(path="w.safetensors", size=len(data), sha256=hashlib.sha256(data).hexdigest())])),
+              w.UploadRequest(chunk=w.FileChunk(path="w.safetensors", offset=0, data=data))]
     return {
         "/apprentice.v1.Inference/Generate": [i.GenerateRequest(
             messages=[common_pb2.ChatMessage(role="user", content="hello")], sampling={"max_new_tokens": 2}, task="t")],
@@ -245,7 +245,11 @@ def test_a_version_that_is_not_a_model_is_refused_not_an_internal_error(deployme
     op = weights_pb2_grpc.WeightsStub(deployment.channels[("apprentice.v1.Weights", Role.OPERATOR)])
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    unloadable = _upload(deployment, {"config.json": b"{}", "weights.bin": b"\x01" * 64}, tmp_path / "a")
+    import numpy as np
+    from safetensors.numpy import save as save_safetensors
+
+    finite = save_safetensors({"w": np.zeros(4, dtype=np.float32)})   # sound tensors, but no model type
+    unloadable = _upload(deployment, {"config.json": b"{}", "weights.safetensors": finite}, tmp_path / "a")
     with pytest.raises(grpc.RpcError) as e:   # the candidate, or the baseline (after fuzzing forced v1 in)
         op.Promote(weights_pb2.PromoteRequest(model=MODEL, version=unloadable), timeout=120)
     assert e.value.code() == C.FAILED_PRECONDITION and "cannot be loaded" in e.value.details()

@@ -351,3 +351,37 @@ def test_operator_actions_are_audited_before_they_act(server: RunningServer, who
         server.service._audit_log = None
         dead.close(timeout=0.1)
 
+
+
+# --- pickles and empty checkpoints -------------------------------------------------------------------------
+def test_pickle_checkpoints_are_refused_and_a_tensorless_one_fails_integrity(
+        server: RunningServer, who: Callers, checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    """Attack: the NaN model saved as `pytorch_model.bin` passed the integrity check ("0 of 0 tensors"), which
+    read only `*.safetensors`, and could be force-promoted; the loaders load `.bin` too, and a pickle runs code
+    when loaded. Now every pickle-bearing file is refused at upload, and no tensor file fails integrity."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    nan_dir = checkpoints["nan"]
+    state = {}
+    for f in nan_dir.glob("*.safetensors"):
+        state.update(load_file(str(f)))
+    for suffix in ("bin", "pt", "pth", "ckpt", "pkl"):
+        pickled = tmp_path / f"pickled-{suffix}"
+        pickled.mkdir()
+        for f in nan_dir.iterdir():
+            if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
+                shutil.copy(f, pickled / f.name)
+        torch.save(state, pickled / f"pytorch_model.{suffix}")
+        err = rpc_error(lambda d=pickled: upload_version(who.service, header(), d))
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (suffix, err.details())
+        assert "safetensors" in (err.details() or ""), err.details()
+    empty = tmp_path / "no-tensors"
+    empty.mkdir()
+    shutil.copy(nan_dir / "config.json", empty / "config.json")
+    m = upload_version(who.service, header(), empty)
+    e = rpc_error(lambda: who.operator.Promote(W.PromoteRequest(model=MODEL, version=m.version, force=True,
+                                                                reason="it is only config"), timeout=120))
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION and "integrity" in (e.details() or ""), e.details()

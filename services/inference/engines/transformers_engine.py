@@ -314,7 +314,8 @@ class TransformersEngine(Engine):
         # heavy: transformers, only when a full model version is swapped in
         from transformers import AutoModelForCausalLM
 
-        model: Any = AutoModelForCausalLM.from_pretrained(files.path, dtype=getattr(torch, self.settings.dtype))
+        model: Any = AutoModelForCausalLM.from_pretrained(files.path, dtype=getattr(torch, self.settings.dtype),
+                                                          use_safetensors=True)  # never a pickle: shared/weights/formats.py
         model.to(self.settings.torch_device)
         model.eval()
         vocab = int(model.get_input_embeddings().weight.shape[0])

@@ -14,13 +14,13 @@ from .conftest import UploadFn, entry
 
 
 def test_versions_are_numbered_per_model(store: WeightStore, upload: UploadFn) -> None:
-    a = upload({"w.bin": b"one"})
-    b = upload({"w.bin": b"two"}, parent_version="v1", tenant="acme")
-    c = upload({"w.bin": b"x"}, model="other")
+    a = upload({"w.safetensors": b"one"})
+    b = upload({"w.safetensors": b"two"}, parent_version="v1", tenant="acme")
+    c = upload({"w.safetensors": b"x"}, model="other")
     assert (a.version, b.version, c.version) == ("v1", "v2", "v1")
     assert b.status == weights_pb2.VERSION_STATUS_CANDIDATE and b.tenant == "acme" and b.created_at.seconds > 0
     assert [m.version for m in store.list("m")] == ["v1", "v2"]
-    assert store.get("m", "v2").files[0].sha256 == entry("w.bin", b"two").sha256
+    assert store.get("m", "v2").files[0].sha256 == entry("w.safetensors", b"two").sha256
     assert store.get("m", "base").kind == "full"  # the implicit base version
     with pytest.raises(NotFound):
         store.get("m", "v9")
