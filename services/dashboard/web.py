@@ -337,8 +337,20 @@ def _text(body: dict[str, Any], name: str, *, required: bool = False, limit: int
     return value
 
 
+def _finite(data: Any) -> Any:
+    """`data` with NaN/Inf floats as null: JSON has no such numbers, and one NaN gate score of one version made
+    Starlette's encoder (allow_nan=False) raise, so /api/versions answered 500 and the page broke."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(v) for v in data]
+    return data
+
+
 def _json(data: Any) -> JSONResponse:
-    return JSONResponse(data, headers={"cache-control": "no-store"})
+    return JSONResponse(_finite(data), headers={"cache-control": "no-store"})
 
 
 def build(settings: DashboardSettings, *, start_reader: bool = True) -> tuple[Dashboard, TopicReader | None]:
