@@ -39,8 +39,7 @@ from typing import Any
 from services.inference import metrics
 from services.inference.requests import PreparedRequest
 from services.inference.settings import InferenceSettings
-from shared.decoding.chat_template import encode_chat
-from shared.decoding.generation import encode_prompt
+from shared.decoding.chat_template import encode_chat, encode_text
 from shared.knowledge.frame import with_knowledge
 from shared.privacy.policy import PiiPolicy, Redactor, Scan, entity_types, parse_tenant_policies
 from shared.proto.apprentice.v1 import events_pb2
@@ -159,7 +158,9 @@ class CapturePrivacy:
         contents = [scan.redacted for scan in scans]
         tok = self._tokenizer()
         if p.raw_prompt:
-            text, ids = contents[0], encode_prompt(tok, contents[0])
+            # as served (services/inference/requests.py): a raw prompt is content, its special-token
+            # text stays text; parsing it here put forged role tokens in what the trainer learns from
+            text, ids = contents[0], encode_text(tok, contents[0])
         else:
             msgs = [{"role": m.role, "content": c} for m, c in zip(p.messages, contents, strict=True)]
             chat = encode_chat(tok, with_knowledge(msgs, p.knowledge_texts))

@@ -12,8 +12,7 @@ import pytest
 from services.inference.privacy import FAILED, CapturePrivacy
 from services.inference.requests import feedback_event, interaction_event, prepare
 from services.inference.settings import InferenceSettings
-from shared.decoding.chat_template import encode_chat
-from shared.decoding.generation import encode_prompt
+from shared.decoding.chat_template import encode_chat, encode_text
 from shared.decoding.params import Sample
 from shared.privacy.policy import Redactor
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2
@@ -75,7 +74,7 @@ def test_redact_raw_prompt_and_an_answer_that_repeats_the_email(tok: Any) -> Non
     p, ev = event(tok, cp.settings, answer=f"I wrote to {EMAIL}.", raw=True)
     cp.interactions(p, [ev])
     assert ev.prompt_text == ev.messages[0].content and not leaks(ev.prompt_text)
-    assert list(ev.prompt_token_ids) == encode_prompt(tok, ev.prompt_text)
+    assert list(ev.prompt_token_ids) == encode_text(tok, ev.prompt_text)
     assert ev.response_text == "I wrote to <EMAIL_ADDRESS>."
     # not what the model generated: no tokens, no log-probs (the trainer skips it; text stays for grading)
     assert not ev.response_token_ids and not ev.response_logprobs and not ev.response_logprobs_t1
