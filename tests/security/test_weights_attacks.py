@@ -11,6 +11,7 @@ on loopback, secured as a deployment is (keys, TLS), with the real broker. Each 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 import threading
@@ -375,7 +376,7 @@ def test_pickle_checkpoints_are_refused_and_a_tensorless_one_fails_integrity(
             if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
                 shutil.copy(f, pickled / f.name)
         torch.save(state, pickled / f"pytorch_model.{suffix}")
-        err = rpc_error(lambda d=pickled: upload_version(who.service, header(), d))
+        err = rpc_error(functools.partial(upload_version, who.service, header(), pickled))
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (suffix, err.details())
         assert "safetensors" in (err.details() or ""), err.details()
     empty = tmp_path / "no-tensors"
