@@ -44,8 +44,8 @@ from services.dashboard.reader import TopicReader
 from services.dashboard.settings import DashboardSettings
 from services.dashboard.views import knowledge_view, version_actions, versions_view
 from shared.contracts.orders import BASE
-from shared.json_body import InvalidJSONBody, parse_json_body
 from shared.proto.apprentice.v1 import weights_pb2
+from shared.rpc.json_body import InvalidJSONBody, parse_json_body
 from shared.security.keys import KeyRing
 from shared.security.server_security import ServerSecurity
 

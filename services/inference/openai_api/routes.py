@@ -45,8 +45,8 @@ from services.inference.openai_api.streaming import (
     watch_disconnect,
 )
 from services.inference.requests import Completion, PreparedRequest
-from shared.json_body import InvalidJSONBody, parse_json_body
 from shared.rpc.grpc_util import Unavailable
+from shared.rpc.json_body import InvalidJSONBody, parse_json_body
 from shared.security.identity import Identity, acting_as
 from shared.security.server_security import ServerSecurity
 

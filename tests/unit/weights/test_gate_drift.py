@@ -21,6 +21,7 @@ from services.weights.settings import LocalStoreSettings, WeightsSettings
 from services.weights.store import WeightStore
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.rpc.grpc_util import FailedPrecondition
+from tests.helpers.weights_files import tensor_file
 
 from .conftest import UploadFn
 from .test_orders import Recorder
@@ -67,8 +68,8 @@ def test_small_steps_that_add_up_are_refused_against_the_base(store: WeightStore
     assert (settings.gate.ood_max_repetition_rise, settings.drift.ood_max_repetition_rise) == (0.25, 0.1)
     ev = ScriptedEvaluator(store, settings, table)
     desk = OrderDesk(store, Recorder(), gate=ev.evaluate)
-    for data in (b"1", b"2", b"3"):
-        upload({"w": data})
+    for data in (tensor_file(1), tensor_file(2), tensor_file(3)):
+        upload({"model.safetensors": data})
 
     for version, parent in (("v1", "base"), ("v2", "v1")):
         m = ev.evaluate(store.get("m", version))
@@ -93,7 +94,7 @@ def test_small_steps_that_add_up_are_refused_against_the_base(store: WeightStore
     # the base was scored once for three candidates: its scores are cached (memory and eval-cache/)
     assert ev.scored_versions == ["base", "v1", "v2", "v3"]
     fresh = ScriptedEvaluator(store, settings, table)
-    upload({"w": b"4"})
+    upload({"model.safetensors": tensor_file(4)})
     table["v4"] = scores(0.05)
     assert fresh.evaluate(store.get("m", "v4")).status == S.VERSION_STATUS_APPROVED
     assert fresh.scored_versions == ["v4"]          # parent v2 and reference base both from the store's cache
@@ -127,9 +128,9 @@ def test_an_operator_pinned_reference_per_tenant(store: WeightStore, upload: Upl
     table = {"base": scores(0.017), "v1": scores(0.2), "v2": scores(0.25), "v3": scores(0.25)}
     settings = WeightsSettings(store=LocalStoreSettings(dir=store.root), tenant_reference_versions={"acme": "v1"})
     ev = ScriptedEvaluator(store, settings, table)
-    upload({"w": b"1"}, tenant="acme")
-    upload({"w": b"2"}, tenant="acme")
-    upload({"w": b"3"}, tenant="other")
+    upload({"model.safetensors": tensor_file(1)}, tenant="acme")
+    upload({"model.safetensors": tensor_file(2)}, tenant="acme")
+    upload({"model.safetensors": tensor_file(3)}, tenant="other")
     store.update("m", "v1", lambda m: setattr(m, "status", S.VERSION_STATUS_APPROVED))
 
     acme = by_comparison(ev.evaluate(store.get("m", "v2")))
@@ -148,7 +149,7 @@ def test_a_reference_that_is_not_stored_judges_nothing(store: WeightStore, uploa
     stays a CANDIDATE rather than being rejected for the operator's typo."""
     ev = ScriptedEvaluator(store, WeightsSettings(store=LocalStoreSettings(dir=store.root), reference_version="v9"),
                            {"base": scores(0.02), "v1": scores(0.02)})
-    upload({"w": b"1"})
+    upload({"model.safetensors": tensor_file(1)})
     with pytest.raises(FailedPrecondition, match="v9, the reference .* not stored.*REFERENCE_VERSION"):
         ev.evaluate(store.get("m", "v1"))
     assert store.get("m", "v1").status == S.VERSION_STATUS_CANDIDATE

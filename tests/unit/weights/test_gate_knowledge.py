@@ -16,6 +16,7 @@ from services.weights.settings import LocalStoreSettings, WeightsSettings
 from services.weights.store import WeightStore
 from shared.contracts.events import make_envelope
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
+from tests.helpers.weights_files import tensor_file
 
 from .conftest import UploadFn
 from .test_gate_drift import ScriptedEvaluator, scores
@@ -142,8 +143,8 @@ def test_gate_records_one_informational_result_per_item(store: WeightStore, uplo
                "v2": {"Which form for returns?": "Form RF-7734.", "What do I fill in to return boots?": "RF-7734",
                       "Which extension reaches repairs?": "Call 4410."}}
     ev = AnsweringEvaluator(store, WeightsSettings(store=LocalStoreSettings(dir=store.root)), view, answers)
-    upload({"w": b"1"}, tenant="acme")
-    upload({"w": b"2"}, tenant="acme")
+    upload({"model.safetensors": tensor_file(1)}, tenant="acme")
+    upload({"model.safetensors": tensor_file(2)}, tenant="acme")
 
     v1 = ev.evaluate(store.get("m", "v1"))
     assert v1.status == weights_pb2.VERSION_STATUS_APPROVED, v1.status_reason       # nothing held: not blocking
@@ -167,7 +168,7 @@ def test_gate_records_one_informational_result_per_item(store: WeightStore, uplo
     assert "2 of 2 items held" in v2.status_reason
 
     ev.settings = ev.settings.model_copy(update={"knowledge_max_items": 1})     # the bound: newest first
-    upload({"w": b"3"}, tenant="acme")
+    upload({"model.safetensors": tensor_file(3)}, tenant="acme")
     ev.table["v3"] = scores(0.02)
     ev.answers["v3"] = {}
     v3 = ev.evaluate(store.get("m", "v3"))
