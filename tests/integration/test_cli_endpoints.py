@@ -34,7 +34,9 @@ def weights_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 
 def _apprentice(home: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("APPRENTICE_")}
+    # the broker's credentials stay (the session broker authorizes); every other setting comes from the home
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APPRENTICE_")
+           or (k.startswith("APPRENTICE_KAFKA_") and k != "APPRENTICE_KAFKA_BOOTSTRAP")}
     env.update(APPRENTICE_HOME=str(home), **env_extra)
     return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=60)
