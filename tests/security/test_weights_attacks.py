@@ -280,18 +280,18 @@ def test_upload_quotas(server: RunningServer, who: Callers, checkpoints: dict[st
 
     # two uploads in flight per credential; the third is refused until one ends
     release = threading.Event()
-    held = [who.service.Upload.future(_stream(header(files=[_entry("w.bin")]), release), timeout=60)
+    held = [who.service.Upload.future(_stream(header(files=[_entry("w.safetensors")]), release), timeout=60)
             for _ in range(2)]
     quotas = server.service.quotas
     wait_for(lambda: quotas.in_flight("local-services")[0] == 2, what="two uploads in flight", stall_s=10)
-    e = rpc_error(lambda: who.service.Upload(_stream(header(files=[_entry("w.bin")]))))
+    e = rpc_error(lambda: who.service.Upload(_stream(header(files=[_entry("w.safetensors")]))))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "already has 2 uploads in flight" in e.details()
     # another credential is not starved by it
     assert upload_version(who.operator, header(), checkpoints["same"]).version == "v1"
     release.set()
     assert sorted(f.result().version for f in held) == ["v2", "v3"]
     assert quotas.in_flight("local-services") == (0, 0) and quotas.total_bytes == 0
-    assert who.service.Upload(_stream(header(files=[_entry("w.bin")]))).version == "v4"
+    assert who.service.Upload(_stream(header(files=[_entry("w.safetensors")]))).version == "v4"
 
 
 # --- 4. the audit trail -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from shared.progress import progress
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.security.channels import open_channel
 from shared.settings import CommonSettings
+from tools.demo.quota_retry import generate
 from tools.demo.stats import wilson
 from tools.tasks.config import general_ood_questions
 from tools.tasks.task import OODItem, Task, check_answer, check_ood
@@ -71,7 +72,7 @@ class Evaluator:
             sampling=common_pb2.SamplingParams(max_new_tokens=self.max_new_tokens, temperature=temperature, n=n,
                                                seed=seed, top_p=0.95 if temperature > 0 else 0.0),
             tenant=self.task.tenant, task=self.task.task, no_capture=True, no_knowledge=not knowledge)
-        return self.stub.Generate(req, timeout=self.timeout_s)
+        return generate(self.stub, req, timeout_s=self.timeout_s)
 
     def run(self, round_index: int, *, knowledge: bool = True) -> EvalResult:
         """Held-out and OOD questions as served (`knowledge`: with the tenant's knowledge in context where the

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.security.channels import open_channel
 from shared.settings import CommonSettings
+from tools.demo.quota_retry import generate
 from tools.tasks.task import Fact, Task, check_answer
 
 
@@ -112,7 +113,7 @@ class SimulatedUsers:
                                                top_p=0.95 if temperature > 0 else 0.0, n=n, seed=seed),
             tenant=self.task.tenant, session_id=f"user-{uuid.uuid4().hex[:12]}", task=self.task.task)
         asked_at = time.monotonic()
-        resp = self.inference.Generate(req, timeout=self.timeout_s)
+        resp = generate(self.inference, req, timeout_s=self.timeout_s)
         answered_at = time.monotonic()
         out = []
         for choice in resp.choices:
