@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, KafkaError, Message, Producer
 from google.protobuf.message import Message as ProtoMessage
 
 from shared.kafka.consumers import Isolation, new_consumer
 from shared.kafka.reader import read_topic_to_end
-from shared.kafka.security import SecuritySource
+from shared.kafka.security import KafkaSecurity, SecuritySource
 from tests.helpers.ports import free_ports
 from tools.broker.local_broker import LocalBroker, local_credentials_dir
 
@@ -152,3 +152,14 @@ def private_broker(home: Path, **options: Any) -> LocalBroker:
         link.symlink_to(held.resolve(), target_is_directory=True)
     port, controller = free_ports(2)
     return LocalBroker(home, port=port, controller_port=controller, **options)
+
+
+def produce_one(bootstrap: str, security: KafkaSecurity, topic: str) -> KafkaError | None:
+    """Produce one record as `security`'s principal; the delivery error (None when it was written): how
+    the access tests see what the broker's ACLs allow."""
+    errors: list[KafkaError | None] = []
+    p = Producer({**security.librdkafka(), "bootstrap.servers": bootstrap, "message.timeout.ms": 15000})
+    p.produce(topic, b"x", on_delivery=lambda err, _msg: errors.append(err))
+    p.flush(30)
+    assert len(errors) == 1, "no delivery report"
+    return errors[0]

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError
 
 from shared.contracts import topic_access as access
 from shared.contracts.topics import Topics
 from shared.kafka.admin import broker_answers, ensure_topics
 from shared.kafka.security import KafkaSecurity
-from tests.helpers.kafka import link_broker_jars
+from tests.helpers.kafka import link_broker_jars, produce_one
 from tests.helpers.ports import free_ports
 from tools import deploy_acls
 
@@ -68,15 +68,6 @@ def _compose_properties(data: Path, ports: dict[str, int]) -> dict[str, str]:
     props["controller.quorum.voters"] = f"1@127.0.0.1:{ports['CONTROLLER']}"
     props["log.dirs"] = str(data)
     return props
-
-
-def _produce(bootstrap: str, security: KafkaSecurity, topic: str) -> KafkaError | None:
-    errors: list[KafkaError | None] = []
-    p = Producer({**security.librdkafka(), "bootstrap.servers": bootstrap, "message.timeout.ms": 15000})
-    p.produce(topic, b"x", on_delivery=lambda err, _msg: errors.append(err))
-    p.flush(30)
-    assert len(errors) == 1, "no delivery report"
-    return errors[0]
 
 
 def test_compose_broker_refuses_whoever_the_access_table_does_not_allow(
@@ -142,8 +133,8 @@ def test_compose_broker_refuses_whoever_the_access_table_does_not_allow(
         assert not broker_answers(inside, timeout=5, security=KafkaSecurity()), "a client without SASL"
         assert not broker_answers(inside, timeout=5, security=scram(access.GRADER, "wrong")), "a wrong password"
         assert not broker_answers(host, timeout=5, security=admin), "admin's PLAIN login on the host listener"
-        assert _produce(inside, scram(access.GRADER), topics.graded) is None
-        refused = _produce(inside, scram(access.ANALYTICS), topics.graded)
+        assert produce_one(inside, scram(access.GRADER), topics.graded) is None
+        refused = produce_one(inside, scram(access.ANALYTICS), topics.graded)
         assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, refused
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

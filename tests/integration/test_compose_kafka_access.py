@@ -12,27 +12,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError
 
 from shared.contracts import topic_access as access
 from shared.contracts.topics import Topics
 from shared.kafka.admin import broker_answers, ensure_topics
 from shared.kafka.security import KafkaSecurity
-from tests.helpers.kafka import private_broker
+from tests.helpers.kafka import private_broker, produce_one
 from tools import deploy_acls
 from tools.broker.acls import describe_acls, grants
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _produce(bootstrap: str, security: KafkaSecurity, topic: str) -> KafkaError | None:
-    """Produce one record; the delivery error (None when it was written)."""
-    errors: list[KafkaError | None] = []
-    p = Producer({**security.librdkafka(), "bootstrap.servers": bootstrap, "message.timeout.ms": 15000})
-    p.produce(topic, b"x", on_delivery=lambda err, _msg: errors.append(err))
-    p.flush(30)
-    assert len(errors) == 1, "no delivery report"
-    return errors[0]
 
 
 def test_compose_init_gives_each_principal_its_generated_password_and_exactly_its_acls(
@@ -61,8 +51,8 @@ def test_compose_init_gives_each_principal_its_generated_password_and_exactly_it
         assert broker_answers(broker.bootstrap, timeout=10, security=grader(generated))
         assert not broker_answers(broker.bootstrap, timeout=5, security=grader(broker.password(access.GRADER))), \
             "the broker's own password for grader still works: the compose password was not set"
-        assert _produce(broker.bootstrap, grader(generated), topics.graded) is None
-        refused = _produce(broker.bootstrap, grader(generated), topics.interactions)
+        assert produce_one(broker.bootstrap, grader(generated), topics.graded) is None
+        refused = produce_one(broker.bootstrap, grader(generated), topics.interactions)
         assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, refused
     finally:
         broker.stop()
