@@ -222,7 +222,8 @@ class CommonSettings(ApprenticeSettings):
 
     @field_validator("kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file", "kafka_ssl_ca",
                      "kafka_ssl_cert", "kafka_ssl_key", "auth_keys_file", "auth_token_file", "tls_cert", "tls_key",
-                     "tls_ca", "tls_client_cert", "tls_client_key", "interaction_id_secret_file", mode="before")
+                     "tls_ca", "tls_client_cert", "tls_client_key", "interaction_id_secret_file", "record_keys_dir",
+                     mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v  # compose's `${VAR:-}` yields ""
@@ -266,6 +267,21 @@ class CommonSettings(ApprenticeSettings):
             raise ValueError("mutual TLS needs both APPRENTICE_KAFKA_SSL_CERT and APPRENTICE_KAFKA_SSL_KEY")
         return self
     # --- end of Kafka client security -----------------------------------------------------------------
+
+    # --- record signatures (shared/kafka/signing.py, shared/kafka/trust.py; SECURITY.md) ---------------
+    record_keys_dir: Path | None = None
+    """Record-signing keys: `<principal>.key` (the principal's Ed25519 private key; a pod mounts its own
+    only) and `<principal>@<key_id>.pub` (every principal's public key). Unset: `<home>/secrets/records`,
+    where the local broker writes a pair per principal."""
+
+    record_signatures: Literal["required", "off"] = "required"
+    """`required`: every record a service writes is signed with its principal's key, and every record it
+    reads must carry a valid signature by a principal the topic table lets write that topic (anything else
+    is dead-lettered with the reason). `off`: neither, insecure: anyone who can write a topic is trusted."""
+
+    def record_keys_path(self) -> Path:
+        """Where the record-signing keys are (`record_keys_dir`, or its default under `home`)."""
+        return self.record_keys_dir if self.record_keys_dir is not None else self.home / "secrets" / "records"
 
     topic_prefix: str = ""
     """Namespace prepended to every topic name, consumer group id and transactional id (shared/contracts/topics.py),

@@ -5,8 +5,9 @@ topics each may sign, in shared/contracts/topic_access.py.
     .venv/bin/python -m tools.record_keys              # <home>/secrets/records
     .venv/bin/python -m tools.record_keys --dir /path
 
-Run by hand for now: `apprentice up`, the demo and the tests' session do not call it yet, and no service signs or
-checks records yet.
+The local broker writes them when it starts (tools/broker/local_broker.py), and hands the directory to
+every client of this home in `APPRENTICE_RECORD_KEYS_DIR`; run this by hand for keys elsewhere (a
+deployment's secrets, before they are mounted).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ SIGNERS: tuple[str, ...] = tuple(sorted({w for access in TABLE for w in access.w
 
 
 def records_dir(home: Path) -> Path:
+    """The default keys directory of `home` (as `CommonSettings.record_keys_path` resolves it)."""
     return home / "secrets" / "records"
 
 

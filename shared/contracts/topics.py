@@ -133,3 +133,13 @@ def _namespaced(prefix: str, name: str, what: str) -> str:
     if not name:
         raise ValueError(f"a {what} name must not be empty")
     return prefix + name
+
+
+def contract_name(name: str) -> str | None:
+    """The contract name a concrete topic name ends with, whatever its deployment's prefix; None for a topic
+    that is not one of ours. Record signatures bind this name (shared/kafka/signing.py), so a consumer can
+    check a record without knowing the prefix its producer was configured with."""
+    for base in BASE_NAMES:
+        if name.endswith(base):
+            return base
+    return None

@@ -14,9 +14,11 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 from google.protobuf.message import Message as ProtoMessage
 
+from shared.contracts.topics import contract_name
 from shared.contracts.validation import type_headers
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
+from shared.kafka.signing import RecordSigner
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +31,11 @@ class DeliveryError(RuntimeError):
 
 class EventProducer:
     def __init__(self, bootstrap: str, *, client_id: str = "apprentice",
-                 extra_config: dict[str, Any] | None = None, security: SecuritySource = None) -> None:
-        """`security`: TLS/SASL settings (shared/kafka/security.py); None = from the environment."""
+                 extra_config: dict[str, Any] | None = None, security: SecuritySource = None,
+                 signer: RecordSigner | None = None) -> None:
+        """`security`: TLS/SASL settings (shared/kafka/security.py); None = from the environment.
+        `signer`: the principal whose signature every record carries (shared/kafka/trust.py
+        `record_signer`); None = unsigned, which consumers refuse unless signatures are off."""
         config: dict[str, Any] = {
             **librdkafka_config(security),
             **client_log_config(bootstrap),
@@ -45,6 +50,7 @@ class EventProducer:
         }
         config.update(extra_config or {})
         self._producer = Producer(config)
+        self.signer = signer
         self._lock = threading.Lock()
         self.delivered = 0
         self.failed = 0
@@ -60,6 +66,9 @@ class EventProducer:
             payload, typed = value.SerializeToString(), type_headers(value)
         k = key.encode() if isinstance(key, str) else key
         all_headers: list[tuple[str, str | bytes | None]] = [*typed, *(headers or {}).items()]
+        if self.signer is not None:
+            # signed under the contract name: a consumer with another topic prefix checks it the same way
+            all_headers = [*self.signer.headers(contract_name(topic) or topic, k, payload, all_headers)]
 
         def _report(err: KafkaError | None, msg: Message) -> None:
             with self._lock:

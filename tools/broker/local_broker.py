@@ -54,6 +54,8 @@ from shared.contracts import topic_access as access
 from shared.kafka.admin import admin, broker_answers
 from shared.kafka.security import KafkaSecurity
 from tools.broker.acls import Grant, apply_acls, grants, open_door_grants
+from tools.record_keys import ensure as ensure_record_keys
+from tools.record_keys import records_dir
 
 if TYPE_CHECKING:
     from shared.contracts.topics import Topics
@@ -202,11 +204,23 @@ class LocalBroker:
         """The environment that makes an Apprentice process a client of this broker as `principal` (the
         password as its file's path, read by the client's settings at start)."""
         self.password(principal)
+        self.ensure_record_keys()
         return {"APPRENTICE_KAFKA_BOOTSTRAP": self.bootstrap,
+                "APPRENTICE_RECORD_KEYS_DIR": str(self.record_keys_dir.resolve()),
                 "APPRENTICE_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
                 "APPRENTICE_KAFKA_SASL_MECHANISM": self.security(principal).mechanism,
                 "APPRENTICE_KAFKA_SASL_USERNAME": principal,
                 "APPRENTICE_KAFKA_SASL_PASSWORD_FILE": str(self.password_file(principal).resolve())}
+
+    @property
+    def record_keys_dir(self) -> Path:
+        """The record-signing keys of this home's services (shared/kafka/signing.py), written beside the
+        broker's credentials: the same home's stack, demo and tests sign and check with them."""
+        return records_dir(self.home.parent)
+
+    def ensure_record_keys(self) -> list[str]:
+        """A record-signing key pair for every principal that writes a topic (kept once written)."""
+        return ensure_record_keys(self.record_keys_dir)
 
     def admin_client(self) -> AdminClient:
         return admin(self.bootstrap, security=self.security(access.ADMIN))
@@ -239,6 +253,7 @@ class LocalBroker:
         """Users, then the ACLs of the deployment of `topics` (and the open door on ANONYMOUS when this broker
         serves a plain listener); returns the bindings created (none when all were there)."""
         self.ensure_users(timeout)
+        self.ensure_record_keys()
         wanted = grants(topics) + (open_door_grants() if self.plaintext_port else [])
         return apply_acls(self.admin_client(), wanted, timeout)
 
@@ -518,7 +533,9 @@ def principal_env(sasl_dir: Path, principal: str) -> dict[str, str]:
             "APPRENTICE_KAFKA_SASL_MECHANISM": ADMIN_MECHANISM if principal == access.ADMIN else SCRAM_MECHANISM,
             "APPRENTICE_KAFKA_SASL_USERNAME": principal,
             "APPRENTICE_KAFKA_SASL_PASSWORD_FILE": str((sasl_dir / f"{principal}.password").resolve()),
-            "APPRENTICE_KAFKA_SASL_PASSWORD": ""}
+            "APPRENTICE_KAFKA_SASL_PASSWORD": "",
+            # <home>/kafka/sasl -> <home>'s record-signing keys
+            "APPRENTICE_RECORD_KEYS_DIR": str(records_dir(sasl_dir.parent.parent).resolve())}
 
 
 def principal_security(sasl_dir: Path, principal: str) -> KafkaSecurity:
