@@ -37,6 +37,7 @@ def startup_errors() -> tuple[type[Exception], ...]:
     entry point's `--help` stays light."""
     # deferred: shared.models and the security modules load numpy, grpc and cryptography; every service's
     # __main__ (all imported by `apprentice`) imports this module
+    from shared.kafka.signing import SigningKeyMissing
     from shared.models import ModelUnavailable
     from shared.rpc.grpc_util import PortInUse
     from shared.security.binding import InsecureBind
@@ -44,7 +45,8 @@ def startup_errors() -> tuple[type[Exception], ...]:
     from shared.security.tls import TLSConfigError
     from shared.settings import SettingMoved
 
-    return PortInUse, InsecureBind, KeyConfigError, TLSConfigError, ModelUnavailable, SettingMoved
+    return (PortInUse, InsecureBind, KeyConfigError, TLSConfigError, ModelUnavailable, SettingMoved,
+            SigningKeyMissing)
 
 
 def one_line(service: str, exc: BaseException) -> str:
