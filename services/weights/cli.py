@@ -26,6 +26,9 @@ from shared.settings import CommonSettings
 from shared.unreachable import grpc_unreachable_reason, unreachable
 
 DEFAULT_ENDPOINT = "127.0.0.1:50052"
+MAX_MESSAGE = 64 << 20
+"""The server's send limit (shared/rpc/grpc_util.py): gRPC's 4 MiB default made one large answer (a List of
+many versions) fail with RESOURCE_EXHAUSTED; each manifest is itself bounded (services/weights/metadata.py)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if ns.model is None:
         ns.model = CommonSettings().model
-    with open_channel(ns.endpoint) as channel:
+    with open_channel(ns.endpoint, options=[("grpc.max_receive_message_length", MAX_MESSAGE)]) as channel:
         try:
             return _run(ns, weights_pb2_grpc.WeightsStub(channel))
         except grpc.RpcError as e:

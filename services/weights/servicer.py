@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.weights import audit_trail
 from services.weights.manifests import VERSION_RE
+from services.weights.metadata import bounded
 from services.weights.metrics import DOWNLOAD_BYTES, UPLOAD_BYTES, UPLOADS
 from services.weights.names import validate_model, validate_pod_id, validate_tenant, validate_version
 from services.weights.store import validate_header
@@ -93,7 +94,7 @@ class WeightsServicer(weights_pb2_grpc.WeightsServicer):
             require(request.offset + request.length <= entries[0].size,
                     f"offset {request.offset} + length {request.length} is past the end of {request.path!r} "
                     f"({entries[0].size} bytes)")
-        manifest: weights_pb2.Manifest | None = m  # rides on the first chunk only
+        manifest: weights_pb2.Manifest | None = bounded(m)  # rides on the first chunk only
         buf = bytearray(chunk_size)  # reused: the file is read into it, then copied once into the message
         view = memoryview(buf)
         for e in entries:
@@ -121,13 +122,14 @@ class WeightsServicer(weights_pb2_grpc.WeightsServicer):
     # --- versions --------------------------------------------------------------------------------------
     @grpc_errors
     def List(self, request: weights_pb2.ListVersionsRequest, context: Any) -> weights_pb2.ListVersionsResponse:
-        return weights_pb2.ListVersionsResponse(versions=self.svc.store.list(request.model))
+        # Each manifest trimmed to the metadata bound: one stored before it must not break every listing.
+        return weights_pb2.ListVersionsResponse(versions=[bounded(m) for m in self.svc.store.list(request.model)])
 
     @grpc_errors
     def Get(self, request: weights_pb2.GetVersionRequest, context: Any) -> weights_pb2.Manifest:
         validate_model(request.model)  # version "" = what the operator slot serves, as in Download
-        return self.svc.store.get(request.model,
-                                  request.version or self.svc.store.state(request.model).serving_for(""))
+        return bounded(self.svc.store.get(request.model,
+                                          request.version or self.svc.store.state(request.model).serving_for("")))
 
     @grpc_errors
     def Pin(self, request: weights_pb2.PinRequest, context: Any) -> weights_pb2.Manifest:
@@ -141,7 +143,7 @@ class WeightsServicer(weights_pb2_grpc.WeightsServicer):
         def pin(m: weights_pb2.Manifest) -> None:
             m.pinned = request.pinned
 
-        return self.svc.store.update(request.model, request.version, pin)
+        return bounded(self.svc.store.update(request.model, request.version, pin))
 
     # --- orders ----------------------------------------------------------------------------------------
     @grpc_errors

@@ -23,6 +23,7 @@ import grpc
 
 from services.weights.blobstore import SHA256_RE, BlobStore, BlobWriter
 from services.weights.manifests import ManifestStore, ModelState
+from services.weights.metadata import validate_metadata
 from services.weights.names import validate_model, validate_path, validate_tenant, validate_version
 from services.weights.retention import unreferenced, versions_to_keep
 from shared.contracts.events import timestamp
@@ -52,6 +53,7 @@ def validate_header(header: weights_pb2.UploadHeader, max_bytes: int) -> None:
         if value:
             validate_version(value, name)
     validate_tenant(header.tenant)
+    validate_metadata(header)
     require(len(header.files) > 0, "an upload declares at least one file")
     require(len(header.files) <= 1000, "an upload declares at most 1000 files")
     seen: set[str] = set()
