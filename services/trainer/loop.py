@@ -35,9 +35,9 @@ from services.trainer.settings import TrainerSettings
 from services.trainer.source import PartitionReader
 from services.trainer.steplog import open_log
 from shared.contracts.events import UndecodableEvent
-from shared.contracts.validation import decode_record
 from shared.kafka.deadletter import DeadLetterPublisher
 from shared.kafka.producer import EventProducer
+from shared.kafka.trust import RecordTrust, UntrustedRecord, record_signer
 from shared.proto.apprentice.v1 import events_pb2
 from shared.retry import Backoff
 
@@ -114,7 +114,13 @@ class TrainerService:
         self.knowledge_reader = PartitionReader(s.common.kafka_bootstrap, topics.knowledge,
                                                 s.resolved_group_id + "-knowledge")
         self.range_start = dict(offsets)
-        self.producer = EventProducer(s.common.kafka_bootstrap, client_id=f"trainer-{s.tenant}")
+        # Checkpoint announcements and dead letters carry the trainer's signature; graded records are
+        # accepted only from their writer (the grader), knowledge snapshots only from the extractor and
+        # never older than the snapshot of the same key already taken (shared/kafka/trust.py).
+        self.producer = EventProducer(s.common.kafka_bootstrap, client_id=f"trainer-{s.tenant}",
+                                      signer=record_signer(s.common, "trainer"))
+        self.graded_trust = RecordTrust.from_settings(s.common)
+        self.knowledge_trust = RecordTrust.from_settings(s.common, monotonic=True)
         self.dead = DeadLetterPublisher(self.producer, topics.deadletter, source="trainer")
         self.publisher = Publisher(weights_stub, self.producer, topics.checkpoints, model=s.common.model,
                                    tenant=s.tenant, group=s.resolved_group_id)
@@ -177,9 +183,10 @@ class TrainerService:
         timeout = s.poll_timeout_s if timeout is None else timeout
         for msg in self.knowledge_reader.poll(s.poll_max_records, 0.0):
             try:
-                snap = decode_record(events_pb2.KnowledgeSnapshot, msg.value(), msg.headers())
+                snap = self.knowledge_trust.decode(events_pb2.KnowledgeSnapshot, msg)
             except UndecodableEvent as e:
-                self.dead.publish(msg, stage="trainer.knowledge.decode", reason=str(e), error_type="UndecodableEvent")
+                self.dead.publish(msg, stage="trainer.knowledge.decode", reason=str(e), error_type=type(e).__name__)
+                M.RECORDS.labels("knowledge", "untrusted" if isinstance(e, UntrustedRecord) else "undecodable").inc()
                 continue
             self.trainer.knowledge.apply(snap)
             self.knowledge_changed_at = time.time()
@@ -190,10 +197,10 @@ class TrainerService:
         msgs = self.graded.poll(s.poll_max_records, timeout)
         for msg in msgs:
             try:
-                g = decode_record(events_pb2.GradedInteraction, msg.value(), msg.headers())
+                g = self.graded_trust.decode(events_pb2.GradedInteraction, msg)
             except UndecodableEvent as e:
-                self.dead.publish(msg, stage="trainer.graded.decode", reason=str(e), error_type="UndecodableEvent")
-                M.RECORDS.labels("graded", "undecodable").inc()
+                self.dead.publish(msg, stage="trainer.graded.decode", reason=str(e), error_type=type(e).__name__)
+                M.RECORDS.labels("graded", "untrusted" if isinstance(e, UntrustedRecord) else "undecodable").inc()
                 continue
             outcome = self.buffer.offer(g, now, partition=int(msg.partition() or 0), offset=int(msg.offset() or 0))
             M.RECORDS.labels("graded", outcome).inc()

@@ -22,10 +22,11 @@ from services.trainer.service import CHANNEL_OPTIONS
 from services.trainer.settings import TensorBoardSettings, TrainerSettings
 from shared.contracts.events import decode
 from shared.contracts.topics import Topics
-from shared.kafka.producer import EventProducer
+from shared.kafka.trust import RecordTrust
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.settings import CommonSettings
 from tests.helpers.kafka import read_all
+from tests.helpers.signing import signed_producer
 from tests.unit.trainer.factories import graded, snapshot
 
 pytestmark = pytest.mark.integration
@@ -66,9 +67,11 @@ def produce_traffic(bootstrap: str, topics: Topics, tok: Any, n_groups: int = 2,
     recs.append(graded(f"acme{tag}-n", has_signal=False, prompt=prompt))
     globex = [f"globex{tag}-{i}" for i in range(4)]
     recs += [graded(i, tenant="globex", prompt=prompt, question="globex secret question") for i in globex]
-    p = EventProducer(bootstrap)
+    p = signed_producer(bootstrap, "grader")          # graded records are the grader's
     for r in recs:
         p.produce(topics.graded, r.interaction.session_id, r)
+    p.flush()
+    p = signed_producer(bootstrap, "extractor")       # snapshots the extractor's
     p.produce(topics.knowledge, "acme/support", snapshot("acme", "support", 1, [
         ("The warranty lasts 14 months.", events_pb2.ITEM_STATUS_APPROVED),
         ("Returns need form R-22.", events_pb2.ITEM_STATUS_PINNED),
@@ -85,7 +88,7 @@ def test_service_trains_one_tenant_uploads_and_announces(topics: Topics, kafka_b
 
     port, stub = weights
     ids = produce_traffic(kafka_bootstrap, topics, load_tokenizer(tiny_model_name))
-    junk = EventProducer(kafka_bootstrap)
+    junk = signed_producer(kafka_bootstrap, "grader")    # signed by its writer: refused for its bytes alone
     junk.produce(topics.graded, "junk", b"\x08\x96\x01not a graded interaction")   # poison record
     junk.flush()
     settings = TrainerSettings(
@@ -156,6 +159,9 @@ def test_service_trains_one_tenant_uploads_and_announces(topics: Topics, kafka_b
     assert [(e.version, e.parent_version, e.tenant, e.algorithm) for e in events] == [
         ("v1", "base", "acme", "grpo"), ("v2", "v1", "acme", "oel")]
     assert all(m.key() == MODEL.encode() for m in recs) and events[0].manifest_sha256
+    # signed as the trainer: the weights service's gate accepts them (shared/kafka/trust.py)
+    trust = RecordTrust.from_settings(CommonSettings())
+    assert [trust.verdict(m.topic() or "", m.key(), m.value(), m.headers()).principal for m in recs] == ["trainer"] * 2
 
     # the poison record went to the dead-letter topic, tagged with the stage
     dead = [decode(events_pb2.DeadLetter, m.value()) for m in read_all(kafka_bootstrap, topics.deadletter, expect=1)]
