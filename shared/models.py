@@ -342,7 +342,9 @@ def load_model(name: str, *, cache: Path | None = None, dtype: Any = None, devic
 
     src = resolve_model_dir(name, cache)
     with LOAD_LOCK:
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype or torch.float32)
+        # safetensors only (shared/weights/formats.py): a hub or local model holding only a pickled
+        # pytorch_model.bin is refused rather than unpickled
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype or torch.float32, use_safetensors=True)
     # typeshed types the `functools.wraps`-decorated PreTrainedModel.to as unbound (self looks missing).
     model.to(device)  # type: ignore[arg-type]
     model.eval()

@@ -23,6 +23,7 @@ from services.trainer.distributed import all_reduce_grads
 from services.trainer.logprobs import Scorer
 from shared.models import load_model, load_tokenizer
 from shared.weights.client import FULL, LORA, save_version_files
+from shared.weights.formats import require_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class Policy:
             # heavy: transformers, only when a policy is built
             from transformers import AutoModelForCausalLM
 
+            require_safetensors(init_dir, adapter=False)  # a planted .bin is refused, never unpickled
             model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32, use_safetensors=True)
         if model is None:
             model, tokenizer = load_model(cfg.model_name)
@@ -105,6 +107,9 @@ class Policy:
         if hasattr(model, "peft_config"):
             return model
         if init_dir is not None:
+            # peft loads adapter_model.bin with torch.load when the safetensors file is missing (it has no
+            # use_safetensors switch for a local folder): the directory is checked first (shared/weights/formats.py).
+            require_safetensors(init_dir, adapter=True)
             return PeftModel.from_pretrained(model, init_dir, is_trainable=True)
         raw = self.cfg.lora_targets
         targets: str | list[str] = raw if raw == "all-linear" else [t.strip() for t in raw.split(",") if t.strip()]
@@ -176,7 +181,8 @@ class Policy:
                     "torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}, dest)
 
     def load_training_state(self, src: Path) -> None:
-        state = torch.load(src, map_location=self.device, weights_only=False)
+        # weights_only: tensors, numbers and containers only; a tampered file cannot run code when unpickled
+        state = torch.load(src, map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])
         torch.set_rng_state(state["torch_rng"].cpu())

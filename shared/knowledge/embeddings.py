@@ -53,7 +53,7 @@ class MiniLMEmbedder:
         self._lock = threading.Lock()
         src = path or model_dir()
         self._tok: Any = AutoTokenizer.from_pretrained(src)
-        self._model: Any = AutoModel.from_pretrained(src)
+        self._model: Any = AutoModel.from_pretrained(src, use_safetensors=True)  # never a pickle
         self._model.eval()
         self.max_length = max_length
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from shared.models import LOAD_LOCK, load_model
 from shared.proto.apprentice.v1 import weights_pb2
+from shared.weights.formats import require_safetensors
 
 CHUNK = 1 << 20  # 1 MiB: large enough for throughput, small enough for gRPC's default message limits
 FULL, LORA = "full", "lora"
@@ -127,8 +128,10 @@ def load_version(manifest: weights_pb2.Manifest, files_dir: Path | str, base_mod
 
         base = base_model if base_model is not None else load_model(base_model_name)[0]
         with LOAD_LOCK:
+            require_safetensors(files, adapter=True)  # peft would torch.load an adapter_model.bin otherwise
             model = PeftModel.from_pretrained(base, files, is_trainable=False)
     elif manifest.kind in (FULL, ""):
+        require_safetensors(files, adapter=False)
         with LOAD_LOCK:
             model = AutoModelForCausalLM.from_pretrained(files, dtype=torch.float32, use_safetensors=True)
     else:

@@ -53,6 +53,7 @@ from services.inference.settings import InferenceSettings
 from shared.decoding.logprobs import behaviour_logprob
 from shared.decoding.params import Sample
 from shared.models import load_tokenizer, resolve_model_dir
+from shared.weights.formats import require_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +298,7 @@ class VLLMEngine(Engine):
         if (files.base_version or BASE_VERSION) != self._full:
             raise ValueError(f"LoRA {files.version} applies to {files.base_version!r}; this engine holds the full "
                              f"weights {self._full!r}")
+        require_safetensors(files.path, adapter=True)  # vLLM torch.loads adapter_model.bin when no safetensors
         with self._lock:
             if len(self._loras) >= self.settings.vllm.max_loras:
                 raise ValueError(f"LoRA {files.version}: {len(self._loras)} adapters are loaded, the most this "
