@@ -23,6 +23,8 @@ Each tenant's declared business names (`APPRENTICE_BUSINESS_NAMES`, `shared.priv
 three: a detected name that is only one of them is the business's word, not a user's personal data.
 `reject` applies to what callers send (prompt messages, comments) and only where it would be captured; an
 answer that contains personal data under `reject` is redacted.
+The session id (the caller's, or the OpenAI `user` field) is replaced by its keyed pseudonym under every
+policy (shared/security/pseudonyms.py), so neither the topic record, its Kafka key nor the spool holds it.
 A detector failure fails closed: the captured copy keeps its ids and metadata but none of its text
 (`<REDACTION_FAILED>`), with an error log and a metric; the caller still gets the answer.
 """
@@ -44,6 +46,7 @@ from shared.knowledge.frame import with_knowledge
 from shared.privacy.policy import PiiPolicy, Redactor, Scan, entity_types, parse_tenant_policies
 from shared.proto.apprentice.v1 import events_pb2
 from shared.rpc.grpc_util import InvalidRequest
+from shared.security.pseudonyms import SessionPseudonyms
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,7 @@ class CapturePrivacy:
         self.settings = settings
         self._tokenizer = tokenizer
         self.redactor = redactor or Redactor()
+        self.sessions = SessionPseudonyms(settings.common.interaction_id_key())
         self._warming: threading.Thread | None = None
 
     @property
@@ -108,9 +112,19 @@ class CapturePrivacy:
     def prompt_scans(self, p: PreparedRequest) -> tuple[Scan, ...]:
         """One scan per message of the request, made by the first caller and kept on `p`: under `reject`
         the edge (`screen_request`) scans before anything is served and the capture reuses its scans;
-        otherwise the capture scans, once for all of the request's choices."""
+        otherwise the capture scans, once for all of the request's choices. The messages are read as one
+        conversation (`Redactor.scan_conversation`): an e-mail, phone number or IBAN split across two
+        messages is found in both halves, which a scan of each message alone misses."""
         if p.prompt_scans is None:
-            p.prompt_scans = tuple(self._scan(m.content, "prompt", p.tenant) for m in p.messages)
+            t0 = time.perf_counter()
+            scans = self.redactor.scan_conversation(
+                [m.content for m in p.messages], [m.role for m in p.messages], tenant=p.tenant,
+                business=self.settings.common.business_names_for(p.tenant))
+            metrics.PII_SCAN_SECONDS.observe(time.perf_counter() - t0)
+            for scan in scans:
+                for span in scan.spans:
+                    metrics.PII_FOUND.labels(entity=span.entity, where="prompt").inc()
+            p.prompt_scans = tuple(scans)
         return p.prompt_scans
 
     def screen_request(self, p: PreparedRequest) -> None:
@@ -130,7 +144,12 @@ class CapturePrivacy:
         """Redact the captured copies of one request's choices (in place; returned for chaining). `keep`
         returns them untouched. The choices share the prompt: it is scanned once (`prompt_scans`),
         redacted and re-rendered once (with the knowledge that was in the context, so the recorded prompt
-        is still what the model saw, less the personal data); each answer is scanned once."""
+        is still what the model saw, less the personal data); each answer is scanned once.
+        Under every policy the session id becomes its keyed pseudonym (shared/security/pseudonyms.py): it
+        is the caller's identifier (often the OpenAI `user` field), and consumers only group by it."""
+        session = self.sessions(p.tenant, p.session_id)
+        for ev in events:
+            ev.session_id = session
         if self.settings.pii_policy_for(p.tenant) is PiiPolicy.KEEP:
             return events
         try:

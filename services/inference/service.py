@@ -295,8 +295,9 @@ class InferenceApp:
                                     version=version, canary=canary, pod=self.settings.pod_id,
                                     latency_ms=latency_ms, trace_id=trace)
                   for i, (sample, iid) in enumerate(zip(samples, ids, strict=True))]
-        # the choices share one prompt: redacted once for all of them (services/inference/privacy.py)
-        tickets = [self.capture.submit(self.topics.interactions, p.session_id, ev)
+        # the choices share one prompt: redacted once for all of them (services/inference/privacy.py);
+        # keyed by the session's pseudonym, never the caller's raw session id (or OpenAI `user`)
+        tickets = [self.capture.submit(self.topics.interactions, ev.session_id, ev)
                    for ev in self.privacy.interactions(p, events)]
         # the answer leaves only once its interactions are on disk (services/inference/capture.py)
         deadline = time.monotonic() + self.settings.capture_ack_timeout_s

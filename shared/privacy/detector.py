@@ -73,17 +73,58 @@ class PiiDetector(ABC):
         glue and with one space) and a detection that crosses the join is kept as its piece in each
         message. Names are not joined (two messages "I am Jane" / "Doe" are read alone)."""
         per = [list(x) for x in self.find_many(texts)]
-        for i in range(len(texts) - 1):
-            a, b = texts[i], texts[i + 1]
-            if not (a and b and _JOINABLE(a[-1]) and _JOINABLE(b[0])):
-                continue
-            for glue in ("", " "):
-                head = len(a) + len(glue)
-                for s in self.find(a + glue + b, names=False):
-                    if s.start < len(a) and s.end > head:
-                        per[i].append(Span(s.start, len(a), s.entity, s.score))
-                        per[i + 1].append(Span(0, s.end - head, s.entity, s.score))
+        for join in joins(texts, adjacent_pairs(len(texts))):
+            for i, span in join.pieces(self.find(join.text, names=False)):
+                per[i].append(span)
         return [resolve_overlaps(x) for x in per]
+
+
+def adjacent_pairs(n: int) -> list[tuple[int, int]]:
+    """(i, i + 1) for each two neighbouring messages of `n`."""
+    return [(i, i + 1) for i in range(n - 1)]
+
+
+def conversation_pairs(roles: list[str]) -> list[tuple[int, int]]:
+    """The message pairs a split value can straddle: neighbours, and each message with the next one of the
+    same role (a user who sends "jane.doe@exa", gets an answer, then sends "mple.com" split it too)."""
+    pairs = set(adjacent_pairs(len(roles)))
+    for i, role in enumerate(roles):
+        j = next((k for k in range(i + 1, len(roles)) if roles[k] == role), None)
+        if j is not None:
+            pairs.add((i, j))
+    return sorted(pairs)
+
+
+@dataclass(frozen=True)
+class Join:
+    """Messages `first` and `second` scanned as one text (`text` = first + glue + second, the second
+    starting at `head`); `pieces` maps a detection of `text` that crosses the glue back to its two parts."""
+
+    first: int
+    second: int
+    text: str
+    cut: int
+    head: int
+
+    def pieces(self, spans: list[Span] | tuple[Span, ...]) -> list[tuple[int, Span]]:
+        """(message index, span in that message) for each detection that crosses the join."""
+        out = []
+        for s in spans:
+            if s.start < self.cut and s.end > self.head:
+                out.append((self.first, Span(s.start, self.cut, s.entity, s.score)))
+                out.append((self.second, Span(0, s.end - self.head, s.entity, s.score)))
+        return out
+
+
+def joins(texts: list[str], pairs: list[tuple[int, int]]) -> list[Join]:
+    """The joined texts to scan for values split across the `pairs` of messages: each pair whose facing
+    edges could be halves of one value, with no glue and with one space between them."""
+    out = []
+    for i, j in pairs:
+        a, b = texts[i], texts[j]
+        if a and b and _JOINABLE(a[-1]) and _JOINABLE(b[0]):
+            out += [Join(i, j, a + glue + b, len(a), len(a) + len(glue)) for glue in ("", " ")]
+    return out
 
 
 def _JOINABLE(c: str) -> bool:  # noqa: N802 - reads as the predicate it is

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from shared.privacy.business import NO_NAMES, BusinessNames
-from shared.privacy.detector import PERSON, PiiDetector, Span, resolve_overlaps
+from shared.privacy.detector import PERSON, PiiDetector, Span, conversation_pairs, joins, resolve_overlaps
 from shared.privacy.instance import get_detector
 
 
@@ -130,6 +130,21 @@ class Redactor:
             while len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         return Scan(text, spans)
+
+    def scan_conversation(self, texts: list[str], roles: list[str], *, tenant: str,
+                          business: BusinessNames = NO_NAMES) -> list[Scan]:
+        """One scan per message of a conversation, each also holding its part of a structured value split
+        across two messages (`PiiDetector.find_conversation`: "jane.doe@exa" / "mple.com", an IBAN or phone
+        number in two halves), between neighbours and between a message and the next of its role
+        (`conversation_pairs`). Every scan, joined or not, goes through the tenant's cache: a conversation
+        re-sends its earlier turns, so only the newest message and its joins are read again."""
+        scans = [self.scan(t, tenant=tenant, business=business) for t in texts]
+        extra: list[list[Span]] = [[] for _ in texts]
+        for join in joins(texts, conversation_pairs(roles)):
+            for i, span in join.pieces(self.scan(join.text, tenant=tenant, names=False, business=business).spans):
+                extra[i].append(span)
+        return [scan if not more else Scan(scan.text, tuple(resolve_overlaps([*scan.spans, *more])))
+                for scan, more in zip(scans, extra, strict=True)]
 
     def scan_answer(self, text: str, names: Iterable[str], business: BusinessNames = NO_NAMES, *,
                     tenant: str) -> Scan:

@@ -35,7 +35,7 @@ def _check_reported(server: Server, stdout: str) -> None:
     got = [e for e in collect(server.bootstrap, server.topics.interactions, events_pb2.Interaction, want=[iid])
            if e.interaction_id == iid]
     assert got and got[0].envelope.tenant == TENANT and got[0].task == "support"
-    assert got[0].session_id == "user-42-chat-7" and got[0].response_logprobs
+    assert got[0].session_id == server.app.privacy.sessions(TENANT, "user-42-chat-7") and got[0].response_logprobs
     fb = [e for e in collect(server.bootstrap, server.topics.feedback, events_pb2.FeedbackEvent,
                              want=[out["feedback_event_id"]], key=lambda m: m.envelope.event_id)
           if e.envelope.event_id == out["feedback_event_id"]]

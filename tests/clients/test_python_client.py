@@ -94,7 +94,7 @@ def test_generate_stream_feedback_over_tls_as_the_keys_tenant(server: Server) ->
     got = {e.interaction_id: e for e in collect(server.bootstrap, server.topics.interactions, events_pb2.Interaction,
                                                 want=ids)}
     assert set(ids) <= set(got)
-    assert {got[i].envelope.tenant for i in ids} == {"acme"} and got[ids[0]].session_id == "sess-light"
+    assert {got[i].envelope.tenant for i in ids} == {"acme"} and got[ids[0]].session_id == server.app.privacy.sessions("acme", "sess-light")
     fb = collect(server.bootstrap, server.topics.feedback, events_pb2.FeedbackEvent, want=[ack.event_id],
                  key=lambda m: m.envelope.event_id)
     assert any(e.interaction_id == iid and e.envelope.tenant == "acme" for e in fb)

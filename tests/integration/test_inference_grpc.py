@@ -62,7 +62,7 @@ def _interactions(bootstrap: str, ns: Topics, ids: list[str]) -> dict[str, event
     return {e.interaction_id: e for e in got if e.interaction_id in ids}
 
 
-def test_generate_is_captured_with_matching_ids_and_logprobs(client: InferenceClient, kafka_bootstrap: str,
+def test_generate_is_captured_with_matching_ids_and_logprobs(app: Any, client: InferenceClient, kafka_bootstrap: str,
                                                            ns: Topics) -> None:
     r = client.generate([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello?"}],
                         max_new_tokens=12, temperature=0.8, seed=7, n=3, session_id="sess-1", task="support")
@@ -76,7 +76,9 @@ def test_generate_is_captured_with_matching_ids_and_logprobs(client: InferenceCl
     for c in r.choices:
         e = events[c.interaction_id]
         assert e.envelope.event_id == deterministic_id("interaction", c.interaction_id)
-        assert e.envelope.tenant == "acme" and e.session_id == "sess-1" and e.task == "support"
+        # captured under its keyed pseudonym (shared/security/pseudonyms.py), never as the caller sent it
+        assert e.envelope.tenant == "acme" and e.session_id == app.privacy.sessions("acme", "sess-1")
+        assert e.task == "support"
         assert e.response_text == c.text and e.finish_reason == c.finish_reason
         assert len(e.response_token_ids) == len(e.response_logprobs) == len(e.response_logprobs_t1) == c.token_count
         assert e.policy_version == "base" and not e.canary and e.group_size == 3 and e.sample_index == c.index
@@ -149,9 +151,10 @@ def test_deadline_cancels_generation(app: Any, client: InferenceClient, kafka_bo
     t0 = time.monotonic()
     client.generate("quick", max_new_tokens=2)
     assert time.monotonic() - t0 < 5.0           # the engine is not still busy with the abandoned essay
-    got = collect(kafka_bootstrap, ns.interactions, events_pb2.Interaction, want=[session],
+    captured = app.privacy.sessions("acme", session)          # the session's pseudonym on the topic
+    got = collect(kafka_bootstrap, ns.interactions, events_pb2.Interaction, want=[captured],
                   key=lambda m: m.session_id)
-    cancelled = [g for g in got if g.session_id == session]
+    cancelled = [g for g in got if g.session_id == captured]
     assert cancelled and cancelled[0].finish_reason == "cancelled"
     assert 0 < len(cancelled[0].response_token_ids) < 2000
 

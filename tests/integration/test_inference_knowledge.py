@@ -77,7 +77,7 @@ def test_items_reach_only_their_tenant_over_grpc_and_http(kafka_bootstrap: str, 
             c.generate([{"role": "user", "content": QUESTION}], max_new_tokens=4, tenant="acme", task="support",
                        session_id="after-retire")
         later = collect(kafka_bootstrap, topics.interactions, events_pb2.Interaction, count=5, timeout=30)
-        [after] = [e for e in later if e.session_id == "after-retire"]
+        [after] = [e for e in later if e.session_id == app.privacy.sessions("acme", "after-retire")]
         assert not after.knowledge_items and ITEM not in after.prompt_text
     finally:
         app.stop(2)

@@ -166,7 +166,8 @@ def test_sync_chat_n_logprobs_is_captured_like_grpc(door: Door, kafka_bootstrap:
     for c, iid in zip(r.choices, ids, strict=True):
         e = events[iid]
         tokens = _tokens(c)
-        assert e.envelope.tenant == "acme" and e.session_id == "sess-http" and e.task == "support"
+        assert e.envelope.tenant == "acme" and e.task == "support"
+        assert e.session_id == door.app.privacy.sessions("acme", "sess-http")      # its keyed pseudonym
         assert e.envelope.principal.key_id == "acme-backend" and e.envelope.principal.role == "backend"
         assert e.response_text == c.message.content and e.finish_reason == c.finish_reason
         assert len(e.response_token_ids) == len(e.response_logprobs_t1) == len(tokens)
@@ -352,9 +353,10 @@ def test_a_client_that_goes_away_cancels_its_generation(door: Door, kafka_bootst
         # the tiny random model may sample its end-of-sequence token within 0.5 s
     else:
         pytest.fail("five sampled essays all ended before the client's 0.5 s timeout")
-    got = collect(kafka_bootstrap, ns.interactions, events_pb2.Interaction, want=[session],
+    captured = door.app.privacy.sessions("acme", session)     # the session's pseudonym on the topic
+    got = collect(kafka_bootstrap, ns.interactions, events_pb2.Interaction, want=[captured],
                   key=lambda m: m.session_id)
-    gone = [g for g in got if g.session_id == session]
+    gone = [g for g in got if g.session_id == captured]
     assert gone and gone[0].finish_reason == "cancelled" and 0 < len(gone[0].response_token_ids) < 2000
 
     def cancelled() -> float:
@@ -394,7 +396,7 @@ def test_node_sdk_smoke(door: Door, kafka_bootstrap: str, ns: Topics) -> None:
     events = _interactions(kafka_bootstrap, ns, ids + res["streamIds"])
     for c, iid in zip(res["choices"], ids, strict=True):
         e = events[iid]
-        assert e.session_id == "node-user" and e.response_text == c["text"] and e.envelope.tenant == "acme"
+        assert e.session_id == door.app.privacy.sessions("acme", "node-user") and e.response_text == c["text"] and e.envelope.tenant == "acme"
         assert list(e.response_logprobs) == pytest.approx(c["logprobs"], abs=1e-5)
     assert events[res["streamIds"][0]].response_text == res["streamed"]
 
