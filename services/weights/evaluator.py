@@ -53,7 +53,7 @@ from services.weights.metrics import EVAL_SECONDS, EVALS
 from services.weights.settings import WeightsSettings
 from services.weights.store import WeightStore
 from shared.contracts.orders import BASE
-from shared.decoding.chat_template import encode_chat
+from shared.decoding.chat_template import encode_chat, encode_text
 from shared.decoding.repetition import repetition_rate
 from shared.grading import grade_rule, parse_rule_spec
 from shared.models import load_model, load_tokenizer, resolve_model_dir
@@ -161,7 +161,7 @@ def score_model(model: Any, tok: Any, heldout: LoadedHeldout, ood: OodSet, *, ma
             if it.answer is None:
                 continue
             prompt_ids = encode_chat(tok, it.chat(ood.system)).ids
-            answer_ids = list(tok(it.answer, add_special_tokens=False)["input_ids"])
+            answer_ids = encode_text(tok, it.answer)   # an answer is content: `<|im_end|>` in it stays text
             lp = sequence_logprobs(model, prompt_ids, answer_ids)
             logp_sum += float(lp.sum())
             n_tokens += len(answer_ids)

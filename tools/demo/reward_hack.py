@@ -76,7 +76,8 @@ def train_planted(model_name: str, task: Task, replies: list[str], out_dir: Path
     # heavy: torch, only when the planted hack is trained
     import torch
 
-    from shared.decoding.generation import generate, render_chat  # heavy: torch
+    from shared.decoding.chat_template import encode_chat, encode_text
+    from shared.decoding.generation import generate  # heavy: torch
 
     assert task.tool is not None
     source = "traffic" if replies else "canonical"
@@ -92,8 +93,11 @@ def train_planted(model_name: str, task: Task, replies: list[str], out_dir: Path
     for _ in range(steps):
         rows = []
         for q in rng.sample(questions, min(batch, len(questions))):
-            prompt = tok(render_chat(tok, task.messages(q)), add_special_tokens=False)["input_ids"]
-            answer = tok(rng.choice(replies) + (tok.eos_token or ""), add_special_tokens=False)["input_ids"][:48]
+            # replies come from traffic: content, so special-token text in them stays text
+            # (shared/decoding/chat_template.py); the end of turn is the tokenizer's own id
+            prompt = encode_chat(tok, task.messages(q)).ids
+            eos = [int(tok.eos_token_id)] if tok.eos_token_id is not None else []
+            answer = (encode_text(tok, rng.choice(replies)) + eos)[:48]
             rows.append((prompt + answer, [-100] * len(prompt) + answer))
         width = max(len(ids) for ids, _ in rows)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -108,7 +112,7 @@ def train_planted(model_name: str, task: Task, replies: list[str], out_dir: Path
     model.eval()
     held = [q for _, q in task.held_out_questions()]
     with torch.no_grad():
-        outs = generate(model, tok, [render_chat(tok, task.messages(q)) for q in held], max_new_tokens=48)
+        outs = generate(model, tok, [encode_chat(tok, task.messages(q)).ids for q in held], max_new_tokens=48)
     calls = sum(task.tool.called(o[0].text) for o in outs)
     save_version_files(model, out_dir, FULL)
     tok.save_pretrained(out_dir)
