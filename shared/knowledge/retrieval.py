@@ -82,8 +82,11 @@ def tfidf_scores(query: str, docs: Sequence[str]) -> list[tuple[int, float]]:
 class Retriever:
     """Scores entries against a query: embedding cosine when an embedder is given, TF-IDF otherwise.
 
-    Vectors of item texts and questions are cached by text (bounded, least recently used first out), so a
-    request embeds only its own query."""
+    Vectors of item texts and questions are cached by (base key, text) (bounded, least recently used first
+    out), so a request embeds only its own query; the query itself is never cached. The key holds the
+    item's tenant/domain: item texts and their questions (redacted user turns) are a tenant's own, and a
+    vector shared across tenants would let one tenant's snapshot load or request time another's items
+    (tests/security/test_cache_isolation.py)."""
 
     def __init__(self, embedder: Embedder | None, *, min_score: float = 0.4, tfidf_min_score: float = 0.2,
                  margin: float = 0.2, cache_size: int = 20_000) -> None:
@@ -91,22 +94,23 @@ class Retriever:
         self.min_score = min_score if embedder is not None else tfidf_min_score
         self.margin = margin
         self.kind = "minilm" if embedder is not None else "tfidf"
-        self._cache: OrderedDict[str, list[float]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
 
-    def _vectors(self, texts: Sequence[str]) -> list[list[float]]:
+    def _vectors(self, key: str, texts: Sequence[str]) -> list[list[float]]:
+        """The vectors of `texts` of the items under `key` (a base's tenant/domain), cached per key."""
         assert self.embedder is not None
         with self._lock:
-            missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+            missing = [t for t in dict.fromkeys(texts) if (key, t) not in self._cache]
         fresh = self.embedder.embed(missing) if missing else []
         with self._lock:
             for t, v in zip(missing, fresh, strict=True):
-                self._cache[t] = v
+                self._cache[key, t] = v
             out = []
             for t in texts:
-                self._cache.move_to_end(t)
-                out.append(self._cache[t])
+                self._cache.move_to_end((key, t))
+                out.append(self._cache[key, t])
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return out
@@ -114,7 +118,11 @@ class Retriever:
     def warm(self, entries: Sequence[Entry]) -> None:
         """Embed the entries' texts now (when a snapshot arrives), not on the first request."""
         if self.embedder is not None and entries:
-            self._vectors([t for e in entries for t in (e.text, *e.questions)])
+            by_key: dict[str, list[str]] = {}
+            for e in entries:
+                by_key.setdefault(e.key, []).extend((e.text, *e.questions))
+            for key, texts in by_key.items():
+                self._vectors(key, texts)
 
     def score(self, query: str, entries: Sequence[Entry]) -> list[tuple[Entry, float]]:
         """(entry, score) best first; score = the best match of the query with the item's text or one of
@@ -128,7 +136,7 @@ class Retriever:
         q = self.embedder.embed([query])[0]
         scored = []
         for i, e in enumerate(entries):
-            vecs = self._vectors([e.text, *e.questions])
+            vecs = self._vectors(e.key, [e.text, *e.questions])
             best = max(sum(a * b for a, b in zip(q, v, strict=True)) for v in vecs)
             scored.append((e, max(best, lexical[i])))
         return sorted(scored, key=lambda p: -p[1])
