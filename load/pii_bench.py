@@ -27,8 +27,11 @@ Business names (`APPRENTICE_BUSINESS_NAMES`, shared/privacy/business.py), betwee
 1d. Disguises (load/pii_disguises.py): spelled-out at/dot, full-width and Indic/Arabic digits, mixed
     separators, dotted IBANs, values split across two messages, the OpenAI `user` field, session ids, and
     prose that reads like them: recall per form (any detection type masks it) and precision (a detection
-    that touches no labelled value is a false alarm). Each conversation goes through `find_conversation`
-    where the detector has it (a scan over the messages together), else `find` per message.
+    that touches no labelled value is a false alarm). Each conversation goes through what the capture
+    runs on a request's messages (`Redactor.scan_conversation`: each message, and neighbours scanned
+    joined); `--per-message` scans each message alone, as the capture did before it read conversations.
+    The OpenAI `user` field is no longer captured at all (shared/security/pseudonyms.py): its rows say
+    what a scan of the value would find, not what reaches a topic.
 """
 
 from __future__ import annotations
@@ -163,15 +166,18 @@ def business_names_quality(examples: list[Labelled]) -> None:
                 print(f"  missed {t}: {m}")
 
 
-def disguises() -> None:
+def disguises(per_message: bool = False) -> None:
     from load.pii_disguises import CASES
+    from shared.privacy.policy import Redactor
 
-    det = get_detector()
+    redactor = Redactor(cache_size=0)
     per_form: dict[str, list[int]] = {}        # form -> [labelled, found, detected, false alarms]
     misses: list[str] = []
     for case in CASES:
-        joint = getattr(det, "find_conversation", None)
-        found = joint(list(case.messages)) if joint else [det.find(m) for m in case.messages]
+        messages = list(case.messages)
+        scans = ([redactor.scan(m, tenant="bench") for m in messages] if per_message else
+                 redactor.scan_conversation(messages, ["user"] * len(messages), tenant="bench"))
+        found = [list(scan.spans) for scan in scans]
         row = per_form.setdefault(case.form, [0, 0, 0, 0])
         gold: list[list[tuple[int, int]]] = [[] for _ in case.messages]
         for i, value in case.values:
@@ -190,7 +196,8 @@ def disguises() -> None:
                 if not any(s.start < b and a < s.end for a, b in gold[i]):
                     row[3] += 1
                     misses.append(f"  false alarm ({case.form}): {text[s.start:s.end]!r} ({s.entity}) in {text!r}")
-    print(f"\n1d) disguised personal data ({len(CASES)} conversations, load/pii_disguises.py)")
+    how = "each message alone" if per_message else "as one conversation"
+    print(f"\n1d) disguised personal data ({len(CASES)} conversations, load/pii_disguises.py, {how})")
     print(f"{'form':<24}{'labelled':>9}{'found':>7}{'recall':>8}{'detected':>10}{'false':>7}{'precision':>11}")
     tot = [0, 0, 0, 0]
     for form, (n, tp, d, fa) in per_form.items():
@@ -281,13 +288,15 @@ def main() -> None:
     ap.add_argument("--model", default="tiny-random")
     ap.add_argument("--skip-server", action="store_true", help="only the detector and the capture step")
     ap.add_argument("--disguises-only", action="store_true", help="only section 1d (disguised personal data)")
+    ap.add_argument("--per-message", action="store_true",
+                    help="1d: scan each message alone (the capture before conversations were read together)")
     args = ap.parse_args()
     print(f"pii_bench {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} ({platform.machine()}, "
           f"{__import__('os').cpu_count()} CPUs, Python {platform.python_version()})")
     t0 = time.perf_counter()
     get_detector()
     print(f"detector build (Presidio + spaCy en_core_web_sm): {time.perf_counter() - t0:.1f} s, once per process")
-    disguises()
+    disguises(args.per_message)
     if args.disguises_only:
         return
     texts = quality()
