@@ -348,8 +348,10 @@ class CommonSettings(ApprenticeSettings):
     reaches the port can then promote models and read every tenant's data."""
 
     interaction_id_secret: SecretStr = SecretStr("")
-    """Key of the MAC that binds every interaction id to its tenant (shared/security/interaction_ids.py);
-    the same value on inference pods and graders. Empty = unsigned ids, ownership unchecked (dev only)."""
+    """Key of the MAC that binds every interaction id to its tenant (shared/security/interaction_ids.py),
+    and of the pseudonyms captured in place of session ids and the OpenAI `user` field
+    (shared/security/pseudonyms.py); the same value on inference pods and graders. Empty = unsigned ids,
+    ownership unchecked, session pseudonyms under a random per-process key (dev only)."""
 
     interaction_id_secret_file: Path | None = None
     """A mounted file holding that key, used when `interaction_id_secret` is empty."""
