@@ -28,7 +28,7 @@ from services.weights import cli as weights_cli
 from shared.contracts.stack_endpoints import apply_stack_endpoints
 from shared.contracts.topic_access import ADMIN, OPERATOR
 from shared.settings import default_home
-from tools import devca
+from tools import devca, record_keys
 from tools.broker import cli as kafka_cmds
 from tools.broker.local_broker import apply_client_env
 from tools.cli import failures
@@ -60,6 +60,7 @@ DELEGATED: dict[str, Command] = {
     "down": Command(stack_cli.down, "stop the local stack"),
     "status": Command(stack_cli.status, "health, versions, lag, spool depth of the local stack"),
     "secrets": Command(devca.main, "create a stack's development CA, keys and tokens"),
+    "keys": Command(record_keys.main, "record-signing keys: keys records init | rotate PRINCIPAL | list | retire"),
     "env": Command(client_env.main,
                    "print the shell lines that make stock clients trust the local stack: eval \"$(apprentice env)\""),
     "dashboard": Command(dashboard_main.main, "the operator dashboard: what the model is learning (web)"),
@@ -136,7 +137,8 @@ def _main(argv: list[str]) -> int:
         if command != "up":  # `up` binds what its own settings say, never a previous stack's record
             apply_stack_endpoints(default_home())
         devca.apply_stack_client_env(default_home())
-    if command not in ("serve", "kafka") and not asks_help:
+    if command not in ("serve", "kafka", "keys") and not asks_help:
+        # (`keys` writes into the directory it is given, never the broker's: no client variables for it)
         # ... and as a principal of the local broker (its generated credentials), unless the environment
         # sets Kafka security of its own: the operator's tools as `operator`, the demo (which creates its
         # namespace's topics and ACLs) as the broker's `admin` (SECURITY.md §4)
