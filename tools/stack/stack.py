@@ -28,6 +28,8 @@ from tools.broker.local_broker import (
     principal_security,
 )
 from tools.devca import ensure_dev_credentials
+from tools.record_keys import ensure as ensure_record_keys
+from tools.record_keys import records_dir
 from tools.stack.ports import Ports, wire_services
 from tools.stack.probe import service_health
 from tools.stack.supervisor import SERVICES, Supervisor, stack_endpoints
@@ -82,6 +84,9 @@ class LocalStack:
         if self.sasl_dir is not None:
             for name in SERVICES:
                 per_service[name].update(principal_env(self.sasl_dir, name))
+        elif "APPRENTICE_RECORD_KEYS_DIR" not in env and self.common.record_signatures == "required":
+            # a broker of the user's own: the services sign with keys under this run's home
+            ensure_record_keys(records_dir(run_dir))
         for name, extra in (service_env or {}).items():
             per_service[name].update(extra)
         self.supervisor = Supervisor(run_dir, env=env, service_env=per_service)

@@ -25,6 +25,7 @@ from shared.retry import Backoff
 from shared.settings import CommonSettings
 from tools.broker.local_broker import local_credentials_dir, principal_env
 from tools.devca import DevCredentials, ensure_dev_credentials
+from tools.record_keys import ensure as ensure_record_keys
 from tools.stack.ports import Ports, wire_services
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,11 @@ def main() -> int:
         # principal's instead, and with it exactly the rights of the access table (SECURITY.md §4)
         for name, env in wiring.items():
             env.update(principal_env(sasl_dir, name))
+    elif settings.record_signatures == "required" and settings.record_keys_dir is None:
+        # a broker of the user's own: no local broker wrote the record-signing keys, so the stack's home gets
+        # them here (a directory the user names in APPRENTICE_RECORD_KEYS_DIR is theirs: a missing key there
+        # stops the service with one line, shared/startup.py)
+        ensure_record_keys(settings.record_keys_path())
 
     dev = DevCredentials(settings.home / "secrets") if secure_dev else None
     write_endpoints(settings.home, stack_endpoints(
