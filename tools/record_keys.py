@@ -7,6 +7,7 @@ shared/kafka/signing.py; the principals, and which topics each may sign, in shar
     apprentice keys records rotate grader          # a new pair for grader; its old .pub stays trusted
     apprentice keys records list                   # every public key, by principal
     apprentice keys records retire grader@<key_id> # delete an old .pub once its records are past retention
+    python -m tools.record_keys layout /record-keys # compose: one folder per principal (compose/docker-compose.yml)
 
 (`python -m tools.record_keys ...` is the same without the `apprentice keys` prefix.)
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from shared.contracts.topic_access import TABLE
+from shared.contracts.topic_access import PRINCIPALS, TABLE
 from shared.kafka.signing import init_keys, key_id_of, private_key_path
 from shared.settings import default_home
 
@@ -98,11 +99,53 @@ def retire(directory: Path, name: str) -> Path:
     return path
 
 
+MASTER = "_pairs"
+"""The folder of a `layout` root that holds every key pair; only the init job that writes it mounts it."""
+
+
+def layout(root: Path) -> list[str]:
+    """Compose's keys volume: every key pair in `root/_pairs` (written once, kept; `rotate --dir
+    root/_pairs` rotates there), and per principal a folder `root/<principal>` holding its own private key
+    (signers only) and every public key, so each container mounts its own folder alone (a volume subpath)
+    as its APPRENTICE_RECORD_KEYS_DIR: no container can read another's private key. Run again after a
+    rotation or a retirement: the folders are rewritten from `_pairs` (a retired .pub leaves every folder).
+    Returns the principals whose pair was created now."""
+    master = root / MASTER
+    written = ensure(master)
+    pubs = {p.name: p.read_bytes() for p in master.glob("*@*.pub")}
+    for principal in PRINCIPALS:
+        folder = root / principal
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for stale in folder.glob("*@*.pub"):
+            if stale.name not in pubs:
+                stale.unlink()
+        for name, data in pubs.items():
+            _replace(folder / name, data, 0o644)
+        own = private_key_path(master, principal)
+        if own.exists():
+            _replace(private_key_path(folder, principal), own.read_bytes(), 0o600)
+    return written
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
+    """Write `path` whole or not at all (a container stopped half-way never leaves a truncated key)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`[records] init | rotate PRINCIPAL | list | retire PRINCIPAL@KEY_ID` (`init` when none is given)."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in[:1] == ["records"]:  # `apprentice keys records ...`: record-signing keys (the only kind yet)
         args_in = args_in[1:]
+    if args_in[:1] == ["layout"] and len(args_in) == 2:
+        written = layout(Path(args_in[1]))
+        print(f"{args_in[1]}: one folder per principal; new key pairs: {', '.join(written) or 'none'}")
+        return 0
     if not any(a in ("init", "rotate", "list", "retire", "-h", "--help") for a in args_in):
         args_in = [*args_in, "init"]  # `python -m tools.record_keys [--dir D]`: write the missing pairs
     ap = argparse.ArgumentParser(prog="apprentice keys records", description=__doc__,
