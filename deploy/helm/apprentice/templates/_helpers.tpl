@@ -203,6 +203,12 @@ of a service: Kafka (as its principal), model, state folders, the key ring it ac
 - name: APPRENTICE_TLS_CA
   value: /secrets/tls/ca.crt
 {{- end }}
+- name: APPRENTICE_RECORD_SIGNATURES
+  value: {{ $root.Values.recordKeys.signatures | quote }}
+{{- if eq $root.Values.recordKeys.signatures "required" }}
+- name: APPRENTICE_RECORD_KEYS_DIR
+  value: /secrets/records
+{{- end }}
 {{- with $root.Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -224,6 +230,11 @@ re-read when its file changes). */}}
   readOnly: true
 {{- end }}
 {{- include "apprentice.kafkaVolumeMounts" . }}
+{{- if eq .Values.recordKeys.signatures "required" }}
+- name: record-keys
+  mountPath: /secrets/records
+  readOnly: true
+{{- end }}
 - name: data
   mountPath: /data
 - name: cache
@@ -255,6 +266,7 @@ re-read when its file changes). */}}
     defaultMode: 0440
 {{- end }}
 {{- include "apprentice.kafkaVolumes" (dict "root" $root "principal" (required "apprentice.volumes needs a principal" .principal)) }}
+{{- include "apprentice.recordKeysVolume" (dict "root" $root "principal" .principal) }}
 - name: data
 {{- if .data }}
 {{ toYaml .data | indent 2 }}
@@ -268,6 +280,31 @@ re-read when its file changes). */}}
 - name: probe
   configMap:
     name: {{ include "apprentice.fullname" $root }}-probe
+{{- end -}}
+
+{{/* Principals that sign records (tools/record_keys.py SIGNERS, less `operator`, who runs no Deployment). */}}
+{{- define "apprentice.recordSigners" -}}
+inference grader extractor trainer weights
+{{- end -}}
+
+{{/* The record-signing keys directory of one workload: every public key (the ConfigMap) and, for a
+principal that signs, its own private key alone (its own Secret): a pod never holds another's key.
+Include with (dict "root" $ "principal" "grader"). */}}
+{{- define "apprentice.recordKeysVolume" -}}
+{{- $rk := .root.Values.recordKeys -}}
+{{- if eq $rk.signatures "required" }}
+- name: record-keys
+  projected:
+    defaultMode: 0440
+    sources:
+      - configMap:
+          name: {{ $rk.publicKeysConfigMap | quote }}
+{{- if has .principal (splitList " " (include "apprentice.recordSigners" .root)) }}
+      - secret:
+          name: {{ $rk.privateKeySecret | replace "{principal}" .principal | quote }}
+          items: [{key: {{ printf "%s.key" .principal }}, path: {{ printf "%s.key" .principal }}}]
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* Pod-level settings shared by every Deployment: include with (dict "root" $ "svc" .Values.<service>). */}}
