@@ -19,8 +19,9 @@ import threading
 
 from services.extractor.knowledge import KnowledgeStore
 from shared.contracts.events import UndecodableEvent
-from shared.contracts.validation import decode_record
 from shared.kafka.consumer import EventConsumer
+from shared.kafka.deadletter import DeadLetterPublisher
+from shared.kafka.trust import RecordTrust
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 from shared.retry import Backoff
 
@@ -60,9 +61,16 @@ def held_items(m: weights_pb2.Manifest) -> dict[tuple[str, str], tuple[int, bool
 class ConsolidationFollower:
     """model-updates --> Weights.Get(version) --> KnowledgeStore.consolidate, on a background thread."""
 
-    def __init__(self, store: KnowledgeStore, bootstrap: str, topic: str, group: str, weights_stub: object) -> None:
+    def __init__(self, store: KnowledgeStore, bootstrap: str, topic: str, group: str, weights_stub: object, *,
+                 trust: RecordTrust | None = None, deadletters: DeadLetterPublisher | None = None) -> None:
+        """`trust`: the check of each order (only the weights service may write model updates, and an
+        order signed well before the last one applied is an old order replayed: shared/kafka/trust.py);
+        None accepts every order (signatures off). `deadletters`: where refused orders go, with why."""
         self.store, self.bootstrap, self.topic, self.group = store, bootstrap, topic, group
         self.stub = weights_stub
+        self.trust = trust or RecordTrust(None, monotonic=True)
+        self.deadletters = deadletters
+        self.refused = 0
         self.applied = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="extractor-consolidation", daemon=True)
@@ -95,9 +103,14 @@ class ConsolidationFollower:
                     msgs = consumer.poll_batch(max_records=50, timeout=0.5)
                     for msg in msgs:
                         try:
-                            u = decode_record(events_pb2.ModelUpdate, msg.value(), msg.headers())
+                            u = self.trust.decode(events_pb2.ModelUpdate, msg)
                         except UndecodableEvent as e:
-                            log.error("undecodable model update skipped: %s", e)
+                            self.refused += 1
+                            if self.deadletters is not None:
+                                self.deadletters.publish(msg, stage="extractor.consolidation", reason=str(e),
+                                                         error_type=type(e).__name__)
+                            else:
+                                log.error("refused model update skipped: %s", e)
                             continue
                         self.apply(u)
                     if msgs:

@@ -37,6 +37,7 @@ from shared.decoding.chat_template import special_token_strings
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer, ensure_topics
 from shared.kafka.busy import WorkAbandoned
 from shared.kafka.decode import decode_batch
+from shared.kafka.trust import RecordTrust, UntrustedRecord, record_signer
 from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
 from shared.models import load_tokenizer
 from shared.privacy.injection_screen import InjectionScreen
@@ -94,8 +95,13 @@ class ExtractorApp:
         self.settings = settings
         common = settings.common
         self.topics = common.topics
-        self.producer = EventProducer(common.kafka_bootstrap, client_id="extractor")
+        # Snapshots, audit records and dead letters carry the extractor's signature (a missing key stops
+        # the start: shared/startup.py); graded records are accepted only from the grader
+        # (shared/contracts/topic_access.py), anything else is dead-lettered with the reason.
+        self.producer = EventProducer(common.kafka_bootstrap, client_id="extractor",
+                                      signer=record_signer(common, "extractor"))
         self.deadletters = DeadLetterPublisher(self.producer, self.topics.deadletter, source="extractor")
+        self.graded_trust = RecordTrust.from_settings(common)
         if embedder is None and settings.embedding_dedupe:
             try:
                 embedder = MiniLMEmbedder()
@@ -139,8 +145,17 @@ class ExtractorApp:
                                                          "items": len(snap.items), "change": snap.change})
 
     def rebuild(self, timeout: float = 30.0) -> int:
-        """Load every snapshot from the compacted topic; returns how many records were read."""
-        snaps = read_snapshots(self.settings.common.kafka_bootstrap, self.topics.knowledge, timeout=timeout)
+        """Load every trusted snapshot from the compacted topic; returns how many records were loaded.
+        A snapshot not signed by the extractor, or older than the one of its key already loaded, is
+        dead-lettered and never loaded: a forged record on the topic must not replace a tenant's
+        knowledge at the next start."""
+        trust = RecordTrust.from_settings(self.settings.common, monotonic=True)
+
+        def refused(msg: Any, e: UntrustedRecord) -> None:
+            self.deadletters.publish(msg, stage="extractor.rebuild", reason=str(e), error_type=type(e).__name__)
+
+        snaps = read_snapshots(self.settings.common.kafka_bootstrap, self.topics.knowledge, timeout=timeout,
+                               trust=trust, on_untrusted=refused)
         for s in snaps:
             self.store.load(s)
         log.info("knowledge rebuilt from topic", extra={"records": len(snaps), "bases": len(self.store.base_keys())})
@@ -167,7 +182,9 @@ class ExtractorApp:
                     self.consolidation = ConsolidationFollower(
                         self.store, self.settings.common.kafka_bootstrap, self.topics.model_updates,
                         self.topics.group_id(self.settings.consolidation_group_id),
-                        weights_pb2_grpc.WeightsStub(self._weights_channel)).start()
+                        weights_pb2_grpc.WeightsStub(self._weights_channel),
+                        trust=RecordTrust.from_settings(self.settings.common, monotonic=True),
+                        deadletters=self.deadletters).start()
         except BaseException:
             self.stop(grace=0)
             raise
@@ -219,7 +236,14 @@ class ExtractorApp:
         records = consumer.poll_batch(self.settings.poll_max_records, self.settings.poll_timeout_s)
         for rec in records:
             self.buffer.note_consumed(*_position(rec))
-        for rec, g in decode_batch(records, events_pb2.GradedInteraction, self.deadletters,
+        trusted = []
+        for rec in records:
+            try:
+                self.graded_trust.check(rec)
+                trusted.append(rec)
+            except UntrustedRecord as e:
+                self.deadletters.publish(rec, stage="extractor.trust", reason=str(e), error_type=type(e).__name__)
+        for rec, g in decode_batch(trusted, events_pb2.GradedInteraction, self.deadletters,
                                    stage="extractor.decode"):
             topic, partition, offset = _position(rec)
             self.buffer.add(g, topic=topic, partition=partition, offset=offset)
