@@ -8,6 +8,7 @@ shared/kafka/signing.py; the principals, and which topics each may sign, in shar
     apprentice keys records list                   # every public key, by principal
     apprentice keys records retire grader@<key_id> # delete an old .pub once its records are past retention
     python -m tools.record_keys layout /record-keys # compose: one folder per principal (compose/docker-compose.yml)
+    apprentice keys records helm-values --dir keys  # the Helm chart's recordKeys.publicKeys (values YAML)
 
 (`python -m tools.record_keys ...` is the same without the `apprentice keys` prefix.)
 
@@ -137,6 +138,15 @@ def _replace(path: Path, data: bytes, mode: int) -> None:
     os.replace(tmp, path)
 
 
+def helm_values(directory: Path) -> str:
+    """The Helm chart's `recordKeys.publicKeys` for the public keys in `directory` (values YAML): public
+    keys go in values (a ConfigMap), private keys only in Secrets (deploy/helm/apprentice/README.md)."""
+    lines = ["recordKeys:", "  publicKeys:"]
+    for path in sorted(directory.glob("*@*.pub")):
+        lines.append(f"    {path.stem}: \"{path.read_text().strip()}\"")  # quoted: all-digit hex is no number
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """`[records] init | rotate PRINCIPAL | list | retire PRINCIPAL@KEY_ID` (`init` when none is given)."""
     args_in = list(sys.argv[1:] if argv is None else argv)
@@ -146,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         written = layout(Path(args_in[1]))
         print(f"{args_in[1]}: one folder per principal; new key pairs: {', '.join(written) or 'none'}")
         return 0
-    if not any(a in ("init", "rotate", "list", "retire", "-h", "--help") for a in args_in):
+    if not any(a in ("init", "rotate", "list", "retire", "helm-values", "-h", "--help") for a in args_in):
         args_in = [*args_in, "init"]  # `python -m tools.record_keys [--dir D]`: write the missing pairs
     ap = argparse.ArgumentParser(prog="apprentice keys records", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -156,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     sp = sub.add_parser("rotate", help="a new key pair for one principal (its old .pub stays trusted)")
     sp.add_argument("principal", choices=SIGNERS)
     sub.add_parser("list", help="the trusted public keys per principal, '*' marking the signing one")
+    sub.add_parser("helm-values", help="the Helm chart's recordKeys.publicKeys for these keys (YAML)")
     sp = sub.add_parser("retire", help="delete an old public key <principal>@<key_id>")
     sp.add_argument("key")
     # --dir is accepted before or after the action
@@ -181,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             for principal, ids in public_keys(directory).items():
                 now = current_key_id(directory, principal)
                 print(f"{principal}: " + " ".join(f"{k}{'*' if k == now else ''}" for k in ids))
+        elif args.action == "helm-values":
+            print(helm_values(directory), end="")
         else:
             print(f"deleted {retire(directory, args.key)}")
     except ValueError as e:

@@ -57,7 +57,13 @@ EXTERNAL_SASL: dict[str, Any] = {
     "tls": {"existingSecret": "apprentice-tls"},
     "dashboard": {"enabled": False},
 }
-VALUE_SETS = {"default": {}, "strimzi-gpu-scaled": SCALED_GPU_STRIMZI, "external-sasl": EXTERNAL_SASL}
+RECORD_PUBLIC_KEYS: dict[str, str] = {f"{p}@{i:016x}": f"{i:02x}" * 32 for i, p in enumerate(
+    ("extractor", "grader", "inference", "operator", "trainer", "weights"))}
+"""Stand-ins for `python -m tools.record_keys helm-values` (the chart refuses to render without public keys
+while signatures are required): every value set carries them."""
+RECORD_KEYS: dict[str, Any] = {"recordKeys": {"publicKeys": RECORD_PUBLIC_KEYS}}
+VALUE_SETS = {"default": RECORD_KEYS, "strimzi-gpu-scaled": {**SCALED_GPU_STRIMZI, **RECORD_KEYS},
+              "external-sasl": {**EXTERNAL_SASL, **RECORD_KEYS}}
 
 
 def _build_helm() -> Path:
@@ -152,6 +158,10 @@ def test_bad_values_fail_with_a_clear_message(helm: Path, tmp_path: Path) -> Non
     assert res.returncode != 0 and "saslPasswordSecret.name is required" in res.stderr
     res = _template(helm, tmp_path, "default", extra=("--kube-version", "1.27.0"))
     assert res.returncode != 0 and "kubeVersion" in res.stderr
+    res = _template(helm, tmp_path, "default", extra=("--set", "recordKeys.publicKeys=null"))
+    assert res.returncode != 0 and "recordKeys.publicKeys is empty" in res.stderr
+    res = _template(helm, tmp_path, "default", extra=("--set", "recordKeys.publicKeys.grader@12=ab"))
+    assert res.returncode != 0 and "is not <principal>@<key_id>" in res.stderr
 
 
 # --- schemas ------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import yaml
 
 from shared.contracts import topic_access as access
 from shared.contracts.topics import Topics
-from tests.deploy.test_helm import CHART, FULL, KUBE_VERSIONS, NAMESPACE, RELEASE, _build_helm
+from tests.deploy.test_helm import CHART, FULL, KUBE_VERSIONS, NAMESPACE, RECORD_KEYS, RELEASE, _build_helm
 from tools import deploy_acls
 from tools.broker.acls import grants
 
@@ -28,7 +28,7 @@ WORKLOADS = {"inference": access.INFERENCE, "grader": access.GRADER, "extractor"
 def _render(tmp: Path, values: dict[str, Any]) -> list[dict[str, Any]]:
     helm = _build_helm()
     path = tmp / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
+    path.write_text(yaml.safe_dump({**RECORD_KEYS, **values}))
     res = subprocess.run([str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version",
                           KUBE_VERSIONS[0], "-f", str(path)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from shared.kafka.signing import KeyRing, load_signer
-from tests.deploy.test_helm import CHART, KUBE_VERSIONS, NAMESPACE, RELEASE, _build_helm
+from tests.deploy.test_helm import CHART, FULL, KUBE_VERSIONS, NAMESPACE, RELEASE, _build_helm
 from tools import record_keys
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,9 +79,15 @@ def test_compose_layout_gives_each_principal_its_own_key_and_every_public_key(tm
 
 # --- helm ---------------------------------------------------------------------------------------------
 
-def _render(tmp: Path, *extra: str) -> list[dict[str, Any]]:
+def _render(tmp: Path, *extra: str, keys: Path | None = None) -> list[dict[str, Any]]:
+    """The chart rendered with the public keys `helm-values` prints for `keys` (written now if None)."""
+    if keys is None:
+        keys = tmp / "keys"
+        record_keys.ensure(keys)
+    values = tmp / "record-keys.yaml"
+    values.write_text(record_keys.helm_values(keys))
     helm = _build_helm()
-    res = subprocess.run([str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+    res = subprocess.run([str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values),
                           "--kube-version", KUBE_VERSIONS[0], *extra], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     return [d for d in yaml.safe_load_all(res.stdout) if d]
@@ -90,6 +96,18 @@ def _render(tmp: Path, *extra: str) -> list[dict[str, Any]]:
 @pytest.mark.timeout(1800)  # the first run on a machine builds helm
 def test_helm_every_deployment_mounts_exactly_its_own_private_key(tmp_path: Path) -> None:
     docs = _render(tmp_path)
+    pubs = sorted(p.name for p in (tmp_path / "keys").glob("*@*.pub"))
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == f"{FULL}-record-keys"]
+    assert sorted(configmap["data"]) == sorted(n.replace("@", ".") for n in pubs)
+    assert not any(k.endswith(".key") for k in configmap["data"]), "a private key in the ConfigMap"
+    # the mounted files are what the services read: a KeyRing over them trusts every signer's current key
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    for name in pubs:
+        (mounted / name).write_text(configmap["data"][name.replace("@", ".")])
+    ring = KeyRing.load(mounted)
+    for signer in record_keys.SIGNERS:
+        assert ring.get(signer, load_signer(tmp_path / "keys", signer).key_id) is not None, signer
     seen = set()
     for d in docs:
         if d["kind"] != "Deployment":
@@ -104,7 +122,9 @@ def test_helm_every_deployment_mounts_exactly_its_own_private_key(tmp_path: Path
         assert mount == {"name": "record-keys", "mountPath": "/secrets/records", "readOnly": True}
         (volume,) = [v for v in pod["volumes"] if v["name"] == "record-keys"]
         sources = volume["projected"]["sources"]
-        assert {"configMap": {"name": "apprentice-record-keys-public"}} in sources, principal
+        (cm,) = [src["configMap"] for src in sources if "configMap" in src]
+        assert cm["name"] == f"{FULL}-record-keys"
+        assert sorted(i["path"] for i in cm["items"]) == pubs, principal   # every public key, as KeyRing names them
         secrets = [s["secret"] for s in sources if "secret" in s]
         if principal in record_keys.SIGNERS:
             assert secrets == [{"name": f"apprentice-record-key-{principal}",

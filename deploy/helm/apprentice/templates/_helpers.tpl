@@ -298,7 +298,12 @@ Include with (dict "root" $ "principal" "grader"). */}}
     defaultMode: 0440
     sources:
       - configMap:
-          name: {{ $rk.publicKeysConfigMap | quote }}
+          name: {{ include "apprentice.fullname" .root }}-record-keys
+          # ConfigMap keys cannot hold `@`: `<principal>.<key_id>.pub` there, `<principal>@<key_id>.pub` here
+          items:
+{{- range $name, $_ := $rk.publicKeys }}
+            - {key: {{ printf "%s.pub" (replace "@" "." $name) }}, path: {{ printf "%s.pub" $name }}}
+{{- end }}
 {{- if has .principal (splitList " " (include "apprentice.recordSigners" .root)) }}
       - secret:
           name: {{ $rk.privateKeySecret | replace "{principal}" .principal | quote }}
