@@ -3,7 +3,10 @@
 It reads every partition from the beginning with a consumer group of its own that never commits: the
 aggregates live in memory, so a restarted dashboard rebuilds them from the topics (their retention is the
 history it can show), and it never moves the offsets of a service's group. Undecodable records are
-counted and skipped; the services that own those topics dead-letter them.
+counted and skipped; the services that own those topics dead-letter them. Records whose writer cannot be
+trusted (no valid signature by a principal allowed to write the topic, a replay, an old model update
+re-sent: shared/kafka/trust.py) are skipped too and counted apart (`untrusted`, on the status API and in
+`apprentice_records_refused_total`): a forged graded record must not move the pages' rewards.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from services.dashboard.aggregates import GradedFold, UpdatesFold
 from shared.contracts.events import UndecodableEvent
 from shared.contracts.validation import decode_record
 from shared.kafka.consumer import EventConsumer
+from shared.kafka.trust import RecordTrust, UntrustedRecord
 from shared.proto.apprentice.v1 import events_pb2
 from shared.retry import Backoff
 from shared.settings import CommonSettings
@@ -34,6 +38,10 @@ class TopicReader:
                         t.model_updates: (events_pb2.ModelUpdate, updates.add)}
         self.group = t.group_id(f"{GROUP_PREFIX}{uuid.uuid4().hex[:12]}")
         self.undecodable = 0
+        self.untrusted = 0
+        # one check per topic: model updates are state orders (an old one re-sent is refused)
+        self._trust = {t.graded: RecordTrust.from_settings(common),
+                       t.model_updates: RecordTrust.from_settings(common, monotonic=True)}
         self.error = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dashboard-reader", daemon=True)
@@ -62,7 +70,12 @@ class TopicReader:
                     try:
                         # the checks every consumer applies (type header, finite and in-range values): a
                         # NaN reward would otherwise turn every page's JSON into an error
+                        self._trust[str(m.topic())].check(m)
                         fold(decode_record(msg_type, m.value(), m.headers()))
+                    except UntrustedRecord as e:
+                        self.untrusted += 1
+                        log.warning("dashboard reader: skipped %s", e,
+                                    extra={"topic": m.topic(), "offset": m.offset()})
                     except UndecodableEvent:
                         self.undecodable += 1
                     except Exception:  # noqa: BLE001 - one record the folds cannot take must not stop the pages

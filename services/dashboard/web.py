@@ -232,7 +232,9 @@ class Dashboard:
         report = await run_in_threadpool(self.backends.health)
         report["dashboard"] = {"graded_records": self.graded.records,
                                "reader_error": self.reader.error if self.reader else "",
-                               "undecodable": self.reader.undecodable if self.reader else 0}
+                               "undecodable": self.reader.undecodable if self.reader else 0,
+                               # records skipped for who wrote them (services/dashboard/reader.py)
+                               "untrusted": self.reader.untrusted if self.reader else 0}
         return _json(report)
 
     # --- operator actions --------------------------------------------------------------------------

@@ -17,9 +17,9 @@ from services.extractor.service import ExtractorApp
 from services.extractor.settings import ExtractorSettings
 from shared.contracts.events import decode
 from shared.contracts.topics import Topics
-from shared.kafka import EventProducer
 from shared.proto.apprentice.v1 import events_pb2, knowledge_pb2, knowledge_pb2_grpc
 from tests.helpers.kafka import read_all
+from tests.helpers.signing import signed_producer
 from tests.helpers.waiting import wait_for
 from tests.unit.extractor.factories import graded
 
@@ -38,7 +38,7 @@ def running(topics: Topics, kafka_bootstrap: str, tiny_model_name: str) -> Itera
     app = ExtractorApp(settings, LocalLLM(tiny_model_name), count_tokens=approx_tokens)
     app.start(consume=True)
     port = app.port
-    p = EventProducer(kafka_bootstrap, client_id="test")
+    p = signed_producer(kafka_bootstrap, "grader")   # graded records are the grader's
     for i, corr in enumerate(["The warranty lasts 24 months.", "Use form R-12 within 30 days.", "Billing is extension 4417."]):
         p.produce(topics.graded, f"s{i}", graded(session=f"s{i}", iid=f"i{i}", question=f"Question number {i}?", correction=corr))
     p.flush()

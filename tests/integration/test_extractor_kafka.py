@@ -21,10 +21,10 @@ from services.extractor.service import ExtractorApp
 from services.extractor.settings import ExtractorSettings
 from shared.contracts.events import decode
 from shared.contracts.topics import Topics
-from shared.kafka import EventProducer
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.kafka import read_all
+from tests.helpers.signing import signed_producer
 from tests.unit.extractor.factories import graded
 
 pytestmark = pytest.mark.integration
@@ -52,7 +52,7 @@ def make_app(llm: LocalLLM, group: str, **overrides: Any) -> ExtractorApp:
 
 
 def produce(bootstrap: str, topic: str, records: list[events_pb2.GradedInteraction | bytes], key: str = "") -> None:
-    p = EventProducer(bootstrap, client_id="test")
+    p = signed_producer(bootstrap, "grader")   # graded records are the grader's
     for r in records:
         p.produce(topic, key or (r.interaction.session_id if not isinstance(r, bytes) else "junk"), r)
     p.flush()

@@ -26,9 +26,9 @@ from services.extractor.settings import ExtractorSettings, InferenceLLMSettings
 from services.extractor.trajectories import knowledge_key
 from shared.contracts.events import make_envelope
 from shared.contracts.topics import Topics
-from shared.kafka import EventProducer
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2, inference_pb2_grpc
 from shared.rpc.grpc_util import create_server
+from tests.helpers.signing import signed_producer
 from tests.unit.extractor.factories import graded
 
 pytestmark = pytest.mark.integration
@@ -79,7 +79,7 @@ def run_extractor(settings: ExtractorSettings, topics: Topics, kafka_bootstrap: 
                   timeout: float = 60.0) -> tuple[ExtractorApp, events_pb2.KnowledgeSnapshot | None]:
     """Produce `records`, run the extractor until it made `expect_calls` LLM calls and no session is left
     open; returns the app (stopped) and the final base (None if nothing was worth a snapshot)."""
-    p = EventProducer(kafka_bootstrap, client_id="test")
+    p = signed_producer(kafka_bootstrap, "grader")   # graded records are the grader's
     for r in records:
         p.produce(topics.graded, r.interaction.session_id, r)
     p.flush()

@@ -21,8 +21,8 @@ from services.extractor.curation import approx_tokens
 from services.extractor.service import ExtractorApp
 from services.extractor.settings import ExtractorSettings, InferenceLLMSettings
 from shared.contracts.topics import Topics
-from shared.kafka import EventProducer
 from shared.kafka.security import librdkafka_config
+from tests.helpers.signing import signed_producer
 from tests.helpers.waiting import wait_for
 from tests.unit.extractor.factories import graded
 
@@ -61,7 +61,7 @@ def test_extractor_keeps_its_group_while_inference_is_slower_than_max_poll_inter
           ("Where is my parcel?", "Parcels leave the Lyon depot within three days."),
           ("Can I pay by invoice?", "Invoices are accepted for business customers only.")]
     records = [graded(session=f"s{i}", iid=f"r{i}", question=q, correction=c) for i, (q, c) in enumerate(qa)]
-    p = EventProducer(kafka_bootstrap, client_id="test")
+    p = signed_producer(kafka_bootstrap, "grader")   # graded records are the grader's
     for r in records:        # waiting before the extractor starts: one poll takes them all, one slow batch
         p.produce(topics.graded, r.interaction.session_id, r)
     p.flush()
