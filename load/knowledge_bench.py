@@ -35,8 +35,9 @@ from shared.contracts.topic_access import ADMIN  # noqa: E402
 from shared.contracts.topics import Topics  # noqa: E402
 from shared.kafka.admin import delete_topics, ensure_topics  # noqa: E402
 from shared.kafka.producer import EventProducer  # noqa: E402
+from shared.kafka.trust import record_signer  # noqa: E402
 from shared.proto.apprentice.v1 import events_pb2  # noqa: E402
-from shared.settings import default_home  # noqa: E402
+from shared.settings import CommonSettings, default_home  # noqa: E402
 from tests.helpers.kafka import collect  # noqa: E402
 from tools.broker.local_broker import apply_client_env  # noqa: E402
 from tools.tasks.task import load_task  # noqa: E402
@@ -76,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="knowledge-bench-"))
     topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:6]}.")
     ensure_topics(args.bootstrap, topics)
-    producer = EventProducer(args.bootstrap, client_id="knowledge-bench")
+    # the snapshot stands in for the extractor's: signed as the extractor (the keys directory comes with
+    # the broker's client environment), else the serving pods refuse it
+    producer = EventProducer(args.bootstrap, client_id="knowledge-bench",
+                             signer=record_signer(CommonSettings(), "extractor"))
     producer.produce(topics.knowledge, f"{TENANT}/{task.task}", knowledge_snapshot(args.task))
     producer.flush(30)
     proc, port = spawn_server(args.model, args.bootstrap, topics.prefix, tmp)

@@ -5,6 +5,10 @@ Every action that changes what is served or what trains (promote, force, canary,
 approve/reject/edit/pin), and every such attempt that was refused, leaves a record naming who did it. The
 write is synchronous: a service applies an action only after its record is acknowledged, so an action
 without a trace cannot happen; when Kafka is down the action fails with a retryable error.
+
+The producer a service passes must sign as that service (shared/kafka/trust.py `record_signer`; the weights
+and extractor services are the audit topic's writers, shared/contracts/topic_access.py): an unsigned
+audit record is evidence nobody can attribute, and a reader checking signatures refuses it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class AuditLog:
         self._topic = topics.audit
         self._source = source
         self._timeout_s = timeout_s
+        if producer.signer is None:
+            log.warning("audit records of %s are written unsigned (record signatures off?): readers that check "
+                        "signatures refuse them", source)
 
     def record(self, action: str, target: str, *, tenant: str = "", allowed: bool = True, reason: str = "",
                details: Mapping[str, str] | None = None, identity: Identity | None = None) -> events_pb2.AuditRecord:

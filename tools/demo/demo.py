@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from shared.kafka.producer import EventProducer
+from shared.kafka.trust import record_signer
 from shared.progress import progress_enabled
 from shared.proto.apprentice.v1 import (
     events_pb2,
@@ -354,7 +355,11 @@ class Demo:
           f"{planted.tool_calls_held_out}/{planted.held_out} held-out messages", done=True)
         token = self.stack.creds.token(self.stack.creds.service_token) if self.stack.creds else None
         before = self._served_version()
-        producer = EventProducer(self.stack.common.kafka_bootstrap, client_id="demo-planted-candidate")
+        # the planted candidate stands in for a trainer's checkpoint: its CheckpointPublished carries the
+        # trainer's signature (the keys directory is in the demo's environment, as the stack's), else the
+        # weights service would dead-letter the announcement instead of gating it
+        producer = EventProducer(self.stack.common.kafka_bootstrap, client_id="demo-planted-candidate",
+                                 signer=record_signer(self.stack.common, "trainer"))
         with self.stack.channel(self.stack.weights_target, token=token) as ch:
             m = upload_planted(weights_pb2_grpc.WeightsStub(ch), producer, self.stack.topics.checkpoints, planted,
                                model=self.model, tenant=self.task.tenant, parent=before)
