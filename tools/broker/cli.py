@@ -18,6 +18,7 @@ from shared.contracts.events import UndecodableEvent, decode, message_type, to_d
 from shared.contracts.topics import EVENT_TOPICS, Topics
 from shared.kafka.admin import admin, broker_answers, ensure_topics, list_topics
 from shared.kafka.consumers import new_consumer
+from shared.kafka.trust import RecordTrust
 from shared.settings import CommonSettings
 from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
 from tools.broker.acls import apply_acls, describe_acls, grants, table_lines
@@ -231,6 +232,15 @@ def json_value(data: bytes | None) -> Any:
         raise UndecodableEvent(f"not a JSON document: {e}") from e
 
 
+def signature_verdict(trust: RecordTrust, m: Any) -> dict[str, str]:
+    """`{"signer": principal}` for a record a consumer would accept, `{"refused": reason}` otherwise,
+    `{"checked": "off"}` when signatures are off (APPRENTICE_RECORD_SIGNATURES)."""
+    if trust.verifier is None:
+        return {"checked": "off"}
+    v = trust.verdict(m.topic() or "", m.key(), m.value(), m.headers(), partition=m.partition(), offset=m.offset())
+    return {"signer": v.principal} if v.ok else {"refused": v.reason}
+
+
 def tail(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="apprentice tail", description="Print a topic's records as JSON lines.")
     ap.add_argument("topic", help="contract name (apprentice.graded.v1) or short name (graded)")
@@ -250,6 +260,9 @@ def tail(argv: list[str]) -> int:
     consumer = new_consumer(settings.kafka_bootstrap, purpose="apprentice-tail", security=settings,
                             offset_reset="earliest" if ns.from_beginning else "latest")
     consumer.subscribe([topic])
+    # each record's signature verdict, as a consumer of the topic would judge it (shared/kafka/trust.py):
+    # the operator sees who wrote it, or why a service refuses it
+    trust = RecordTrust.from_settings(settings)
     seen, idle_since = 0, time.monotonic()
     try:
         while not ns.max or seen < ns.max:
@@ -259,8 +272,9 @@ def tail(argv: list[str]) -> int:
                     break
                 continue
             idle_since = time.monotonic()
-            meta = {"topic": m.topic(), "partition": m.partition(), "offset": m.offset(),
-                    "key": (m.key() or b"").decode(errors="replace")}
+            meta: dict[str, Any] = {"topic": m.topic(), "partition": m.partition(), "offset": m.offset(),
+                                    "key": (m.key() or b"").decode(errors="replace"),
+                                    "signature": signature_verdict(trust, m)}
             try:
                 value = json_value(m.value()) if msg_type is None else to_dict(decode(msg_type, m.value()))
                 record = {**meta, "value": value}

@@ -166,3 +166,34 @@ while time.monotonic() < deadline:
     assert tail.stderr.strip().splitlines() == [line for line in tail.stderr.strip().splitlines()
                                                 if line.startswith(f"Kafka broker unreachable at 127.0.0.1:{port}")]
     assert len(tail.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.integration
+def test_tail_shows_each_records_signature_verdict(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`apprentice tail` names who signed each record, or why a consumer refuses it (issue #33 item 2):
+    the operator looking at a topic sees a forged record for what it is."""
+    import json
+    import uuid
+
+    from shared.contracts.topics import Topics
+    from shared.kafka.admin import ensure_topics
+    from shared.kafka.producer import EventProducer
+    from tests.helpers.signing import signed_producer
+    from tests.unit.trainer.factories import graded
+    from tools.broker.cli import tail
+
+    topics = Topics(prefix=f"test-tail-{uuid.uuid4().hex[:8]}.")
+    ensure_topics(kafka_bootstrap, topics)
+    for p in (signed_producer(kafka_bootstrap, "grader"), EventProducer(kafka_bootstrap, client_id="attacker"),
+              signed_producer(kafka_bootstrap, "inference")):
+        p.produce(topics.graded, "same-key", graded(f"i-{p.signer.principal if p.signer else 'none'}"))
+        p.flush()
+    monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", kafka_bootstrap)
+    monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", topics.prefix)
+    capsys.readouterr()
+    assert tail(["graded", "--from-beginning", "--max", "3", "--timeout", "20"]) == 0
+    verdicts = [json.loads(line)["signature"] for line in capsys.readouterr().out.splitlines()]
+    print(verdicts)
+    assert verdicts == [{"signer": "grader"}, {"refused": "unsigned"},
+                        {"refused": "signer inference may not write apprentice.graded.v1"}]
