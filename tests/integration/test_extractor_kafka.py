@@ -21,6 +21,7 @@ from services.extractor.service import ExtractorApp
 from services.extractor.settings import ExtractorSettings
 from shared.contracts.events import decode
 from shared.contracts.topics import Topics
+from shared.kafka import EventProducer
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.kafka import read_all
@@ -156,3 +157,39 @@ def test_offsets_wait_for_open_sessions_and_poison_goes_to_dead_letters(topics: 
     assert snapshots(kafka_bootstrap, topics)[-1].version == 1
     assert committed(kafka_bootstrap, topics.group_id(group), topics.graded) == ends(kafka_bootstrap, topics.graded)
     app.stop()
+
+
+def test_forged_model_updates_are_dead_lettered_not_consolidated(topics: Topics, kafka_bootstrap: str,
+                                                                  tiny_llm: LocalLLM) -> None:
+    """A promotion order not written by the weights service (unsigned, or signed by the trainer) would
+    move acme's items out of the serving context; the consolidation follower dead-letters it instead."""
+    from services.extractor.consolidation import ConsolidationFollower
+    from shared.contracts.events import make_envelope
+    from shared.kafka.trust import RecordTrust
+    from shared.settings import CommonSettings
+
+    app = make_app(tiny_llm, f"extractor-{uuid.uuid4().hex[:6]}")
+    order = events_pb2.ModelUpdate(envelope=make_envelope("acme", source="weights"), model="tiny-random",
+                                   version="v9", tenant="acme", action=events_pb2.UPDATE_ACTION_PROMOTE)
+    for p in (EventProducer(kafka_bootstrap, client_id="attacker"), signed_producer(kafka_bootstrap, "trainer")):
+        p.produce(topics.model_updates, "tiny-random", order)
+        p.flush()
+    follower = ConsolidationFollower(app.store, kafka_bootstrap, topics.model_updates,
+                                     topics.group_id(f"consolidation-{uuid.uuid4().hex[:6]}"),
+                                     None,   # never called: no order is trusted
+                                     trust=RecordTrust.from_settings(CommonSettings(), monotonic=True),
+                                     deadletters=app.deadletters).start()
+    try:
+        deadline = time.monotonic() + 30
+        while follower.refused < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        follower.stop()
+        app.stop()
+    assert (follower.refused, follower.applied) == (2, 0)
+    dead = [decode(events_pb2.DeadLetter, m.value()) for m in read_all(kafka_bootstrap, topics.deadletter, expect=2)]
+    for d in dead:
+        print(f"dead letter: stage={d.stage} reason={d.reason}")
+    assert sorted((d.stage, d.reason) for d in dead) == [
+        ("extractor.consolidation", "untrusted record: signer trainer may not write apprentice.model-updates.v1"),
+        ("extractor.consolidation", "untrusted record: unsigned")]
