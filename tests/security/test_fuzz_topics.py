@@ -2,6 +2,10 @@
 valid protobufs of another type with or without the type header, random instances of the right type,
 realistic records with a NaN or infinity planted in a float field, truncated records).
 
+Every record is signed by the principal the access table lets write its topic (tests/helpers/signing.py), as
+that service would sign it: the signature check (shared/kafka/trust.py) lets it through, so what is fuzzed is
+the decoding behind it (unsigned garbage would all be refused as "unsigned" before any decoding).
+
 Property, per consumer (grader: interactions + feedback; extractor: graded; weights:
 checkpoints): every record the shared validation refuses (`shared.contracts.validation.decode_record`) reaches the
 dead-letter topic, with its key and a stage naming that consumer, and the consumer is still running
@@ -30,13 +34,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.contracts.events import UndecodableEvent, make_envelope
-from shared.contracts.topics import Topics
+from shared.contracts.topic_access import writers_of
+from shared.contracts.topics import Topics, contract_name
 from shared.contracts.validation import TYPE_HEADER, decode_record
 from shared.kafka.admin import ensure_topics
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2, inference_pb2, inference_pb2_grpc
 from tests.helpers.grader import GraderProcess, delete_namespace, feedback, grader_env, interaction
 from tests.helpers.kafka import TopicReader
+from tests.helpers.signing import signer
 from tests.helpers.waiting import wait_for
 from tests.security.harness import SECURITY_VARS, SERVING, health
 from tests.security.strategies import messages
@@ -169,13 +175,19 @@ class Namespace:
         self.producer = Producer({**librdkafka_config(), "bootstrap.servers": bootstrap})
         self.dead = TopicReader(bootstrap, self.topics.deadletter)
 
-    def produce(self, topic: str, key: str, value: bytes, headers: Headers) -> None:
+    def produce(self, topic: str, key: str, value: bytes, headers: Headers) -> Headers:
+        """Write the record signed by the topic's writer (the first the access table names); the headers
+        as written (the signer's, plus the record's own, a None value written as empty)."""
+        base = contract_name(topic)
+        assert base is not None, topic
+        sent: Headers = [*signer(sorted(writers_of(base))[0]).headers(base, key.encode(), value, headers)]
         try:
-            self.producer.produce(topic, value=value, key=key.encode(), headers=headers)
+            self.producer.produce(topic, value=value, key=key.encode(), headers=sent)
         except KafkaException as e:
             if e.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
                 raise
             # a value over Kafka's record limit is refused before any topic: no consumer can ever read it
+        return sent
 
     def letters(self, keys: set[bytes], timeout: float) -> dict[bytes, E.DeadLetter]:
         self.dead.wait_for(lambda ds: keys <= {d.original_key for d in ds}, timeout,
@@ -263,8 +275,8 @@ def _fuzz(ns: Namespace, target: Target, data: st.DataObject, what: str, log: Ca
     must_dead_letter: set[bytes] = set()
     for value, headers in batch:
         key = f"fuzz-{uuid.uuid4().hex}"
-        ns.produce(target.topic, key, value, headers)
-        if refused(target.msg_type, value, headers):
+        sent = ns.produce(target.topic, key, value, headers)
+        if refused(target.msg_type, value, sent):
             must_dead_letter.add(key.encode())
     ns.producer.flush(30)
     letters = ns.letters(must_dead_letter, timeout=60)
