@@ -22,11 +22,11 @@ from services.extractor.curation import approx_tokens
 from services.extractor.service import ExtractorApp
 from services.extractor.settings import ExtractorSettings
 from shared.contracts.topics import Topics
-from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.kafka.lag import lag_by_group, partition_lag
 from shared.kafka.security import librdkafka_config
 from tests.helpers.grader import GraderProcess, delete_namespace, feedback, grader_env, interaction
+from tests.helpers.signing import signed_producer
 from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -108,7 +108,8 @@ def test_two_prefixes_on_one_broker_have_disjoint_groups_and_lag(stacks: tuple[S
             return all(len(_groups(admin, s.topics.prefix).get(s.topics.group_id(n), [])) == 1 for n in expected)
         wait_for(joined, what=f"the groups of {s.topics.prefix}", stall_s=90, every=0.3)
 
-    producer = EventProducer(kafka_bootstrap, client_id="iso-test")
+    # interactions and feedback stand in for inference's: signed as inference, as the grader requires
+    producer = signed_producer(kafka_bootstrap, "inference", client_id="iso-test")
     ids = []
     for q, correction in QA:
         it = interaction(messages=[("user", q)], text="I do not know.")
