@@ -17,6 +17,7 @@ from shared.kafka.decode import decode_batch
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.kafka import read_all
+from tests.helpers.signing import signed_producer
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -77,19 +78,25 @@ def test_garbage_bytes_become_a_dead_letter_and_the_consumer_goes_on(kafka_boots
 
 
 def test_apprentice_tail_prints_a_produced_event_as_json(kafka_bootstrap: str, topics: Topics) -> None:
-    producer = EventProducer(kafka_bootstrap)
+    # as inference writes it (signed), then the same value unsigned: tail names the signer, or the refusal
+    producer = signed_producer(kafka_bootstrap, "inference")
     ev = _interaction(42)
     producer.produce(topics.interactions, ev.session_id, ev)
     producer.flush()
+    unsigned = EventProducer(kafka_bootstrap)
+    unsigned.produce(topics.interactions, ev.session_id, ev)
+    unsigned.flush()
     env = dict(os.environ, APPRENTICE_TOPIC_PREFIX=topics.prefix, APPRENTICE_KAFKA_BOOTSTRAP=kafka_bootstrap)
     out = subprocess.run([sys.executable, "-m", "tools.cli.main", "tail", "interactions", "--from-beginning",
-                          "--max", "1", "--timeout", "30"], capture_output=True, text=True, env=env, timeout=90,
+                          "--max", "2", "--timeout", "30"], capture_output=True, text=True, env=env, timeout=90,
                          cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
-    record = json.loads(out.stdout.strip().splitlines()[0])
+    record, copy = (json.loads(line) for line in out.stdout.strip().splitlines()[:2])
     assert record["topic"] == topics.interactions and record["key"] == ev.session_id
     assert record["value"]["interaction_id"] == "i42"
     assert record["value"]["envelope"]["event_id"] == ev.envelope.event_id
+    assert record["signature"] == {"signer": "inference"}
+    assert copy["signature"] == {"refused": "unsigned"}
 
 
 def test_apprentice_tail_prints_a_json_topic_as_its_documents(kafka_bootstrap: str, topics: Topics) -> None:
