@@ -10,8 +10,8 @@ how the grader checks it); every grader worker follows it and applies a rule wit
 
 `--file` holds one `tasks:` entry of the grader config (shared/grading/schema.py), without tenant and task
 or with the same ones. The rules are validated with the grader's schema before anything is written. The
-record is signed with the operator key this command runs with (APPRENTICE_AUTH_TOKEN[_FILE], which the CLI
-takes from the local stack's secrets); a grader with a key ring applies only records an operator key signed.
+record carries the record signature of the `operator` principal (its private key in
+APPRENTICE_RECORD_KEYS_DIR, shared/kafka/signing.py); the grader applies only records the operator signed.
 Exit codes: 0 ok, 1 refused (the message says why), 2 bad usage, 3 the broker is unreachable.
 """
 
@@ -29,11 +29,13 @@ from typing import Any
 import yaml
 from confluent_kafka import Producer
 
-from services.grader.core.rulebook import RuleRecord, RuleRefused, new_record, rule_key, sign
+from services.grader.core.rulebook import OPERATOR, RuleRecord, RuleRefused, new_record, rule_key
+from shared.contracts.topics import contract_name
 from shared.kafka.admin import broker_answers, ensure_topics
 from shared.kafka.reader import ReadTimeout, TopicMissing, read_topic_to_end
 from shared.kafka.security import librdkafka_config
-from shared.security.keys import read_secret
+from shared.kafka.signing import SigningKeyMissing
+from shared.kafka.trust import record_signer
 from shared.settings import CommonSettings
 from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
 
@@ -123,28 +125,28 @@ def main(argv: list[str] | None = None) -> int:
     return _write(common, rec)
 
 
-def _token(common: Any) -> str:
-    return read_secret(common.auth_token.get_secret_value(), common.auth_token_file)
-
-
 def _write(common: Any, rec: RuleRecord) -> int:
     if not broker_answers(common.kafka_bootstrap, security=common):
         print(f"apprentice grader: {unreachable(KAFKA, common.kafka_bootstrap)}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    token = _token(common)
-    if token:
-        rec = sign(rec, token)
+    try:  # the grader applies only rule records signed by the operator principal (rulebook.py)
+        signer = record_signer(common, OPERATOR)
+    except SigningKeyMissing as e:
+        print(f"apprentice grader: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     ensure_topics(common.kafka_bootstrap, common.topics, security=common)
     errors: list[str] = []
     producer = Producer({**librdkafka_config(common), "bootstrap.servers": common.kafka_bootstrap, "acks": "all"})
-    producer.produce(common.topics.grader_rules, rec.model_dump_json().encode(), rec.key.encode(),
+    topic, value, key = common.topics.grader_rules, rec.model_dump_json().encode(), rec.key.encode()
+    headers = signer.headers(contract_name(topic) or topic, key, value) if signer is not None else []
+    producer.produce(topic, value, key, headers=headers,
                      on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
     if producer.flush(30) or errors:
         print(f"apprentice grader: the rule was not written: {errors[0] if errors else 'timed out'}", file=sys.stderr)
         return 1
     what = "deleted" if rec.deleted else "set"
     print(f"grading rule {what} for tenant {rec.tenant}, task {rec.task} (revision {rec.revision}"
-          f"{', signed' if token else ', unsigned'}); the grader applies it within a few seconds")
+          f"{', signed as ' + OPERATOR if signer else ', unsigned'}); the grader applies it within a few seconds")
     return 0
 
 
@@ -192,5 +194,5 @@ def _list(common: Any, *, as_json: bool) -> int:
                             for g in doc.get("graders", []))
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("set_at") or 0))
         print(f"{rule_key(r['tenant'], r['task'])}: window {doc.get('feedback_window_s', 300):g} s, {graders} "
-              f"(revision {r['revision']}, by {r['operator']} at {when}{', signed' if r.get('signature') else ''})")
+              f"(revision {r['revision']}, by {r['operator']} at {when})")
     return 0

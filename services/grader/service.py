@@ -27,10 +27,11 @@ import faust
 
 from services.grader.core.rulebook import RuleBook
 from services.grader.settings import GraderSettings
-from services.grader.stream.app import GraderApp
+from services.grader.stream.app import SOURCE, GraderApp
 from services.grader.stream.internal_topics import ensure_internal_topics
 from services.grader.stream.rules_follower import follow
 from shared.grading import GraderConfig
+from shared.kafka.trust import record_signer
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ class GraderService:
         # The internal topics exist before faust subscribes: created by faust itself while it starts, the
         # join topic was sometimes missing from the first assignment ("Ignoring missing topic"), and
         # this worker then graded nothing until some later rebalance.
+        # A missing private key stops the start here, in one line naming APPRENTICE_RECORD_KEYS_DIR
+        # (shared/startup.py), before anything is read or written unsigned.
+        record_signer(self.settings.common, SOURCE)
         ensure_internal_topics(self.settings)
 
         self._rules = follow(self.settings, self.book)  # the runtime rules, read whole before any grading

@@ -13,11 +13,11 @@ it (rules_follower.py); this module decides what a record means:
   named in the record) and no `judge` (it needs the judge stage the file configures);
 - the record's tenant and task must be those of its key and of its `rules`: a rule written for tenant
   A never applies to tenant B. A wildcard tenant (`*`) needs `wildcard: true` (`--all-tenants`);
-- operator identity: when the grader has a key ring (`APPRENTICE_AUTH_KEYS[_FILE]`, as every server of
-  the stack), a record must carry `signature` = HMAC-SHA256 over its canonical body keyed with the
-  SHA-256 of an *operator* key (what the ring stores), and the operator recorded is that key's id;
-  without a key ring (a local stack without secrets, where every gRPC caller may act as operator too)
-  records are accepted unsigned, under the operator name they carry;
+- operator identity: a record is applied only when it carries a valid record signature
+  (shared/kafka/signing.py, checked by rules_follower.py with shared/kafka/trust.py) by the `operator`
+  principal, the only writer of the topic (shared/contracts/topic_access.py); an unsigned record, or
+  one signed by any other principal, is refused whatever the broker's ACLs let through. `operator`
+  in the record is who ran the CLI, for the record only;
 - a record that fails any of this is refused (`RuleRefused`): the grader dead-letters it and keeps the
   rules it had.
 
@@ -29,13 +29,9 @@ so a change of rules is visible on every record it affects, and only on those.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import re
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +57,7 @@ class RuleRecord(BaseModel):
     revision: int = Field(ge=1)
     """Increases with every change of the key's rule (the CLI uses milliseconds since the epoch)."""
     operator: str = Field(min_length=1, max_length=128)
-    """Who wrote it: the operator key id (verified when the grader has a key ring)."""
+    """Who ran the CLI (informational: the record signature, not this, says an operator wrote it)."""
     set_at: float = 0.0
     deleted: bool = False
     """Removes the key's runtime rule (the file's entry, if any, applies again)."""
@@ -69,17 +65,10 @@ class RuleRecord(BaseModel):
     """Required for tenant `*`: the rule applies to every tenant without a rule of its own."""
     rules: dict[str, Any] | None = None
     """A TaskGraders document (what one `tasks:` entry of the config file holds)."""
-    signature: str = ""
-    """`hmac-sha256:<hex>` over `canonical()`, keyed with SHA-256(operator key); see the module docstring."""
 
     @property
     def key(self) -> str:
         return rule_key(self.tenant, self.task)
-
-    def canonical(self) -> bytes:
-        """The signed bytes: every field but the signature, sorted, compact."""
-        body = self.model_dump(exclude={"signature"})
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     def graders(self) -> TaskGraders:
         """The validated rules (only for a record that is not a deletion)."""
@@ -112,36 +101,19 @@ def validate_rules(doc: Any, *, tenant: str, task: str) -> TaskGraders:
         raise RuleRefused("\n".join(lines)) from None
 
 
-def sign(record: RuleRecord, token: str) -> RuleRecord:
-    """`record` signed with an operator's key (the CLI)."""
-    key = hashlib.sha256(token.encode()).digest()
-    mac = hmac.new(key, record.canonical(), hashlib.sha256).hexdigest()
-    return record.model_copy(update={"signature": f"hmac-sha256:{mac}"})
+OPERATOR = "operator"
+"""The principal whose record signature a rule record must carry (shared/contracts/topic_access.py)."""
 
 
-def verify(record: RuleRecord, operator_digests: Iterable[tuple[str, bytes]]) -> str | None:
-    """The key id of the operator key that signed `record` (`operator_digests`: (key id, SHA-256 of the
-    key) of every operator key), or None. Compared in constant time against every key."""
-    prefix = "hmac-sha256:"
-    if not record.signature.startswith(prefix):
-        return None
-    given = record.signature[len(prefix):].encode()
-    body = record.canonical()
-    found = None
-    for key_id, digest in operator_digests:
-        mac = hmac.new(digest, body, hashlib.sha256).hexdigest().encode()
-        if hmac.compare_digest(mac, given) and found is None:
-            found = key_id
-    return found
-
-
-def parse_record(key: bytes | None, value: bytes | None, *,
-                 operator_digests: list[tuple[str, bytes]] | None) -> RuleRecord:
+def parse_record(key: bytes | None, value: bytes | None, *, signer: str) -> RuleRecord:
     """One record of the rules topic --> a checked RuleRecord, or RuleRefused.
 
-    `operator_digests`: None = no key ring (records accepted unsigned); a list = a signature by one of
-    these operator keys is required, and the record's operator becomes that key's id."""
+    `signer`: the principal whose valid record signature the record carries, as the caller verified it
+    ("" for none); anything but `OPERATOR` is refused before the value is read."""
     k = (key or b"").decode(errors="replace")
+    if signer != OPERATOR:
+        raise RuleRefused(f"rule {k!r}: not signed by the {OPERATOR} principal "
+                          f"({'signed by ' + signer if signer else 'no record signature'})")
     if value is None:
         raise RuleRefused(f"rule {k!r}: an empty value (tombstone) is not a rule record; delete a rule with "
                           "`apprentice grader rules delete`")
@@ -156,11 +128,6 @@ def parse_record(key: bytes | None, value: bytes | None, *,
         raise RuleRefused(f"rule record for {rec.key!r} under key {k!r}: the key must be <tenant>/<task> of the record")
     if rec.tenant == "*" and not rec.wildcard:
         raise RuleRefused(f"rule {k!r}: a rule for every tenant needs `wildcard: true` (--all-tenants)")
-    if operator_digests is not None:
-        who = verify(rec, operator_digests)
-        if who is None:
-            raise RuleRefused(f"rule {k!r}: not signed by an operator key the grader knows (operator {rec.operator!r})")
-        rec = rec.model_copy(update={"operator": who})
     if not rec.deleted:
         rec.graders()
     return rec

@@ -41,9 +41,11 @@ from services.grader.stream.judge_client import JudgeBackend
 from services.grader.stream.recovery import EmissionRecovery
 from services.grader.stream.route import RouteStage
 from services.grader.stream.ticker import Ticker
+from shared.contracts.topics import contract_name
 from shared.contracts.validation import KafkaHeaders
 from shared.grading import GraderConfig
 from shared.kafka.security import faust_credentials
+from shared.kafka.trust import RecordTrust, record_signer
 
 faust_patches.install()  # before any faust app of this process exists
 
@@ -72,6 +74,12 @@ class GraderApp:
         """The open windows by tenant and task (waiting.py), kept beside `due`."""
         self.judge_due: dict[bytes, float] = {}
         """judge group key -> when the ticker must close it."""
+        self.signer = record_signer(settings.common, SOURCE)
+        """Signs every record `send` writes to an Apprentice topic (graded, dead letters); None when off."""
+        self.trust = RecordTrust.from_settings(settings.common)
+        """Who may have written each source record (route.py checks it before decoding): interactions
+        only from inference, feedback only from its writers (shared/contracts/topic_access.py), and a
+        signature already accepted at another offset (a replayed feedback) refused."""
 
         settings.datadir.mkdir(parents=True, exist_ok=True)
         P = settings.partitions
@@ -116,7 +124,13 @@ class GraderApp:
     async def send(self, topic: str, key: bytes | None, value: bytes | None,
                    partition: int | None = None, headers: KafkaHeaders | None = None) -> Awaitable[Any]:
         """Hand a record to the producer; the returned future resolves when Kafka acknowledged it.
-        `headers`: the value's type (shared/contracts/validation.py) on the graded and dead-letter topics."""
+        `headers`: the value's type (shared/contracts/validation.py) on the graded and dead-letter topics.
+        The one place the grader's stages write records, so the one place they are signed: a record to an
+        Apprentice topic carries the grader's signature (shared/kafka/signing.py); internal topics and
+        changelogs (read only by this app) are left unsigned."""
+        base = contract_name(topic)
+        if self.signer is not None and base is not None:
+            headers = [*self.signer.headers(base, key, value, headers)]
         return await self.app.producer.send(topic, key, value, partition, None, headers)  # type: ignore[arg-type]  # bytes values
 
     async def dead_letter(self, ev: EventT, stage: str, reason: str, error_type: str,

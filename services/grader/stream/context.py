@@ -20,6 +20,7 @@ from services.grader.core.join import Joiner
 from services.grader.core.waiting import WaitingIndex
 from services.grader.settings import GraderSettings
 from shared.contracts.validation import KafkaHeaders
+from shared.kafka.trust import RecordTrust
 
 JoinItems = dict[int, list[tuple[bytes, bytes]]]
 """Join items by join partition: (interaction id, kind byte + payload)."""
@@ -61,6 +62,8 @@ class StageContext(Protocol):
     judge_due: dict[bytes, float]
     """Judge group key -> when the ticker must close it."""
     recovery: Settler
+    trust: RecordTrust
+    """The check of who wrote each source record (shared/kafka/trust.py); route.py applies it."""
 
     async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None,
                    headers: KafkaHeaders | None = None) -> Awaitable[Any]:

@@ -25,6 +25,7 @@ from services.grader.core.routing import DEADLETTER_HEADERS, GRADED_HEADERS, dea
 from services.grader.core.state import SEQ_KEY_PREFIX, PendingState, decode_seq, encode_seq, seq_key
 from services.grader.stream.context import StageContext
 from services.grader.stream.event_scan import find_event_ids
+from shared.kafka.trust import RecordTrust
 from shared.proto.apprentice.v1 import events_pb2
 
 log = logging.getLogger(__name__)
@@ -92,8 +93,10 @@ class EmissionRecovery:
         wanted = {graded_event_id(st.interaction_id, st.revision): st for st in in_doubt}
         since = min(st.pending_ts for st in in_doubt) - g.settings.verify_margin_s
 
+        # a fresh check (no replay memory shared with the source topics): a re-read finds the same records
         found = await asyncio.to_thread(find_event_ids, g.settings.common.kafka_bootstrap,
-                                        g.topic_names["graded"], set(wanted), since)
+                                        g.topic_names["graded"], set(wanted), since,
+                                        trust=RecordTrust.from_settings(g.settings.common))
         now = time.time()
         sent: list[tuple[events_pb2.GradedInteraction, Awaitable[Any]]] = []
         for event_id, st in wanted.items():

@@ -1,6 +1,7 @@
 """faust runtime, stage 1: source records (interactions, feedback) --> join items on the join topic.
 
-`route` decodes and validates (undecodable, invalid or unconfigured records go to the dead-letter
+`route` first checks who wrote each record (shared/kafka/trust.py: interactions signed by inference,
+feedback by a principal allowed to write it, no signature replayed at another offset), then decodes and validates (undecodable, invalid or unconfigured records go to the dead-letter
 topic, and the stream goes on) and re-partitions by interaction id (murmur2, explicit partition), so an
 interaction and its feedback meet in the same partition of the `pending` table whatever partitioner
 their producers used. Items for one partition travel as one bundle record per batch (join.py).
@@ -22,6 +23,10 @@ from faust.types import EventT
 from services.grader.core.poison import POISON_STAGE, Failure, run_bisecting
 from services.grader.core.routing import route
 from services.grader.stream.context import JoinItems, StageContext
+from shared.kafka.trust import UntrustedRecord
+
+TRUST_STAGE = "grader.trust"
+"""The dead letters' stage of a source record refused for who wrote it (or a replay)."""
 
 
 class RouteStage:
@@ -52,6 +57,12 @@ class RouteStage:
                          judge_items: list[tuple[bytes, bytes]]) -> Awaitable[Any] | None:
         """Validate one source record and queue its join item; a dead letter's future when rejected."""
         g = self.g
+        msg = ev.message
+        try:  # who wrote it, before anything of it is decoded (shared/kafka/trust.py)
+            g.trust.check_record(msg.topic, ev.key, ev.value, msg.headers, partition=msg.partition,
+                                 offset=msg.offset)
+        except UntrustedRecord as e:
+            return await g.dead_letter(ev, TRUST_STAGE, str(e), type(e).__name__)
         r = route(ev.message.topic == g.topic_names["interactions"], ev.value, g.joiner.task_of,
                   ev.message.headers, limits=g.joiner.limits)
         if r.rejected is not None:

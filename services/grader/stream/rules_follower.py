@@ -2,7 +2,8 @@
 
 Every worker reads `apprentice.grader-rules.v1` whole, from its beginning (no consumer group: each worker
 needs every rule), before it grades anything (`start` returns once it has reached the end it saw), then
-follows it on a daemon thread. A record is checked by rulebook.py: a good one changes the RuleBook
+follows it on a daemon thread. A record is checked for who wrote it (a valid record signature by the
+`operator` principal, shared/kafka/trust.py, monotonic per key) and then by rulebook.py: a good one changes the RuleBook
 (the joiner notices the new revision; the ticker, stream/ticker.py, then ticks every open window so
 that the new windows and graders apply to interactions already waiting); a refused one changes nothing and goes to the
 dead-letter topic (stage `grader.rules`). Refused records met while catching up at start are only
@@ -23,25 +24,15 @@ from services.grader.core.join import Rejected
 from services.grader.core.routing import DEADLETTER_HEADERS, dead_letter
 from services.grader.core.rulebook import RuleBook, RuleRefused, parse_record
 from services.grader.settings import GraderSettings
+from shared.contracts.topics import contract_name
 from shared.kafka.consumers import new_consumer
 from shared.kafka.reader import ReadTimeout, TopicMissing, read_to_end
 from shared.kafka.security import librdkafka_config
-from shared.security.identity import Role
-from shared.security.keys import KeyRing
+from shared.kafka.trust import RecordTrust, record_signer
 
 log = logging.getLogger(__name__)
 
 STAGE = "grader.rules"
-
-
-def operator_digests(settings: GraderSettings) -> list[tuple[str, bytes]] | None:
-    """(key id, SHA-256 of the key) of every operator key of the stack's key ring; None without one."""
-    common = settings.common
-    if not (common.auth_keys.get_secret_value() or common.auth_keys_file):
-        return None
-
-    ring = KeyRing.from_text(common.auth_keys.get_secret_value(), file=common.auth_keys_file)
-    return [(e.identity.key_id, e.digest) for e in ring.entries() if e.identity.role is Role.OPERATOR and e.digest]
 
 
 class RulesFollower:
@@ -54,6 +45,9 @@ class RulesFollower:
         self._consumer = new_consumer(common.kafka_bootstrap, purpose="grader-rules", security=common,
                                       group_id=common.topics.group_id(f"{settings.app_name}-rules-reader"))
         self._producer: Producer | None = None
+        self._signer = record_signer(common, "grader")
+        # monotonic: an old rule record re-sent (say, a `set` after its `delete`) cannot bring it back
+        self._trust = RecordTrust.from_settings(common, monotonic=True)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live = False
@@ -91,8 +85,14 @@ class RulesFollower:
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("rules consumer error: %s", err)
             return
+        verdict = self._trust.verdict(m.topic() or "", m.key(), m.value(), m.headers(),
+                                      partition=m.partition(), offset=m.offset())
+        if not verdict.ok:
+            self._refuse(m, f"untrusted record: {verdict.reason}")
+            return
+        # with signatures off (insecure, SECURITY.md) there is no signer, so no rule is applied
         try:
-            rec = parse_record(m.key(), m.value(), operator_digests=operator_digests(self.settings))
+            rec = parse_record(m.key(), m.value(), signer=verdict.principal)
         except RuleRefused as e:
             self._refuse(m, str(e))
             return
@@ -111,8 +111,11 @@ class RulesFollower:
                              partition=m.partition() or 0, offset=m.offset() or 0, key=m.key(), value=m.value())
         if self._producer is None:
             self._producer = Producer({**self._security, "bootstrap.servers": self.settings.common.kafka_bootstrap})
-        self._producer.produce(self.settings.common.topics.deadletter, letter.SerializeToString(),
-                               letter.original_key or None, headers=DEADLETTER_HEADERS)
+        topic, value, key = self.settings.common.topics.deadletter, letter.SerializeToString(), letter.original_key or None
+        headers = list(DEADLETTER_HEADERS)
+        if self._signer is not None:  # the grader's dead letters carry its signature (shared/kafka/signing.py)
+            headers = self._signer.headers(contract_name(topic) or topic, key, value, headers)
+        self._producer.produce(topic, value, key, headers=headers)
         self._producer.flush(10)
         M.DEADLETTERS.labels(STAGE).inc()
 

@@ -35,7 +35,8 @@ class FakeContext:
         self.table = SimpleNamespace(data={})
         self.due: dict[bytes, tuple[float, bool, int]] = {}
         self.waiting = WaitingIndex()
-        self.settings = SimpleNamespace(verify_margin_s=5.0, common=SimpleNamespace(kafka_bootstrap="unused:1"))
+        self.settings = SimpleNamespace(verify_margin_s=5.0, common=SimpleNamespace(kafka_bootstrap="unused:1",
+                                                                                record_signatures="off"))
         self.topic_names = {"graded": "graded", "deadletter": "dead"}
         self.sent: list[tuple[str, bytes | None, bytes | None, int | None]] = []
 
@@ -63,7 +64,7 @@ def emitted_state(text: str, partition: int, seq: int) -> PendingState:
 def settle(ctx: FakeContext, parts: set[int], found: set[str], monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
     asked: list[set[str]] = []
 
-    def find_event_ids(bootstrap: str, topic: str, wanted: set[str], since: float) -> set[str]:
+    def find_event_ids(bootstrap: str, topic: str, wanted: set[str], since: float, **_kw: Any) -> set[str]:
         asked.append(set(wanted))
         assert topic == "graded" and since == T0 - 5.0
         return wanted & found

@@ -11,7 +11,13 @@ import pytest
 
 from services.grader.core.detectors import DetectorStats
 from services.grader.core.join import FEEDBACK, INTERACTION, TICK, Joiner
-from services.grader.core.rulebook import RuleBook, RuleRecord, RuleRefused, new_record, parse_record, sign
+from services.grader.core.rulebook import (
+    OPERATOR,
+    RuleBook,
+    RuleRefused,
+    new_record,
+    parse_record,
+)
 from services.grader.core.state import PendingState
 from shared.grading import parse_grader_config
 from tests.helpers.grader import feedback, interaction
@@ -41,7 +47,7 @@ def record(tenant: str = "acme", task: str = "billing", *, revision: int = 1, **
 def test_a_rule_overrides_the_file_for_its_tenant_and_task_only() -> None:
     book = RuleBook(FILE)
     assert window(book, "acme", "billing") == 600   # the wildcard
-    assert book.apply(parse_record(b"acme/billing", record(), operator_digests=None))
+    assert book.apply(parse_record(b"acme/billing", record(), signer=OPERATOR))
     assert window(book, "acme", "billing") == 30
     assert window(book, "acme", "other") == 600    # another task
     assert window(book, "beta", "billing") == 600  # another tenant
@@ -50,23 +56,23 @@ def test_a_rule_overrides_the_file_for_its_tenant_and_task_only() -> None:
     assert book.version_of("acme", "billing", t) == "file-1+acme/billing@r1"
     assert book.version_of("demo", "support", book.config.for_task("demo", "support")) == "file-1"
     # the same (tenant, task) as a file entry: replaced; a tenant-wide rule: most specific still wins
-    book.apply(parse_record(b"demo/support", record("demo", "support", revision=5), operator_digests=None))
+    book.apply(parse_record(b"demo/support", record("demo", "support", revision=5), signer=OPERATOR))
     assert window(book, "demo", "support") == 30
     book.apply(parse_record(b"acme/*", record("acme", "*", revision=2, rules={**KPI, "feedback_window_s": 60}),
-                            operator_digests=None))
+                            signer=OPERATOR))
     assert window(book, "acme", "x") == 60
     assert window(book, "acme", "billing") == 30
 
 
 def test_revisions_order_changes_and_deletion_restores_the_file() -> None:
     book = RuleBook(FILE)
-    book.apply(parse_record(b"acme/billing", record(revision=2), operator_digests=None))
+    book.apply(parse_record(b"acme/billing", record(revision=2), signer=OPERATOR))
     rev = book.revision
     assert not book.apply(parse_record(b"acme/billing", record(revision=1, rules={**KPI, "feedback_window_s": 9}),
-                                       operator_digests=None))   # older: ignored
+                                       signer=OPERATOR))   # older: ignored
     assert book.revision == rev and window(book, "acme", "billing") == 30
     assert book.apply(parse_record(b"acme/billing", record(revision=3, deleted=True, rules=None),
-                                   operator_digests=None))
+                                   signer=OPERATOR))
     assert window(book, "acme", "billing") == 600 and not book.rules()
 
 
@@ -88,35 +94,31 @@ def test_revisions_order_changes_and_deletion_restores_the_file() -> None:
 ])
 def test_invalid_records_are_refused(key: bytes, value: bytes | None, why: str) -> None:
     with pytest.raises(RuleRefused, match=None) as e:
-        parse_record(key, value, operator_digests=None)
+        parse_record(key, value, signer=OPERATOR)
     assert why in str(e.value)
 
 
 def test_wildcard_rules_need_the_explicit_flag() -> None:
-    rec = parse_record(b"*/*", record("*", "*", wildcard=True), operator_digests=None)
+    rec = parse_record(b"*/*", record("*", "*", wildcard=True), signer=OPERATOR)
     assert rec.wildcard
     with pytest.raises(RuleRefused, match="--all-tenants"):
         new_record("*", "*", operator="op", rules=KPI)
     assert new_record("*", "*", operator="op", rules=KPI, wildcard=True).wildcard
 
 
-def test_with_a_key_ring_only_operator_signatures_count() -> None:
-    import hashlib
-
-    rec = new_record("acme", "billing", operator="claimed", rules=KPI, now=T0)
-    digests = [("ops-1", hashlib.sha256(b"operator-secret-123456").digest())]
-    with pytest.raises(RuleRefused, match="not signed by an operator key"):
-        parse_record(b"acme/billing", rec.model_dump_json().encode(), operator_digests=digests)
-    forged = sign(rec, "backend-secret-1234567")
-    with pytest.raises(RuleRefused, match="not signed"):
-        parse_record(b"acme/billing", forged.model_dump_json().encode(), operator_digests=digests)
-    good = sign(rec, "operator-secret-123456")
-    assert parse_record(b"acme/billing", good.model_dump_json().encode(), operator_digests=digests).operator == "ops-1"
-    tampered = RuleRecord.model_validate({**good.model_dump(), "tenant": "victim"})
-    with pytest.raises(RuleRefused):
-        parse_record(b"victim/billing", tampered.model_dump_json().encode(), operator_digests=digests)
-    # without a key ring (a local stack without secrets) records are taken unsigned, under their operator name
-    assert parse_record(b"acme/billing", rec.model_dump_json().encode(), operator_digests=None).operator == "claimed"
+def test_only_the_operators_record_signature_counts() -> None:
+    """The signer is what the follower verified (shared/kafka/trust.py); the record's own `operator`
+    claim proves nothing, so a record without a signature or signed by another principal is refused."""
+    value = new_record("acme", "billing", operator="claimed", rules=KPI, now=T0).model_dump_json().encode()
+    with pytest.raises(RuleRefused, match="no record signature"):
+        parse_record(b"acme/billing", value, signer="")
+    with pytest.raises(RuleRefused, match="signed by inference"):
+        parse_record(b"acme/billing", value, signer="inference")
+    assert parse_record(b"acme/billing", value, signer=OPERATOR).operator == "claimed"
+    # the HMAC field of the former scheme is no longer part of a record
+    with pytest.raises(RuleRefused, match="signature"):
+        parse_record(b"acme/billing", json.dumps({**json.loads(value), "signature": "hmac-sha256:00"}).encode(),
+                     signer=OPERATOR)
 
 
 class Feed:
@@ -143,7 +145,7 @@ def test_a_waiting_interaction_picks_up_a_new_rule_at_its_next_tick() -> None:
     step = f.send(iid, FEEDBACK + fb.SerializeToString(), T0 + 5)
     assert step.emit is None and step.state is not None and step.state.deadline == T0 + 600
     assert f.joiner.unread == {("acme", "billing", "kpi:resolved"): 1}   # no rule reads it: counted
-    f.book.apply(parse_record(b"acme/billing", record(revision=7), operator_digests=None))
+    f.book.apply(parse_record(b"acme/billing", record(revision=7), signer=OPERATOR))
     # the runtimes tick every open window after a change: the KPI already here completes it now
     step = f.send(iid, TICK, T0 + 10)
     assert step.emit is not None and step.emit.reward == 1.0 and step.state is not None
@@ -156,7 +158,7 @@ def test_a_shorter_window_closes_a_waiting_interaction_without_its_feedback() ->
     it = interaction(tenant="acme", task="billing", occurred_at=datetime.fromtimestamp(T0, UTC))
     f.send(it.interaction_id, INTERACTION + it.SerializeToString(), T0)
     assert f.send(it.interaction_id, TICK, T0 + 40).emit is None       # the file's 600 s
-    f.book.apply(parse_record(b"acme/billing", record(), operator_digests=None))
+    f.book.apply(parse_record(b"acme/billing", record(), signer=OPERATOR))
     step = f.send(it.interaction_id, TICK, T0 + 41)
     assert step.emit is not None and not step.emit.has_signal and step.emit.no_signal_reason == "window_expired"
 

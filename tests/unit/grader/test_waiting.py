@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from services.grader import metrics as M
 from services.grader.core.detectors import DetectorStats
 from services.grader.core.join import Joiner
-from services.grader.core.rulebook import new_record, parse_record
+from services.grader.core.rulebook import OPERATOR, new_record, parse_record
 from services.grader.core.state import PendingState
 from services.grader.core.waiting import WaitingIndex
 from shared.contracts.grader_waiting import describe, from_metrics
@@ -75,8 +75,8 @@ def test_a_kind_a_rule_now_reads_is_no_longer_reported_unread() -> None:
     before = describe(from_metrics(exposition(WaitingIndex(), joiner)))
     assert before[1].startswith("grader: feedback kinds no rule reads: correction, kpi resolved")
     kpi = {"graders": [{"name": "resolved", "type": "kpi", "kpi": "resolved", "map": {"1": 1.0, "0": 0.0}}]}
-    record = new_record("acme", "billing", operator="op", rules=kpi).canonical()
-    assert joiner.book.apply(parse_record(b"acme/billing", record, operator_digests=None))
+    record = new_record("acme", "billing", operator="op", rules=kpi).model_dump_json().encode()
+    assert joiner.book.apply(parse_record(b"acme/billing", record, signer=OPERATOR))
     after = describe(from_metrics(exposition(WaitingIndex(), joiner)))
     assert after[1].startswith("grader: feedback kinds no rule reads: correction (") and "resolved" not in after[1]
     text = exposition(WaitingIndex(), joiner)
