@@ -28,9 +28,11 @@ from google.protobuf.message import Message as ProtoMessage
 
 from services.inference import metrics
 from services.inference.spool import Spool, SpoolRecord
+from shared.contracts.topics import contract_name
 from shared.contracts.validation import type_headers_for_topic
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
+from shared.kafka.signing import RecordSigner
 from shared.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -61,9 +63,14 @@ class Spooled:
 class CaptureSink:
     def __init__(self, bootstrap: str, spool: Spool, *, client_id: str = "apprentice-inference",
                  max_inflight: int = 2000, delivery_timeout_ms: int = 0, max_queue: int = 100_000,
-                 stall_s: float = 5.0, security: SecuritySource = None) -> None:
-        """`security`: Kafka TLS/SASL settings (shared/kafka/security.py); None = from the environment."""
+                 stall_s: float = 5.0, security: SecuritySource = None,
+                 signer: RecordSigner | None = None) -> None:
+        """`security`: Kafka TLS/SASL settings (shared/kafka/security.py); None = from the environment.
+        `signer`: the inference principal's record signer (shared/kafka/trust.py `record_signer`): every
+        record is signed when it is sent (the spool keeps the bare bytes), so the grader and the other
+        consumers accept interactions and feedback only from inference; None = unsigned."""
         self.spool = spool
+        self.signer = signer
         self.max_inflight = max_inflight
         self.stall_s = stall_s
         # Idempotent + acks=all as every Apprentice producer (docs/architecture.md §5); our own client rather than
@@ -163,7 +170,11 @@ class CaptureSink:
                 return
             try:
                 # The value's type in a header (shared/contracts/validation.py), from the topic: the spool keeps bytes.
-                self._producer.produce(rec.topic, rec.value, rec.key, headers=type_headers_for_topic(rec.topic),
+                headers: Any = type_headers_for_topic(rec.topic)
+                if self.signer is not None:
+                    headers = self.signer.headers(contract_name(rec.topic) or rec.topic, rec.key, rec.value,
+                                                  headers)
+                self._producer.produce(rec.topic, rec.value, rec.key, headers=headers,
                                        on_delivery=functools.partial(self._on_delivery, rec.seq, rec.topic))
             except BufferError:       # librdkafka's queue is full: this record goes first next time
                 self._retry = rec

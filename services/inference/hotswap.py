@@ -38,6 +38,8 @@ from shared.contracts.events import UndecodableEvent, timestamp
 from shared.contracts.orders import OPERATOR, InvalidOrder, Slot
 from shared.contracts.validation import decode_record
 from shared.kafka.consumer import EventConsumer
+from shared.kafka.deadletter import DeadLetterPublisher
+from shared.kafka.trust import RecordTrust, UntrustedRecord
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.retry import Backoff
 from shared.security.channels import open_channel
@@ -261,11 +263,20 @@ class VersionManager:
 
 
 class UpdateFollower:
-    """model-updates (Kafka) --> VersionManager.apply, on a background thread."""
+    """model-updates (Kafka) --> VersionManager.apply, on a background thread.
 
-    def __init__(self, settings: InferenceSettings, manager: VersionManager) -> None:
+    Every order must be signed by a principal allowed to write model updates (weights) and not be an old
+    order replayed after a newer one of its key (`RecordTrust`, monotonic: shared/kafka/trust.py). A
+    refused order is never applied (the pod keeps serving what it serves) and goes to the dead-letter
+    topic with its reason (stage "inference.hotswap"): a forged order is an attack to be seen, once per
+    pod that saw it."""
+
+    def __init__(self, settings: InferenceSettings, manager: VersionManager, *,
+                 dead: DeadLetterPublisher | None = None) -> None:
         self.settings = settings
         self.manager = manager
+        self.dead = dead
+        self.trust = RecordTrust.from_settings(settings.common, monotonic=True)
         self.caught_up = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="model-updates", daemon=True)
@@ -300,6 +311,13 @@ class UpdateFollower:
                 updates = []
                 for m in msgs:
                     try:
+                        self.trust.check(m)
+                    except UntrustedRecord as e:
+                        log.error("model update refused: %s", e,
+                                  extra={"partition": m.partition(), "offset": m.offset()})
+                        self._dead_letter(m, e)
+                        continue
+                    try:
                         updates.append(decode_record(events_pb2.ModelUpdate, m.value(), m.headers()))
                     except UndecodableEvent as e:
                         # Logged, not dead-lettered: every pod reads every order (and re-reads them on
@@ -309,6 +327,14 @@ class UpdateFollower:
                 self.manager.apply(updates)
         finally:
             consumer.close()
+
+    def _dead_letter(self, msg: Any, err: UntrustedRecord) -> None:
+        if self.dead is None:
+            return
+        try:
+            self.dead.publish(msg, stage="inference.hotswap", reason=str(err), error_type=type(err).__name__)
+        except Exception:  # noqa: BLE001 - the refusal stands; a lost dead letter must not stop following
+            log.exception("dead-lettering a refused model update failed")
 
     def stop(self) -> None:
         self._stop.set()

@@ -28,6 +28,8 @@ from services.inference import metrics
 from services.inference.requests import PreparedRequest
 from services.inference.settings import InferenceSettings
 from shared.decoding.chat_template import encode_chat
+from shared.kafka.deadletter import DeadLetterPublisher
+from shared.kafka.trust import RecordTrust, UntrustedRecord
 from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
 from shared.knowledge.follow import SnapshotFollower, belongs_to_its_tenant
 from shared.knowledge.frame import with_knowledge
@@ -128,10 +130,20 @@ class ServedKnowledge:
         metrics.KNOWLEDGE_IN_CONTEXT.labels(outcome="no_room").inc()
 
 
-def follow_knowledge(settings: InferenceSettings, served: ServedKnowledge) -> SnapshotFollower:
+def follow_knowledge(settings: InferenceSettings, served: ServedKnowledge,
+                     dead: DeadLetterPublisher | None = None) -> SnapshotFollower:
     """A started reader of the knowledge topic into `served` (a private consumer group per pod: every pod
-    needs every base)."""
+    needs every base). Only the extractor's snapshots are served, an old one replayed after a newer one of
+    its key is not (shared/kafka/trust.py, monotonic); a refused record goes to `dead` with its reason
+    (stage "inference.knowledge")."""
     topics = settings.common.topics
+
+    def refused(msg: Any, err: UntrustedRecord) -> None:
+        if dead is not None:
+            dead.publish(msg, stage="inference.knowledge", reason=str(err), error_type=type(err).__name__)
+
     return SnapshotFollower(settings.common.kafka_bootstrap, topics.knowledge,
                             topics.group_id(f"inference-knowledge-{settings.pod_id}"),
-                            on_snapshot=served.apply, on_tombstone=served.forget).start()
+                            on_snapshot=served.apply, on_tombstone=served.forget,
+                            trust=lambda: RecordTrust.from_settings(settings.common, monotonic=True),
+                            on_refused=refused).start()

@@ -57,6 +57,10 @@ from services.inference.requests import (
 from services.inference.servicer import FeedbackServicer, InferenceServicer
 from services.inference.settings import InferenceSettings
 from services.inference.spool import Spool
+from shared.contracts.topic_access import INFERENCE
+from shared.kafka.deadletter import DeadLetterPublisher
+from shared.kafka.producer import EventProducer
+from shared.kafka.trust import record_signer
 from shared.knowledge.follow import SnapshotFollower
 from shared.logs import trace_id_var
 from shared.proto.apprentice.v1 import inference_pb2, inference_pb2_grpc
@@ -90,6 +94,7 @@ class InferenceApp:
         self.model = settings.common.model
         self.topics = settings.common.topics
         self.capture: CaptureSink | None = None
+        self.dead_producer: EventProducer | None = None   # signed dead letters of refused orders/snapshots
         self.manager: VersionManager | None = None
         self.follower: UpdateFollower | None = None
         self.heartbeater: Heartbeater | None = None
@@ -123,6 +128,9 @@ class InferenceApp:
 
     def _start(self) -> None:
         s = self.settings
+        # Loaded once, before anything listens: a missing private key (signatures required) stops the start
+        # with SigningKeyMissing (shared/startup.py reports it in one line).
+        signer = record_signer(s.common, INFERENCE)
         if s.api_keys:
             log.warning("APPRENTICE_INFERENCE_API_KEYS is deprecated: use backend entries in APPRENTICE_AUTH_KEYS")
         if s.fault_delay_s > 0:
@@ -141,7 +149,10 @@ class InferenceApp:
         self.capture = CaptureSink(s.common.kafka_bootstrap, Spool(
             s.spool_path, max_bytes=s.spool_max_bytes, segment_bytes=s.spool_segment_bytes),
             client_id=f"inference-{s.pod_id}", max_inflight=s.capture_max_inflight,
-            delivery_timeout_ms=s.capture_delivery_timeout_ms).start()
+            delivery_timeout_ms=s.capture_delivery_timeout_ms, signer=signer).start()
+        self.dead_producer = EventProducer(s.common.kafka_bootstrap, client_id=f"inference-{s.pod_id}-deadletter",
+                                           signer=signer)
+        dead = DeadLetterPublisher(self.dead_producer, self.topics.deadletter, source=f"inference/{s.pod_id}")
         self.privacy.start_warming()
         self.engine.start()
         metrics.MODEL_LOADED.set(1)
@@ -150,7 +161,7 @@ class InferenceApp:
         advertised = s.advertised_endpoint or f"{host}:{self.port}"
         self.manager = VersionManager(s, self.engine, advertised_endpoint=advertised)
         if s.follow_updates:
-            self.follower = UpdateFollower(s, self.manager).start()
+            self.follower = UpdateFollower(s, self.manager, dead=dead).start()
             if not self.follower.caught_up.wait(s.startup_catchup_s):
                 log.warning("model-updates backlog not read within %.0fs; serving the base model meanwhile",
                             s.startup_catchup_s)
@@ -158,7 +169,7 @@ class InferenceApp:
             self.heartbeater = Heartbeater(s, self.manager).start()
         if s.knowledge.in_context or any(s.knowledge.tenants.values()):
             self.knowledge = ServedKnowledge(s)
-            self.knowledge_follower = follow_knowledge(s, self.knowledge)
+            self.knowledge_follower = follow_knowledge(s, self.knowledge, dead)
             if not self.knowledge_follower.caught_up.wait(s.startup_catchup_s):
                 log.warning("knowledge backlog not read within %.0fs; serving without it meanwhile",
                             s.startup_catchup_s)
@@ -189,6 +200,8 @@ class InferenceApp:
             self.manager.close()
         if self.capture is not None:
             self.capture.close(timeout=max(1.0, grace - (time.monotonic() - t0)))
+        if self.dead_producer is not None:
+            self.dead_producer.close(timeout=2.0)
         metrics.MODEL_LOADED.set(0)
         log.info("inference stopped")
 

@@ -60,8 +60,9 @@ TABLE: tuple[TopicAccess, ...] = (
     _access(t.MODEL_UPDATES, (WEIGHTS,), (INFERENCE, EXTRACTOR, *_OBSERVERS)),
     # Every consumer dead-letters what it refuses; the dead letter says which consumer refused what, and
     # is never input to the loop.
-    # (inference never dead-letters: a pod that cannot apply an order logs it, services/inference/hotswap.py)
-    _access(t.DEADLETTER, (GRADER, EXTRACTOR, TRAINER, WEIGHTS), _OBSERVERS),
+    # Inference dead-letters the model updates and knowledge snapshots it refuses for who wrote them (a
+    # forged order is an attack to be seen: services/inference/hotswap.py, services/inference/knowledge.py).
+    _access(t.DEADLETTER, (INFERENCE, GRADER, EXTRACTOR, TRAINER, WEIGHTS), _OBSERVERS),
     _access(t.AUDIT, (WEIGHTS, EXTRACTOR), _OBSERVERS),
     _access(t.GRADER_RULES, (OPERATOR,), (GRADER, *_OBSERVERS)),
 )

@@ -8,6 +8,11 @@ envelope must be refused by the receiver (`belongs_to_its_tenant`, which every r
 producer may not place items in another tenant's base. A tombstone (no value) removes its base. `caught_up` is set once the reader's position reached the high
 watermarks seen at its assignment, so a service can wait for the state it had before serving.
 Undecodable records are logged and skipped, not dead-lettered: every replica re-reads them on every start.
+
+With a `trust` (a factory of shared/kafka/trust.py's RecordTrust, `monotonic=True`) every record, tombstones included, must be signed
+by a principal allowed to write the knowledge topic (the extractor) and not be an old snapshot replayed
+after a newer one of its key; a refused record is handed to `on_refused` (the service dead-letters it with
+the reason) and never reaches `on_snapshot` / `on_tombstone`, so a forged snapshot is never served.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from shared.contracts.events import UndecodableEvent
 from shared.contracts.validation import decode_record
 from shared.kafka.consumer import EventConsumer
 from shared.kafka.reader import watermarks
+from shared.kafka.trust import RecordTrust, UntrustedRecord
 from shared.proto.apprentice.v1 import events_pb2
 from shared.retry import Backoff
 
@@ -47,9 +53,15 @@ class SnapshotFollower:
 
     def __init__(self, bootstrap: str, topic: str, group_prefix: str, *,
                  on_snapshot: Callable[[events_pb2.KnowledgeSnapshot], object],
-                 on_tombstone: Callable[[str], object] = lambda key: None, name: str = "knowledge") -> None:
+                 on_tombstone: Callable[[str], object] = lambda key: None, name: str = "knowledge",
+                 trust: Callable[[], RecordTrust] | None = None,
+                 on_refused: Callable[[object, UntrustedRecord], object] | None = None) -> None:
         self.bootstrap, self.topic, self.group_prefix = bootstrap, topic, group_prefix
         self.on_snapshot, self.on_tombstone = on_snapshot, on_tombstone
+        # a fresh check per reading from the beginning: the monotonic memory of the last pass would refuse
+        # every older snapshot of a key read again
+        self._new_trust, self.on_refused = trust, on_refused
+        self.trust: RecordTrust | None = trust() if trust is not None else None
         self.caught_up = threading.Event()
         self._ends: dict[int, int] | None = None
         self._stop = threading.Event()
@@ -71,6 +83,8 @@ class SnapshotFollower:
                 consumer = EventConsumer(self.bootstrap, f"{self.group_prefix}-{uuid.uuid4().hex[:12]}",
                                          [self.topic], auto_offset_reset="earliest", log_level=3)
                 self._ends = None
+                if self._new_trust is not None:
+                    self.trust = self._new_trust()
                 while not self._stop.is_set():
                     self.poll(consumer)
                     backoff.reset()
@@ -85,6 +99,18 @@ class SnapshotFollower:
         """One poll: hand over what arrived; returns the records read."""
         msgs = consumer.poll_batch(max_records=200, timeout=timeout)  # type: ignore[attr-defined]
         for msg in msgs:
+            if self.trust is not None:
+                try:
+                    self.trust.check(msg)
+                except UntrustedRecord as e:
+                    log.error("knowledge record refused: %s", e,
+                              extra={"partition": msg.partition(), "offset": msg.offset()})
+                    if self.on_refused is not None:
+                        try:
+                            self.on_refused(msg, e)
+                        except Exception:  # noqa: BLE001 - a failed dead letter must not stop the state
+                            log.exception("dead-lettering a refused knowledge record failed")
+                    continue
             value = msg.value()
             if value is None:                                   # tombstone: compaction deletes the key
                 raw = msg.key()

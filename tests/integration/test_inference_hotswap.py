@@ -29,7 +29,8 @@ from shared.kafka.admin import delete_topics, ensure_topics
 from shared.kafka.producer import EventProducer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 from tests.helpers.inference import start_inference
-from tests.helpers.kafka import collect
+from tests.helpers.kafka import collect, read_to_end
+from tests.helpers.signing import signed_producer
 from tests.helpers.waiting import wait_for
 from tests.helpers.weights import LocalWeights
 
@@ -131,8 +132,9 @@ def orders(store: LocalWeights, tiny_model_name: str) -> Any:
 
 @pytest.fixture(scope="module")
 def forge(kafka_bootstrap: str, ns: Topics, tiny_model_name: str) -> Iterator[Any]:
-    """An order written straight to the topic: one the Weights service would never send."""
-    producer = EventProducer(kafka_bootstrap)
+    """An order written straight to the topic: one the Weights service would never send (signed as weights:
+    the pod's own checks are under test, not the signature)."""
+    producer = signed_producer(kafka_bootstrap, "weights")
 
     def send(action: events_pb2.UpdateAction, version: str) -> None:
         u = events_pb2.ModelUpdate(envelope=make_envelope("operator", source="test"), model=tiny_model_name,
@@ -252,4 +254,50 @@ def test_rollback_and_heartbeat_catch_up(app: Any, orders: Any, store: LocalWeig
     finally:
         desk.publish = publish
     wait_for(lambda: _ask(c).policy_version == "v1", what="catch-up to v1")
+    c.close()
+
+
+def test_forged_and_replayed_orders_are_refused_and_dead_lettered(app: Any, orders: Any, store: LocalWeights,
+                                                                  kafka_bootstrap: str, ns: Topics,
+                                                                  tiny_model_name: str) -> None:
+    """Attack (issue #33 item 2): a ModelUpdate written unsigned, one signed by the trainer (who may not
+    write model updates), and a genuine promote of l2 replayed after a newer promote of v1 are all refused
+    by the running pod: it keeps serving v1, and each refusal is on the dead-letter topic with its reason."""
+    c = InferenceClient(f"127.0.0.1:{app.port}")
+    orders(P, "l2")
+    wait_for(lambda: _ask(c).policy_version == "l2", what="l2 promoted")
+    orders(P, "v1")
+    wait_for(lambda: _ask(c).policy_version == "v1", what="v1 promoted")
+    genuine = [m for m in read_to_end(kafka_bootstrap, ns.model_updates)
+               if (u := events_pb2.ModelUpdate.FromString(m.value())).action == P and u.version == "l2"]
+    assert genuine, "the weights service's promote of l2 is on the topic"
+    old = genuine[-1]
+
+    forged = events_pb2.ModelUpdate(envelope=make_envelope("operator", source="test"), model=tiny_model_name,
+                                    action=P, version="l2")
+    unsigned = EventProducer(kafka_bootstrap, client_id="test-unsigned")
+    trainer = signed_producer(kafka_bootstrap, "trainer")
+    try:
+        unsigned.produce(ns.model_updates, tiny_model_name, forged)
+        unsigned.flush(10)
+        trainer.produce(ns.model_updates, tiny_model_name, forged)
+        trainer.flush(10)
+        # the replay: the very bytes and headers the weights service wrote, signature included
+        unsigned._producer.produce(ns.model_updates, old.value(), old.key(), headers=old.headers())
+        unsigned.flush(10)
+    finally:
+        unsigned.close()
+        trainer.close()
+
+    def refused() -> list[events_pb2.DeadLetter]:
+        dls = [events_pb2.DeadLetter.FromString(m.value()) for m in read_to_end(kafka_bootstrap, ns.deadletter)]
+        return [d for d in dls if d.stage == "inference.hotswap"]
+    dead = wait_for(lambda: (d := refused()) and len(d) >= 3 and d, what="three dead letters from the pod")
+    for d in dead:
+        print(f"dead letter: stage={d.stage} reason={d.reason}")
+    reasons = " | ".join(d.reason for d in dead)
+    assert "unsigned" in reasons and "trainer may not write" in reasons and "replay" in reasons, reasons
+    assert all(d.origin_topic == ns.model_updates for d in dead)
+    for _ in range(3):
+        assert _ask(c).policy_version == "v1"           # still serving the current version
     c.close()
