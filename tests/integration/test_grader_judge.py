@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from shared.contracts.topics import Topics
-from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.grader import (
@@ -27,6 +26,7 @@ from tests.helpers.grader import (
 )
 from tests.helpers.kafka import TopicReader
 from tests.helpers.ports import free_port
+from tests.helpers.signing import signed_producer
 from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def test_judge_scores_groups_through_inference(kafka_bootstrap: str, tiny_model_
         group = [interaction(task="judged", text=t, group_id="g-1", group_size=2)
                  for t in ("24 months.", "Two years, I think.")]
         single = interaction(task="judged", text="It is 24 months.")
-        p = EventProducer(kafka_bootstrap)
+        p = signed_producer(kafka_bootstrap, "inference")
         for it in [*group, single]:
             p.produce(topics.interactions, it.session_id, it)
         p.flush()
@@ -139,7 +139,7 @@ def test_a_judge_slower_than_the_poll_interval_costs_no_membership(kafka_bootstr
                           detail=grader.log_tail)
 
         single = interaction(task="judged", text="It is 24 months.")
-        p = EventProducer(kafka_bootstrap)
+        p = signed_producer(kafka_bootstrap, "inference")
         p.produce(topics.interactions, single.session_id, single)
         p.flush()
         sent = time.monotonic()

@@ -21,7 +21,6 @@ from typing import TypeVar
 import pytest
 
 from shared.contracts.topics import Topics
-from shared.kafka import EventProducer
 from shared.kafka.admin import ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.grader import (
@@ -34,6 +33,7 @@ from tests.helpers.grader import (
     interaction,
 )
 from tests.helpers.kafka import TopicReader
+from tests.helpers.signing import signed_producer
 from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -125,7 +125,7 @@ class Run:
         chunks of 100, sleeping `pace_s` between chunks. `hold=(i, event)`: after the first `i` of each
         kind, wait for `event` before the rest, so the stream is still flowing at a kill however slow the
         machine makes the graders (a pace alone can end the stream before the kill)."""
-        p = EventProducer(self.bootstrap)
+        p = signed_producer(self.bootstrap, "inference")
         for i in range(max(n_rules, n_support)):
             if hold is not None and i == hold[0]:
                 p.flush()
@@ -169,7 +169,7 @@ class Run:
         """Feedback for an interaction graded before the crash: revision 2, proof that its state (revision
         1, content digest) came back from the changelog."""
         iid = rec.interaction.interaction_id
-        p = EventProducer(self.bootstrap)
+        p = signed_producer(self.bootstrap, "inference")
         p.produce(self.topics.feedback, iid, feedback(iid, kind="thumbs", value=1.0))
         p.flush()
         recs = records_until(reader, lambda rs: len(by_interaction(rs, iid)) >= 2, *graders,
@@ -313,7 +313,7 @@ def test_windows_still_expire_after_a_restart_without_new_records(kafka_bootstra
     try:
         waiting = interaction(session_id="s-wait")
         marker = interaction(task="rules", text="1", session_id="s-marker")
-        p = EventProducer(run.bootstrap)
+        p = signed_producer(run.bootstrap, "inference")
         for it in (waiting, marker):
             p.produce(run.topics.interactions, it.session_id, it)
         p.flush()

@@ -23,8 +23,7 @@ import pytest
 from confluent_kafka import Producer
 
 from shared.contracts.grader_waiting import describe, from_metrics
-from shared.contracts.topics import Topics
-from shared.kafka import EventProducer
+from shared.contracts.topics import GRADER_RULES, Topics
 from shared.kafka.admin import ensure_topics
 from shared.kafka.security import librdkafka_config
 from shared.metrics import scrape
@@ -41,6 +40,7 @@ from tests.helpers.grader import (
 )
 from tests.helpers.kafka import TopicReader
 from tests.helpers.ports import free_port
+from tests.helpers.signing import signed_producer, signer
 from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -65,7 +65,7 @@ tasks:
 class Stack:
     def __init__(self, bootstrap: str, topics: Topics, grader: GraderProcess, port: int, home: Path) -> None:
         self.bootstrap, self.topics, self.grader, self.port, self.home = bootstrap, topics, grader, port, home
-        self.producer = EventProducer(bootstrap, client_id="grader-rules-test")
+        self.producer = signed_producer(bootstrap, "inference", client_id="grader-rules-test")
         self.graded = TopicReader(bootstrap, topics.graded)
         self.dead = TopicReader(bootstrap, topics.deadletter)
 
@@ -160,8 +160,10 @@ def test_invalid_rule_records_are_dead_lettered_and_change_nothing(stack: Stack)
                                    "rules": {"graders": [{"name": "v", "type": "verifier", "function": "os:system"}]}})),
         (b"acme/junk", "not json"),
     ]
+    operator = signer("operator")  # signed as the operator: refused for what they say, not who wrote them
     for key, value in bad:
-        p.produce(stack.topics.grader_rules, value.encode(), key)
+        p.produce(stack.topics.grader_rules, value.encode(), key,
+                  headers=operator.headers(GRADER_RULES, key, value.encode()))
     p.flush(10)
     letters = stack.dead.wait_for(
         lambda rs: sum(events_pb2.DeadLetter.FromString(m.value()).stage == "grader.rules" for m in rs) >= 4, 30)

@@ -16,8 +16,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.grader.core.join import graded_event_id
-from shared.contracts.topics import Topics
-from shared.kafka import EventProducer
+from shared.contracts.topics import INTERACTIONS, Topics
 from shared.kafka.admin import ensure_topics
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
@@ -32,6 +31,7 @@ from tests.helpers.grader import (
 )
 from tests.helpers.kafka import TopicReader
 from tests.helpers.ports import free_port
+from tests.helpers.signing import signed_producer, signer
 from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -59,7 +59,7 @@ class Stack:
         self.topics = topics
         self.grader = grader
         self.metrics_port = metrics_port
-        self.producer = EventProducer(bootstrap, client_id="grader-test")
+        self.producer = signed_producer(bootstrap, "inference", client_id="grader-test")
         self.graded = TopicReader(bootstrap, topics.graded)
 
     def send_interaction(self, it: events_pb2.Interaction | bytes, key: str = "") -> None:
@@ -123,12 +123,15 @@ def test_interactions_written_in_transactions_are_graded_and_committed_past(stac
     producer = Producer({**librdkafka_config(), "bootstrap.servers": stack.bootstrap, "transactional.id": f"outside-{run}",
                          "enable.idempotence": True})
     producer.init_transactions(30)
+    inference = signer("inference")
     kept = [interaction(task="rules", text=f"Warranty {i} months.", session_id=f"txn-{run}") for i in range(3)]
     dropped = [interaction(task="rules", text=f"Dropped {i}.", session_id=f"txn-{run}") for i in range(2)]
     for batch, commit in ((kept[:1], True), (dropped, False), (kept[1:], True)):
         producer.begin_transaction()
         for it in batch:
-            producer.produce(stack.topics.interactions, it.SerializeToString(), it.session_id.encode(), partition=0)
+            value, key = it.SerializeToString(), it.session_id.encode()
+            producer.produce(stack.topics.interactions, value, key, partition=0,  # signed as inference would
+                             headers=inference.headers(INTERACTIONS, key, value))
         if commit:
             producer.commit_transaction(30)
         else:

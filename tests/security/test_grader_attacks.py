@@ -11,7 +11,10 @@ is still graded.
 - a second interaction under an id already in use, from another producer, raced the first;
 - forged interaction ids (the MAC shared with inference does not verify for the record's tenant);
 - a record the broker refuses (here: a graded record over the topic's limit) stopped the grader;
-- SIGTERM while Kafka writes keep failing.
+- SIGTERM while Kafka writes keep failing;
+- records whose writer cannot be trusted (shared/kafka/trust.py): an interaction signed by the trainer,
+  unsigned feedback, a signed feedback re-sent at another offset, a rule record signed by nobody (or by
+  a principal other than the operator).
 """
 
 from __future__ import annotations
@@ -28,9 +31,8 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
-from shared.contracts.topics import Topics
-from shared.contracts.validation import TYPE_HEADER
-from shared.kafka import EventProducer
+from shared.contracts.topics import FEEDBACK, GRADER_RULES, INTERACTIONS, Topics
+from shared.contracts.validation import TYPE_HEADER, type_headers
 from shared.kafka.admin import admin, ensure_topics, list_topics
 from shared.kafka.security import librdkafka_config
 from shared.proto.apprentice.v1 import events_pb2
@@ -45,6 +47,7 @@ from tests.helpers.grader import (
     interaction,
 )
 from tests.helpers.kafka import TopicReader
+from tests.helpers.signing import signed_producer, signer
 from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -89,7 +92,7 @@ class Grader:
                     "APPRENTICE_INTERACTION_ID_SECRET": secret}
         self.starts = 0
         self.proc = self.start()
-        self.producer = EventProducer(bootstrap, client_id="attacker")
+        self.producer = signed_producer(bootstrap, "inference", client_id="attacker")
         self.graded = TopicReader(bootstrap, self.topics.graded)
         self.dead = TopicReader(bootstrap, self.topics.deadletter)
 
@@ -203,10 +206,14 @@ def test_wrong_types_and_non_finite_values_are_dead_lettered_not_graded(grader: 
     disguised = feedback(it.interaction_id, kind="rating", tenant=TENANT_A, value=5)
     grader.send(grader.topics.interactions, "disguised-1", disguised)
     # ... and written raw by an outside producer without any header
+    # (signed as inference: what is tested is the type check, not who wrote it)
     raw = Producer({**librdkafka_config(), "bootstrap.servers": grader.bootstrap})
-    raw.produce(grader.topics.interactions, disguised.SerializeToString(), b"disguised-2")
-    raw.produce(grader.topics.interactions, disguised.SerializeToString(), b"disguised-3",
-                headers=[(TYPE_HEADER, b"apprentice.v1.Interaction")])  # lying about its type
+    inference, value = signer("inference"), disguised.SerializeToString()
+    raw.produce(grader.topics.interactions, value, b"disguised-2",
+                headers=inference.headers(INTERACTIONS, b"disguised-2", value))
+    raw.produce(grader.topics.interactions, value, b"disguised-3",  # lying about its type
+                headers=inference.headers(INTERACTIONS, b"disguised-3", value,
+                                          [(TYPE_HEADER, b"apprentice.v1.Interaction")]))
     raw.flush(30)
     [rec] = grader.graded_for(it.interaction_id)  # window over: the NaN rating never counted
     assert not rec.feedback and not rec.has_signal and rec.reward == 0.0
@@ -335,3 +342,68 @@ def test_every_record_names_its_type_in_a_header(grader: Grader) -> None:
     assert (TYPE_HEADER, b"apprentice.v1.Interaction") in (sent.headers() or [])
     assert (TYPE_HEADER, b"apprentice.v1.GradedInteraction") in (out.headers() or [])
     assert (TYPE_HEADER, b"apprentice.v1.DeadLetter") in (dead.headers() or [])
+    # and the grader's own records carry its record signature (shared/kafka/signing.py)
+    assert ("apprentice-signer", b"grader") in [(k, v.partition(b":")[0]) for k, v in out.headers() or []]
+    assert ("apprentice-signer", b"grader") in [(k, v.partition(b":")[0]) for k, v in dead.headers() or []]
+
+
+def test_records_from_untrusted_writers_are_dead_lettered_and_change_no_grade(grader: Grader) -> None:
+    """Forged grade-influencing records: each lands in the dead-letter topic with its reason (stage
+    `grader.trust`, or `grader.rules` for the rules topic) and no graded record reflects it."""
+    raw = Producer({**librdkafka_config(), "bootstrap.servers": grader.bootstrap})
+    inference, trainer = signer("inference"), signer("trainer")
+
+    # an interaction written by the trainer (a compromised trainer cannot feed the grader)
+    forged = interaction(tenant=TENANT_A, task="rules", text="42 forged")
+    value, key = forged.SerializeToString(), forged.session_id.encode()
+    raw.produce(grader.topics.interactions, value, key,
+                headers=trainer.headers(INTERACTIONS, key, value, type_headers(forged)))
+
+    # a genuine interaction; unsigned feedback on it; one signed feedback, then the same record re-sent
+    it = interaction(tenant=TENANT_A, task="rating")
+    grader.interaction(it)
+    unsigned = feedback(it.interaction_id, kind="rating", tenant=TENANT_A, value=1)
+    raw.produce(grader.topics.feedback, unsigned.SerializeToString(), it.interaction_id.encode(),
+                headers=type_headers(unsigned))
+    good = feedback(it.interaction_id, kind="rating", tenant=TENANT_A, value=5)
+    fb_value, fb_key = good.SerializeToString(), it.interaction_id.encode()
+    signed = inference.headers(FEEDBACK, fb_key, fb_value, type_headers(good))
+    raw.produce(grader.topics.feedback, fb_value, fb_key, headers=signed)
+    raw.flush(30)
+    raw.produce(grader.topics.feedback, fb_value, fb_key, headers=signed)  # the replay, at a later offset
+
+    reasons: list[str] = []
+    [dl] = grader.letters(letter_for(forged.session_id, "grader.trust"))
+    assert "signer trainer may not write apprentice.interactions.v1" in dl.reason, dl.reason
+    reasons.append(dl.reason)
+    trust_letters = grader.letters(letter_for(it.interaction_id, "grader.trust"), n=2)
+    got = sorted(d.reason for d in trust_letters)
+    assert any("unsigned" in r for r in got) and any("replay" in r for r in got), got
+    reasons += got
+    # (once the grader is live: records met while it catches up at start are only logged)
+    # rule records for tenant A's `rules` task that would make every answer a success: unsigned, and
+    # signed by inference (the value itself is a valid rule)
+    rule = (b'{"tenant":"acme","task":"rules","revision":1,"operator":"mallory",'
+            b'"rules":{"graders":[{"name":"any","type":"regex","pattern":".*","success":true}]}}')
+    raw.produce(grader.topics.grader_rules, rule, b"acme/rules")
+    raw.produce(grader.topics.grader_rules, rule, b"acme/rules",
+                headers=inference.headers(GRADER_RULES, b"acme/rules", rule))
+    raw.flush(30)
+
+    rule_letters = grader.letters(letter_for("acme/rules", "grader.rules"), n=2)
+    got = sorted(d.reason for d in rule_letters)
+    assert any("unsigned" in r for r in got), got
+    assert any("signer inference may not write apprentice.grader-rules.v1" in r for r in got), got
+    reasons += got
+    print("dead letters' reasons:", *reasons, sep="\n  ")
+
+    # graded output: the rating is the signed one, counted once; the forged interaction is never graded
+    [rec] = grader.graded_for(it.interaction_id)
+    assert [f.value for f in rec.feedback] == [5.0], rec.feedback
+    # the rules were not applied: an answer without a number still fails the file's regex grader
+    probe = interaction(tenant=TENANT_A, task="rules", text="no digits here")
+    grader.interaction(probe)
+    [graded_probe] = grader.graded_for(probe.interaction_id)
+    assert not graded_probe.success and "+" not in graded_probe.grader_config_version
+    graded_ids = {graded(m.value()).interaction.interaction_id for m in grader.graded.records}
+    assert forged.interaction_id not in graded_ids
