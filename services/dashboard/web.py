@@ -116,6 +116,7 @@ class Dashboard:
         self.s, self.keyring, self.backends = settings, keyring, backends
         self.graded, self.updates, self.reader = graded, updates, reader
         self.secure_cookie = settings.common.tls_cert is not None
+        self.sessions = auth.Sessions()
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))
         routes: list[BaseRoute] = [Route(f"/{'' if name == 'learning' else name}", self._page(name)) for name in PAGES]
         routes += [
@@ -142,7 +143,7 @@ class Dashboard:
     # --- authentication ----------------------------------------------------------------------------
     def _caller(self, request: Request) -> auth.Caller:
         return auth.authenticate(self.keyring, request.headers.get("authorization", ""),
-                                 request.cookies.get(auth.COOKIE, ""))
+                                 request.cookies.get(auth.COOKIE, ""), self.sessions)
 
     def _api(self, request: Request, *, action: bool = False) -> auth.Caller | JSONResponse:
         try:
@@ -184,11 +185,13 @@ class Dashboard:
         except (auth.NotSignedIn, auth.Forbidden) as e:
             return await self.login_form(request, str(e), status=401 if isinstance(e, auth.NotSignedIn) else 403)
         response = RedirectResponse("/", status_code=303)
-        response.set_cookie(auth.COOKIE, token, httponly=True, samesite="strict", secure=self.secure_cookie,
-                            path="/", max_age=12 * 3600)
+        response.set_cookie(auth.COOKIE, self.sessions.open(token), httponly=True, samesite="strict",
+                            secure=self.secure_cookie, path="/", max_age=int(auth.SESSION_TTL_S))
         return response
 
     async def logout(self, request: Request) -> Response:
+        """Revoke the session server-side (a copied cookie stops working), then clear the browser's cookie."""
+        self.sessions.close(request.cookies.get(auth.COOKIE, ""))
         response = RedirectResponse("/login", status_code=303)
         response.delete_cookie(auth.COOKIE, path="/", httponly=True, samesite="strict", secure=self.secure_cookie)
         return response
