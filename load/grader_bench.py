@@ -1,6 +1,6 @@
 """Grader throughput: graded records/s with rule graders vs a raw confluent-kafka passthrough, same run.
 
-    .venv/bin/python load/grader_bench.py [--n 20000] [--batch 1000] [--workers 1,2]
+    .venv/bin/python load/grader_bench.py [--n 20000] [--batch 1000] [--workers 1,2] [--signatures required,off]
 
 1. N realistic Interaction records (a chat prompt, a ~30-word answer, 120 response token ids with both
    log-prob arrays: ~1.4 kB each), built once and written to a fresh namespace per pipeline.
@@ -11,6 +11,9 @@
    --workers count, with a task of three rule graders (regex, contains, exact): every interaction is
    routed through the join topic, graded and emitted at once, with its state written to the changelog
    and confirmed (services/grader/stream/grade.py: three acknowledged writes per batch).
+   Each grader row runs once per --signatures mode: `required` (every input checked, every graded
+   record signed, shared/kafka/trust.py) and `off`; the inputs are signed as inference either way, and
+   the ratio of the two is what record signatures cost.
 4. The faust framework alone, same run: a minimal faust agent forwarding each record (the ceiling the
    framework leaves the grader; --no-faust-passthrough skips it).
 Rates come from the output records' broker timestamps (first to last record), which leaves process
@@ -40,11 +43,13 @@ from confluent_kafka.admin import NewTopic
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shared.contracts.topic_access import ADMIN  # noqa: E402
-from shared.contracts.topics import Topics  # noqa: E402
+from shared.contracts.topics import INTERACTIONS, Topics  # noqa: E402
+from shared.contracts.validation import type_headers_for_topic  # noqa: E402
 from shared.kafka.admin import admin, delete_topics, ensure_topics, list_topics, wait_for_broker  # noqa: E402
 from shared.kafka.consumers import new_consumer  # noqa: E402
 from shared.kafka.security import faust_credentials, librdkafka_config  # noqa: E402
-from shared.settings import default_home  # noqa: E402
+from shared.kafka.signing import load_signer  # noqa: E402
+from shared.settings import CommonSettings, default_home  # noqa: E402
 from tests.helpers.grader import GraderProcess, interaction  # noqa: E402
 from tools.broker.local_broker import apply_client_env  # noqa: E402
 
@@ -90,8 +95,11 @@ def build_inputs(n: int) -> list[tuple[bytes, bytes]]:
 def produce_inputs(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
     p = Producer({**librdkafka_config(), "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                   "linger.ms": 20, "compression.type": "lz4"})
+    # written as inference would: signed (shared/kafka/signing.py), so a grader that requires signatures
+    # grades them; a grader with signatures off ignores the headers
+    inference = load_signer(CommonSettings().record_keys_path(), "inference")
     for i, (key, value) in enumerate(records):
-        p.produce(topic, value, key)
+        p.produce(topic, value, key, headers=inference.headers(INTERACTIONS, key, value, type_headers_for_topic(topic)))
         if i % 1000 == 0:
             p.poll(0)
     p.flush(60)
@@ -266,11 +274,11 @@ class Bench:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(30)
 
-    def grader(self, workers: int) -> tuple[int, float, float]:
-        topics = self.namespace(f"grader{workers}")
+    def grader(self, workers: int, signatures: str = "required") -> tuple[int, float, float]:
+        topics = self.namespace(f"grader{workers}{signatures}")
         env = {"APPRENTICE_TOPIC_PREFIX": topics.prefix, "APPRENTICE_KAFKA_BOOTSTRAP": self.bootstrap,
                "APPRENTICE_GRADER_CONFIG_PATH": str(self.cfg), "APPRENTICE_GRADER_METRICS_PORT": "0",
-               "APPRENTICE_GRADER_BATCH_MAX": str(self.args.batch),
+               "APPRENTICE_GRADER_BATCH_MAX": str(self.args.batch), "APPRENTICE_RECORD_SIGNATURES": signatures,
                "APPRENTICE_HOME": str(self.workdir / topics.prefix), "APPRENTICE_LOG_JSON": "false",
                "APPRENTICE_GRADER_LOG_LEVEL": os.environ.get("APPRENTICE_GRADER_LOG_LEVEL", "WARNING")}
         procs = [GraderProcess(env, self.workdir / f"{topics.prefix}grader-{i}.log").start() for i in range(workers)]
@@ -302,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-faust-passthrough", action="store_true")
     ap.add_argument("--bootstrap", default=os.environ.get("APPRENTICE_KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--signatures", default="required,off",
+                    help="APPRENTICE_RECORD_SIGNATURES of the grader rows, comma-separated: one row each")
     ap.add_argument("--faust-passthrough-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.faust_passthrough_worker:
@@ -313,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows.append(bench.measure("raw confluent-kafka passthrough (before)", lambda: bench.raw("a")))
         for w in [int(x) for x in args.workers.split(",") if x]:
-            rows.append(bench.measure(f"grader, {w} worker(s), 3 rule graders", lambda w=w: bench.grader(w)))
+            for mode in [m for m in args.signatures.split(",") if m]:
+                rows.append(bench.measure(f"grader, {w} worker(s), 3 rule graders, sig {mode}",
+                                          lambda w=w, mode=mode: bench.grader(w, mode)))
         if not args.no_faust_passthrough:
             rows.append(bench.measure(FAUST_PASSTHROUGH, bench.faust_passthrough))
         rows.append(bench.measure("raw confluent-kafka passthrough (after)", lambda: bench.raw("b")))
@@ -328,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(vs raw = rate / mean of the two passthrough runs, {base:.0f} records/s; cpu = the pipeline's own "
           f"processes, broker = the broker's CPU while it ran; load average {os.getloadavg()[0]:.1f})")
     framework = next((r.rate for r in rows if r.name == FAUST_PASSTHROUGH), 0.0)
+    by_name = {r.name: r.rate for r in rows}
+    for r in rows:  # what record signatures cost: the same pipeline with APPRENTICE_RECORD_SIGNATURES=off
+        off = by_name.get(r.name.replace("sig required", "sig off"))
+        if "sig required" in r.name and off:
+            print(f"ratio {r.name} / signatures off = {r.rate / off:.2f}x")
     ok = True
     for r in rows:
         if r.name.startswith("grader,"):
