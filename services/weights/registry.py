@@ -27,8 +27,10 @@ from services.weights.settings import WeightsSettings
 from services.weights.store import WeightStore
 from shared.audit import AuditLog
 from shared.contracts.events import UndecodableEvent
+from shared.contracts.topic_access import WEIGHTS
 from shared.contracts.validation import decode_record
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer
+from shared.kafka.trust import RecordTrust, UntrustedRecord, record_signer
 from shared.knowledge.follow import SnapshotFollower
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 from shared.retry import Backoff, call
@@ -58,6 +60,9 @@ class WeightsService:
         self.quotas = UploadQuotas(UploadLimits(
             max_upload_bytes=s.max_upload_bytes, max_uploads_per_identity=s.max_uploads_per_identity,
             max_bytes_per_identity=s.max_upload_bytes_per_identity, max_bytes_total=s.max_upload_bytes_in_flight))
+        # Loaded once at start: a missing private key (signatures required) stops the start (SigningKeyMissing).
+        # Model updates, audit records and dead letters all carry the weights principal's signature.
+        self._signer = record_signer(s.common, WEIGHTS)
         self._producer: EventProducer | None = None
         self._producer_lock = threading.Lock()
         self._audit_log: AuditLog | None = None
@@ -72,6 +77,7 @@ class WeightsService:
         self._gc_wanted = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lagging_logged: set[tuple[str, str, str]] = set()
+        self._trust = RecordTrust.from_settings(s.common)   # replaced by the consumer's own when it starts
         self._review_lock = threading.Lock()  # pods beat concurrently: one canary verdict at a time
 
     # --- effects ---------------------------------------------------------------------------------------
@@ -80,7 +86,8 @@ class WeightsService:
         """Created on first use: a store that only serves bytes (benchmarks, tests) needs no broker."""
         with self._producer_lock:
             if self._producer is None:
-                self._producer = EventProducer(self.settings.common.kafka_bootstrap, client_id="weights")
+                self._producer = EventProducer(self.settings.common.kafka_bootstrap, client_id="weights",
+                                               signer=self._signer)
             return self._producer
 
     def _audit_record(self, *args: Any, **kwargs: Any) -> events_pb2.AuditRecord:
@@ -189,9 +196,17 @@ class WeightsService:
         """Follow the knowledge topic into the gate's view (shared/knowledge/follow.py) until the service stops."""
         assert self.knowledge is not None
         view, s = self.knowledge, self.settings
+        dead = DeadLetterPublisher(self.producer, self.topics.deadletter, source="weights")
+
+        def refused(msg: Any, err: UntrustedRecord) -> None:
+            # the gate never checks a model against knowledge the extractor did not write
+            dead.publish(msg, stage="weights.knowledge", reason=str(err), error_type=type(err).__name__)
+
         follower = SnapshotFollower(s.common.kafka_bootstrap, self.topics.knowledge,
                                     self.topics.group_id(s.consumer_group + "-knowledge"),
-                                    on_snapshot=view.apply, on_tombstone=view.forget, name="weights-knowledge").start()
+                                    on_snapshot=view.apply, on_tombstone=view.forget, name="weights-knowledge",
+                                    trust=lambda: RecordTrust.from_settings(s.common, monotonic=True),
+                                    on_refused=refused).start()
         try:
             while not self._stop.is_set():
                 if follower.caught_up.wait(0.5):
@@ -205,6 +220,7 @@ class WeightsService:
         consumer = EventConsumer(s.common.kafka_bootstrap, self.topics.group_id(s.consumer_group),
                                  [self.topics.checkpoints])
         dead = DeadLetterPublisher(self.producer, self.topics.deadletter, source="weights")
+        self._trust = RecordTrust.from_settings(s.common)   # checkpoints only from the trainer (topic_access.py)
         backoff = Backoff(1.0, 5.0)
         try:
             while not self._stop.is_set():
@@ -225,9 +241,12 @@ class WeightsService:
 
     def _handle_record(self, msg: Any, dead: DeadLetterPublisher) -> None:
         try:
+            # who wrote it first (UntrustedRecord is an UndecodableEvent): a checkpoint not signed by the
+            # trainer is never registered, evaluated or promoted
+            self._trust.check(msg)
             ev = decode_record(events_pb2.CheckpointPublished, msg.value(), msg.headers())
         except UndecodableEvent as e:
-            dead.publish(msg, stage="weights.decode", reason=str(e), error_type="UndecodableEvent")
+            dead.publish(msg, stage="weights.decode", reason=str(e), error_type=type(e).__name__)
             return
         try:
             # transient (Kafka) errors: the same event again until it succeeds or the service stops

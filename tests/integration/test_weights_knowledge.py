@@ -15,9 +15,9 @@ from services.weights.service import start
 from services.weights.settings import LocalStoreSettings, WeightsSettings
 from shared.contracts.events import make_envelope
 from shared.contracts.topics import Topics
-from shared.kafka import EventProducer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.weights.client import save_version_files, upload_version
+from tests.helpers.signing import signed_producer
 from tests.helpers.waiting import wait_for
 from tests.integration.weights_evalsets import small_eval_sets
 
@@ -38,7 +38,7 @@ def test_gate_checks_the_tenants_approved_items(topics: Topics, kafka_bootstrap:
     model, _ = load_model(tiny_model_name)
     save_version_files(model, tmp_path / "ckpt", "full")
 
-    p = EventProducer(kafka_bootstrap, client_id="test-extractor")
+    p = signed_producer(kafka_bootstrap, "extractor")
     items = [_item("form", E.ITEM_STATUS_APPROVED, ["Which form do I need to return boots?", "Return paperwork?"],
                    ["RF-7734"]),
              _item("draft", E.ITEM_STATUS_PROPOSED, ["Draft question?"], ["4410"])]
@@ -67,8 +67,10 @@ def test_gate_checks_the_tenants_approved_items(topics: Topics, kafka_bootstrap:
         m = upload_version(stub, weights_pb2.UploadHeader(model=MODEL, kind="full", tenant="default"), tmp_path / "ckpt")
         ev = E.CheckpointPublished(envelope=make_envelope("default", source="test-trainer"), model=MODEL,
                                    version=m.version, kind="full", tenant="default")
-        p.produce(topics.checkpoints, MODEL, ev)
-        p.flush()
+        trainer = signed_producer(kafka_bootstrap, "trainer")
+        trainer.produce(topics.checkpoints, MODEL, ev)
+        trainer.flush()
+        trainer.close()
         get = lambda: stub.Get(weights_pb2.GetVersionRequest(model=MODEL, version=m.version))  # noqa: E731
         got = wait_for(lambda: (v := get()).status == weights_pb2.VERSION_STATUS_PROMOTED and v, stall_s=120,
                        what="candidate gated and promoted")

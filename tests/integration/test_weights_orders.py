@@ -22,11 +22,12 @@ from services.weights.service import RunningServer, start
 from services.weights.settings import LocalStoreSettings, WeightsSettings
 from shared.contracts.events import decode, make_envelope
 from shared.contracts.topics import Topics
-from shared.kafka import EventConsumer, EventProducer
+from shared.kafka import EventConsumer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.weights.client import save_version_files, upload_version
 from shared.weights.download import download_version
 from tests.helpers.kafka import read_all
+from tests.helpers.signing import signed_producer
 from tests.helpers.waiting import wait_for
 from tests.integration.weights_evalsets import small_eval_sets
 
@@ -201,7 +202,7 @@ def _publish_checkpoint(bootstrap: str, topic: str, m: weights_pb2.Manifest, **m
     ev = events_pb2.CheckpointPublished(envelope=make_envelope("default", source="test-trainer"), model=m.model,
                                         version=m.version, kind=m.kind, base_model=m.base_model, tenant=m.tenant)
     ev.metrics.update(metrics)
-    p = EventProducer(bootstrap, client_id="test-trainer")
+    p = signed_producer(bootstrap, "trainer")
     p.produce(topic, m.model, ev)
     p.flush()
     return ev.envelope.event_id
@@ -237,7 +238,7 @@ def test_checkpoint_events_run_the_gate_and_the_policy(make_server: Callable[...
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "rejected by the eval gate" in e.value.details()
 
     # poison records go to the dead-letter topic and the stream goes on
-    p = EventProducer(kafka_bootstrap, client_id="test")
+    p = signed_producer(kafka_bootstrap, "trainer")
     p.produce(topics.checkpoints, MODEL, b"\x00not a protobuf")
     p.flush()
     _publish_checkpoint(kafka_bootstrap, topics.checkpoints, weights_pb2.Manifest(model=MODEL, version="v99"))

@@ -26,12 +26,13 @@ import pytest
 
 from services.weights.service import RunningServer
 from shared.audit import AuditLog
-from shared.contracts.events import decode
+from shared.contracts.events import decode, make_envelope
 from shared.contracts.topics import Topics
 from shared.kafka import EventProducer
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 from shared.weights.client import save_version_files, upload_version
 from tests.helpers.kafka import read_all
+from tests.helpers.signing import signed_producer
 from tests.helpers.waiting import wait_for
 from tests.helpers.weights import start_weights
 from tests.security.harness import Dialer, rpc_error
@@ -386,3 +387,35 @@ def test_pickle_checkpoints_are_refused_and_a_tensorless_one_fails_integrity(
     e = rpc_error(lambda: who.operator.Promote(W.PromoteRequest(model=MODEL, version=m.version, force=True,
                                                                 reason="it is only config"), timeout=120))
     assert e.code() == grpc.StatusCode.FAILED_PRECONDITION and "integrity" in (e.details() or ""), e.details()
+
+
+# --- forged checkpoint events (issue #33 item 2) -----------------------------------------------------------
+def test_forged_checkpoint_events_are_not_registered(server: RunningServer, who: Callers, topics: Topics,
+                                                     kafka_bootstrap: str, checkpoints: dict[str, Path]) -> None:
+    """A CheckpointPublished not signed by the trainer (unsigned, signed by the grader, signed by weights
+    itself) is never evaluated nor promoted: the checkpoint consumer dead-letters it with the reason."""
+    # the fixture's server runs without its checkpoint consumer (tests/helpers/weights.py): start it here,
+    # it stops with the server
+    threading.Thread(target=server.service._consume_loop, name="test-checkpoints", daemon=True).start()
+    m = upload_version(who.service, header(), checkpoints["perturbed"])
+    before = who.operator.Get(W.GetVersionRequest(model=MODEL, version=m.version))
+    ev = events_pb2.CheckpointPublished(envelope=make_envelope("default", source="trainer"), model=MODEL,
+                                        version=m.version, kind="full", tenant=m.tenant)
+    producers = [EventProducer(kafka_bootstrap, client_id="test-unsigned"),
+                 signed_producer(kafka_bootstrap, "grader"), signed_producer(kafka_bootstrap, "weights")]
+    for p in producers:
+        p.produce(topics.checkpoints, MODEL, ev)
+        p.flush(10)
+        p.close()
+
+    def refused() -> list[events_pb2.DeadLetter]:
+        return [d for r in read_all(kafka_bootstrap, topics.deadletter, timeout=5, idle=1.0)
+                if "untrusted record" in (d := decode(events_pb2.DeadLetter, r.value())).reason]
+    dead = wait_for(lambda: (d := refused()) and len(d) >= 3 and d, what="three refused checkpoint events")
+    for d in dead:
+        print(f"dead letter: stage={d.stage} reason={d.reason}")
+    reasons = " | ".join(d.reason for d in dead)
+    assert "unsigned" in reasons and "grader may not write" in reasons and "weights may not write" in reasons
+    after = who.operator.Get(W.GetVersionRequest(model=MODEL, version=m.version))
+    assert after.status == before.status and not after.eval_results     # never evaluated nor promoted
+    assert orders(kafka_bootstrap, topics, timeout=3) == []
