@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shared.contracts.topic_access import ADMIN  # noqa: E402
 from shared.contracts.topics import INTERACTIONS, Topics  # noqa: E402
-from shared.contracts.validation import type_headers_for_topic  # noqa: E402
+from shared.contracts.validation import KafkaHeaders, type_headers_for_topic  # noqa: E402
 from shared.kafka.admin import admin, delete_topics, ensure_topics, list_topics, wait_for_broker  # noqa: E402
 from shared.kafka.consumers import new_consumer  # noqa: E402
 from shared.kafka.security import faust_credentials, librdkafka_config  # noqa: E402
@@ -99,7 +99,8 @@ def produce_inputs(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]
     # grades them; a grader with signatures off ignores the headers
     inference = load_signer(CommonSettings().record_keys_path(), "inference")
     for i, (key, value) in enumerate(records):
-        p.produce(topic, value, key, headers=inference.headers(INTERACTIONS, key, value, type_headers_for_topic(topic)))
+        headers: KafkaHeaders = [*inference.headers(INTERACTIONS, key, value, type_headers_for_topic(topic))]
+        p.produce(topic, value, key, headers=headers)
         if i % 1000 == 0:
             p.poll(0)
     p.flush(60)

@@ -31,6 +31,7 @@ from confluent_kafka import Producer
 
 from services.grader.core.rulebook import OPERATOR, RuleRecord, RuleRefused, new_record, rule_key
 from shared.contracts.topics import contract_name
+from shared.contracts.validation import KafkaHeaders
 from shared.kafka.admin import broker_answers, ensure_topics
 from shared.kafka.reader import ReadTimeout, TopicMissing, read_topic_to_end
 from shared.kafka.security import librdkafka_config
@@ -138,7 +139,7 @@ def _write(common: Any, rec: RuleRecord) -> int:
     errors: list[str] = []
     producer = Producer({**librdkafka_config(common), "bootstrap.servers": common.kafka_bootstrap, "acks": "all"})
     topic, value, key = common.topics.grader_rules, rec.model_dump_json().encode(), rec.key.encode()
-    headers = signer.headers(contract_name(topic) or topic, key, value) if signer is not None else []
+    headers: KafkaHeaders = [*signer.headers(contract_name(topic) or topic, key, value)] if signer is not None else []
     producer.produce(topic, value, key, headers=headers,
                      on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
     if producer.flush(30) or errors:

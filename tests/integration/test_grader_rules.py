@@ -18,14 +18,17 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 
 from shared.contracts.grader_waiting import describe, from_metrics
 from shared.contracts.topics import GRADER_RULES, Topics
+from shared.contracts.validation import KafkaHeaders
 from shared.kafka.admin import ensure_topics
 from shared.kafka.security import librdkafka_config
+from shared.kafka.signing import RecordSigner
 from shared.metrics import scrape
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.grader import (
@@ -95,6 +98,10 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
                            home / "grader.log").start()
     s = Stack(kafka_bootstrap, topics, grader, port, home)
     try:
+        # the rules follower is live: rule records refused while it caught up are only logged, never
+        # dead-lettered (rules_follower.py), so a test that writes one first must not race the start
+        wait_for(lambda: "runtime grading rules read" in grader.log_tail(), what="the grader's rules follower live",
+                 max_s=120, detail=grader.log_tail)
         yield s
     finally:
         grader.stop()
@@ -163,7 +170,7 @@ def test_invalid_rule_records_are_dead_lettered_and_change_nothing(stack: Stack)
     operator = signer("operator")  # signed as the operator: refused for what they say, not who wrote them
     for key, value in bad:
         p.produce(stack.topics.grader_rules, value.encode(), key,
-                  headers=operator.headers(GRADER_RULES, key, value.encode()))
+                  headers=_signed(operator, GRADER_RULES, key, value.encode()))
     p.flush(10)
     letters = stack.dead.wait_for(
         lambda rs: sum(events_pb2.DeadLetter.FromString(m.value()).stage == "grader.rules" for m in rs) >= 4, 30)
@@ -186,3 +193,8 @@ def test_cli_refuses_invalid_rules_before_writing(stack: Stack, tmp_path: Path) 
     out = stack.cli("set", "--tenant", "*", "--kpi", "resolved")
     assert out.returncode == 1 and "--all-tenants" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _signed(by: RecordSigner, *args: Any) -> KafkaHeaders:
+    """`by`'s signing headers (shared/kafka/signing.py `RecordSigner.headers`), typed as producers take them."""
+    return [*by.headers(*args)]

@@ -11,14 +11,17 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.grader.core.join import graded_event_id
 from shared.contracts.topics import INTERACTIONS, Topics
+from shared.contracts.validation import KafkaHeaders
 from shared.kafka.admin import ensure_topics
 from shared.kafka.security import librdkafka_config
+from shared.kafka.signing import RecordSigner
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.grader import (
     GraderProcess,
@@ -131,7 +134,7 @@ def test_interactions_written_in_transactions_are_graded_and_committed_past(stac
         for it in batch:
             value, key = it.SerializeToString(), it.session_id.encode()
             producer.produce(stack.topics.interactions, value, key, partition=0,  # signed as inference would
-                             headers=inference.headers(INTERACTIONS, key, value))
+                             headers=_signed(inference, INTERACTIONS, key, value))
         if commit:
             producer.commit_transaction(30)
         else:
@@ -239,3 +242,8 @@ def test_degenerate_output_is_flagged_quarantined_and_counted(stack: Stack) -> N
     assert 'apprentice_grader_flags_total{flag="degenerate",task="rules",tenant="demo"} 1.0' in text
     assert 'apprentice_grader_quarantined_total{task="rules",tenant="demo"}' in text
     assert "apprentice_grader_reward_length_corr" in text
+
+
+def _signed(by: RecordSigner, *args: Any) -> KafkaHeaders:
+    """`by`'s signing headers (shared/kafka/signing.py `RecordSigner.headers`), typed as producers take them."""
+    return [*by.headers(*args)]

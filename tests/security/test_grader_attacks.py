@@ -26,15 +26,17 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
 from shared.contracts.topics import FEEDBACK, GRADER_RULES, INTERACTIONS, Topics
-from shared.contracts.validation import TYPE_HEADER, type_headers
+from shared.contracts.validation import TYPE_HEADER, KafkaHeaders, type_headers
 from shared.kafka.admin import admin, ensure_topics, list_topics
 from shared.kafka.security import librdkafka_config
+from shared.kafka.signing import RecordSigner
 from shared.proto.apprentice.v1 import events_pb2
 from shared.security.interaction_ids import issue
 from tests.helpers.grader import (
@@ -210,9 +212,9 @@ def test_wrong_types_and_non_finite_values_are_dead_lettered_not_graded(grader: 
     raw = Producer({**librdkafka_config(), "bootstrap.servers": grader.bootstrap})
     inference, value = signer("inference"), disguised.SerializeToString()
     raw.produce(grader.topics.interactions, value, b"disguised-2",
-                headers=inference.headers(INTERACTIONS, b"disguised-2", value))
+                headers=_signed(inference, INTERACTIONS, b"disguised-2", value))
     raw.produce(grader.topics.interactions, value, b"disguised-3",  # lying about its type
-                headers=inference.headers(INTERACTIONS, b"disguised-3", value,
+                headers=_signed(inference, INTERACTIONS, b"disguised-3", value,
                                           [(TYPE_HEADER, b"apprentice.v1.Interaction")]))
     raw.flush(30)
     [rec] = grader.graded_for(it.interaction_id)  # window over: the NaN rating never counted
@@ -357,7 +359,7 @@ def test_records_from_untrusted_writers_are_dead_lettered_and_change_no_grade(gr
     forged = interaction(tenant=TENANT_A, task="rules", text="42 forged")
     value, key = forged.SerializeToString(), forged.session_id.encode()
     raw.produce(grader.topics.interactions, value, key,
-                headers=trainer.headers(INTERACTIONS, key, value, type_headers(forged)))
+                headers=_signed(trainer, INTERACTIONS, key, value, type_headers(forged)))
 
     # a genuine interaction; unsigned feedback on it; one signed feedback, then the same record re-sent
     it = interaction(tenant=TENANT_A, task="rating")
@@ -367,7 +369,7 @@ def test_records_from_untrusted_writers_are_dead_lettered_and_change_no_grade(gr
                 headers=type_headers(unsigned))
     good = feedback(it.interaction_id, kind="rating", tenant=TENANT_A, value=5)
     fb_value, fb_key = good.SerializeToString(), it.interaction_id.encode()
-    signed = inference.headers(FEEDBACK, fb_key, fb_value, type_headers(good))
+    signed = _signed(inference, FEEDBACK, fb_key, fb_value, type_headers(good))
     raw.produce(grader.topics.feedback, fb_value, fb_key, headers=signed)
     raw.flush(30)
     raw.produce(grader.topics.feedback, fb_value, fb_key, headers=signed)  # the replay, at a later offset
@@ -387,7 +389,7 @@ def test_records_from_untrusted_writers_are_dead_lettered_and_change_no_grade(gr
             b'"rules":{"graders":[{"name":"any","type":"regex","pattern":".*","success":true}]}}')
     raw.produce(grader.topics.grader_rules, rule, b"acme/rules")
     raw.produce(grader.topics.grader_rules, rule, b"acme/rules",
-                headers=inference.headers(GRADER_RULES, b"acme/rules", rule))
+                headers=_signed(inference, GRADER_RULES, b"acme/rules", rule))
     raw.flush(30)
 
     rule_letters = grader.letters(letter_for("acme/rules", "grader.rules"), n=2)
@@ -407,3 +409,8 @@ def test_records_from_untrusted_writers_are_dead_lettered_and_change_no_grade(gr
     assert not graded_probe.success and "+" not in graded_probe.grader_config_version
     graded_ids = {graded(m.value()).interaction.interaction_id for m in grader.graded.records}
     assert forged.interaction_id not in graded_ids
+
+
+def _signed(by: RecordSigner, *args: Any) -> KafkaHeaders:
+    """`by`'s signing headers (shared/kafka/signing.py `RecordSigner.headers`), typed as producers take them."""
+    return [*by.headers(*args)]

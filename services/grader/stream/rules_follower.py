@@ -25,6 +25,7 @@ from services.grader.core.routing import DEADLETTER_HEADERS, dead_letter
 from services.grader.core.rulebook import RuleBook, RuleRefused, parse_record
 from services.grader.settings import GraderSettings
 from shared.contracts.topics import contract_name
+from shared.contracts.validation import KafkaHeaders
 from shared.kafka.consumers import new_consumer
 from shared.kafka.reader import ReadTimeout, TopicMissing, read_to_end
 from shared.kafka.security import librdkafka_config
@@ -112,9 +113,9 @@ class RulesFollower:
         if self._producer is None:
             self._producer = Producer({**self._security, "bootstrap.servers": self.settings.common.kafka_bootstrap})
         topic, value, key = self.settings.common.topics.deadletter, letter.SerializeToString(), letter.original_key or None
-        headers = list(DEADLETTER_HEADERS)
+        headers: KafkaHeaders = list(DEADLETTER_HEADERS)
         if self._signer is not None:  # the grader's dead letters carry its signature (shared/kafka/signing.py)
-            headers = self._signer.headers(contract_name(topic) or topic, key, value, headers)
+            headers = [*self._signer.headers(contract_name(topic) or topic, key, value, headers)]
         self._producer.produce(topic, value, key, headers=headers)
         self._producer.flush(10)
         M.DEADLETTERS.labels(STAGE).inc()
