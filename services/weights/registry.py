@@ -30,6 +30,7 @@ from shared.contracts.events import UndecodableEvent
 from shared.contracts.topic_access import WEIGHTS
 from shared.contracts.validation import decode_record
 from shared.kafka import DeadLetterPublisher, DeliveryError, EventConsumer, EventProducer
+from shared.kafka.signing import RecordSigner
 from shared.kafka.trust import RecordTrust, UntrustedRecord, record_signer
 from shared.knowledge.follow import SnapshotFollower
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
@@ -60,9 +61,11 @@ class WeightsService:
         self.quotas = UploadQuotas(UploadLimits(
             max_upload_bytes=s.max_upload_bytes, max_uploads_per_identity=s.max_uploads_per_identity,
             max_bytes_per_identity=s.max_upload_bytes_per_identity, max_bytes_total=s.max_upload_bytes_in_flight))
-        # Loaded once at start: a missing private key (signatures required) stops the start (SigningKeyMissing).
-        # Model updates, audit records and dead letters all carry the weights principal's signature.
-        self._signer = record_signer(s.common, WEIGHTS)
+        # Model updates, audit records and dead letters all carry the weights principal's signature; the key
+        # is loaded once, when the service starts (start_background) or first produces: a missing private key
+        # (signatures required) stops the start with SigningKeyMissing. Building the service loads nothing.
+        self._signer: RecordSigner | None = None
+        self._signer_loaded = False
         self._producer: EventProducer | None = None
         self._producer_lock = threading.Lock()
         self._audit_log: AuditLog | None = None
@@ -87,7 +90,7 @@ class WeightsService:
         with self._producer_lock:
             if self._producer is None:
                 self._producer = EventProducer(self.settings.common.kafka_bootstrap, client_id="weights",
-                                               signer=self._signer)
+                                               signer=self._load_signer())
             return self._producer
 
     def _audit_record(self, *args: Any, **kwargs: Any) -> events_pb2.AuditRecord:
@@ -145,7 +148,14 @@ class WeightsService:
         self._gc_wanted.set()
 
     # --- background threads ----------------------------------------------------------------------------
+    def _load_signer(self) -> RecordSigner | None:
+        if not self._signer_loaded:
+            self._signer = record_signer(self.settings.common, WEIGHTS)
+            self._signer_loaded = True
+        return self._signer
+
     def start_background(self, consume: bool = True) -> None:
+        self._load_signer()    # before any thread: a missing key stops the start
         targets = [self._gc_loop, self._watchdog_loop] + ([self._consume_loop] if consume else [])
         if consume and self.knowledge is not None:
             targets.append(self._knowledge_loop)
