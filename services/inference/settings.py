@@ -178,6 +178,12 @@ class InferenceSettings(ApprenticeSettings):
     """Threads that run HTTP requests' blocking steps (tokenising, waiting for the engine); like
     `grpc_workers`, this bounds the HTTP requests in flight per pod."""
 
+    http_tenant_share: float = Field(default=0.25, gt=0.0, le=1.0)
+    """Fraction of `http_workers` one tenant's HTTP requests may hold at once (at least 1); the rest of its
+    requests wait in that tenant's own queue, so one tenant's burst never occupies every worker and another
+    tenant's request starts at once. A tenant already waiting `HTTP_TENANT_QUEUE`x its share is answered 429
+    with Retry-After (services/inference/openai_api/routes.py)."""
+
     grpc_workers: int = 64
     """Handler threads. Each waiting request holds one while the engine generates, so this bounds the
     number of requests in flight (queued + generating) per pod."""

@@ -45,22 +45,63 @@ from services.inference.openai_api.streaming import (
     watch_disconnect,
 )
 from services.inference.requests import Completion, PreparedRequest
-from shared.rpc.grpc_util import Unavailable
+from shared.rpc.grpc_util import TENANT_METADATA, ResourceExhausted, Unavailable
 from shared.rpc.json_body import InvalidJSONBody, parse_json_body
 from shared.security.identity import Identity, acting_as
 from shared.security.server_security import ServerSecurity
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
+HTTP_TENANT_QUEUE = 4
+"""A tenant may have this many times its worker share waiting; more is 429 (bounded memory, and a client
+that floods learns to back off instead of queueing minutes of work)."""
+TENANT_BUSY_RETRY_S = 1.0
+
+
+class TenantBusy(ResourceExhausted):
+    """A tenant's HTTP queue is full: HTTP 429 with Retry-After `retry_after_s`."""
+
+    retry_after_s = TENANT_BUSY_RETRY_S
+
+
+class TenantLimiters:
+    """Each tenant's share of the HTTP worker threads (`http_tenant_share` of `http_workers`). A call takes a
+    slot of its tenant's limiter before a worker thread, so a tenant's excess waits in its own queue and
+    never holds every worker; the queue is FIFO per tenant (anyio's limiter wakes waiters in order).
+    Limiters of tenants without calls are dropped, so the map holds only tenants with work."""
+
+    def __init__(self, share: int) -> None:
+        self.share = share
+        self._by_tenant: dict[str, anyio.CapacityLimiter] = {}
+
+    def acquire_for(self, tenant: str) -> anyio.CapacityLimiter:
+        """The tenant's limiter (not yet acquired); TenantBusy when its queue is full."""
+        lim = self._by_tenant.get(tenant)
+        if lim is None:
+            lim = self._by_tenant[tenant] = anyio.CapacityLimiter(self.share)
+        stats = lim.statistics()
+        if stats.tasks_waiting >= HTTP_TENANT_QUEUE * self.share:
+            raise TenantBusy(f"tenant {tenant!r} already has {stats.borrowed_tokens} HTTP requests running and "
+                             f"{stats.tasks_waiting} waiting on this pod; retry after {TENANT_BUSY_RETRY_S:g} s")
+        return lim
+
+    def done(self, tenant: str) -> None:
+        lim = self._by_tenant.get(tenant)
+        if lim is not None:
+            stats = lim.statistics()
+            if stats.borrowed_tokens == 0 and stats.tasks_waiting == 0:
+                del self._by_tenant[tenant]
 
 
 class Call:
     """One HTTP call's caller, contextvars and call context: `run` executes a blocking step on a worker
     thread as that caller, in the same context each time (the trace id set by `prepare` stays set)."""
 
-    def __init__(self, identity: Identity, ctx: HttpCallContext, limiter: anyio.CapacityLimiter) -> None:
+    def __init__(self, identity: Identity, ctx: HttpCallContext, limiter: anyio.CapacityLimiter,
+                 tenants: TenantLimiters | None = None, tenant: str = "") -> None:
         self.identity = identity
         self.ctx = ctx
         self.limiter = limiter
+        self.tenants, self.tenant = tenants, tenant
         self._vars = contextvars.copy_context()
 
     def _as_caller(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -68,6 +109,16 @@ class Call:
             return fn(*args)
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.tenants is None:
+            return await self._run(fn, *args)
+        share = self.tenants.acquire_for(self.tenant)
+        try:
+            async with share:
+                return await self._run(fn, *args)
+        finally:
+            self.tenants.done(self.tenant)
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await anyio.to_thread.run_sync(self._vars.run, self._as_caller, fn, *args, limiter=self.limiter)
 
 
@@ -92,6 +143,7 @@ class HttpApi:
         self.created = int(time.time())
         """`created` of the model cards: when this server started serving them."""
         self._limiter: anyio.CapacityLimiter | None = None
+        self.tenant_limiters = TenantLimiters(max(1, int(s.http_workers * s.http_tenant_share)))
         self._text: R.TokenText | None = None
         self.asgi = Starlette(routes=[
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -136,7 +188,10 @@ class HttpApi:
 
     def _call(self, request: Request, method: str) -> Call:
         identity = authenticate(self.keyring, request.headers.get("authorization", ""), method)
-        return Call(identity, HttpCallContext(request.headers), self.limiter)
+        # The share is keyed by who asks: a backend key's own tenant, else the tenant header (operators,
+        # services, servers without keys); a body naming another tenant is still checked by `prepare`.
+        tenant = identity.tenant or request.headers.get(TENANT_METADATA, "") or identity.key_id
+        return Call(identity, HttpCallContext(request.headers), self.limiter, self.tenant_limiters, tenant[:128])
 
     @staticmethod
     def _count(method: str, code: str, t0: float) -> None:
