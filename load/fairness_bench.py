@@ -10,6 +10,12 @@
    between the two servers so machine noise hits both. Twice: prompts cycling through 8 (the continuous
    engine's prompt cache holds them; static batching shares a prefill between equal prompts of one
    batch), and every prompt its own (neither can reuse a prefill).                      target >= 1.0x
+3. http-tenants (issue #33): p50 latency of tenant B's short completions over the OpenAI-compatible HTTP
+   door while tenant A keeps `--http-clients` (80) requests of n=`--http-n` (4) x `--http-tokens` (2000)
+   in flight (each 429 waits its Retry-After), against B idle, for three servers one after another:
+   no quotas with one shared pool of HTTP workers (as before the issue), quotas with the shared pool, and
+   the defaults (quotas, each tenant `http_tenant_share` of the workers).  target <= 3x for the defaults
+   Only with `--only http-tenants`.
 
 Each scheduler runs as its own server process (`python -m services.inference`), as deployed, so its
 threads do not share an interpreter lock with the clients. Defaults fit a few minutes on 2 cores with
@@ -17,11 +23,14 @@ the tiny model; `--model smollm2-135m-instruct` with smaller `--long-tokens` for
 
     .venv/bin/python load/fairness_bench.py
     .venv/bin/python load/fairness_bench.py --only throughput --clients 16
+    .venv/bin/python load/fairness_bench.py --only http-tenants
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import random
 import shutil
@@ -67,22 +76,27 @@ def header() -> None:
     print(f"|{'-' * 32}|{'-' * 28}|{'-' * 36}|{'-' * 9}|{'-' * 10}|{'-' * 6}|")
 
 
-class Server:
-    """One inference server process with the given scheduler."""
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
-    def __init__(self, model: str, bootstrap: str, prefix: str, scheduler: str, torch_threads: int) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+
+class Server:
+    """One inference server process with the given scheduler (gRPC and the OpenAI-compatible HTTP door)."""
+
+    def __init__(self, model: str, bootstrap: str, prefix: str, scheduler: str, torch_threads: int,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.port, self.http_port = _free_port(), _free_port()
         self.home = Path(tempfile.mkdtemp(prefix=f"fair-{scheduler}-"))
         env = dict(os.environ, APPRENTICE_MODEL=model, APPRENTICE_KAFKA_BOOTSTRAP=bootstrap,
                    APPRENTICE_TOPIC_PREFIX=prefix, APPRENTICE_HOME=str(self.home),
                    APPRENTICE_INFERENCE_PORT=str(self.port), APPRENTICE_INFERENCE_HOST="127.0.0.1",
-                   APPRENTICE_INFERENCE_METRICS_PORT="0", APPRENTICE_INFERENCE_HTTP_PORT="0",
+                   APPRENTICE_INFERENCE_METRICS_PORT="0", APPRENTICE_INFERENCE_HTTP_PORT=str(self.http_port),
                    APPRENTICE_INFERENCE_FOLLOW_UPDATES="false", APPRENTICE_INFERENCE_HEARTBEAT_INTERVAL_S="0",
                    APPRENTICE_INFERENCE_POD_ID=f"fair-{scheduler}-{uuid.uuid4().hex[:6]}",
                    APPRENTICE_INFERENCE_SCHEDULER=scheduler, APPRENTICE_TORCH_THREADS=str(torch_threads),
-                   APPRENTICE_LOG_LEVEL="WARNING")
+                   APPRENTICE_LOG_LEVEL="WARNING", **(extra_env or {}))
         self.proc = subprocess.Popen([sys.executable, "-m", "services.inference"], env=env,
                                      cwd=Path(__file__).resolve().parents[1])
         self.target = f"127.0.0.1:{self.port}"
@@ -173,6 +187,106 @@ def short_under_load(server: Server, n: int, long_tokens: int) -> dict[str, Any]
             "span_s": span, "long_completed_during": long_done, "long_tokens": long_tokens}
 
 
+# --- 3. one tenant's HTTP flood against another's latency (issue #33) --------------------------------
+HTTP_CONFIGS = {
+    # name: server environment (defaults = quotas on, each tenant a share of the HTTP workers)
+    "no-quotas-shared-workers": {"APPRENTICE_INFERENCE_QUOTA__MAX_CONCURRENT": "0",
+                                  "APPRENTICE_INFERENCE_QUOTA__TOKENS_PER_S": "0",
+                                  "APPRENTICE_INFERENCE_HTTP_TENANT_SHARE": "1.0"},
+    "quotas-shared-workers": {"APPRENTICE_INFERENCE_HTTP_TENANT_SHARE": "1.0"},
+    "defaults": {},
+}
+
+
+def http_completion(port: int, tenant: str, body: dict[str, Any], timeout: float,
+                    conns: list[http.client.HTTPConnection] | None = None) -> tuple[int, float]:
+    """POST /v1/completions as `tenant` (a server without keys: the tenant header names it); returns the
+    status and the Retry-After seconds of a 429 (0 otherwise)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    if conns is not None:
+        conns.append(conn)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body),
+                     {"Content-Type": "application/json", "x-apprentice-tenant": tenant})
+        r = conn.getresponse()
+        r.read()
+        return r.status, float(r.headers.get("Retry-After") or 0)
+    finally:
+        conn.close()
+
+
+def http_b_latencies(port: int, n: int) -> tuple[list[float], int]:
+    """Tenant B: n short completions one after another; latency of each (a failure counts as the deadline)."""
+    out, failed = [], 0
+    for i in range(n):
+        t0 = time.perf_counter()
+        try:
+            status, _ = http_completion(port, "tenant-b", {"prompt": SHORT_PROMPTS[i % len(SHORT_PROMPTS)],
+                                                           "max_tokens": 2 + i % 7, "temperature": 0}, 60)
+        except OSError:
+            status = 0
+        if status != 200:
+            failed += 1
+            out.append(60.0)
+            continue
+        out.append(time.perf_counter() - t0)
+    return out, failed
+
+
+class HttpFlood:
+    """Tenant A: `clients` requests (n=`n`, `tokens` max_tokens) always in flight over HTTP; a 429 waits its
+    Retry-After, as a well-behaved client does, then sends again. Stopping closes every open socket, which
+    cancels A's running generations (the server watches for disconnects)."""
+
+    def __init__(self, port: int, clients: int, n: int, tokens: int, settle_s: float = 3.0) -> None:
+        self.port, self.n, self.tokens, self.settle_s = port, n, tokens, settle_s
+        self.stop = threading.Event()
+        self.counts = {"ok": 0, "429": 0, "other": 0}
+        self.conns: list[http.client.HTTPConnection] = []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+
+    def __enter__(self) -> HttpFlood:
+        for t in self.threads:
+            t.start()
+        time.sleep(self.settle_s)
+        return self
+
+    def _run(self) -> None:
+        body = {"prompt": LONG_PROMPT, "n": self.n, "max_tokens": self.tokens, "temperature": 1.0}
+        while not self.stop.is_set():
+            try:
+                status, retry = http_completion(self.port, "tenant-a", body, 600, self.conns)
+            except OSError:
+                status, retry = -1, 0.0
+            key = "ok" if status == 200 else "429" if status == 429 else "other"
+            self.counts[key] += 1
+            if status != 200:
+                self.stop.wait(retry or 0.5)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for conn in list(self.conns):
+            try:
+                if conn.sock is not None:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for t in self.threads:
+            t.join(120)
+
+
+def http_tenants(port: int, n: int, clients: int, a_n: int, a_tokens: int) -> dict[str, Any]:
+    http_b_latencies(port, 4)                                   # warm-up
+    idle, _ = http_b_latencies(port, n - n // 2)
+    with HttpFlood(port, clients, a_n, a_tokens) as flood:
+        loaded, failed = http_b_latencies(port, n)
+        counts = dict(flood.counts)
+    idle2, _ = http_b_latencies(port, n // 2)
+    idle += idle2
+    return {"idle_p50": pct(idle, 0.5), "load_p50": pct(loaded, 0.5), "load_p99": pct(loaded, 0.99),
+            "b_failed": failed, "a_answers": counts}
+
+
 # --- 2. throughput ----------------------------------------------------------------------------------
 def workload(clients: int, per_client: int, lo: int, hi: int, unique: str = "") -> list[list[dict[str, Any]]]:
     """Each client's request list. Prompts cycle through `SHORT_PROMPTS` (repeated prompts, as traffic
@@ -215,7 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     apply_client_env(default_home(), ADMIN)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-random")
-    ap.add_argument("--only", choices=("short-under-load", "throughput"))
+    ap.add_argument("--only", choices=("short-under-load", "throughput", "http-tenants"))
+    ap.add_argument("--http-clients", type=int, default=80, help="http-tenants: tenant A's concurrent requests")
+    ap.add_argument("--http-n", type=int, default=4, help="http-tenants: n of each of A's requests")
+    ap.add_argument("--http-tokens", type=int, default=2000, help="http-tenants: max_tokens of A's requests")
+    ap.add_argument("--http-configs", default=",".join(HTTP_CONFIGS),
+                    help="http-tenants: which server configurations, comma-separated")
     ap.add_argument("--bootstrap", default="127.0.0.1:9092")
     ap.add_argument("--short-requests", type=int, default=40, help="short requests per side (idle, loaded)")
     ap.add_argument("--long-tokens", type=int, default=1000, help="max_new_tokens of tenant A's n=16 requests")
@@ -235,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
 
     topics = Topics(prefix=f"bench-fair-{uuid.uuid4().hex[:6]}.")
     ensure_topics(ns.bootstrap, topics)
+    if ns.only == "http-tenants":
+        return http_main(ns, topics)
     cont = Server(ns.model, ns.bootstrap, topics.prefix, "continuous", ns.torch_threads)
     static = Server(ns.model, ns.bootstrap, topics.prefix, "static", ns.torch_threads)
     results: list[tuple[str, str, str, float | None, str, bool | None]] = []
@@ -289,6 +410,37 @@ def main(argv: list[str] | None = None) -> int:
     header()
     for r in results:
         row(*r)
+    return 0 if all(r[5] is not False for r in results) else 1
+
+
+def http_main(ns: argparse.Namespace, topics: Topics) -> int:
+    """Tenant B's p50 over HTTP, idle and while A floods, for each server configuration (one at a time)."""
+    results: list[tuple[str, str, str, float | None, str, bool | None]] = []
+    t_start = time.perf_counter()
+    try:
+        for name in [c.strip() for c in ns.http_configs.split(",") if c.strip()]:
+            server = Server(ns.model, ns.bootstrap, topics.prefix, "continuous", ns.torch_threads,
+                            HTTP_CONFIGS[name])
+            try:
+                with server.client("warm") as c:
+                    c.wait_ready(600)
+                r = http_tenants(server.http_port, ns.short_requests, ns.http_clients, ns.http_n, ns.http_tokens)
+            finally:
+                server.stop()
+            print(f"http-tenants ({name}): {r}", flush=True)
+            ratio = r["load_p50"] / r["idle_p50"]
+            last = name == list(HTTP_CONFIGS)[-1]
+            results.append((f"B p50 over HTTP: {name}", f"idle {r['idle_p50'] * 1000:.0f} ms",
+                            f"A flooding {r['load_p50'] * 1000:.0f} ms, {r['b_failed']} failed", ratio,
+                            "<= 3" if last else "ref", (ratio <= 3 and r["b_failed"] == 0) if last else None))
+    finally:
+        delete_topics(ns.bootstrap, [s.name for s in topics.specs()])
+    print(f"\nmodel={ns.model} A={ns.http_clients} concurrent HTTP requests n={ns.http_n} "
+          f"max_tokens={ns.http_tokens}, B short 2-8 tokens torch_threads={ns.torch_threads} "
+          f"cpus={os.cpu_count()} wall={time.perf_counter() - t_start:.0f}s")
+    header()
+    for row_ in results:
+        row(*row_)
     return 0 if all(r[5] is not False for r in results) else 1
 
 
