@@ -20,7 +20,7 @@ Three refusals beyond the signature itself (SECURITY.md section 4):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from confluent_kafka import Message
@@ -92,7 +92,8 @@ class RecordTrust:
         base = contract_name(topic)
         if base is None:
             return Verdict(False, f"{topic} is not an Apprentice topic (not ours)")
-        hdrs = list(headers.items()) if isinstance(headers, dict) else list(headers or ())
+        pairs = headers.items() if isinstance(headers, Mapping) else (headers or ())
+        hdrs: list[tuple[str, bytes | str | None]] = [(str(k), v) for k, v in pairs]
         where = (topic, partition, offset) if partition is not None and offset is not None else None
         verdict = self.verifier.check(base, key, value, hdrs, where=where)
         if not verdict.ok:

@@ -22,7 +22,9 @@ SERVICES = ("inference", "weights", "extractor", "trainer", "dashboard", "grader
 
 def _common(tmp: Path) -> Any:
     from shared.settings import CommonSettings
+    from tools.record_keys import ensure, records_dir
 
+    ensure(records_dir(tmp))   # a service signs what it writes: its key is in its home, as `apprentice up` writes it
     return CommonSettings(model="tiny-random", home=tmp, kafka_bootstrap="127.0.0.1:1", topic_prefix="handles.")
 
 
