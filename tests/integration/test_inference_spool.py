@@ -24,7 +24,8 @@ from tests.helpers.kafka import collect, private_broker
 pytestmark = pytest.mark.integration
 
 
-def test_broker_outage_spools_and_replays_exactly_once(tmp_path: Path, tiny_model_name: str) -> None:
+def test_broker_outage_spools_and_replays_exactly_once(kafka_bootstrap: str, tmp_path: Path, tiny_model_name: str) -> None:
+    # kafka_bootstrap: the session broker's admin in the environment, which the private broker shares (private_broker)
     broker = private_broker(tmp_path / "broker")
     broker.start(timeout=120)
     topics = Topics(prefix=f"spool-{uuid.uuid4().hex[:6]}.")
@@ -70,7 +71,10 @@ def test_broker_outage_spools_and_replays_exactly_once(tmp_path: Path, tiny_mode
         for e in events:
             by_session.setdefault(e.session_id, []).append(e.interaction_id)
         order = {iid: n for n, iid in enumerate(ids)}
-        for session in ("s0", "s1"):                                         # per-key order is kept
+        sessions = [k for k in by_session if k]          # s0, s1 as their pseudonyms (never the raw ids)
+        assert not {"s0", "s1"} & set(sessions)
+        assert sorted(len(by_session[k]) for k in sessions)[-2:] == [5, 5]   # s0 and s1: 2 before + 3 during
+        for session in sessions:                                             # per-key order is kept
             seq = [order[i] for i in by_session[session]]
             assert seq == sorted(seq)
         feedback = collect(broker.bootstrap, topics.feedback, events_pb2.FeedbackEvent, count=1, timeout=10)

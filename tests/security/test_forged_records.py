@@ -24,7 +24,7 @@ import pytest
 from shared.contracts.events import decode, make_envelope
 from shared.contracts.topics import Topics
 from shared.kafka.producer import EventProducer
-from shared.proto.apprentice.v1 import common_pb2, events_pb2
+from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.kafka import read_all
 from tests.helpers.signing import signed_producer
 from tests.helpers.waiting import wait_for
