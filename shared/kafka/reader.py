@@ -65,13 +65,22 @@ class ReadTimeout(TimeoutError):
         super().__init__(f"could not read {topic!r} to its end within {timeout_s:.0f}s: {where}")
 
 
-def topic_partitions(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> list[int]:
-    """The partition numbers of `topic`, sorted (`TopicMissing` when it does not exist)."""
-    meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-    if meta is None or meta.error is not None or not meta.partitions:
-        why = meta.error if meta is not None and meta.error is not None else "missing"
-        raise TopicMissing(f"topic {topic!r} is not available ({why}; `apprentice topics` creates it)")
-    return sorted(meta.partitions)
+def topic_partitions(consumer: Consumer, topic: str, timeout_s: float = 10.0, *,
+                     settle_s: float = 3.0) -> list[int]:
+    """The partition numbers of `topic`, sorted (`TopicMissing` when it does not exist).
+
+    A topic created a moment ago can read as unknown on a broker whose metadata has not caught up with the
+    controller yet, so an unknown topic is asked again for up to `settle_s` before it counts as missing.
+    """
+    settle_until = time.monotonic() + min(settle_s, timeout_s)
+    while True:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions:
+            return sorted(meta.partitions)
+        if time.monotonic() >= settle_until:
+            why = meta.error if meta is not None and meta.error is not None else "missing"
+            raise TopicMissing(f"topic {topic!r} is not available ({why}; `apprentice topics` creates it)")
+        time.sleep(0.1)
 
 
 def watermarks(consumer: Consumer, topic: str, partition: int, deadline: float) -> tuple[int, int]:

@@ -130,6 +130,20 @@ def test_a_missing_topic_is_named() -> None:
         read(FakeConsumer({0: (0, 0, [])}, exists=False))
 
 
+def test_a_topic_the_broker_learns_of_a_moment_later_is_read() -> None:
+    class Late(FakeConsumer):
+        asked = 0
+
+        def list_topics(self, topic: str, timeout: float) -> Any:
+            self.asked += 1
+            self.exists = self.asked > 2          # unknown twice, as right after create_topics
+            return super().list_topics(topic, timeout)
+
+    fake = Late({0: (0, 1, [0])})
+    assert read(fake, timeout_s=5) == [(0, 0)]
+    assert fake.asked == 3
+
+
 def test_every_consumer_commits_nothing_by_itself_and_reads_committed() -> None:
     c = consumer_config("b:9092", purpose="trainer-graded", security=KafkaSecurity())
     assert c["bootstrap.servers"] == "b:9092"
