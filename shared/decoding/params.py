@@ -9,6 +9,19 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class Grammar:
+    """A constraint on what may be generated, enforced token by token by masking the logits
+    (shared/decoding/constraints.py): a sample can only be a string the grammar accepts.
+
+    kind: `json_schema` (source: the schema as JSON text), `json_object` (any JSON object; source ""),
+    `lark` (source: an llguidance Lark grammar, which may embed JSON schemas with `%json{...}`).
+    """
+
+    kind: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class SamplingConfig:
     max_new_tokens: int = 64
     temperature: float = 0.0      # 0 = greedy
@@ -17,6 +30,7 @@ class SamplingConfig:
     stop: tuple[str, ...] = ()    # text stops before the first occurrence
     seed: int | None = None
     n: int = 1                    # samples per prompt
+    grammar: Grammar | None = None  # None = unconstrained
 
 
 @dataclass

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61pprentice/v1/common.proto\x12\rapprentice.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n\x08\x45nvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12/\n\x0boccurred_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08trace_id\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\x12+\n\tprincipal\x18\x06 \x01(\x0b\x32\x18.apprentice.v1.Principal\"9\n\tPrincipal\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x82\x01\n\x0eSamplingParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\t\n\x01n\x18\x07 \x01(\x05\"i\n\x0cTopicOffsets\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\r\n\x05group\x18\x05 \x01(\tB\xc1\x01\n\x11\x64\x65v.apprentice.v1B\x0b\x43ommonProtoP\x01ZJgithub.com/apprentice-llm/apprentice/clients/go/apprentice/v1;apprenticev1\xa2\x02\x03\x41PV\xaa\x02\rApprentice.V1\xca\x02\rApprentice\\V1\xe2\x02\x19\x41pprentice\\V1\\GPBMetadata\xea\x02\x0e\x41pprentice::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61pprentice/v1/common.proto\x12\rapprentice.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n\x08\x45nvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12/\n\x0boccurred_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08trace_id\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\x12+\n\tprincipal\x18\x06 \x01(\x0b\x32\x18.apprentice.v1.Principal\"9\n\tPrincipal\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"}\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12+\n\ntool_calls\x18\x03 \x03(\x0b\x32\x17.apprentice.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"R\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\",\n\nToolChoice\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\"Q\n\x0eResponseFormat\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x13\n\x0bschema_json\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"\x82\x01\n\x0eSamplingParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\t\n\x01n\x18\x07 \x01(\x05\"i\n\x0cTopicOffsets\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\r\n\x05group\x18\x05 \x01(\tB\xc1\x01\n\x11\x64\x65v.apprentice.v1B\x0b\x43ommonProtoP\x01ZJgithub.com/apprentice-llm/apprentice/clients/go/apprentice/v1;apprenticev1\xa2\x02\x03\x41PV\xaa\x02\rApprentice.V1\xca\x02\rApprentice\\V1\xe2\x02\x19\x41pprentice\\V1\\GPBMetadata\xea\x02\x0e\x41pprentice::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,9 +38,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PRINCIPAL']._serialized_start=253
   _globals['_PRINCIPAL']._serialized_end=310
   _globals['_CHATMESSAGE']._serialized_start=312
-  _globals['_CHATMESSAGE']._serialized_end=356
-  _globals['_SAMPLINGPARAMS']._serialized_start=359
-  _globals['_SAMPLINGPARAMS']._serialized_end=489
-  _globals['_TOPICOFFSETS']._serialized_start=491
-  _globals['_TOPICOFFSETS']._serialized_end=596
+  _globals['_CHATMESSAGE']._serialized_end=437
+  _globals['_TOOLCALL']._serialized_start=439
+  _globals['_TOOLCALL']._serialized_end=494
+  _globals['_TOOL']._serialized_start=496
+  _globals['_TOOL']._serialized_end=578
+  _globals['_TOOLCHOICE']._serialized_start=580
+  _globals['_TOOLCHOICE']._serialized_end=624
+  _globals['_RESPONSEFORMAT']._serialized_start=626
+  _globals['_RESPONSEFORMAT']._serialized_end=707
+  _globals['_SAMPLINGPARAMS']._serialized_start=710
+  _globals['_SAMPLINGPARAMS']._serialized_end=840
+  _globals['_TOPICOFFSETS']._serialized_start=842
+  _globals['_TOPICOFFSETS']._serialized_end=947
 # @@protoc_insertion_point(module_scope)

@@ -40,7 +40,7 @@ UPDATE_ACTION_CANARY: UpdateAction
 UPDATE_ACTION_ROLLBACK: UpdateAction
 
 class Interaction(_message.Message):
-    __slots__ = ("envelope", "interaction_id", "session_id", "task", "model", "policy_version", "knowledge_version", "messages", "prompt_text", "prompt_token_ids", "sampling", "response_text", "response_token_ids", "response_logprobs", "response_logprobs_t1", "finish_reason", "latency_ms", "group_id", "sample_index", "group_size", "canary", "serving_pod", "raw_prompt", "knowledge_items")
+    __slots__ = ("envelope", "interaction_id", "session_id", "task", "model", "policy_version", "knowledge_version", "messages", "prompt_text", "prompt_token_ids", "sampling", "response_text", "response_token_ids", "response_logprobs", "response_logprobs_t1", "finish_reason", "latency_ms", "group_id", "sample_index", "group_size", "canary", "serving_pod", "raw_prompt", "knowledge_items", "tools", "response_format", "response_tool_calls")
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     INTERACTION_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,9 @@ class Interaction(_message.Message):
     SERVING_POD_FIELD_NUMBER: _ClassVar[int]
     RAW_PROMPT_FIELD_NUMBER: _ClassVar[int]
     KNOWLEDGE_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     envelope: _common_pb2.Envelope
     interaction_id: str
     session_id: str
@@ -89,7 +92,10 @@ class Interaction(_message.Message):
     serving_pod: str
     raw_prompt: bool
     knowledge_items: _containers.RepeatedCompositeFieldContainer[KnowledgeRef]
-    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., interaction_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[str] = ..., knowledge_version: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., response_text: _Optional[str] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., response_logprobs_t1: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., latency_ms: _Optional[float] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., canary: _Optional[bool] = ..., serving_pod: _Optional[str] = ..., raw_prompt: _Optional[bool] = ..., knowledge_items: _Optional[_Iterable[_Union[KnowledgeRef, _Mapping]]] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[_common_pb2.Tool]
+    response_format: _common_pb2.ResponseFormat
+    response_tool_calls: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolCall]
+    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., interaction_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[str] = ..., knowledge_version: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., response_text: _Optional[str] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., response_logprobs_t1: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., latency_ms: _Optional[float] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., canary: _Optional[bool] = ..., serving_pod: _Optional[str] = ..., raw_prompt: _Optional[bool] = ..., knowledge_items: _Optional[_Iterable[_Union[KnowledgeRef, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.Tool, _Mapping]]] = ..., response_format: _Optional[_Union[_common_pb2.ResponseFormat, _Mapping]] = ..., response_tool_calls: _Optional[_Iterable[_Union[_common_pb2.ToolCall, _Mapping]]] = ...) -> None: ...
 
 class KnowledgeRef(_message.Message):
     __slots__ = ("key", "item_id", "revision", "snapshot_version", "score")

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from apprentice_client._proto.apprentice.v1 import common_pb2 as apprentice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61pprentice/v1/inference.proto\x12\rapprentice.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1a\x61pprentice/v1/common.proto\"\xdc\x01\n\x0fGenerateRequest\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.apprentice.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.apprentice.v1.SamplingParams\x12\x0e\n\x06tenant\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\x12\n\nno_capture\x18\x07 \x01(\x08\x12\x14\n\x0cno_knowledge\x18\x08 \x01(\x08\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\"i\n\x06\x43hoice\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x13\n\x0btoken_count\x18\x04 \x01(\x05\x12\r\n\x05index\x18\x05 \x01(\x05\"\x8b\x01\n\x10GenerateResponse\x12&\n\x07\x63hoices\x18\x01 \x03(\x0b\x32\x15.apprentice.v1.Choice\x12\x16\n\x0epolicy_version\x18\x02 \x01(\t\x12#\n\x05usage\x18\x03 \x01(\x0b\x32\x14.apprentice.v1.Usage\x12\x12\n\nsession_id\x18\x04 \x01(\t\"\xbf\x01\n\rGenerateChunk\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x16\n\x0einteraction_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x16\n\x0epolicy_version\x18\x06 \x01(\t\x12#\n\x05usage\x18\x07 \x01(\x0b\x32\x14.apprentice.v1.Usage\x12\x12\n\nsession_id\x18\x08 \x01(\t\"\xaa\x01\n\x0f\x46\x65\x65\x64\x62\x61\x63kRequest\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x01\x12\x0f\n\x07\x63omment\x18\x04 \x01(\t\x12\x10\n\x08kpi_name\x18\x05 \x01(\t\x12/\n\x0boccurred_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x07 \x01(\t\"1\n\x0b\x46\x65\x65\x64\x62\x61\x63kAck\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x32\xaa\x01\n\tInference\x12K\n\x08Generate\x12\x1e.apprentice.v1.GenerateRequest\x1a\x1f.apprentice.v1.GenerateResponse\x12P\n\x0eGenerateStream\x12\x1e.apprentice.v1.GenerateRequest\x1a\x1c.apprentice.v1.GenerateChunk0\x01\x32P\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12\x44\n\x06Submit\x12\x1e.apprentice.v1.FeedbackRequest\x1a\x1a.apprentice.v1.FeedbackAckB\xc4\x01\n\x11\x64\x65v.apprentice.v1B\x0eInferenceProtoP\x01ZJgithub.com/apprentice-llm/apprentice/clients/go/apprentice/v1;apprenticev1\xa2\x02\x03\x41PV\xaa\x02\rApprentice.V1\xca\x02\rApprentice\\V1\xe2\x02\x19\x41pprentice\\V1\\GPBMetadata\xea\x02\x0e\x41pprentice::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61pprentice/v1/inference.proto\x12\rapprentice.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1a\x61pprentice/v1/common.proto\"\x88\x03\n\x0fGenerateRequest\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.apprentice.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.apprentice.v1.SamplingParams\x12\x0e\n\x06tenant\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x0c\n\x04task\x18\x06 \x01(\t\x12\x12\n\nno_capture\x18\x07 \x01(\x08\x12\x14\n\x0cno_knowledge\x18\x08 \x01(\x08\x12\"\n\x05tools\x18\t \x03(\x0b\x32\x13.apprentice.v1.Tool\x12.\n\x0btool_choice\x18\n \x01(\x0b\x32\x19.apprentice.v1.ToolChoice\x12\x36\n\x0fresponse_format\x18\x0b \x01(\x0b\x32\x1d.apprentice.v1.ResponseFormat\x12\x1e\n\x16no_parallel_tool_calls\x18\x0c \x01(\x08\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\"\x96\x01\n\x06\x43hoice\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x13\n\x0btoken_count\x18\x04 \x01(\x05\x12\r\n\x05index\x18\x05 \x01(\x05\x12+\n\ntool_calls\x18\x06 \x03(\x0b\x32\x17.apprentice.v1.ToolCall\"\x8b\x01\n\x10GenerateResponse\x12&\n\x07\x63hoices\x18\x01 \x03(\x0b\x32\x15.apprentice.v1.Choice\x12\x16\n\x0epolicy_version\x18\x02 \x01(\t\x12#\n\x05usage\x18\x03 \x01(\x0b\x32\x14.apprentice.v1.Usage\x12\x12\n\nsession_id\x18\x04 \x01(\t\"\xec\x01\n\rGenerateChunk\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x16\n\x0einteraction_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x16\n\x0epolicy_version\x18\x06 \x01(\t\x12#\n\x05usage\x18\x07 \x01(\x0b\x32\x14.apprentice.v1.Usage\x12\x12\n\nsession_id\x18\x08 \x01(\t\x12+\n\ntool_calls\x18\t \x03(\x0b\x32\x17.apprentice.v1.ToolCall\"\xaa\x01\n\x0f\x46\x65\x65\x64\x62\x61\x63kRequest\x12\x16\n\x0einteraction_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x01\x12\x0f\n\x07\x63omment\x18\x04 \x01(\t\x12\x10\n\x08kpi_name\x18\x05 \x01(\t\x12/\n\x0boccurred_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x07 \x01(\t\"1\n\x0b\x46\x65\x65\x64\x62\x61\x63kAck\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x32\xaa\x01\n\tInference\x12K\n\x08Generate\x12\x1e.apprentice.v1.GenerateRequest\x1a\x1f.apprentice.v1.GenerateResponse\x12P\n\x0eGenerateStream\x12\x1e.apprentice.v1.GenerateRequest\x1a\x1c.apprentice.v1.GenerateChunk0\x01\x32P\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12\x44\n\x06Submit\x12\x1e.apprentice.v1.FeedbackRequest\x1a\x1a.apprentice.v1.FeedbackAckB\xc4\x01\n\x11\x64\x65v.apprentice.v1B\x0eInferenceProtoP\x01ZJgithub.com/apprentice-llm/apprentice/clients/go/apprentice/v1;apprenticev1\xa2\x02\x03\x41PV\xaa\x02\rApprentice.V1\xca\x02\rApprentice\\V1\xe2\x02\x19\x41pprentice\\V1\\GPBMetadata\xea\x02\x0e\x41pprentice::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,21 +35,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\021dev.apprentice.v1B\016InferenceProtoP\001ZJgithub.com/apprentice-llm/apprentice/clients/go/apprentice/v1;apprenticev1\242\002\003APV\252\002\rApprentice.V1\312\002\rApprentice\\V1\342\002\031Apprentice\\V1\\GPBMetadata\352\002\016Apprentice::V1'
   _globals['_GENERATEREQUEST']._serialized_start=110
-  _globals['_GENERATEREQUEST']._serialized_end=330
-  _globals['_USAGE']._serialized_start=332
-  _globals['_USAGE']._serialized_end=411
-  _globals['_CHOICE']._serialized_start=413
-  _globals['_CHOICE']._serialized_end=518
-  _globals['_GENERATERESPONSE']._serialized_start=521
-  _globals['_GENERATERESPONSE']._serialized_end=660
-  _globals['_GENERATECHUNK']._serialized_start=663
-  _globals['_GENERATECHUNK']._serialized_end=854
-  _globals['_FEEDBACKREQUEST']._serialized_start=857
-  _globals['_FEEDBACKREQUEST']._serialized_end=1027
-  _globals['_FEEDBACKACK']._serialized_start=1029
-  _globals['_FEEDBACKACK']._serialized_end=1078
-  _globals['_INFERENCE']._serialized_start=1081
-  _globals['_INFERENCE']._serialized_end=1251
-  _globals['_FEEDBACK']._serialized_start=1253
-  _globals['_FEEDBACK']._serialized_end=1333
+  _globals['_GENERATEREQUEST']._serialized_end=502
+  _globals['_USAGE']._serialized_start=504
+  _globals['_USAGE']._serialized_end=583
+  _globals['_CHOICE']._serialized_start=586
+  _globals['_CHOICE']._serialized_end=736
+  _globals['_GENERATERESPONSE']._serialized_start=739
+  _globals['_GENERATERESPONSE']._serialized_end=878
+  _globals['_GENERATECHUNK']._serialized_start=881
+  _globals['_GENERATECHUNK']._serialized_end=1117
+  _globals['_FEEDBACKREQUEST']._serialized_start=1120
+  _globals['_FEEDBACKREQUEST']._serialized_end=1290
+  _globals['_FEEDBACKACK']._serialized_start=1292
+  _globals['_FEEDBACKACK']._serialized_end=1341
+  _globals['_INFERENCE']._serialized_start=1344
+  _globals['_INFERENCE']._serialized_end=1514
+  _globals['_FEEDBACK']._serialized_start=1516
+  _globals['_FEEDBACK']._serialized_end=1596
 # @@protoc_insertion_point(module_scope)

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("messages", "prompt", "sampling", "tenant", "session_id", "task", "no_capture", "no_knowledge")
+    __slots__ = ("messages", "prompt", "sampling", "tenant", "session_id", "task", "no_capture", "no_knowledge", "tools", "tool_choice", "response_format", "no_parallel_tool_calls")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,10 @@ class GenerateRequest(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     NO_CAPTURE_FIELD_NUMBER: _ClassVar[int]
     NO_KNOWLEDGE_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    NO_PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]
     prompt: str
     sampling: _common_pb2.SamplingParams
@@ -28,7 +32,11 @@ class GenerateRequest(_message.Message):
     task: str
     no_capture: bool
     no_knowledge: bool
-    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., task: _Optional[str] = ..., no_capture: _Optional[bool] = ..., no_knowledge: _Optional[bool] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[_common_pb2.Tool]
+    tool_choice: _common_pb2.ToolChoice
+    response_format: _common_pb2.ResponseFormat
+    no_parallel_tool_calls: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., task: _Optional[str] = ..., no_capture: _Optional[bool] = ..., no_knowledge: _Optional[bool] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_common_pb2.ToolChoice, _Mapping]] = ..., response_format: _Optional[_Union[_common_pb2.ResponseFormat, _Mapping]] = ..., no_parallel_tool_calls: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -41,18 +49,20 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
 
 class Choice(_message.Message):
-    __slots__ = ("interaction_id", "text", "finish_reason", "token_count", "index")
+    __slots__ = ("interaction_id", "text", "finish_reason", "token_count", "index", "tool_calls")
     INTERACTION_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     interaction_id: str
     text: str
     finish_reason: str
     token_count: int
     index: int
-    def __init__(self, interaction_id: _Optional[str] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., token_count: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolCall]
+    def __init__(self, interaction_id: _Optional[str] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., token_count: _Optional[int] = ..., index: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[_common_pb2.ToolCall, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("choices", "policy_version", "usage", "session_id")
@@ -67,7 +77,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[_Union[Choice, _Mapping]]] = ..., policy_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("index", "interaction_id", "text", "token_ids", "finish_reason", "policy_version", "usage", "session_id")
+    __slots__ = ("index", "interaction_id", "text", "token_ids", "finish_reason", "policy_version", "usage", "session_id", "tool_calls")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     INTERACTION_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +86,7 @@ class GenerateChunk(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     index: int
     interaction_id: str
     text: str
@@ -84,7 +95,8 @@ class GenerateChunk(_message.Message):
     policy_version: str
     usage: Usage
     session_id: str
-    def __init__(self, index: _Optional[int] = ..., interaction_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., policy_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., session_id: _Optional[str] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolCall]
+    def __init__(self, index: _Optional[int] = ..., interaction_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., policy_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., session_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[_common_pb2.ToolCall, _Mapping]]] = ...) -> None: ...
 
 class FeedbackRequest(_message.Message):
     __slots__ = ("interaction_id", "kind", "value", "comment", "kpi_name", "occurred_at", "tenant")
