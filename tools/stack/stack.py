@@ -64,6 +64,9 @@ class LocalStack:
             self.sasl_dir: Path | None = broker.sasl_dir
         elif (held := local_credentials_dir(os.environ)) is not None:
             self.sasl_dir = held
+            local = LocalBroker.for_settings(self.common)
+            if local.sasl_dir.resolve() == held.resolve():
+                self._starts = local                    # this home's broker: started here when it is down
         elif self.common.kafka_security_protocol == "PLAINTEXT":
             self._starts = LocalBroker.for_settings(self.common)
             self.sasl_dir = self._starts.sasl_dir

@@ -37,3 +37,22 @@ def test_credentials_of_the_users_own_are_left_alone(tmp_path: Path, monkeypatch
     stack = LocalStack(tmp_path / "run", "tiny-random", secure=False)
     assert stack.sasl_dir is None
     assert {stack.supervisor.child(n).env["APPRENTICE_KAFKA_SASL_USERNAME"] for n in SERVICES} == {"team-user"}
+
+
+def test_a_stack_starts_its_homes_broker_when_it_holds_its_credentials(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI fills in the home's admin credentials whenever they exist, also after `apprentice kafka stop`:
+    the stack must then start that broker (its own home's), not assume it runs (the demo used to fail with a
+    DescribeAcls time-out)."""
+    home = tmp_path / "home"
+    broker = LocalBroker(home, port=29492, controller_port=29493)
+    for name, value in broker.client_env(access.ADMIN).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("APPRENTICE_HOME", str(home))
+    monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", "127.0.0.1:29492")
+    stack = LocalStack(tmp_path / "run", "tiny-random", secure=False)
+    assert stack._starts is not None and stack._starts.sasl_dir == broker.sasl_dir
+    other = LocalBroker(tmp_path / "elsewhere", port=29494, controller_port=29495)
+    for name, value in other.client_env(access.ADMIN).items():      # credentials of another home's broker
+        monkeypatch.setenv(name, value)
+    assert LocalStack(tmp_path / "run2", "tiny-random", secure=False)._starts is None
