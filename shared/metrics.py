@@ -2,8 +2,8 @@
 
 Who sees what (SECURITY.md, the /metrics row): with keys configured the endpoint binds every interface, and
 some series carry a `tenant` label (which tenants exist, what each is served, how each is graded). Callers
-presenting an operator or service key (`Authorization: Bearer <key>`, e.g. Prometheus' `authorization`
-block) get the full exposition; everyone else gets the same series summed over `tenant` (totals, no tenant
+presenting an operator, service or metrics key (`Authorization: Bearer <key>`, e.g. Prometheus'
+`authorization` block with the stack's `metrics.token`, a key that can call nothing else) get the full exposition; everyone else gets the same series summed over `tenant` (totals, no tenant
 names). Without keys the endpoint binds loopback only and answers only requests naming a loopback host, so a
 web page cannot read it through DNS rebinding (as the dashboard, services/dashboard/web.py).
 """
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 TENANT_LABEL = "tenant"
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
-FULL_VIEW = (Role.OPERATOR, Role.SERVICE)
+FULL_VIEW = (Role.OPERATOR, Role.SERVICE, Role.METRICS)
 """Roles that see per-tenant series; a backend key acts for one tenant and must not list the others."""
 
 

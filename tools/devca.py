@@ -5,8 +5,10 @@ first start writes under `<home>/secrets/` (directory 0700, files 0600):
 - `ca.pem`/`ca.key`: a private CA (EC P-256, 2 years) that only this stack trusts;
 - `server.pem`/`server.key`: the certificate every local gRPC server presents (localhost, 127.0.0.1, ::1);
 - `client-<name>.pem/.key`: client certificates for mutual TLS (optional);
-- `keys.txt`: the key ring every server accepts (an operator, the services, one backend key per tenant);
-- `operator.token`, `service.token`, `backend-<tenant>.token`: each caller's key, to mount or export;
+- `keys.txt`: the key ring every server accepts (an operator, the services, a metrics scraper, one backend
+  key per tenant);
+- `operator.token`, `service.token`, `metrics.token`, `backend-<tenant>.token`: each caller's key, to mount
+  or export;
 - `interaction-id.secret`: the MAC key of interaction ids.
 These are for one machine's local stack; production mounts its own secrets with the same settings.
 """
@@ -33,6 +35,7 @@ SERVER_HOSTS = ("localhost", "127.0.0.1", "::1", "inference", "weights", "extrac
 """Names the development server certificate is valid for: loopback, and the compose file's service names."""
 OPERATOR_ID = "local-operator"
 SERVICE_ID = "local-services"
+METRICS_ID = "local-metrics"
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -129,12 +132,17 @@ def ensure_dev_credentials(home: Path, tenants: tuple[str, ...] = ("demo", "defa
     if not creds.interaction_id_secret.exists():
         _write(creds.interaction_id_secret, secrets.token_urlsafe(32).encode())
     lines = creds.keys_file.read_text().splitlines() if creds.keys_file.exists() else []
-    wanted = [("operator", OPERATOR_ID, "", creds.operator_token), ("service", SERVICE_ID, "", creds.service_token)]
+    wanted = [("operator", OPERATOR_ID, "", creds.operator_token), ("service", SERVICE_ID, "", creds.service_token),
+              ("metrics", METRICS_ID, "", creds.metrics_token)]
     wanted += [("backend", f"{t}-backend", t, creds.backend_token(t)) for t in tenants]
     changed = False
     for role, key_id, tenant, token_path in wanted:
         if not token_path.exists():
+            token_path.parent.mkdir(parents=True, exist_ok=True)
             _write(token_path, secrets.token_urlsafe(32).encode())
+            if token_path == creds.metrics_token:       # the scraper may run as another user (its property's why)
+                os.chmod(token_path.parent, 0o755)
+                os.chmod(token_path, 0o644)
         head = f"{role}:{key_id}{'@' + tenant if tenant else ''}="
         if not any(line.startswith(head) for line in lines):
             lines.append(head + creds.token(token_path))

@@ -37,6 +37,13 @@ class DevCredentials:
         return self.directory / "operator.token"
 
     @property
+    def metrics_token(self) -> Path:
+        """The scraper's key (role `metrics`): Prometheus reads the full /metrics with it and can do nothing else.
+        In a folder of its own, readable by others, so a scraper running as another user can mount that folder
+        alone (compose/docker-compose.yml); the 0700 secrets folder keeps it private on a host."""
+        return self.directory / "scrape" / "metrics.token"
+
+    @property
     def service_token(self) -> Path:
         return self.directory / "service.token"
 

@@ -26,6 +26,7 @@ class Role(StrEnum):
     BACKEND = "backend"
     OPERATOR = "operator"
     SERVICE = "service"
+    METRICS = "metrics"     # a scraper's key: the full /metrics exposition and nothing else (no RPC, no HTTP API)
     ANONYMOUS = "anonymous"
 
 

@@ -315,6 +315,18 @@ def test_addresses_name_service_ports_and_probes_name_container_ports(
             assert {p["targetPort"] for p in svc["spec"]["ports"]} <= container_ports
 
 
+def test_the_service_monitor_presents_the_metrics_key(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """Prometheus scrapes with the generated key of role `metrics` (per-tenant series, no RPC or HTTP API:
+    tests/security/test_metrics_role.py), and the key ring accepts it."""
+    docs = rendered["strimzi-gpu-scaled"]
+    monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["authorization"] == {
+        "type": "Bearer", "credentials": {"name": f"{FULL}-auth", "key": "metrics.token"}}
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == f"{FULL}-auth")
+    assert secret["stringData"]["metrics.token"]
+    assert any(line.startswith(f"metrics:{FULL}-metrics=sha256:") for line in secret["stringData"]["keys.txt"].splitlines())
+
+
 def test_strimzi_topics_are_the_contract_topics(rendered: dict[str, list[dict[str, Any]]]) -> None:
     from shared.contracts.topics import SPECS
 

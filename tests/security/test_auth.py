@@ -117,6 +117,13 @@ def test_service_keys_may_not_give_operator_orders(rpc: Rpc, secure_stack: Secur
     assert call_raw(secure_stack.dial.service(targets[rpc.service]), rpc, [b""]) == C.PERMISSION_DENIED
 
 
+@pytest.mark.parametrize("rpc", ALL_RPCS, ids=_ids(ALL_RPCS))
+def test_a_metrics_key_calls_no_rpc(rpc: Rpc, secure_stack: SecureStack, targets: dict[str, str]) -> None:
+    """Prometheus' key (role `metrics`) reads /metrics and nothing else (tests/security/test_metrics_role.py)."""
+    token = secure_stack.creds.token(secure_stack.creds.metrics_token)
+    assert call_raw(secure_stack.dial.with_token(targets[rpc.service], token), rpc, [b""]) == C.PERMISSION_DENIED
+
+
 def test_only_an_operator_may_force_a_promotion(secure_stack: SecureStack, weights_server: Any) -> None:
     target = f"127.0.0.1:{weights_server.port}"
     force = weights_pb2.PromoteRequest(model=MODEL, version="v1", force=True, reason="skip the gate")

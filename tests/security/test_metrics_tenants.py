@@ -20,11 +20,12 @@ from tests.helpers.ports import free_port
 from tests.security.harness import non_loopback_ip
 
 HIDDEN = f"tenant-{secrets.token_hex(4)}"
-KEYS = {role: secrets.token_urlsafe(32) for role in ("operator", "service", "backend")}
+KEYS = {role: secrets.token_urlsafe(32) for role in ("operator", "service", "metrics", "backend")}
 
 
 def _ring() -> KeyRing:
     return KeyRing.from_text(f"operator:ops={KEYS['operator']},service:svc={KEYS['service']},"
+                             f"metrics:prom={KEYS['metrics']},"
                              f"backend:shop@{HIDDEN}={KEYS['backend']}")
 
 
@@ -50,7 +51,7 @@ def test_anonymous_scrape_sees_no_tenant_names() -> None:
     assert status == 200
     assert "apprentice_inference_served_version" in anonymous     # the totals are still there
     assert HIDDEN not in anonymous and "tenant=" not in anonymous
-    for role in ("operator", "service"):
+    for role in ("operator", "service", "metrics"):
         status, full = _scrape(addr, port, token=KEYS[role], host="metrics.example.org")
         assert status == 200 and f'tenant="{HIDDEN}"' in full, role
     _, backend = _scrape(addr, port, token=KEYS["backend"])
