@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.weights.client import write_trained_interactions
+from shared.weights.client import write_knowledge_versions, write_trained_interactions
 
 LATEST = "LATEST"
 PUBLISHED = "published.json"
@@ -103,6 +103,7 @@ class CheckpointStore:
         state["kind"] = policy.save_weights(tmp / "weights")
         # provenance travels with the weights: uploaded, checksummed and kept with the version
         write_trained_interactions(tmp / "weights", list(state.get("trained_ids", [])))
+        write_knowledge_versions(tmp / "weights", {k: int(v) for k, v in state.get("consolidated_knowledge", {}).items()})
         policy.save_training_state(tmp / "training.pt")
         (tmp / "state.json").write_text(json.dumps(state, sort_keys=True))
         _fsync_tree(tmp)

@@ -18,7 +18,7 @@ from services.trainer.checkpoint import Checkpoint
 from shared.contracts.events import deterministic_id, make_envelope
 from shared.kafka.producer import EventProducer
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, weights_pb2
-from shared.weights.client import LORA, TRAINED_INTERACTIONS, upload_version
+from shared.weights.client import KNOWLEDGE_VERSIONS, LORA, TRAINED_INTERACTIONS, upload_version
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +31,17 @@ def manifest_digest(manifest: weights_pb2.Manifest) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def trained_ids_metadata(ckpt: Checkpoint) -> dict[str, str]:
-    """Where the version's provenance is: the count of interactions it learned from, and the version file
-    that lists them (`TRAINED_INTERACTIONS`, its sha256 in the manifest's file list). The list itself stays
-    out of the manifest, which every `Weights.List` returns for every version."""
-    path = ckpt.weights_dir / TRAINED_INTERACTIONS
-    if not path.exists():      # a checkpoint written before the file existed
-        return {}
-    return {"trained_interactions_count": str(len(json.loads(path.read_text(encoding="utf-8")))),
-            "trained_interactions_file": TRAINED_INTERACTIONS}
+def provenance_metadata(ckpt: Checkpoint) -> dict[str, str]:
+    """Where the version's provenance is: the counts of interactions it learned from and of knowledge items it
+    consolidated, and the version files that list them (`TRAINED_INTERACTIONS`, `KNOWLEDGE_VERSIONS`, their
+    sha256 in the manifest's file list). The lists stay out of the manifest, which every `Weights.List` returns
+    for every version, under a 64 KiB metadata bound a large knowledge base would pass."""
+    out = {}
+    for name, key in ((TRAINED_INTERACTIONS, "trained_interactions"), (KNOWLEDGE_VERSIONS, "knowledge_versions")):
+        path = ckpt.weights_dir / name
+        if path.exists():      # (a checkpoint written before the file existed has none)
+            out |= {f"{key}_count": str(len(json.loads(path.read_text(encoding="utf-8")))), f"{key}_file": name}
+    return out
 
 
 def data_offsets(ckpt: Checkpoint, group: str) -> list[common_pb2.TopicOffsets]:
@@ -77,9 +79,8 @@ class Publisher:
                 model=self.model, parent_version=parent_version, kind=st["kind"], base_model=self.model,
                 training_metadata={
                     "checkpoint_id": ckpt.id, "trainer_seq": str(st["seq"]), "optimizer_steps": str(st.get("steps", 0)),
-                    "knowledge_versions": json.dumps(st.get("consolidated_knowledge", {}), sort_keys=True),
                     "trainer_settings": json.dumps(st.get("settings", {}), sort_keys=True),
-                    **trained_ids_metadata(ckpt),
+                    **provenance_metadata(ckpt),
                 },
                 data_offsets=offsets, algorithm=st.get("algorithm", ""), train_metrics=metrics, tenant=self.tenant,
                 base_version="base" if st["kind"] == LORA else "",

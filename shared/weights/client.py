@@ -25,6 +25,12 @@ TRAINED_INTERACTIONS = "trained_interactions.json"
 by the trainer into every checkpoint, so it is uploaded, checksummed and kept with the weights."""
 
 
+KNOWLEDGE_VERSIONS = "knowledge_versions.json"
+"""A version's knowledge provenance: the knowledge items it consolidated, item id -> revision (JSON object),
+written by the trainer beside `TRAINED_INTERACTIONS`. A file, not manifest metadata: a base of thousands of
+items would pass the manifest's 64 KiB metadata bound (services/weights/metadata.py)."""
+
+
 class WeightsIntegrityError(RuntimeError):
     """Downloaded bytes do not match the manifest. Not recoverable by retrying the same bytes."""
 
@@ -49,6 +55,13 @@ def write_trained_interactions(weights_dir: Path, ids: list[str]) -> int:
     Path(weights_dir).mkdir(parents=True, exist_ok=True)
     (Path(weights_dir) / TRAINED_INTERACTIONS).write_text(json.dumps(ordered), encoding="utf-8")
     return len(ordered)
+
+
+def write_knowledge_versions(weights_dir: Path, items: dict[str, int]) -> int:
+    """Write `KNOWLEDGE_VERSIONS` (item id -> revision, sorted) into a version's folder; returns the count."""
+    Path(weights_dir).mkdir(parents=True, exist_ok=True)
+    (Path(weights_dir) / KNOWLEDGE_VERSIONS).write_text(json.dumps(items, sort_keys=True), encoding="utf-8")
+    return len(items)
 
 
 def read_version_file(stub: Any, model: str, version: str, path: str, *, max_bytes: int = 64 << 20,

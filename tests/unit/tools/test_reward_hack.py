@@ -122,7 +122,9 @@ def test_the_grader_config_of_a_tool_task_masks_the_tools_timeout_kpi() -> None:
 
 def test_a_checkpoint_carries_its_trained_interactions_and_the_manifest_points_to_them(tmp_path: Path) -> None:
     from services.trainer.checkpoint import CheckpointStore
-    from services.trainer.publish import trained_ids_metadata
+    from services.trainer.publish import provenance_metadata
+    from services.weights.metadata import MAX_METADATA_BYTES
+    from shared.weights.client import KNOWLEDGE_VERSIONS
 
     class _Policy:
         def save_weights(self, d: Path) -> str:
@@ -133,11 +135,17 @@ def test_a_checkpoint_carries_its_trained_interactions_and_the_manifest_points_t
         def save_training_state(self, path: Path) -> None:
             path.write_bytes(b"t")
 
-    ckpt = CheckpointStore(tmp_path).write(_Policy(), {"trained_ids": ["b", "a", "b"]})
+    # a knowledge base of 5000 consolidated items: ~150 KB of JSON, more than the manifest's metadata bound
+    items = {f"item-{i:06d}-{'x' * 16}": i % 7 for i in range(5000)}
+    ckpt = CheckpointStore(tmp_path).write(_Policy(), {"trained_ids": ["b", "a", "b"], "consolidated_knowledge": items})
     assert json.loads((ckpt.weights_dir / TRAINED_INTERACTIONS).read_text()) == ["a", "b"]
-    assert trained_ids_metadata(ckpt) == {"trained_interactions_count": "2",
-                                          "trained_interactions_file": TRAINED_INTERACTIONS}
-    assert TRAINED_INTERACTIONS in {e.path for e in file_entries(ckpt.weights_dir)}   # uploaded and checksummed
+    assert json.loads((ckpt.weights_dir / KNOWLEDGE_VERSIONS).read_text()) == items
+    meta = provenance_metadata(ckpt)
+    assert meta == {"trained_interactions_count": "2", "trained_interactions_file": TRAINED_INTERACTIONS,
+                    "knowledge_versions_count": "5000", "knowledge_versions_file": KNOWLEDGE_VERSIONS}
+    assert sum(len(k) + len(v) for k, v in meta.items()) < MAX_METADATA_BYTES // 100
+    uploaded = {e.path for e in file_entries(ckpt.weights_dir)}                          # uploaded and checksummed
+    assert {TRAINED_INTERACTIONS, KNOWLEDGE_VERSIONS} <= uploaded
 
 
 class _Store:
