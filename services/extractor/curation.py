@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -94,7 +95,10 @@ class Curator:
     harmful_margin: int = 3
     count_tokens: TokenCounter = approx_tokens
     embedder: Embedder | None = None
-    _emb_cache: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    embedding_cache_size: int = 20_000
+    """Texts whose embeddings are kept (least recently used dropped): every comparison embeds both sides, and a
+    long-running extractor sees an unbounded stream of texts."""
+    _emb_cache: OrderedDict[str, list[float]] = field(default_factory=OrderedDict, repr=False)
 
     def rejection(self, text: str, names: Sequence[str] = (), business: BusinessNames = NO_NAMES) -> str:
         """Why a candidate may not enter a base ("" = acceptable). `business`: the base's tenant's declared
@@ -112,10 +116,14 @@ class Curator:
 
     def _embedding(self, text: str) -> list[float]:
         key = normalise(text)
-        if key not in self._emb_cache:
-            assert self.embedder is not None, "embedding requested without an embedder"
-            self._emb_cache[key] = self.embedder.embed([text])[0]
-        return self._emb_cache[key]
+        if key in self._emb_cache:
+            self._emb_cache.move_to_end(key)
+            return self._emb_cache[key]
+        assert self.embedder is not None, "embedding requested without an embedder"
+        vec = self._emb_cache[key] = self.embedder.embed([text])[0]
+        while len(self._emb_cache) > self.embedding_cache_size:
+            self._emb_cache.popitem(last=False)
+        return vec
 
     subject_threshold: float = 0.6
     """Embedding cosine of two items' texts (or 0.8 of their questions) above which they are about the same

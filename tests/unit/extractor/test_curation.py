@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from services.extractor.curation import Curator, approx_tokens, item_id, jaccard, normalise
@@ -69,3 +71,24 @@ def test_cap_evicts_harmful_items_first() -> None:
     items = [item("old helpful rule", age=0, helpful=5), item("newer harmful rule", age=5, harmful=4),
              item("newest rule", age=9)]
     assert c.over_cap(items, max_tokens=20) == [item_id("newer harmful rule")]
+
+
+def test_the_embedding_cache_is_bounded_and_keeps_what_is_used() -> None:
+    class Counting:
+        """A real (if trivial) embedder: a unit vector from the text's length; counts what it embeds."""
+
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def embed(self, texts: Sequence[str]) -> list[list[float]]:
+            self.seen += texts
+            return [[1.0, 0.0] if len(t) % 2 else [0.0, 1.0] for t in texts]
+
+    emb = Counting()
+    c = Curator(embedder=emb, embedding_cache_size=3)
+    for t in ("alpha one", "beta two", "gamma three", "alpha one", "delta four"):
+        c._embedding(t)
+    assert len(c._emb_cache) == 3
+    assert emb.seen.count("alpha one") == 1              # recently used: kept
+    c._embedding("beta two")                             # the least recently used was dropped: embedded again
+    assert emb.seen.count("beta two") == 2
