@@ -25,3 +25,8 @@ def start_inference(tmp: Path, *, model: str = "tiny-random", bootstrap: str = "
                      "home": tmp})
     s.update(overrides)
     return serve(InferenceSettings(**s))
+
+
+def spool_bytes(app: Any) -> bytes:
+    """Everything an inference app's capture spool holds on disk, in segment order."""
+    return b"".join(p.read_bytes() for p in sorted(Path(app.settings.spool_path).glob("*.seg")))

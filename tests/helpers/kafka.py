@@ -13,15 +13,19 @@ restart a broker (the shared one at 9092 is never touched).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from google.protobuf.message import Message as ProtoMessage
 
+from shared.contracts.topics import Topics
+from shared.kafka.admin import delete_topics, ensure_topics
 from shared.kafka.consumers import Isolation, new_consumer
 from shared.kafka.reader import read_topic_to_end
 from shared.kafka.security import KafkaSecurity, SecuritySource
@@ -29,6 +33,19 @@ from tests.helpers.ports import free_ports
 from tools.broker.local_broker import LocalBroker, local_credentials_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def topic_namespace(bootstrap: str, label: str) -> Iterator[Topics]:
+    """A fresh namespace of every contract topic (`test-<label>-<random>.`), deleted afterwards, best effort:
+    a slow broker must not fail the module that used it."""
+    t = Topics(prefix=f"test-{label}-{uuid.uuid4().hex[:8]}.")
+    ensure_topics(bootstrap, t)
+    try:
+        yield t
+    finally:
+        with contextlib.suppress(Exception):
+            delete_topics(bootstrap, [s.name for s in t.specs()])
 
 
 def consumer(bootstrap: str, *, group: str = "reader", isolation: Isolation = "read_committed",

@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 
 from shared.contracts.topics import Topics
 from shared.kafka.admin import broker_answers
+from tests.helpers.cli_stack import cli_stack
 from tests.helpers.waiting import wait_for
 from tools.stack.ports import Ports
 
@@ -40,23 +40,8 @@ def _alive(pid: int) -> bool:
 
 def test_up_status_kill_restart_down(kafka_bootstrap: str, topics: Topics, tiny_model_name: str,
                                      tmp_path: Path) -> None:
-    ports = Ports()   # free ports: never collide with a stack (or test) that already listens on 50051...
-    home = tmp_path / "home"
-    env = {**os.environ, "APPRENTICE_HOME": str(home), "APPRENTICE_MODEL": tiny_model_name,
-           "APPRENTICE_USE_RUNNING_BROKER": "1",   # the suite's broker is not this home's: share it
-           "APPRENTICE_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "APPRENTICE_INFERENCE_PORT": str(ports.inference), "APPRENTICE_WEIGHTS_PORT": str(ports.weights),
-           "APPRENTICE_EXTRACTOR_PORT": str(ports.extractor), "APPRENTICE_INFERENCE_POD_ID": "pod-up",
-           "APPRENTICE_INFERENCE_HTTP_PORT": str(ports.http), "APPRENTICE_DASHBOARD_PORT": str(ports.dashboard),
-           **{f"APPRENTICE_{n.upper()}_METRICS_PORT": str(p) for n, p in ports.metrics.items()}}
-
-    def apprentice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=timeout)
-
-    def status() -> dict[str, Any]:
-        proc = apprentice("status", "--json")
-        return dict(json.loads(proc.stdout))
+    stack = cli_stack(tmp_path, tiny_model_name, "pod-up")
+    ports, home, apprentice, status = stack.ports, stack.home, stack.apprentice, stack.status
 
     try:
         up = apprentice("up", "--wait", "240", timeout=300)

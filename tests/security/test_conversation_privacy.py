@@ -10,24 +10,21 @@ hold placeholders for the halves, and a keyed pseudonym (shared/security/pseudon
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from services.inference.client import InferenceClient
 from shared.contracts.topics import Topics
-from shared.kafka.admin import delete_topics, ensure_topics
 from shared.proto.apprentice.v1 import events_pb2
 from shared.security.pseudonyms import PREFIX
-from tests.helpers.inference import start_inference
-from tests.helpers.kafka import collect, consumer
+from tests.helpers.inference import spool_bytes, start_inference
+from tests.helpers.kafka import collect, consumer, topic_namespace
 from tests.helpers.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -44,11 +41,8 @@ SPLIT = {
 
 @pytest.fixture(scope="module")
 def ns(kafka_bootstrap: str) -> Iterator[Topics]:
-    t = Topics(prefix=f"test-convpii-{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka_bootstrap, t)
-    yield t
-    with contextlib.suppress(Exception):
-        delete_topics(kafka_bootstrap, [s.name for s in t.specs()])
+    with topic_namespace(kafka_bootstrap, "convpii") as t:
+        yield t
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +61,6 @@ def app(ns: Topics, kafka_bootstrap: str, tiny_model_name: str,
 def client(app: Any) -> Iterator[InferenceClient]:
     with InferenceClient(f"127.0.0.1:{app.port}", tenant="acme") as c:
         yield c
-
-
-def spool_bytes(app: Any) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(Path(app.settings.spool_path).glob("*.seg")))
 
 
 def captured(bootstrap: str, ns: Topics, iid: str) -> events_pb2.Interaction:

@@ -11,13 +11,8 @@ serve a version the integrity check had rejected.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,13 +20,12 @@ from shared.contracts.events import decode, make_envelope
 from shared.contracts.topics import Topics
 from shared.kafka.producer import EventProducer
 from shared.proto.apprentice.v1 import events_pb2
+from tests.helpers.cli_stack import cli_stack
 from tests.helpers.kafka import read_all
 from tests.helpers.signing import signed_producer
 from tests.helpers.waiting import wait_for
-from tools.stack.ports import Ports
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _forged_graded(tenant: str, iid: str) -> events_pb2.GradedInteraction:
@@ -60,21 +54,8 @@ def _forged_update(model: str) -> events_pb2.ModelUpdate:
 
 def test_forged_graded_knowledge_and_model_update_are_dead_lettered(
         kafka_bootstrap: str, topics: Topics, tiny_model_name: str, tmp_path: Path) -> None:
-    ports = Ports()
-    home = tmp_path / "home"
-    env = {**os.environ, "APPRENTICE_HOME": str(home), "APPRENTICE_MODEL": tiny_model_name,
-           "APPRENTICE_USE_RUNNING_BROKER": "1", "APPRENTICE_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "APPRENTICE_INFERENCE_PORT": str(ports.inference), "APPRENTICE_WEIGHTS_PORT": str(ports.weights),
-           "APPRENTICE_EXTRACTOR_PORT": str(ports.extractor), "APPRENTICE_INFERENCE_POD_ID": "pod-forged",
-           "APPRENTICE_INFERENCE_HTTP_PORT": str(ports.http), "APPRENTICE_DASHBOARD_PORT": str(ports.dashboard),
-           **{f"APPRENTICE_{n.upper()}_METRICS_PORT": str(p) for n, p in ports.metrics.items()}}
-
-    def apprentice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=timeout)
-
-    def status() -> dict[str, Any]:
-        return dict(json.loads(apprentice("status", "--json").stdout))
+    stack = cli_stack(tmp_path, tiny_model_name, "pod-forged")
+    apprentice, status = stack.apprentice, stack.status
 
     try:
         up = apprentice("up", "--wait", "240", timeout=300)

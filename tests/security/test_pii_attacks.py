@@ -9,11 +9,8 @@ see a leak. A `reject` tenant gets INVALID_ARGUMENT naming the types, never the 
 
 from __future__ import annotations
 
-import contextlib
-import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -21,11 +18,10 @@ import pytest
 
 from services.inference.client import InferenceClient
 from shared.contracts.topics import Topics
-from shared.kafka.admin import delete_topics, ensure_topics
 from shared.privacy.policy import Redactor
 from shared.proto.apprentice.v1 import events_pb2
-from tests.helpers.inference import start_inference
-from tests.helpers.kafka import collect
+from tests.helpers.inference import spool_bytes, start_inference
+from tests.helpers.kafka import collect, topic_namespace
 from tests.helpers.privacy import CountingDetector
 
 pytestmark = pytest.mark.integration
@@ -38,11 +34,8 @@ CORRECTION = f"The account holder is {CORRECTION_NAME}; refund card {CARD} and m
 
 @pytest.fixture(scope="module")
 def ns(kafka_bootstrap: str) -> Iterator[Topics]:
-    t = Topics(prefix=f"test-pii-{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka_bootstrap, t)
-    yield t
-    with contextlib.suppress(Exception):
-        delete_topics(kafka_bootstrap, [s.name for s in t.specs()])
+    with topic_namespace(kafka_bootstrap, "pii") as t:
+        yield t
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +51,6 @@ def app(ns: Topics, kafka_bootstrap: str, tiny_model_name: str, tmp_path_factory
 def client(app: Any) -> Iterator[InferenceClient]:
     with InferenceClient(f"127.0.0.1:{app.port}", tenant="acme") as c:
         yield c
-
-
-def spool_bytes(app: Any) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(Path(app.settings.spool_path).glob("*.seg")))
 
 
 def leaked(data: bytes | str) -> list[str]:
