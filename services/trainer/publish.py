@@ -36,7 +36,7 @@ def provenance_metadata(ckpt: Checkpoint) -> dict[str, str]:
     consolidated, and the version files that list them (`TRAINED_INTERACTIONS`, `KNOWLEDGE_VERSIONS`, their
     sha256 in the manifest's file list). The lists stay out of the manifest, which every `Weights.List` returns
     for every version, under a 64 KiB metadata bound a large knowledge base would pass."""
-    out = {}
+    out: dict[str, str] = {}
     for name, key in ((TRAINED_INTERACTIONS, "trained_interactions"), (KNOWLEDGE_VERSIONS, "knowledge_versions")):
         path = ckpt.weights_dir / name
         if path.exists():      # (a checkpoint written before the file existed has none)
