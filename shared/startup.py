@@ -5,6 +5,7 @@ The errors caught here are the operator's to fix, not bugs: a port another proce
 the traffic), a public bind without keys (`InsecureBind`), keys that do not parse (`KeyConfigError`),
 TLS files that cannot be used (`TLSConfigError`), a model that cannot be loaded here
 (`ModelUnavailable`: an unknown name, a missing package), a variable that was renamed (`SettingMoved`), a
+Kafka producer or topic that could lose acknowledged records when a broker goes (`UnsafeKafkaConfig`), a
 value the settings refuse (pydantic's `ValidationError` raised by a settings class: a typo inside a group, a
 field of another kind, a number out of range). Their messages already say what to change; a traceback would
 only bury that line. Anything else still raises (a bug keeps its traceback, a `ValidationError` of anything
@@ -37,6 +38,7 @@ def startup_errors() -> tuple[type[Exception], ...]:
     entry point's `--help` stays light."""
     # deferred: shared.models and the security modules load numpy, grpc and cryptography; every service's
     # __main__ (all imported by `apprentice`) imports this module
+    from shared.kafka.durability import UnsafeKafkaConfig
     from shared.kafka.signing import SigningKeyMissing
     from shared.models import ModelUnavailable
     from shared.rpc.grpc_util import PortInUse
@@ -46,7 +48,7 @@ def startup_errors() -> tuple[type[Exception], ...]:
     from shared.settings import SettingMoved
 
     return (PortInUse, InsecureBind, KeyConfigError, TLSConfigError, ModelUnavailable, SettingMoved,
-            SigningKeyMissing)
+            SigningKeyMissing, UnsafeKafkaConfig)
 
 
 def one_line(service: str, exc: BaseException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from services.extractor.settings import ExtractorSettings
+from shared.kafka.durability import check_at_start
 from shared.logs import configure_logging
 from shared.rpc.grpc_util import service_host
 from shared.service import run_service
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
                             epilog="Settings: APPRENTICE_EXTRACTOR_* and APPRENTICE_* variables.").parse_args(argv)
 
     settings = ExtractorSettings()
+    check_at_start(settings.common)
 
     configure_logging("extractor", settings.common.log_level, settings.common.log_json)
     metrics_host = service_host(settings.host, settings.common)

@@ -8,6 +8,7 @@ import sys
 
 from services.grader.settings import GraderSettings
 from shared.grading import GraderConfigError, load_grader_config
+from shared.kafka.durability import check_at_start
 from shared.logs import configure_logging
 from shared.startup import exit_on_startup_error
 
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(prog="apprentice serve grader", description=__doc__,
                             epilog="Settings: APPRENTICE_GRADER_* and APPRENTICE_* variables.").parse_args(argv)
     settings = GraderSettings()
+    check_at_start(settings.common, replication=settings.replication)   # its changelogs too
     configure_logging("grader", settings.log_level or settings.common.log_level, settings.common.log_json)
     try:
         config = load_grader_config(settings.config_path)

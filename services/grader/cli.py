@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import Producer
 
 from services.grader.core.rulebook import OPERATOR, RuleRecord, RuleRefused, new_record, rule_key
 from shared.contracts.topics import contract_name
 from shared.contracts.validation import KafkaHeaders
 from shared.kafka.admin import broker_answers, ensure_topics
+from shared.kafka.durability import durable_producer
 from shared.kafka.reader import ReadTimeout, TopicMissing, read_topic_to_end
 from shared.kafka.security import librdkafka_config
 from shared.kafka.signing import SigningKeyMissing
@@ -137,7 +137,7 @@ def _write(common: Any, rec: RuleRecord) -> int:
         return 2
     ensure_topics(common.kafka_bootstrap, common.topics, security=common)
     errors: list[str] = []
-    producer = Producer({**librdkafka_config(common), "bootstrap.servers": common.kafka_bootstrap, "acks": "all"})
+    producer = durable_producer({**librdkafka_config(common), "bootstrap.servers": common.kafka_bootstrap})
     topic, value, key = common.topics.grader_rules, rec.model_dump_json().encode(), rec.key.encode()
     headers: KafkaHeaders = [*signer.headers(contract_name(topic) or topic, key, value)] if signer is not None else []
     producer.produce(topic, value, key, headers=headers,

@@ -128,8 +128,9 @@ class GraderSettings(ApprenticeSettings):
     """Tenant the judge's Generate calls use: a tenant with no versions of its own, so the judge is the
     base (or operator) model rather than a policy being trained on these very rewards."""
 
-    replication: int = Field(default=1, ge=1)
-    """Replication factor of the internal and changelog topics faust creates (3 in production)."""
+    replication: int = Field(default=0, ge=0)
+    """Replication factor of the grader's internal and changelog topics; 0 = from the cluster's size (3, with
+    min.insync.replicas=2, from three brokers on; else 1: shared/kafka/durability.py)."""
 
     session_timeout_s: float = Field(default=10.0, ge=3.0)
     """Kafka consumer session timeout. After a crash, the group waits this long for the dead member

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from services.inference.settings import InferenceSettings
+from shared.kafka.durability import check_at_start
 from shared.logs import configure_logging
 from shared.rpc.grpc_util import service_host
 from shared.service import run_service
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides = {k: v for k, v in (("port", ns.port), ("engine", ns.engine)) if v is not None}
     settings = InferenceSettings(**overrides)
+    check_at_start(settings.common)         # topics that would lose records when a broker goes: exit 2
     configure_logging("inference", settings.common.log_level, settings.common.log_json)
     # heavy: torch (the engine); `apprentice` imports this module, so --help stays fast
     from services.inference.service import InferenceApp

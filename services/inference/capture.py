@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError
 from google.protobuf.message import Message as ProtoMessage
 
 from services.inference import metrics
@@ -31,6 +31,7 @@ from services.inference.spool import Spool, SpoolRecord
 from shared.contracts.topics import contract_name
 from shared.contracts.validation import type_headers_for_topic
 from shared.kafka.client_logs import client_log_config
+from shared.kafka.durability import durable_producer
 from shared.kafka.security import SecuritySource, librdkafka_config
 from shared.kafka.signing import RecordSigner
 from shared.retry import Backoff
@@ -75,7 +76,7 @@ class CaptureSink:
         self.stall_s = stall_s
         # Idempotent + acks=all as every Apprentice producer (docs/architecture.md §5); our own client rather than
         # shared EventProducer because the sink must purge what it handed over when it closes.
-        self._producer = Producer({
+        self._producer = durable_producer({
             **librdkafka_config(security), **client_log_config(bootstrap),
             "bootstrap.servers": bootstrap, "client.id": client_id, "enable.idempotence": True, "acks": "all",
             "linger.ms": 5, "compression.type": "lz4",

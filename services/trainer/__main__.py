@@ -8,6 +8,7 @@ import sys
 
 from services.trainer.settings import TrainerSettings
 from services.trainer.steplog import ReportingUnavailable, require_available
+from shared.kafka.durability import check_at_start
 from shared.logs import configure_logging
 from shared.rpc.grpc_util import service_host
 from shared.service import run_service
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     settings = TrainerSettings(**({"tenant": args.tenant} if args.tenant else {}))
+    check_at_start(settings.common)
 
     try:
         require_available(settings.experiment_log.kind)   # an operator's setting without its package

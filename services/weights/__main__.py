@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from services.weights.settings import WeightsSettings
+from shared.kafka.durability import check_at_start
 from shared.logs import configure_logging
 from shared.rpc.grpc_util import service_host
 from shared.service import run_service
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
 
     settings = WeightsSettings(**{k: v for k, v in (("port", ns.port), ("policy", ns.policy)) if v is not None})
+    check_at_start(settings.common)
     configure_logging("weights", settings.common.log_level, settings.common.log_json)
     if settings.common.torch_threads:
         # heavy: torch, only to set its threads; `apprentice` imports this module

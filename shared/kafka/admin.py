@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from shared.contracts.topics import Topics, TopicSpec
 from shared.kafka.client_logs import client_log_config
+from shared.kafka.durability import cluster_replication
 from shared.kafka.security import SecuritySource, librdkafka_config
 
 
@@ -44,8 +45,8 @@ def wait_for_broker(bootstrap: str, timeout: float = 60.0, *, security: Security
     raise TimeoutError(f"no Kafka broker answered at {bootstrap} within {timeout:.0f}s")
 
 
-def _new_topic(spec: TopicSpec, replication: int) -> NewTopic:
-    config = {"retention.ms": str(spec.retention_ms)}
+def _new_topic(spec: TopicSpec, replication: int, min_insync: int = 1) -> NewTopic:
+    config = {"retention.ms": str(spec.retention_ms), "min.insync.replicas": str(min_insync)}
     if spec.compacted:
         config["cleanup.policy"] = "compact"
         config["min.cleanable.dirty.ratio"] = "0.1"
@@ -53,16 +54,22 @@ def _new_topic(spec: TopicSpec, replication: int) -> NewTopic:
     return NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=replication, config=config)
 
 
-def ensure_topics(bootstrap: str, topics: Topics | None = None, *, replication: int = 1,
+def ensure_topics(bootstrap: str, topics: Topics | None = None, *, replication: int | None = None,
                   timeout: float = 30.0, security: SecuritySource = None) -> list[str]:
-    """Create every missing topic; return the names that were created. Existing topics are left alone."""
+    """Create every missing topic; return the names that were created. Existing topics are left alone.
+    `replication` None: from the cluster's size, with min.insync.replicas to match (3 and 2 from three brokers
+    on, else 1: shared/kafka/durability.py)."""
     specs = (topics or Topics()).specs()
     client = admin(bootstrap, security=security)
-    existing = set(client.list_topics(timeout=timeout).topics)
+    md = client.list_topics(timeout=timeout)
+    existing = set(md.topics)
     missing = [s for s in specs if s.name not in existing]
     if not missing:
         return []
-    futures = client.create_topics([_new_topic(s, replication) for s in missing], request_timeout=timeout)
+    auto_rf, min_insync = cluster_replication(len(md.brokers))
+    rf = auto_rf if replication is None else replication
+    min_insync = min(min_insync, max(1, rf - 1))
+    futures = client.create_topics([_new_topic(s, rf, min_insync) for s in missing], request_timeout=timeout)
     created = []
     for name, fut in futures.items():
         try:

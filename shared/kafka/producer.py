@@ -11,12 +11,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message
 from google.protobuf.message import Message as ProtoMessage
 
 from shared.contracts.topics import contract_name
 from shared.contracts.validation import type_headers
 from shared.kafka.client_logs import client_log_config
+from shared.kafka.durability import durable_producer
 from shared.kafka.security import SecuritySource, librdkafka_config
 from shared.kafka.signing import RecordSigner
 
@@ -49,7 +50,7 @@ class EventProducer:
             "message.timeout.ms": 30000,
         }
         config.update(extra_config or {})
-        self._producer = Producer(config)
+        self._producer = durable_producer(config)     # acks=all and idempotence, never weakened
         self.signer = signer
         self._lock = threading.Lock()
         self.delivered = 0

@@ -22,7 +22,14 @@ from shared.kafka.trust import RecordTrust
 from shared.settings import CommonSettings
 from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
 from tools.broker.acls import apply_acls, describe_acls, grants, table_lines
-from tools.broker.local_broker import DEFAULT_PLAINTEXT_PORT, BrokerError, LocalBroker, principal_security
+from tools.broker.cluster import LocalCluster
+from tools.broker.local_broker import (
+    DEFAULT_PLAINTEXT_PORT,
+    DEFAULT_PORT,
+    BrokerError,
+    LocalBroker,
+    principal_security,
+)
 
 if TYPE_CHECKING:
     from tools.broker.local_broker import BrokerStatus
@@ -96,10 +103,18 @@ def kafka(argv: list[str]) -> int:
     ap.add_argument("--apply", action="store_true", help="acls: create the missing SCRAM users and ACLs")
     ap.add_argument("--describe", action="store_true", help="acls: print the ACLs the broker holds")
     ap.add_argument("--principal", choices=[*access.PRINCIPALS, access.ADMIN], help="rotate: whose password")
+    ap.add_argument("--brokers", type=int, default=None, metavar="N",
+                    help="start: a replicated cluster of N brokers (3: replication factor 3, min.insync.replicas "
+                         "2; tools/broker/cluster.py); stop and status act on the cluster this home recorded")
     ns = ap.parse_args(argv)
     settings = CommonSettings()
+    if ns.brokers is not None and ns.brokers < 1:
+        ap.error("--brokers must be at least 1")
 
     try:
+        cluster = _cluster(settings, ns.brokers)
+        if cluster is not None and ns.action in ("start", "stop", "status"):
+            return _cluster_action(cluster, ns.action, settings, topics=not ns.no_topics)
         broker = _broker(settings, plaintext_port=ns.plaintext_port if ns.plaintext_listener else None)
         if ns.action == "fetch":
             libs = broker.fetch_jars()
@@ -144,6 +159,43 @@ def kafka(argv: list[str]) -> int:
     except BrokerError as e:
         print(f"apprentice kafka {ns.action}: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _cluster(settings: CommonSettings, brokers: int | None) -> LocalCluster | None:
+    """The cluster `--brokers N` (N > 1) asks for, or the one this home recorded when N is not given."""
+    host, _, port = settings.kafka_bootstrap.split(",")[0].rpartition(":")
+    if brokers is not None and brokers > 1:
+        return LocalCluster(settings.home, brokers, host=host or "127.0.0.1", port=int(port or DEFAULT_PORT))
+    recorded = LocalCluster.recorded(settings.home)
+    if brokers == 1 and recorded is not None:
+        raise BrokerError(f"this home records a cluster of {recorded.brokers} brokers ({recorded.layout_file}): stop "
+                          f"it, then remove {recorded.home / 'cluster'} and that file to go back to one broker")
+    return recorded
+
+
+def _cluster_action(cluster: LocalCluster, action: str, settings: CommonSettings, *, topics: bool) -> int:
+    if action == "stop":
+        print(f"kafka cluster of {cluster.brokers} brokers stopped" if cluster.stop()
+              else "no node started by apprentice is running")
+        return 0
+    if action == "status":
+        st = cluster.status()
+        for n, node in zip(st.nodes, cluster.nodes, strict=True):
+            print(f"node {node.node_id} {'up' if n.running else 'down'} at {n.bootstrap}"
+                  + (f" (pid {n.pid})" if n.pid else "") + f"; data {node.data}")
+        print(f"kafka cluster: {st.running} of {cluster.brokers} brokers up; bootstrap {st.bootstrap}")
+        return 0 if st.running == cluster.brokers else 1
+    t0 = time.monotonic()
+    st = cluster.start(topics=settings.topics)
+    print(f"kafka cluster of {cluster.brokers} brokers up at {st.bootstrap} (SASL_PLAINTEXT, ACLs on, replication "
+          f"factor {cluster.nodes[0].replication}, min.insync.replicas {cluster.nodes[0].min_insync}) in "
+          f"{time.monotonic() - t0:.1f}s")
+    print(f"credentials of each principal in {cluster.sasl_dir}; the operator's: "
+          + " ".join(f"{k}={v}" for k, v in cluster.client_env(access.OPERATOR).items()))
+    if topics:
+        created = ensure_topics(st.bootstrap, settings.topics, security=cluster.security(access.ADMIN))
+        print(f"topics: {len(created)} created, {len(settings.topics.specs())} in all")
     return 0
 
 
@@ -195,10 +247,11 @@ def _unreachable(command: str, settings: CommonSettings) -> bool:
 def topics(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="apprentice topics", description="Create missing topics and list them.")
     ap.add_argument("--no-create", action="store_true")
-    ap.add_argument("--replication", type=int, default=1, metavar="N",
-                    help="replication factor of the topics it creates (1 = single broker; 3 on a cluster)")
+    ap.add_argument("--replication", type=int, default=None, metavar="N",
+                    help="replication factor of the topics it creates (default: from the cluster's size, 3 with "
+                         "min.insync.replicas 2 from three brokers on, else 1)")
     ns = ap.parse_args(argv)
-    if ns.replication < 1:
+    if ns.replication is not None and ns.replication < 1:
         ap.error("--replication must be at least 1")
     settings = CommonSettings()
 

@@ -27,6 +27,8 @@ open door this configuration closes; never for anything but a legacy client on a
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -72,6 +74,38 @@ ADMIN_MECHANISM = "PLAIN"
 SCRAM_ITERATIONS = 8192
 """PBKDF2 rounds of the stored SCRAM credential (Kafka's minimum is 4096)."""
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+CLUSTER_FILE = "cluster.json"
+"""`<home>/kafka/cluster.json`: the layout of a home's replicated cluster (tools/broker/cluster.py)."""
+PORT_STEP = 100
+"""A cluster's node i listens on port + PORT_STEP * (i - 1) (its controller on the next port)."""
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs: a broker this very process started and that has exited is a zombie until reaped,
+    and `kill(pid, 0)` still answers for a zombie, so it is reaped here (or recognised in /proc)."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+
+
+def recorded_cluster_bootstrap(home: Path) -> str | None:
+    """Every node's address of the cluster `home` records (tools/broker/cluster.py), None when it records none."""
+    f = home / "kafka" / CLUSTER_FILE
+    try:
+        layout = json.loads(f.read_text())
+        return ",".join(f"{layout['host']}:{int(layout['port']) + PORT_STEP * i}" for i in range(int(layout["brokers"])))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class BrokerError(RuntimeError):
@@ -159,6 +193,10 @@ class LocalBroker:
         if plaintext_port in (port, controller_port):
             raise BrokerError(f"the plaintext port {plaintext_port} is already the broker's SASL or controller port")
         self.plaintext_port = plaintext_port
+        # one node of one voter; tools/broker/cluster.py's nodes set their id, the quorum and replication
+        self.node_id = 1
+        self.voters = f"1@{host}:{controller_port}"
+        self.replication, self.min_insync = 1, 1
 
     @classmethod
     def for_settings(cls, settings: CommonSettings, *, plaintext_port: int | None = None) -> LocalBroker:
@@ -223,7 +261,13 @@ class LocalBroker:
         return ensure_record_keys(self.record_keys_dir)
 
     def admin_client(self) -> AdminClient:
-        return admin(self.bootstrap, security=self.security(access.ADMIN))
+        """An admin client that has read the cluster's metadata once: librdkafka replaces its bootstrap
+        connection by the brokers the metadata names, failing a request in flight on it (_DESTROY_BROKER), which
+        a first request on a fresh client to a node of a cluster otherwise meets."""
+        client = admin(self.bootstrap, security=self.security(access.ADMIN))
+        with contextlib.suppress(KafkaException):
+            client.list_topics(timeout=10)
+        return client
 
     def ensure_users(self, timeout: float = 30.0, principals: tuple[str, ...] = access.PRINCIPALS) -> None:
         """Give every principal its SCRAM credential with the password in its file (upserted on every start,
@@ -312,8 +356,8 @@ class LocalBroker:
             protocols.append("PLAINTEXT:PLAINTEXT")
         return [
             "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.voters=1@{self.host}:{self.controller_port}",
+            f"node.id={self.node_id}",
+            f"controller.quorum.voters={self.voters}",
             f"listeners={','.join(listeners)},CONTROLLER://{self.host}:{self.controller_port}",
             f"advertised.listeners={','.join(listeners)}",
             "controller.listener.names=CONTROLLER",
@@ -335,12 +379,15 @@ class LocalBroker:
             f"super.users=User:{access.ADMIN}",
             f"log.dirs={self.data.resolve()}",
             "num.partitions=3",
-            "offsets.topic.replication.factor=1",
+            # the internal topics (offsets, transactions) as replicated as the contract topics
+            f"default.replication.factor={self.replication}",
+            f"min.insync.replicas={self.min_insync}",
+            f"offsets.topic.replication.factor={self.replication}",
             "offsets.topic.num.partitions=10",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "share.coordinator.state.topic.replication.factor=1",
-            "share.coordinator.state.topic.min.isr=1",
+            f"transaction.state.log.replication.factor={self.replication}",
+            f"transaction.state.log.min.isr={self.min_insync}",
+            f"share.coordinator.state.topic.replication.factor={self.replication}",
+            f"share.coordinator.state.topic.min.isr={self.min_insync}",
             "group.initial.rebalance.delay.ms=0",
             # only a principal with CREATE on the topic gets one created by a metadata request: admin
             "auto.create.topics.enable=true",
@@ -385,13 +432,9 @@ class LocalBroker:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _alive(pid):
             self.pid_file.unlink(missing_ok=True)
             return None
-        except PermissionError:
-            pass
         return pid
 
     def serving_data_dir(self, timeout: float = 5.0) -> Path | None:
@@ -464,30 +507,38 @@ class LocalBroker:
                 self.stop()
                 pid = None
         if pid is None:
-            self.home.mkdir(parents=True, exist_ok=True)
-            self.log_file.parent.mkdir(parents=True, exist_ok=True)
-            self.fetch_jars()
-            props = self._properties()
-            self._format(props)
-            log = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child process
-            env = dict(os.environ, KAFKA_HEAP_OPTS=f"-Xmx{self.heap}")
-            proc = subprocess.Popen(
-                [self._need_java(), f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC",
-                 "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.log_file.parent.resolve()}",
-                 "-cp", self._classpath(), "kafka.Kafka", str(props)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-            self.pid_file.write_text(str(proc.pid))
-            pid = proc.pid
+            pid = self.launch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._answers(timeout=1.0):
                 self.ensure_access(topics, timeout=max(10.0, deadline - time.monotonic()))
                 return self.status()
-            if self._owned_pid() is None:
-                tail = self.log_file.read_text(errors="replace")[-3000:] if self.log_file.exists() else ""
-                raise BrokerError(f"the Kafka broker exited during start-up; log tail:\n{tail}")
+            self.check_alive()
             time.sleep(0.5)
         raise BrokerError(f"the Kafka broker (pid {pid}) did not answer within {timeout:.0f}s; see {self.log_file}")
+
+    def launch(self) -> int:
+        """Write the configuration, format the data folder once, start the JVM; its pid (not yet answering)."""
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.fetch_jars()
+        props = self._properties()
+        self._format(props)
+        log = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child process
+        env = dict(os.environ, KAFKA_HEAP_OPTS=f"-Xmx{self.heap}")
+        proc = subprocess.Popen(
+            [self._need_java(), f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC",
+             "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.log_file.parent.resolve()}",
+             "-cp", self._classpath(), "kafka.Kafka", str(props)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.pid_file.write_text(str(proc.pid))
+        return proc.pid
+
+    def check_alive(self) -> None:
+        """`BrokerError` with the log's tail when the JVM this home started has exited."""
+        if self._owned_pid() is None:
+            tail = self.log_file.read_text(errors="replace")[-3000:] if self.log_file.exists() else ""
+            raise BrokerError(f"the Kafka broker exited during start-up; log tail:\n{tail}")
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop the broker this module started; return False when there was none of ours."""
@@ -497,9 +548,7 @@ class LocalBroker:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if not _alive(pid):
                 break
             time.sleep(0.2)
         else:
@@ -556,4 +605,6 @@ def apply_client_env(home: Path, principal: str, environ: os._Environ[str] | dic
     if not (sasl_dir / f"{principal}.password").exists():
         return False
     env.update(principal_env(sasl_dir, principal))
+    if not env.get("APPRENTICE_KAFKA_BOOTSTRAP") and (cluster := recorded_cluster_bootstrap(home)) is not None:
+        env["APPRENTICE_KAFKA_BOOTSTRAP"] = cluster      # every node: clients find it with one down
     return True

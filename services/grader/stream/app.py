@@ -87,7 +87,7 @@ class GraderApp:
             settings.app_id, broker=_brokers(settings.common.kafka_bootstrap), store=settings.store,
             broker_credentials=faust_credentials(settings.common),  # TLS / SASL, as every Kafka client
             datadir=str(settings.datadir / settings.app_id), web_enabled=False, autodiscover=False,
-            topic_partitions=P, topic_replication_factor=settings.replication,
+            topic_partitions=P, topic_replication_factor=settings.replication or 1,   # resolved at start (internal_topics.py)
             key_serializer="raw", value_serializer="raw", consumer_auto_offset_reset="earliest",
             consumer_max_fetch_size=4 * 1024 * 1024, stream_buffer_maxsize=max(4096, 4 * settings.batch_max),
             broker_commit_every=max(1000, settings.batch_max), broker_commit_interval=settings.commit_interval_s,

@@ -27,6 +27,7 @@ from services.grader.settings import GraderSettings
 from shared.contracts.topics import contract_name
 from shared.contracts.validation import KafkaHeaders
 from shared.kafka.consumers import new_consumer
+from shared.kafka.durability import durable_producer
 from shared.kafka.reader import ReadTimeout, TopicMissing, read_to_end
 from shared.kafka.security import librdkafka_config
 from shared.kafka.trust import RecordTrust, record_signer
@@ -111,7 +112,8 @@ class RulesFollower:
         letter = dead_letter(Rejected(STAGE, reason, "RuleRefused", tenant), source="grader", topic=m.topic() or "",
                              partition=m.partition() or 0, offset=m.offset() or 0, key=m.key(), value=m.value())
         if self._producer is None:
-            self._producer = Producer({**self._security, "bootstrap.servers": self.settings.common.kafka_bootstrap})
+            self._producer = durable_producer({**self._security,
+                                               "bootstrap.servers": self.settings.common.kafka_bootstrap})
         topic, value, key = self.settings.common.topics.deadletter, letter.SerializeToString(), letter.original_key or None
         headers: KafkaHeaders = list(DEADLETTER_HEADERS)
         if self._signer is not None:  # the grader's dead letters carry its signature (shared/kafka/signing.py)
