@@ -97,6 +97,8 @@ def grants(topics: Topics | None = None) -> list[Grant]:
         name = p + a.topic
         for who in access.PRINCIPALS:
             out.add(Grant(who, "topic", name, "literal", "DESCRIBE"))
+            # replication and min.insync.replicas, checked by every service at start (shared/kafka/durability.py)
+            out.add(Grant(who, "topic", name, "literal", "DESCRIBE_CONFIGS"))
         for who in a.writers:
             out.add(Grant(who, "topic", name, "literal", "WRITE"))
             out.add(Grant(who, "cluster", CLUSTER, "literal", "IDEMPOTENT_WRITE"))

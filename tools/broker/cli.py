@@ -72,6 +72,8 @@ def foreign_broker(settings: CommonSettings) -> str | None:
     user pointed at on purpose)."""
 
     try:
+        if LocalCluster.recorded(settings.home) is not None:
+            return None                   # this home's own cluster
         broker = _broker(settings)
     except BrokerError:
         return None                       # `kafka start` says what is wrong with the settings

@@ -44,6 +44,7 @@ from tools.broker.local_broker import (
 
 if TYPE_CHECKING:
     from shared.contracts.topics import Topics
+    from shared.settings import CommonSettings
 
 
 class ClusterNode(LocalBroker):
@@ -200,3 +201,9 @@ class LocalCluster:
         """Partition --> the node id leading it now."""
         md = self.admin_client().list_topics(topic, timeout=timeout).topics[topic]
         return {p: meta.leader for p, meta in md.partitions.items()}
+
+
+def home_broker(settings: CommonSettings) -> LocalBroker | LocalCluster:
+    """This home's Kafka: the cluster it records (`apprentice kafka start --brokers N`), else its single
+    broker at the settings' address."""
+    return LocalCluster.recorded(settings.home) or LocalBroker.for_settings(settings)

@@ -20,6 +20,7 @@ from shared.kafka.admin import admin, ensure_topics
 from shared.security.channels import open_channel
 from shared.settings import CommonSettings
 from tools.broker.acls import apply_acls, grants
+from tools.broker.cluster import LocalCluster, home_broker
 from tools.broker.local_broker import (
     LocalBroker,
     apply_client_env,
@@ -59,16 +60,16 @@ class LocalStack:
         # the local broker's credentials: a private broker's, those this process already holds (tests:
         # the session broker's admin; the CLI), or those of the broker `start` starts. A broker with
         # credentials of the user's own (no local credentials folder) is left as the user configured it.
-        self._starts: LocalBroker | None = None
+        self._starts: LocalBroker | LocalCluster | None = None
         if broker is not None:
             self.sasl_dir: Path | None = broker.sasl_dir
         elif (held := local_credentials_dir(os.environ)) is not None:
             self.sasl_dir = held
-            local = LocalBroker.for_settings(self.common)
+            local = home_broker(self.common)
             if local.sasl_dir.resolve() == held.resolve():
                 self._starts = local                    # this home's broker: started here when it is down
         elif self.common.kafka_security_protocol == "PLAINTEXT":
-            self._starts = LocalBroker.for_settings(self.common)
+            self._starts = home_broker(self.common)
             self.sasl_dir = self._starts.sasl_dir
         else:
             self.sasl_dir = None

@@ -24,7 +24,8 @@ def test_topic_rights_are_exactly_the_table_for_the_prefix(prefix: str) -> None:
         assert {g.principal for g in on if g.operation == "WRITE"} == a.writers, a.topic
         assert {g.principal for g in on if g.operation == "READ"} == a.readers, a.topic
         assert {g.principal for g in on if g.operation == "DESCRIBE"} == set(access.PRINCIPALS)
-        assert {g.operation for g in on} == {"WRITE", "READ", "DESCRIBE"}   # nobody may create or delete it
+        assert {g.principal for g in on if g.operation == "DESCRIBE_CONFIGS"} == set(access.PRINCIPALS)
+        assert {g.operation for g in on} == {"WRITE", "READ", "DESCRIBE", "DESCRIBE_CONFIGS"}   # nobody may create or delete it
 
 
 def test_every_writer_may_write_idempotently_and_nobody_else() -> None:
