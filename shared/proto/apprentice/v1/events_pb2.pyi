@@ -40,7 +40,7 @@ UPDATE_ACTION_CANARY: UpdateAction
 UPDATE_ACTION_ROLLBACK: UpdateAction
 
 class Interaction(_message.Message):
-    __slots__ = ("envelope", "interaction_id", "session_id", "task", "model", "policy_version", "knowledge_version", "messages", "prompt_text", "prompt_token_ids", "sampling", "response_text", "response_token_ids", "response_logprobs", "response_logprobs_t1", "finish_reason", "latency_ms", "group_id", "sample_index", "group_size", "canary", "serving_pod", "raw_prompt", "knowledge_items", "tools", "response_format", "response_tool_calls")
+    __slots__ = ("envelope", "interaction_id", "session_id", "task", "model", "policy_version", "knowledge_version", "messages", "prompt_text", "prompt_token_ids", "sampling", "response_text", "response_token_ids", "response_logprobs", "response_logprobs_t1", "finish_reason", "latency_ms", "group_id", "sample_index", "group_size", "canary", "serving_pod", "raw_prompt", "knowledge_items", "tools", "response_format", "response_tool_calls", "trajectory")
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     INTERACTION_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class Interaction(_message.Message):
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FORMAT_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
     envelope: _common_pb2.Envelope
     interaction_id: str
     session_id: str
@@ -95,7 +96,24 @@ class Interaction(_message.Message):
     tools: _containers.RepeatedCompositeFieldContainer[_common_pb2.Tool]
     response_format: _common_pb2.ResponseFormat
     response_tool_calls: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolCall]
-    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., interaction_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[str] = ..., knowledge_version: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., response_text: _Optional[str] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., response_logprobs_t1: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., latency_ms: _Optional[float] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., canary: _Optional[bool] = ..., serving_pod: _Optional[str] = ..., raw_prompt: _Optional[bool] = ..., knowledge_items: _Optional[_Iterable[_Union[KnowledgeRef, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.Tool, _Mapping]]] = ..., response_format: _Optional[_Union[_common_pb2.ResponseFormat, _Mapping]] = ..., response_tool_calls: _Optional[_Iterable[_Union[_common_pb2.ToolCall, _Mapping]]] = ...) -> None: ...
+    trajectory: Trajectory
+    def __init__(self, envelope: _Optional[_Union[_common_pb2.Envelope, _Mapping]] = ..., interaction_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[str] = ..., knowledge_version: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., response_text: _Optional[str] = ..., response_token_ids: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., response_logprobs_t1: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., latency_ms: _Optional[float] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., group_size: _Optional[int] = ..., canary: _Optional[bool] = ..., serving_pod: _Optional[str] = ..., raw_prompt: _Optional[bool] = ..., knowledge_items: _Optional[_Iterable[_Union[KnowledgeRef, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.Tool, _Mapping]]] = ..., response_format: _Optional[_Union[_common_pb2.ResponseFormat, _Mapping]] = ..., response_tool_calls: _Optional[_Iterable[_Union[_common_pb2.ToolCall, _Mapping]]] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ...) -> None: ...
+
+class Trajectory(_message.Message):
+    __slots__ = ("prompt_length", "environment", "logprobs", "logprobs_t1", "interaction_ids", "realigned_tokens")
+    PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_T1_FIELD_NUMBER: _ClassVar[int]
+    INTERACTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    REALIGNED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_length: int
+    environment: _containers.RepeatedScalarFieldContainer[bool]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    logprobs_t1: _containers.RepeatedScalarFieldContainer[float]
+    interaction_ids: _containers.RepeatedScalarFieldContainer[str]
+    realigned_tokens: int
+    def __init__(self, prompt_length: _Optional[int] = ..., environment: _Optional[_Iterable[bool]] = ..., logprobs: _Optional[_Iterable[float]] = ..., logprobs_t1: _Optional[_Iterable[float]] = ..., interaction_ids: _Optional[_Iterable[str]] = ..., realigned_tokens: _Optional[int] = ...) -> None: ...
 
 class KnowledgeRef(_message.Message):
     __slots__ = ("key", "item_id", "revision", "snapshot_version", "score")
