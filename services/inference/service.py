@@ -57,6 +57,7 @@ from services.inference.requests import (
 from services.inference.servicer import FeedbackServicer, InferenceServicer
 from services.inference.settings import InferenceSettings
 from services.inference.spool import Spool
+from services.inference.trajectory import SessionTurns, best, turn_of
 from shared.contracts.topic_access import INFERENCE
 from shared.kafka.deadletter import DeadLetterPublisher
 from shared.kafka.producer import EventProducer
@@ -94,6 +95,7 @@ class InferenceApp:
         self.model = settings.common.model
         self.topics = settings.common.topics
         self.capture: CaptureSink | None = None
+        self.turns = SessionTurns()    # each session's last served choices: agent trajectories (trajectory.py)
         self.dead_producer: EventProducer | None = None   # signed dead letters of refused orders/snapshots
         self.manager: VersionManager | None = None
         self.follower: UpdateFollower | None = None
@@ -308,15 +310,38 @@ class InferenceApp:
                                     version=version, canary=canary, pod=self.settings.pod_id,
                                     latency_ms=latency_ms, trace_id=trace)
                   for i, (sample, iid) in enumerate(zip(samples, ids, strict=True))]
-        # the choices share one prompt: redacted once for all of them (services/inference/privacy.py);
-        # keyed by the session's pseudonym, never the caller's raw session id (or OpenAI `user`)
-        tickets = [self.capture.submit(self.topics.interactions, ev.session_id, ev)
-                   for ev in self.privacy.interactions(p, events)]
+        captured = self._trajectories(p, events)
+        tickets = [self.capture.submit(self.topics.interactions, ev.session_id, ev) for ev in captured]
         # the answer leaves only once its interactions are on disk (services/inference/capture.py)
         deadline = time.monotonic() + self.settings.capture_ack_timeout_s
         missed = sum(not t.wait(max(0.0, deadline - time.monotonic())) for t in tickets)
         if missed:
             metrics.CAPTURE_UNSPOOLED.inc(missed)
+
+    def _trajectories(self, p: PreparedRequest, events: list[Any]) -> list[Any]:
+        """Events --> their captured copies, each a later turn of its session's agent trajectory when this pod
+        served the turn before it (services/inference/trajectory.py; docs/agents.md, "Agent trajectories").
+        The session's choices are then remembered as they were served; a prompt that privacy re-rendered
+        (redacted) no longer holds the tokens the model saw: it neither carries nor continues a trajectory."""
+        key = f"{p.tenant}\x00{p.session_id}"
+        traj = best(self.turns.get(key), p.prompt_ids)
+        if traj is not None:
+            for ev in events:
+                ev.trajectory.CopyFrom(traj)
+        # the choices share one prompt: redacted once for all of them (services/inference/privacy.py);
+        # keyed by the session's pseudonym, never the caller's raw session id (or OpenAI `user`)
+        captured = self.privacy.interactions(p, events)
+        remembered = []
+        for ev in captured:
+            if list(ev.prompt_token_ids) != list(p.prompt_ids):
+                ev.ClearField("trajectory")
+                continue
+            turn = turn_of(ev)
+            if turn is not None:
+                remembered.append(turn)
+        if remembered or traj is not None:
+            self.turns.put(key, remembered)
+        return captured
 
     def account(self, samples: list[Any], version: str, canary: bool, ok: bool) -> None:
         assert self.manager is not None

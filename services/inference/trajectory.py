@@ -1,0 +1,148 @@
+"""A session's turns --> one agent trajectory, assembled at capture time, token in, token out.
+
+Why here and not downstream (docs/agents.md, "Agent trajectories"): only the pod that served a turn knows
+the tokens it sampled and their behaviour log-probs before the chat template re-renders that turn into the
+next prompt. Each served choice is remembered per session (bounded LRU); when the session's next request
+arrives, its prompt is aligned with the remembered turn:
+
+1. the remembered turn's trajectory prompt (the first turn's prompt) must be an exact prefix of the new
+   prompt, else the request starts a new trajectory (another conversation, an edited system prompt, other
+   knowledge in context);
+2. the longest common prefix of (previous prompt + previous response) and the new prompt keeps its labels:
+   the policy's own sampled tokens stay model tokens with their recorded log-probs;
+3. past that prefix the history was re-rendered differently or edited: blocks of at least
+   `MIN_REALIGN` tokens that still equal sampled tokens are found again (difflib) and stay model tokens
+   (counted in `realigned_tokens`; the trainer's truncated importance weights correct for the changed
+   context); everything else — tool results, later user turns, template text, edited text — is
+   environment, masked out of the loss.
+
+Pure functions plus a small thread-safe cache; no Kafka, no model.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+
+from shared.proto.apprentice.v1 import events_pb2
+
+MIN_REALIGN = 3
+"""Shortest run of tokens that counts as the policy's own sample found again after a divergence: shorter
+coincidences (a common word in a tool result) stay environment."""
+
+
+@dataclass
+class Turn:
+    """One served choice as the next turn needs it: its full token sequence and, past the trajectory's
+    first prompt, which tokens the policy sampled, with their behaviour log-probs. Packed arrays: a pod
+    remembers thousands of sessions (about 13 bytes a token rather than a hundred in lists)."""
+
+    interaction_id: str
+    prompt_length: int
+    """Length of the trajectory's first prompt (the context never trained on)."""
+    tokens: array[int]
+    """prompt ids + response ids of this turn ('l')."""
+    environment: bytes
+    """Over tokens[prompt_length:]: 1 = not sampled by the policy."""
+    logprobs: array[float]
+    logprobs_t1: array[float]
+    interaction_ids: list[str] = field(default_factory=list)
+    """Every turn in the trajectory so far, this one last."""
+
+
+def turn_of(ev: events_pb2.Interaction) -> Turn | None:
+    """The captured Interaction (its trajectory already set, or not) --> the Turn to remember; None when
+    its tokens or log-probs were not kept (redacted answers, engines without log-probs)."""
+    resp = list(ev.response_token_ids)
+    if not resp or not ev.prompt_token_ids or len(ev.response_logprobs_t1) != len(resp):
+        return None
+    lp = list(ev.response_logprobs) if len(ev.response_logprobs) == len(resp) else list(ev.response_logprobs_t1)
+    t = ev.trajectory if ev.HasField("trajectory") else None
+    prompt = list(ev.prompt_token_ids)
+    if t is not None and not (len(t.environment) == len(t.logprobs) == len(t.logprobs_t1)
+                              == len(prompt) - t.prompt_length):
+        t = None        # not the shape assemble() writes: the turn starts afresh rather than misalign
+    if t is None:
+        return Turn(ev.interaction_id, len(prompt), array("l", prompt + resp), bytes(len(resp)), array("f", lp),
+                    array("f", ev.response_logprobs_t1), [ev.interaction_id])
+    return Turn(ev.interaction_id, t.prompt_length, array("l", prompt + resp),
+                bytes(bytearray(t.environment)) + bytes(len(resp)), array("f", [*t.logprobs, *lp]),
+                array("f", [*t.logprobs_t1, *ev.response_logprobs_t1]), [*t.interaction_ids, ev.interaction_id])
+
+
+def assemble(prev: Turn, prompt: Sequence[int]) -> events_pb2.Trajectory | None:
+    """The new prompt of a session's next turn, aligned with the turn served before it (module docstring).
+    None when it does not continue `prev` (the first prompt is not a prefix, or nothing follows it)."""
+    p0 = prev.prompt_length
+    if len(prompt) <= p0 or list(prompt[:p0]) != prev.tokens[:p0].tolist():
+        return None
+    n = len(prompt) - p0
+    env = [True] * n
+    lp = [0.0] * n
+    lp1 = [0.0] * n
+    common = p0
+    limit = min(len(prompt), len(prev.tokens))
+    while common < limit and prompt[common] == prev.tokens[common]:
+        common += 1
+
+    def keep(src: int, dst: int) -> None:
+        j = src - p0
+        if not prev.environment[j]:
+            env[dst - p0], lp[dst - p0], lp1[dst - p0] = False, prev.logprobs[j], prev.logprobs_t1[j]
+
+    for i in range(p0, common):
+        keep(i, i)
+    realigned = 0
+    tail_old, tail_new = prev.tokens[common:].tolist(), list(prompt[common:])
+    if tail_old and tail_new:
+        sm = SequenceMatcher(None, tail_old, tail_new, autojunk=False)
+        for block in sm.get_matching_blocks():
+            if block.size < MIN_REALIGN:
+                continue
+            for k in range(block.size):
+                before = env[common + block.b + k - p0]
+                keep(common + block.a + k, common + block.b + k)
+                realigned += int(before and not env[common + block.b + k - p0])
+    return events_pb2.Trajectory(prompt_length=p0, environment=env, logprobs=lp, logprobs_t1=lp1,
+                                 interaction_ids=list(prev.interaction_ids), realigned_tokens=realigned)
+
+
+def best(prevs: Sequence[Turn], prompt: Sequence[int]) -> events_pb2.Trajectory | None:
+    """Of the remembered choices of the session's last request (n of them), the one this prompt continues:
+    the trajectory with the most model tokens."""
+    found = [t for t in (assemble(p, prompt) for p in prevs) if t is not None]
+    return max(found, key=lambda t: sum(not e for e in t.environment), default=None)
+
+
+class SessionTurns:
+    """session key --> the choices served for its last request, bounded (least recently used leaves first).
+    A pod only knows the turns it served; a session that moves to another pod starts a new trajectory."""
+
+    def __init__(self, max_sessions: int = 4096, max_tokens: int = 32_768) -> None:
+        self.max_sessions = max_sessions
+        self.max_tokens = max_tokens
+        self._lock = threading.Lock()
+        self._turns: OrderedDict[str, list[Turn]] = OrderedDict()
+
+    def get(self, key: str) -> list[Turn]:
+        with self._lock:
+            turns = self._turns.get(key)
+            if turns is None:
+                return []
+            self._turns.move_to_end(key)
+            return list(turns)
+
+    def put(self, key: str, turns: list[Turn]) -> None:
+        turns = [t for t in turns if len(t.tokens) <= self.max_tokens]
+        with self._lock:
+            if not turns:
+                self._turns.pop(key, None)
+                return
+            self._turns[key] = turns
+            self._turns.move_to_end(key)
+            while len(self._turns) > self.max_sessions:
+                self._turns.popitem(last=False)
