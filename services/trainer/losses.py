@@ -224,6 +224,38 @@ def clipped_policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: 
     return PolicyLossOut(per_token=per, clip_fraction=clip_fraction, ratio_mean=ratio_mean)
 
 
+def model_token_mask(completion_mask: torch.Tensor, environment: torch.Tensor) -> torch.Tensor:
+    """Agent trajectories (docs/agents.md, "Agent trajectories"): the tokens the loss may see.
+
+        m_t = mask_t · (1 − env_t)
+
+    env_t = 1 on environment tokens (tool results, later user turns, template text between turns), which
+    the policy did not sample: no ratio, no clip, no gradient, no count in any normaliser.
+    completion_mask, environment: (B, T) {0, 1}. Returns (B, T) in completion_mask's dtype."""
+    return completion_mask * (1 - environment.to(completion_mask.dtype))
+
+
+def trajectory_grpo_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_behaviour: torch.Tensor,
+                         advantages: torch.Tensor, completion_mask: torch.Tensor, environment: torch.Tensor, *,
+                         eps_low: float, eps_high: float, is_cap: float) -> torch.Tensor:
+    """GRPO over multi-turn trajectories whose completions interleave the policy's tokens with the
+    environment's, for one batch (B sequences): with m = model_token_mask(mask, env),
+
+        ρ_t = exp(log π_θ(y_t) − log π_old(y_t)),   w_t = min(π_old(y_t) / π_rollout(y_t), C)
+        L = (1/B) Σ_i (1/Σ_t m_it) Σ_t m_it · −w_t · min(ρ_t·Â_i, clip(ρ_t, 1−ε_low, 1+ε_high)·Â_i)
+
+    Importance ratios and weights exist only where m = 1 (the policy's own tokens, whose behaviour
+    log-probs inference recorded); the trajectory's reward-derived advantage Â_i is shared by all of its
+    model tokens. This is what `rl.rl_round` computes for the token-level algorithms with
+    seq_mean_token_mean aggregation, written out in one function so the mask's role can be checked by hand
+    (tests/unit/trainer/test_trajectory_loss.py). All (B, T) but advantages (B,)."""
+    m = model_token_mask(completion_mask, environment)
+    w, _ = truncated_is_weights(logp_old, logp_behaviour, m, is_cap)
+    pl = clipped_policy_loss(logp, logp_old, advantages, m, eps_low=eps_low, eps_high=eps_high, is_weights=w)
+    return aggregate_loss(pl.per_token, m, "seq_mean_token_mean", num_sequences=logp.shape[0],
+                          num_tokens=int(m.sum()))
+
+
 def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, mode: str, *, num_sequences: int,
                    num_tokens: int, const_len: int = 1) -> torch.Tensor:
     """Per-token (or per-sequence) losses of a micro-batch --> its share of the batch loss.

@@ -216,7 +216,8 @@ def rl_round(policy: Policy, rollouts: Sequence[Rollout], cfg: RLConfig, baselin
     if need_ref and cfg.kl_mode == "k1_reward":
         assert old is not None and ref is not None
         T = max(len(r.completion_ids) for r in rollouts)
-        mask = _pad([torch.ones(len(r.completion_ids)) for r in rollouts], T)
+        mask = _pad([1 - torch.tensor(r.environment or [False] * len(r.completion_ids), dtype=torch.float32)
+                     for r in rollouts], T)
         rewards = losses.kl_k1_reward(rewards, _pad(old, T), _pad(ref, T), mask, cfg.kl_beta)
     adv, keep, counts = compute_advantages(rollouts, rewards, cfg, baseline)
     kept = [i for i in range(len(rollouts)) if keep[i]]
@@ -235,7 +236,7 @@ def rl_round(policy: Policy, rollouts: Sequence[Rollout], cfg: RLConfig, baselin
             if max_steps is not None and steps >= max_steps:
                 break
             ob = kept[s:s + cfg.batch_size]
-            n_seq, n_tok = len(ob), sum(len(rollouts[i].completion_ids) for i in ob)   # batch-wide normalisers
+            n_seq, n_tok = len(ob), sum(rollouts[i].model_tokens for i in ob)          # batch-wide normalisers
             step_t0, tokens_before = time.perf_counter(), tokens
             before = ({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sums.items()}  # += is in place
                       if on_step is not None else {})
@@ -245,7 +246,11 @@ def rl_round(policy: Policy, rollouts: Sequence[Rollout], cfg: RLConfig, baselin
                 mb = [mine[j] for j in mb_local]
                 rs = [rollouts[i] for i in mb]
                 b = make_batch([r.prompt_ids for r in rs], [r.completion_ids for r in rs], policy.pad_id).to(dev)
-                T, mask = b.completion_ids.shape[1], b.completion_mask
+                T = b.completion_ids.shape[1]
+                # agent trajectories: environment tokens (tool results, later user turns) leave the loss,
+                # its ratios and its normalisers (losses.model_token_mask)
+                env = _pad([torch.tensor(r.environment, dtype=torch.float32) for r in rs], T).to(dev)
+                mask = losses.model_token_mask(b.completion_mask, env)
                 with policy.autocast():
                     lp = b.unflatten(policy.scorer(b).float())                                      # (B, T)
                 lp_old = _pad([old[i] for i in mb], T).to(dev) if old is not None else lp.detach()
@@ -265,7 +270,7 @@ def rl_round(policy: Policy, rollouts: Sequence[Rollout], cfg: RLConfig, baselin
                         loss = loss + cfg.kl_beta * losses.aggregate_loss(
                             kl, mask, kl_mode, num_sequences=n_seq, num_tokens=n_tok, const_len=cfg.max_completion_length)
                 loss.backward()
-                ntok = sum(len(r.completion_ids) for r in rs)
+                ntok = sum(r.model_tokens for r in rs)
                 tokens += ntok
                 sums["loss"] += loss.detach()
                 sums["clip_fraction"] += pl.clip_fraction * ntok

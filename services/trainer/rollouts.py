@@ -47,6 +47,14 @@ class Rollout:
     max_new_tokens: int = 0
     finish_reason: str = "stop"
     revision: int = 1
+    environment: list[bool] = field(default_factory=list)
+    """Agent trajectories: one flag per completion token, True = the environment's (a tool result, a later
+    user turn), masked out of the loss; empty = every completion token is the policy's own."""
+
+    @property
+    def model_tokens(self) -> int:
+        """Completion tokens the policy sampled: what the loss and its normalisers count."""
+        return len(self.completion_ids) - sum(self.environment)
 
     @property
     def has_behaviour(self) -> bool:
@@ -72,12 +80,25 @@ def from_graded(g: events_pb2.GradedInteraction) -> Rollout:
         raise MalformedRollout(f"interaction {it.interaction_id}: no response tokens")
     if not it.prompt_token_ids:
         raise MalformedRollout(f"interaction {it.interaction_id}: no prompt tokens")
+    prompt, completion = list(it.prompt_token_ids), list(it.response_token_ids)
+    behaviour, environment = list(it.response_logprobs_t1), []
+    t = it.trajectory
+    if it.HasField("trajectory"):
+        # one agent trajectory (services/inference/trajectory.py): the first turn's prompt is the context,
+        # everything after it is the completion, the environment's tokens flagged
+        p0, rest = t.prompt_length, len(prompt) - t.prompt_length
+        if not (0 < p0 < len(prompt) and len(t.environment) == len(t.logprobs_t1) == rest):
+            raise MalformedRollout(f"interaction {it.interaction_id}: trajectory does not fit its prompt")
+        prompt, completion = prompt[:p0], prompt[p0:] + completion
+        environment = [*t.environment, *([False] * len(it.response_token_ids))]
+        behaviour = [*t.logprobs_t1, *behaviour] if behaviour else []
     return Rollout(
-        interaction_id=it.interaction_id, prompt_ids=list(it.prompt_token_ids),
-        completion_ids=list(it.response_token_ids), reward=float(g.reward), tenant=tenant_of(g),
+        interaction_id=it.interaction_id, prompt_ids=prompt,
+        completion_ids=completion, reward=float(g.reward), tenant=tenant_of(g),
         task=domain_of(it.task), group_id=it.group_id, group_size=max(1, it.group_size),
-        behaviour_logprobs=list(it.response_logprobs_t1), policy_version=it.policy_version or "base",
+        behaviour_logprobs=behaviour, policy_version=it.policy_version or "base",
         max_new_tokens=int(it.sampling.max_new_tokens), finish_reason=it.finish_reason, revision=g.revision,
+        environment=environment,
     )
 
 
