@@ -11,6 +11,8 @@ buffer releases as they are. Skips, in order, each counted under its reason:
                  not 0), or the record has no prompt or response tokens
 - unknown_version / stale  the producing policy is not in this trainer's lineage, or more than
                  `max_staleness` trainer versions old
+- in_trajectory  an earlier turn of an agent trajectory this buffer accepted (the trajectory holds its
+                 tokens, rewarded by the session's outcome: docs/agents.md); a pending one is withdrawn
 
 Revision semantics: the grader re-emits an interaction with a higher revision when late feedback
 changes its reward. Until the interaction is trained, the highest revision replaces the pending one
@@ -60,6 +62,7 @@ class RolloutBuffer:
         self.trained: dict[str, int] = {}            # interaction id -> lineage index of its policy
         self.revisions: dict[str, int] = {}          # interaction id -> highest revision seen (pending ones)
         self.pending: dict[str, _Pending] = {}
+        self.covered: dict[str, int] = {}            # earlier turns of accepted trajectories -> lineage index
         self.groups: dict[str, _Group] = {}
         self.skipped: Counter[str] = Counter()
 
@@ -77,6 +80,7 @@ class RolloutBuffer:
             self.lineage.append(version)
         horizon = len(self.lineage) - 1 - self.max_staleness
         self.trained = {k: v for k, v in self.trained.items() if v >= horizon}
+        self.covered = {k: v for k, v in self.covered.items() if v >= horizon}
 
     # --- intake ---------------------------------------------------------------------------------------
     def offer(self, g: events_pb2.GradedInteraction, now: float, *, partition: int = -1, offset: int = -1) -> str:
@@ -95,6 +99,8 @@ class RolloutBuffer:
             return "older_revision"
         if iid in self.trained:
             return "already_trained"
+        if iid in self.covered:
+            return "in_trajectory"
         it = g.interaction
         if it.group_id and it.group_size > 1:
             grp = self.groups.setdefault(it.group_id, _Group(size=it.group_size, first_seen=now))
@@ -111,6 +117,10 @@ class RolloutBuffer:
         if st > self.max_staleness:
             return "stale"
         self.pending[iid] = _Pending(rollout, g.SerializeToString(), partition, offset, now)
+        for earlier in it.trajectory.interaction_ids:
+            self.covered[earlier] = len(self.lineage) - 1
+            if self.pending.pop(earlier, None) is not None:
+                self.skipped["in_trajectory"] += 1
         return ACCEPTED
 
     # --- release --------------------------------------------------------------------------------------
@@ -154,7 +164,7 @@ class RolloutBuffer:
     # --- persistence (inside checkpoints) -----------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
         return {
-            "lineage": self.lineage, "trained": self.trained, "revisions": self.revisions,
+            "lineage": self.lineage, "trained": self.trained, "revisions": self.revisions, "covered": self.covered,
             "pending": [{"raw": base64.b64encode(p.raw).decode(), "partition": p.partition, "offset": p.offset,
                          "arrived": p.arrived} for p in self.pending.values()],
             "groups": {k: {"size": g.size, "first_seen": g.first_seen, "seen": sorted(g.seen)}
@@ -166,6 +176,7 @@ class RolloutBuffer:
         self.lineage = list(state.get("lineage", ["base"]))
         self.trained = {k: int(v) for k, v in state.get("trained", {}).items()}
         self.revisions = {k: int(v) for k, v in state.get("revisions", {}).items()}
+        self.covered = {k: int(v) for k, v in state.get("covered", {}).items()}
         self.pending = {}
         for p in state.get("pending", []):
             raw = base64.b64decode(p["raw"])

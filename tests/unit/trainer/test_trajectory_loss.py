@@ -68,3 +68,21 @@ def test_graded_trajectory_becomes_one_rollout_with_environment_flags() -> None:
     bad = events_pb2.Trajectory(prompt_length=2, environment=[True], logprobs_t1=[0.0])
     with pytest.raises(MalformedRollout):
         from_graded(_graded(bad, [1, 2, 10, 11]))
+
+
+def test_buffer_withdraws_the_earlier_turns_a_trajectory_holds() -> None:
+    """Turn "a" (per-turn sample, pending) is part of trajectory "c": it leaves the buffer when "c" is
+    accepted, and a later revision of it is skipped, so its tokens are not trained twice."""
+    from services.trainer.buffer import ACCEPTED, RolloutBuffer
+
+    buf = RolloutBuffer("default")
+    first = events_pb2.GradedInteraction(
+        interaction=events_pb2.Interaction(interaction_id="a", prompt_token_ids=[1, 2], response_token_ids=[10, 11],
+                                           response_logprobs_t1=[-0.1, -0.2]), reward=0.5, has_signal=True, revision=1)
+    assert buf.offer(first, 0.0) == ACCEPTED
+    traj = events_pb2.Trajectory(prompt_length=2, environment=[False, False, True, True],
+                                 logprobs=[-0.1, -0.2, 0, 0], logprobs_t1=[-0.1, -0.2, 0, 0], interaction_ids=["a"])
+    assert buf.offer(_graded(traj, [1, 2, 10, 11, 90, 91]), 1.0) == ACCEPTED
+    assert [r.interaction_id for r in buf.ready(2.0)] == ["c"]
+    first.revision = 2
+    assert buf.offer(first, 3.0) == "in_trajectory"
