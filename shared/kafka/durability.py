@@ -25,6 +25,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
+from shared.kafka.security import librdkafka_config
+
 log = logging.getLogger(__name__)
 
 CLUSTER_BROKERS = 3
@@ -119,9 +121,9 @@ def check_at_start(settings: Any, *, timeout: float = 5.0, replication: int | No
     changelogs; 0 = from the cluster's size, always enough) could lose acknowledged records when one broker goes. A broker that does not answer within
     `timeout` is not waited for: services start before their broker and reconnect, and the topics are checked
     again at the next start."""
-    from shared.kafka.admin import admin  # admin imports this module for cluster_replication
-
-    client = admin(settings.kafka_bootstrap, quiet=True, security=settings)
+    # (not shared/kafka/admin.py's `admin`: that module imports this one)
+    client = AdminClient({**librdkafka_config(settings), "bootstrap.servers": settings.kafka_bootstrap,
+                          "log_level": 0})
     try:
         brokers = len(client.list_topics(timeout=timeout).brokers)
     except KafkaException:

@@ -103,7 +103,7 @@ def _stub(stack: SecureStack, app: Any) -> inference_pb2_grpc.InferenceStub:
 def _request(chat: bool, n: int = 1) -> inference_pb2.GenerateRequest:
     sp = common_pb2.SamplingParams(max_new_tokens=4, n=n, temperature=1.0 if n > 1 else 0.0, seed=7)
     if chat:
-        return inference_pb2.GenerateRequest(messages=[common_pb2.ChatMessage(**m) for m in CHAT], sampling=sp)
+        return inference_pb2.GenerateRequest(messages=[common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in CHAT], sampling=sp)
     return inference_pb2.GenerateRequest(prompt=RAW, sampling=sp)
 
 

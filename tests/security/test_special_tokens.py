@@ -71,7 +71,7 @@ class TestGenerate:
 
         chat = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "\n\nWhere is my order?"}]
         _, e = self._generate(secure_stack, inference_server,
-                              messages=[common_pb2.ChatMessage(**m) for m in chat])
+                              messages=[common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in chat])
         old_ids = encode_prompt(tok, render_chat(tok, chat))
         assert list(e.prompt_token_ids) == old_ids
         model, _ = load_model(tiny_model_name)
