@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--together", action="store_true", help="kill the services at the same moment, not in turn")
     ap.add_argument("--broker-fault", choices=["kill", "stop", "none"], default="kill")
     ap.add_argument("--broker-down", type=float, default=4.0, help="seconds the broker stays down")
+    ap.add_argument("--brokers", type=int, default=1,
+                    help="3: a replicated cluster; its busiest leader is killed, then every node restarts in turn")
     ap.add_argument("--concurrency", type=int, default=3)
     ap.add_argument("--qps", type=float, default=4.0)
     ap.add_argument("--max-new-tokens", type=int, default=8)
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                       broker_fault=ns.broker_fault, broker_down_s=ns.broker_down, concurrency=ns.concurrency,
                       qps=ns.qps, max_new_tokens=ns.max_new_tokens, dwell_s=ns.dwell,
                       trigger_samples=ns.trigger_samples, min_trainer_versions=ns.min_trainer_versions,
-                      operator_swap=not ns.no_operator_swap, strict_delivery=ns.strict_delivery)
+                      operator_swap=not ns.no_operator_swap, strict_delivery=ns.strict_delivery,
+                      brokers=ns.brokers)
     try:
         result = run_chaos(cfg)
     finally:

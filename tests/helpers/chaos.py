@@ -34,8 +34,10 @@ from load.loadgen import LoadGenerator, Stats
 from tests.helpers.chaos_faults import (
     broker_outage,
     kill_group,
+    leader_outage,
     operator_version,
     rollback_to_base,
+    rolling_restart,
     say,
     stop_broker,
 )
@@ -50,8 +52,10 @@ from tests.helpers.chaos_invariants import (
     print_table,
     swap_windows,
 )
-from tests.helpers.kafka import private_broker, read_to_end
+from tests.helpers.kafka import private_broker, private_cluster, read_to_end
 from tests.helpers.waiting import wait_for
+from tools.broker.cluster import LocalCluster
+from tools.broker.local_broker import LocalBroker
 from tools.stack.stack import LocalStack
 from tools.stack.supervisor import SERVICES
 
@@ -131,6 +135,10 @@ class ChaosConfig:
     restart_timeout_s: float = 120.0
     versions_timeout_s: float = 120.0
     drain_timeout_s: float = 120.0
+    brokers: int = 1
+    """1: a private single broker (killed and restarted: an outage). 3: a private replicated cluster
+    (tools/broker/cluster.py): the node leading the most partitions of interactions and graded is killed
+    (`broker_fault` kill) and restarted, then all three restart in turn; the cluster keeps serving throughout."""
     strict_delivery: bool = False
     """Count duplicate deliveries (same event id twice) as failures too, not only duplicate effects."""
     torch_threads: int = 1
@@ -206,7 +214,8 @@ class Chaos:
         if cfg.trainer_tenant not in cfg.tenants:
             raise ValueError(f"the trainer's tenant {cfg.trainer_tenant!r} must be one of the load's tenants")
         self.cfg = cfg
-        self.broker = private_broker(cfg.run_dir / "broker")
+        self.broker: LocalBroker | LocalCluster = (private_cluster(cfg.run_dir / "broker", cfg.brokers)
+                                                   if cfg.brokers > 1 else private_broker(cfg.run_dir / "broker"))
         self.stack = LocalStack(cfg.run_dir / "stack", cfg.model, service_env=service_env(cfg), broker=self.broker)
         self.faults: list[Window] = []
         self.recovered: dict[str, bool] = {}       # fault target -> answered again in time
@@ -258,7 +267,10 @@ class Chaos:
                     with contextlib.suppress(Exception):
                         getattr(self, closer).close()
             stack.stop(grace=5.0)      # the figures are taken: no need to wait for graceful drains
-            stop_broker(self.broker)
+            if isinstance(self.broker, LocalCluster):
+                self.broker.stop()
+            else:
+                stop_broker(self.broker)
 
     def _faults_under_load(self) -> None:
         cfg = self.cfg
@@ -275,7 +287,9 @@ class Chaos:
             if not all(self.recovered[n] for n in group):
                 return            # a service that does not come back fails the run; go check what we have
             time.sleep(cfg.dwell_s)      # load on the healed stack before the next fault (the run's shape)
-        if cfg.broker_fault != "none":
+        if isinstance(self.broker, LocalCluster):
+            self._cluster_faults()
+        elif cfg.broker_fault != "none":
             self.faults.append(broker_outage(self.broker, cfg.broker_fault, cfg.broker_down_s))
             t0 = time.monotonic()
             health = self.stack.wait_healthy(cfg.restart_timeout_s)
@@ -297,6 +311,19 @@ class Chaos:
                 time.sleep(cfg.dwell_s + 2)  # load after the rollback, inside its window
         self._wait_trainer_versions()
         time.sleep(cfg.dwell_s)          # load on the trainer's versions before it stops
+
+    def _cluster_faults(self) -> None:
+        """The busiest leader killed and restarted, then a rolling restart of every node; the services are
+        never without a broker, so they must stay healthy and no call may fail."""
+        assert isinstance(self.broker, LocalCluster)
+        cfg, t = self.cfg, self.stack.topics
+        if cfg.broker_fault == "kill":
+            self.faults.append(leader_outage(self.broker, [t.interactions, t.graded], cfg.broker_down_s))
+            self.recovered["broker"] = all(self.stack.wait_healthy(cfg.restart_timeout_s).values())
+            time.sleep(cfg.dwell_s)
+        self.faults.append(rolling_restart(self.broker))
+        self.recovered["rolling"] = all(self.stack.wait_healthy(cfg.restart_timeout_s).values())
+        time.sleep(cfg.dwell_s)
 
     def _wait_trainer_checkpoint(self) -> None:
         """Until the trainer wrote a checkpoint: killed before its first one, a restarted trainer just
@@ -385,9 +412,15 @@ class Chaos:
         if cfg.broker_fault != "none":
             w = next((f for f in self.faults if f.kind == "broker"), None)
             back = self.recovered.get("broker", False)
-            figures.append(Figure("faults", f"broker: {'kill -9' if cfg.broker_fault == 'kill' else 'clean stop'}"
-                                  ", answering again after (s)", round(w.end - w.start, 1) if w and back
-                                  else "never", back))
+            what = (f"broker: kill -9 of {w.target if w else 'the busiest leader'}, back and in sync after (s)"
+                    if cfg.brokers > 1 else
+                    f"broker: {'kill -9' if cfg.broker_fault == 'kill' else 'clean stop'}, answering again after (s)")
+            figures.append(Figure("faults", what, round(w.end - w.start, 1) if w and back else "never", back))
+        if cfg.brokers > 1:
+            w = next((f for f in self.faults if f.kind == "rolling"), None)
+            back = self.recovered.get("rolling", False)
+            figures.append(Figure("faults", f"rolling restart of {cfg.brokers} brokers, each in sync, took (s)",
+                                  round(w.end - w.start, 1) if w and back else "never", back))
         figures.append(Figure("faults", "services healthy at the end", sum(health.values()), all(health.values())))
         return ChaosResult(figures, list(self.faults), swaps)
 

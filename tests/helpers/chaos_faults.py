@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from tests.helpers.chaos_invariants import Window
+from tools.broker.cluster import LocalCluster
 from tools.broker.local_broker import LocalBroker
 from tools.stack.stack import LocalStack
 
@@ -134,3 +135,30 @@ def rollback_to_base(stack: LocalStack, model: str) -> None:
     with stack.channel(stack.weights_target) as ch:
         weights_pb2_grpc.WeightsStub(ch).Rollback(weights_pb2.RollbackRequest(
             model=model, version="base", tenant="", reason="chaos: operator rollback under load"), timeout=60)
+
+
+# --- faults of a replicated cluster (ChaosConfig.brokers = 3) ------------------------------------------------
+def leader_outage(cluster: LocalCluster, topics: list[str], down_s: float) -> Window:
+    """kill -9 the node that leads the most partitions of `topics`, keep it down `down_s`, start it again; the
+    window lasts until it answers and every partition is back in sync (the cluster itself keeps serving)."""
+    victim = cluster.busiest_leader(topics)
+    t0 = time.time()
+    cluster.node(victim).kill()
+    say(f"cluster: kill -9 node {victim} (leads the most partitions of {', '.join(topics)})")
+    time.sleep(down_s)
+    cluster.restart(victim)
+    synced = cluster.wait_in_sync()
+    w = Window("broker", f"node-{victim}", t0, time.time())
+    say(f"cluster: node {victim} back and every partition in sync {w.end - t0:.1f}s after its kill "
+        f"(in sync {synced:.1f}s after it answered)")
+    return w
+
+
+def rolling_restart(cluster: LocalCluster) -> Window:
+    """Restart every node in turn (clean stop, start, wait until it answers and every partition is in sync)."""
+    t0 = time.time()
+    for node in cluster.nodes:
+        cluster.restart(node.node_id)
+        cluster.wait_in_sync()
+        say(f"cluster: node {node.node_id} restarted and in sync after {time.time() - t0:.1f}s")
+    return Window("rolling", "cluster", t0, time.time())

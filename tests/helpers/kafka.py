@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -30,6 +32,7 @@ from shared.kafka.consumers import Isolation, new_consumer
 from shared.kafka.reader import read_topic_to_end
 from shared.kafka.security import KafkaSecurity, SecuritySource
 from tests.helpers.ports import free_ports
+from tools.broker.cluster import LocalCluster
 from tools.broker.local_broker import LocalBroker, local_credentials_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -169,6 +172,33 @@ def private_broker(home: Path, **options: Any) -> LocalBroker:
         link.symlink_to(held.resolve(), target_is_directory=True)
     port, controller = free_ports(2)
     return LocalBroker(home, port=port, controller_port=controller, **options)
+
+
+def private_cluster(home: Path, brokers: int = 3) -> LocalCluster:
+    """A LocalCluster (not started) of `brokers` nodes on free port ladders, data under `home`, reusing the local
+    jars and the session broker's credentials (as `private_broker`)."""
+    from tools.broker.local_broker import PORT_STEP
+
+    link_broker_jars(home)
+    held = local_credentials_dir(os.environ)
+    link = home / "kafka" / "sasl"
+    if held is not None and not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(held.resolve(), target_is_directory=True)
+    for _ in range(200):
+        base = random.randrange(30000, 39000, 2)
+        if all(port_free(base + PORT_STEP * i + d) for i in range(brokers) for d in (0, 1)):
+            return LocalCluster(home, brokers, port=base, heap="384m")
+    raise RuntimeError("no free ports for a cluster")
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 def produce_one(bootstrap: str, security: KafkaSecurity, topic: str) -> KafkaError | None:

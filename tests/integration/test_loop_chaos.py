@@ -22,14 +22,14 @@ def _run(tmp_path: Path, model: str, **overrides: object) -> ChaosResult:
     return result
 
 
-def _assert_exercised(result: ChaosResult) -> None:
+def _assert_exercised(result: ChaosResult, broker: str = "broker: kill -9") -> None:
     """The invariants hold, and not vacuously: there was traffic, every fault happened and healed, a swap
     happened under load, the trainer trained, and late feedback produced second revisions."""
     assert result.ok, "\n" + "\n".join(f.row() for f in result.failed) + "\n\n" + result.table()
     assert result.value("answers received by clients") >= 50
     for name in ("inference", "grader", "extractor", "trainer", "weights"):
         assert isinstance(result.value(f"{name}: kill -9"), float), name
-    assert isinstance(result.value("broker: kill -9"), float)
+    assert isinstance(result.value(broker), float)
     assert result.value("weight swaps seen under load") >= 1
     assert result.value("Generate answered during a swap") > 0
     assert result.value("versions trained for tenant") >= 1 and result.value("interactions trained") > 0
@@ -42,6 +42,15 @@ def test_chaos_all_services_at_once_and_the_broker(kafka_bootstrap: str, tiny_mo
     stack has its own broker; `kafka_bootstrap` only makes sure the broker's jars are on this machine."""
     result = _run(tmp_path, tiny_model_name, kill_together=True, warmup_s=3.0, dwell_s=2.0)
     _assert_exercised(result)
+
+
+def test_chaos_on_a_replicated_cluster(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path) -> None:
+    """A three-broker cluster under load: the services killed in one wave, then the broker leading the most
+    partitions of interactions and graded is kill -9'd and restarted, then all three brokers restart in
+    turn. The cluster serves throughout, so no call may fail for any broker fault."""
+    result = _run(tmp_path, tiny_model_name, kill_together=True, warmup_s=3.0, dwell_s=2.0, brokers=3)
+    _assert_exercised(result, broker="broker: kill -9 of")
+    assert isinstance(result.value("rolling restart of 3 brokers"), float)
 
 
 @pytest.mark.slow

@@ -197,6 +197,30 @@ class LocalCluster:
                 raise BrokerError(f"node {node_id} did not answer within {timeout:.0f}s after a restart")
             time.sleep(0.5)
 
+    def under_replicated(self, timeout: float = 10.0) -> list[str]:
+        """`topic[partition]` of every partition whose in-sync replicas are fewer than its replicas."""
+        md = self.admin_client().list_topics(timeout=timeout)
+        return sorted(f"{name}[{p}]" for name, t in md.topics.items() for p, meta in t.partitions.items()
+                      if len(meta.isrs) < len(meta.replicas))
+
+    def wait_in_sync(self, timeout: float = 120.0) -> float:
+        """Until every partition's replicas are all in sync again (what an operator waits for between the steps
+        of a rolling restart); the seconds it took."""
+        t0 = time.monotonic()
+        while (left := self.under_replicated()):
+            if time.monotonic() - t0 > timeout:
+                raise BrokerError(f"{len(left)} partitions still under-replicated after {timeout:.0f}s: {left[:5]}")
+            time.sleep(0.5)
+        return time.monotonic() - t0
+
+    def busiest_leader(self, topics: list[str], timeout: float = 10.0) -> int:
+        """The node leading the most partitions of `topics` (the one whose loss moves the most leaders)."""
+        counts: dict[int, int] = {}
+        for topic in topics:
+            for leader in self.leaders(topic, timeout).values():
+                counts[leader] = counts.get(leader, 0) + 1
+        return max(sorted(counts), key=lambda n: counts[n])
+
     def leaders(self, topic: str, timeout: float = 10.0) -> dict[int, int]:
         """Partition --> the node id leading it now."""
         md = self.admin_client().list_topics(topic, timeout=timeout).topics[topic]

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 class LocalStack:
     def __init__(self, run_dir: Path, model: str, *, prefix: str | None = None,
-                 service_env: dict[str, dict[str, str]] | None = None, broker: LocalBroker | None = None,
+                 service_env: dict[str, dict[str, str]] | None = None,
+                 broker: LocalBroker | LocalCluster | None = None,
                  tenants: tuple[str, ...] = ("demo", "default"), secure: bool = True,
                  announce_in: Path | None = None) -> None:
         """`broker`: a private broker this stack starts (chaos runs stop and restart it); None = the
