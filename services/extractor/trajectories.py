@@ -112,9 +112,29 @@ def _turn_input(inter: events_pb2.Interaction) -> str:
     tail.reverse()
     if not tail:
         return inter.prompt_text
-    if len(tail) == 1:
+    if len(tail) == 1 and tail[0].role != "tool":
         return tail[0].content
-    return "\n".join(f"[{m.role}] {m.content}" for m in tail)
+    names = {c.id: c.name for m in msgs for c in m.tool_calls}
+    return "\n".join(_message_line(m, names) for m in tail)
+
+
+def _message_line(m: common_pb2.ChatMessage, names: dict[str, str]) -> str:
+    """One message of a round's input. A tool result says which function returned it (agent trajectories,
+    docs/agents.md): knowledge such as "the lookup of an order returns its carrier" needs the call's name,
+    given by the message or by the assistant's call it answers."""
+    if m.role == "tool":
+        name = m.name or names.get(m.tool_call_id, "") or "a function"
+        return f"[tool result of {name}{f' (call {m.tool_call_id})' if m.tool_call_id else ''}] {m.content}"
+    return f"[{m.role}] {m.content}"
+
+
+def _turn_output(inter: events_pb2.Interaction) -> str:
+    """The policy's answer of this round: its text, or the tool calls it made (name and arguments), which
+    are what an agent's turn decides and what the extractor must be able to read."""
+    calls = [f"[tool call] {c.name}({c.arguments})" for c in inter.response_tool_calls]
+    if not calls:
+        return inter.response_text
+    return "\n".join(calls)
 
 
 def _feedback_lines(g: events_pb2.GradedInteraction) -> tuple[list[str], list[str], list[Source]]:
@@ -155,7 +175,7 @@ def turn_from_graded(g: events_pb2.GradedInteraction) -> Turn:
         interaction_id=inter.interaction_id,
         revision=int(g.revision),
         input_text=_turn_input(inter),
-        output_text=inter.response_text,
+        output_text=_turn_output(inter),
         user_texts=tuple(m.content for m in inter.messages if m.role == "user"),
         has_signal=has_signal,
         success=bool(has_signal and (g.success or g.reward > 0)),
