@@ -5,8 +5,9 @@ the tokens it sampled and their behaviour log-probs before the chat template re-
 next prompt. Each served choice is remembered per session (bounded LRU); when the session's next request
 arrives, its prompt is aligned with the remembered turn:
 
-1. the remembered turn's trajectory prompt (the first turn's prompt) must be an exact prefix of the new
-   prompt, else the request starts a new trajectory (another conversation, an edited system prompt, other
+1. the remembered turn's trajectory prompt (the first turn's prompt) must be a prefix of the new prompt
+   (but for its last `PROMPT_SLACK` tokens, which a tokenizer may merge with the answer that follows),
+   else the request starts a new trajectory (another conversation, an edited system prompt, other
    knowledge in context);
 2. the longest common prefix of (previous prompt + previous response) and the new prompt keeps its labels:
    the policy's own sampled tokens stay model tokens with their recorded log-probs;
@@ -29,6 +30,10 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 from shared.proto.apprentice.v1 import events_pb2
+
+PROMPT_SLACK = 2
+"""Tokens at the end of the first prompt that the next prompt may spell differently: the generation
+prompt's last token (`assistant\\n`) merges with an answer that starts with the same character."""
 
 MIN_REALIGN = 3
 """Shortest run of tokens that counts as the policy's own sample found again after a divergence: shorter
@@ -76,38 +81,41 @@ def turn_of(ev: events_pb2.Interaction) -> Turn | None:
 
 def assemble(prev: Turn, prompt: Sequence[int]) -> events_pb2.Trajectory | None:
     """The new prompt of a session's next turn, aligned with the turn served before it (module docstring).
-    None when it does not continue `prev` (the first prompt is not a prefix, or nothing follows it)."""
+    None when it does not continue `prev`: it shares less than the first prompt (but its last
+    `PROMPT_SLACK` tokens, which may merge with the next turn's text), or nothing follows it."""
     p0 = prev.prompt_length
-    if len(prompt) <= p0 or list(prompt[:p0]) != prev.tokens[:p0].tolist():
+    common = 0
+    limit = min(len(prompt), len(prev.tokens))
+    old = prev.tokens
+    while common < limit and prompt[common] == old[common]:
+        common += 1
+    if common < max(1, p0 - PROMPT_SLACK):
         return None
-    n = len(prompt) - p0
+    start = min(p0, common)             # the trajectory's first prompt, as this prompt spells it
+    n = len(prompt) - start
+    if n <= 0:
+        return None
     env = [True] * n
     lp = [0.0] * n
     lp1 = [0.0] * n
-    common = p0
-    limit = min(len(prompt), len(prev.tokens))
-    while common < limit and prompt[common] == prev.tokens[common]:
-        common += 1
 
-    def keep(src: int, dst: int) -> None:
+    def keep(src: int, dst: int) -> bool:
         j = src - p0
-        if not prev.environment[j]:
-            env[dst - p0], lp[dst - p0], lp1[dst - p0] = False, prev.logprobs[j], prev.logprobs_t1[j]
+        if j < 0 or prev.environment[j]:
+            return False
+        env[dst - start], lp[dst - start], lp1[dst - start] = False, prev.logprobs[j], prev.logprobs_t1[j]
+        return True
 
-    for i in range(p0, common):
+    for i in range(start, common):
         keep(i, i)
     realigned = 0
-    tail_old, tail_new = prev.tokens[common:].tolist(), list(prompt[common:])
+    tail_old, tail_new = old[common:].tolist(), list(prompt[common:])
     if tail_old and tail_new:
         sm = SequenceMatcher(None, tail_old, tail_new, autojunk=False)
         for block in sm.get_matching_blocks():
-            if block.size < MIN_REALIGN:
-                continue
-            for k in range(block.size):
-                before = env[common + block.b + k - p0]
-                keep(common + block.a + k, common + block.b + k)
-                realigned += int(before and not env[common + block.b + k - p0])
-    return events_pb2.Trajectory(prompt_length=p0, environment=env, logprobs=lp, logprobs_t1=lp1,
+            if block.size >= MIN_REALIGN:
+                realigned += sum(keep(common + block.a + k, common + block.b + k) for k in range(block.size))
+    return events_pb2.Trajectory(prompt_length=start, environment=env, logprobs=lp, logprobs_t1=lp1,
                                  interaction_ids=list(prev.interaction_ids), realigned_tokens=realigned)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from services.trainer import losses
-from services.trainer.batching import make_batch, micro_batches
+from services.trainer.batching import SeqBatch, make_batch, micro_batches
 from services.trainer.distributed import shard
 from services.trainer.logprobs import score
 from services.trainer.policy import Policy
@@ -146,6 +146,14 @@ def _pad(rows: Sequence[torch.Tensor], T: int) -> torch.Tensor:
     return out
 
 
+def loss_mask(b: SeqBatch, rollouts: Sequence[Rollout]) -> torch.Tensor:
+    """The tokens of a micro-batch the loss sees, (B, T) on b's device: real completion tokens, less the
+    environment tokens of agent trajectories (tool results, later user turns), which leave the loss, its
+    importance ratios and its normalisers (losses.model_token_mask; docs/agents.md)."""
+    env = _pad([torch.tensor(r.environment, dtype=torch.float32) for r in rollouts], b.completion_ids.shape[1])
+    return losses.model_token_mask(b.completion_mask, env.to(b.completion_mask.device))
+
+
 def _step_metrics(rollouts: Sequence[Rollout], batch: Sequence[int], rewards: torch.Tensor, sums: dict[str, Any],
                   before: dict[str, Any], tokens: int, grad_norm: float, seconds: float,
                   staleness_of: Callable[[Rollout], float] | None, is_weight_max: float = 1.0) -> dict[str, float]:
@@ -246,11 +254,7 @@ def rl_round(policy: Policy, rollouts: Sequence[Rollout], cfg: RLConfig, baselin
                 mb = [mine[j] for j in mb_local]
                 rs = [rollouts[i] for i in mb]
                 b = make_batch([r.prompt_ids for r in rs], [r.completion_ids for r in rs], policy.pad_id).to(dev)
-                T = b.completion_ids.shape[1]
-                # agent trajectories: environment tokens (tool results, later user turns) leave the loss,
-                # its ratios and its normalisers (losses.model_token_mask)
-                env = _pad([torch.tensor(r.environment, dtype=torch.float32) for r in rs], T).to(dev)
-                mask = losses.model_token_mask(b.completion_mask, env)
+                T, mask = b.completion_ids.shape[1], loss_mask(b, rs)
                 with policy.autocast():
                     lp = b.unflatten(policy.scorer(b).float())                                      # (B, T)
                 lp_old = _pad([old[i] for i in mb], T).to(dev) if old is not None else lp.detach()

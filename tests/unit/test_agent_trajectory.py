@@ -46,10 +46,21 @@ def test_three_turns_mark_tool_results_and_user_turns_as_environment() -> None:
 
 
 def test_edited_first_prompt_starts_a_new_trajectory() -> None:
-    t1 = turn_of(_event("a", [1, 2, 3], [10, 11]))
+    t1 = turn_of(_event("a", [1, 2, 3, 4, 5], [10, 11]))
     assert t1 is not None
-    assert assemble(t1, [1, 2, 4, 10, 11, 90]) is None
-    assert best([t1], [1, 2, 4, 10, 11, 90]) is None
+    assert assemble(t1, [1, 9, 3, 4, 5, 10, 11, 90]) is None
+    assert best([t1], [1, 9, 3, 4, 5, 10, 11, 90]) is None
+
+
+def test_generation_prompt_merging_with_the_answer_still_continues() -> None:
+    """`assistant\\n` + an answer starting with a newline re-tokenises as one token: the first prompt's last
+    token differs, the trajectory's first prompt is one token shorter and the merged token is environment."""
+    t1 = turn_of(_event("a", [1, 2, 3], [10, 11, 12, 13]))
+    assert t1 is not None
+    traj = assemble(t1, [1, 2, 77, 11, 12, 13, 90])
+    assert traj is not None and traj.prompt_length == 2
+    assert list(traj.environment) == [True, False, False, False, True]
+    assert traj.realigned_tokens == 3
 
 
 def test_edited_history_keeps_only_samples_found_again() -> None:
