@@ -5,8 +5,6 @@ rolling restart of all three, while a producer keeps sending."""
 
 from __future__ import annotations
 
-import random
-import socket
 import threading
 import time
 import uuid
@@ -27,36 +25,15 @@ from shared.kafka.durability import (
     topic_problems,
 )
 from shared.kafka.security import librdkafka_config
-from tests.helpers.kafka import link_broker_jars
+from tests.helpers.kafka import private_cluster
 from tools.broker.cluster import LocalCluster
-from tools.broker.local_broker import PORT_STEP
 
 pytestmark = pytest.mark.integration
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def _ladder() -> int:
-    """A base port whose three nodes' listener and controller ports are all free."""
-    for _ in range(200):
-        base = random.randrange(30000, 39000, 2)
-        if all(_free(base + PORT_STEP * i + d) for i in range(3) for d in (0, 1)):
-            return base
-    raise RuntimeError("no free port ladder")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    home = tmp_path_factory.mktemp("cluster")
-    link_broker_jars(home)
-    c = LocalCluster(home, 3, port=_ladder(), heap="384m")
+    c = private_cluster(tmp_path_factory.mktemp("cluster"))
     try:
         c.start(timeout=240)
         yield c
