@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from datetime import UTC
 from typing import Any
 
@@ -64,7 +64,7 @@ from shared.kafka.producer import EventProducer
 from shared.kafka.trust import record_signer
 from shared.knowledge.follow import SnapshotFollower
 from shared.logs import trace_id_var
-from shared.proto.apprentice.v1 import inference_pb2, inference_pb2_grpc
+from shared.proto.apprentice.v1 import events_pb2, inference_pb2, inference_pb2_grpc
 from shared.retry import call
 from shared.rpc.grpc_util import (
     ServiceError,
@@ -318,7 +318,8 @@ class InferenceApp:
         if missed:
             metrics.CAPTURE_UNSPOOLED.inc(missed)
 
-    def _trajectories(self, p: PreparedRequest, events: list[Any]) -> list[Any]:
+    def _trajectories(self, p: PreparedRequest, events: list[events_pb2.Interaction]
+                      ) -> Sequence[events_pb2.Interaction]:
         """Events --> their captured copies, each a later turn of its session's agent trajectory when this pod
         served the turn before it (services/inference/trajectory.py; docs/agents.md, "Agent trajectories").
         The session's choices are then remembered as they were served; a prompt that privacy re-rendered
