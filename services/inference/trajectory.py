@@ -35,6 +35,10 @@ PROMPT_SLACK = 2
 """Tokens at the end of the first prompt that the next prompt may spell differently: the generation
 prompt's last token (`assistant\\n`) merges with an answer that starts with the same character."""
 
+MAX_REALIGN_WORK = 4096 * 4096
+"""Realignment (difflib, quadratic at worst) runs on the request's capture path: past this product of the
+two tails' lengths, tokens after a divergence stay environment (safe: no gradient) rather than cost time."""
+
 MIN_REALIGN = 3
 """Shortest run of tokens that counts as the policy's own sample found again after a divergence: shorter
 coincidences (a common word in a tool result) stay environment."""
@@ -110,7 +114,7 @@ def assemble(prev: Turn, prompt: Sequence[int]) -> events_pb2.Trajectory | None:
         keep(i, i)
     realigned = 0
     tail_old, tail_new = old[common:].tolist(), list(prompt[common:])
-    if tail_old and tail_new:
+    if tail_old and tail_new and len(tail_old) * len(tail_new) <= MAX_REALIGN_WORK:
         sm = SequenceMatcher(None, tail_old, tail_new, autojunk=False)
         for block in sm.get_matching_blocks():
             if block.size >= MIN_REALIGN:
