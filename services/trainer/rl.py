@@ -103,7 +103,8 @@ def shaped_rewards(rollouts: Sequence[Rollout], cfg: RLConfig) -> torch.Tensor:
     r = torch.tensor([x.reward for x in rollouts], dtype=torch.float32)
     if cfg.overlong_buffer > 0:
         lmax = torch.tensor([x.max_new_tokens or cfg.max_completion_length for x in rollouts], dtype=torch.float32)
-        lengths = torch.tensor([len(x.completion_ids) for x in rollouts], dtype=torch.float32)
+        # the last response's length (a trajectory's earlier turns each had their own max_new_tokens)
+        lengths = torch.tensor([x.response_length for x in rollouts], dtype=torch.float32)
         r = r + losses.overlong_penalty(lengths, lmax, (lmax * cfg.overlong_buffer).floor())
     return r
 

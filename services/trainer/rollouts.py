@@ -51,6 +51,14 @@ class Rollout:
     """Agent trajectories: one flag per completion token, True = the environment's (a tool result, a later
     user turn), masked out of the loss; empty = every completion token is the policy's own."""
 
+    response_start: int = 0
+    """Where the last turn's response starts in completion_ids (0 but for trajectories): what
+    `max_new_tokens` bounded, and so what DAPO's overlong penalty measures."""
+
+    @property
+    def response_length(self) -> int:
+        return len(self.completion_ids) - self.response_start
+
     @property
     def model_tokens(self) -> int:
         """Completion tokens the policy sampled: what the loss and its normalisers count."""
@@ -98,7 +106,7 @@ def from_graded(g: events_pb2.GradedInteraction) -> Rollout:
         task=domain_of(it.task), group_id=it.group_id, group_size=max(1, it.group_size),
         behaviour_logprobs=behaviour, policy_version=it.policy_version or "base",
         max_new_tokens=int(it.sampling.max_new_tokens), finish_reason=it.finish_reason, revision=g.revision,
-        environment=environment,
+        environment=environment, response_start=len(completion) - len(it.response_token_ids),
     )
 
 

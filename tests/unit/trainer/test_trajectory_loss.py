@@ -63,8 +63,9 @@ def test_graded_trajectory_becomes_one_rollout_with_environment_flags() -> None:
     assert r.environment == [False, False, True, True, False, False]
     assert r.behaviour_logprobs == pytest.approx([-0.1, -0.2, 0, 0, -0.3, -0.31])
     assert r.model_tokens == 4 and r.has_behaviour
+    assert r.response_length == 2        # DAPO's overlong penalty measures the last response only
     plain = from_graded(_graded(None, [1, 2]))
-    assert plain.environment == [] and plain.model_tokens == 2
+    assert plain.environment == [] and plain.model_tokens == 2 == plain.response_length
     bad = events_pb2.Trajectory(prompt_length=2, environment=[True], logprobs_t1=[0.0])
     with pytest.raises(MalformedRollout):
         from_graded(_graded(bad, [1, 2, 10, 11]))
