@@ -57,7 +57,7 @@ from services.inference.requests import (
 from services.inference.servicer import FeedbackServicer, InferenceServicer
 from services.inference.settings import InferenceSettings
 from services.inference.spool import Spool
-from services.inference.trajectory import SessionTurns, best, turn_of
+from services.inference.trajectory import SessionTurns, best, head_key, turn_of
 from shared.contracts.topic_access import INFERENCE
 from shared.kafka.deadletter import DeadLetterPublisher
 from shared.kafka.producer import EventProducer
@@ -325,7 +325,11 @@ class InferenceApp:
         The session's choices are then remembered as they were served; a prompt that privacy re-rendered
         (redacted) no longer holds the tokens the model saw: it neither carries nor continues a trajectory."""
         key = f"{p.tenant}\x00{p.session_id}"
-        traj = best(self.turns.get(key), p.prompt_ids)
+        head = head_key(p.tenant, p.prompt_ids)
+        found = best(self.turns.get(key) or self.turns.by_head(head), p.prompt_ids)
+        traj = found[0] if found is not None else None
+        if found is not None and found[1].session_key != key:
+            self.turns.forget(found[1].session_key)
         if traj is not None:
             for ev in events:
                 ev.trajectory.CopyFrom(traj)
@@ -341,7 +345,7 @@ class InferenceApp:
             if turn is not None:
                 remembered.append(turn)
         if remembered or traj is not None:
-            self.turns.put(key, remembered)
+            self.turns.put(key, remembered, head)
         return captured
 
     def account(self, samples: list[Any], version: str, canary: bool, ok: bool) -> None:

@@ -22,6 +22,7 @@ Pure functions plus a small thread-safe cache; no Kafka, no model.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from array import array
 from collections import OrderedDict
@@ -61,6 +62,8 @@ class Turn:
     logprobs_t1: array[float]
     interaction_ids: list[str] = field(default_factory=list)
     """Every turn in the trajectory so far, this one last."""
+    session_key: str = ""
+    """Where SessionTurns keeps it (set by `put`)."""
 
 
 def turn_of(ev: events_pb2.Interaction) -> Turn | None:
@@ -88,13 +91,11 @@ def assemble(prev: Turn, prompt: Sequence[int]) -> events_pb2.Trajectory | None:
     None when it does not continue `prev`: it shares less than the first prompt (but its last
     `PROMPT_SLACK` tokens, which may merge with the next turn's text), or nothing follows it."""
     p0 = prev.prompt_length
-    common = 0
-    limit = min(len(prompt), len(prev.tokens))
     old = prev.tokens
-    while common < limit and prompt[common] == old[common]:
-        common += 1
-    if common < max(1, p0 - PROMPT_SLACK):
-        return None
+    head = max(1, p0 - PROMPT_SLACK)
+    if len(prompt) < head or list(prompt[:head]) != old[:head].tolist():
+        return None                     # most candidates end here, compared at C speed
+    common = _common_prefix(prompt, old, head)
     start = min(p0, common)             # the trajectory's first prompt, as this prompt spells it
     n = len(prompt) - start
     if n <= 0:
@@ -123,22 +124,67 @@ def assemble(prev: Turn, prompt: Sequence[int]) -> events_pb2.Trajectory | None:
                                  interaction_ids=list(prev.interaction_ids), realigned_tokens=realigned)
 
 
-def best(prevs: Sequence[Turn], prompt: Sequence[int]) -> events_pb2.Trajectory | None:
-    """Of the remembered choices of the session's last request (n of them), the one this prompt continues:
-    the trajectory with the most model tokens."""
-    found = [t for t in (assemble(p, prompt) for p in prevs) if t is not None]
-    return max(found, key=lambda t: sum(not e for e in t.environment), default=None)
+def _common_prefix(a: Sequence[int], b: array[int], start: int) -> int:
+    """Length of the common prefix of a and b, known to be at least `start`: chunk by chunk, then token by
+    token in the first chunk that differs."""
+    limit, i, chunk = min(len(a), len(b)), start, 256
+    while i + chunk <= limit and list(a[i:i + chunk]) == b[i:i + chunk].tolist():
+        i += chunk
+    while i < limit and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def best(prevs: Sequence[Turn], prompt: Sequence[int]) -> tuple[events_pb2.Trajectory, Turn] | None:
+    """Of the remembered choices (the n choices of the session's last request, or the candidates of a
+    request that names no session), the one this prompt continues: the trajectory with the most model
+    tokens (then the longest exact first prompt), and the turn it continues."""
+    found = [(t, p) for t, p in ((assemble(p, prompt), p) for p in prevs) if t is not None]
+    # ties: the longer exact first prompt, then the fewer tokens found only by realignment
+    return max(found, key=lambda tp: (sum(not e for e in tp[0].environment), tp[0].prompt_length,
+                                      -tp[0].realigned_tokens), default=None)
+
+
+HEAD_TOKENS = 32
+"""Tokens of a first prompt that index its session for requests that name none (`SessionTurns.by_head`)."""
+
+
+def head_key(tenant: str, prompt: Sequence[int]) -> str | None:
+    """The index of a prompt's first `HEAD_TOKENS` tokens within its tenant; None for shorter prompts."""
+    if len(prompt) < HEAD_TOKENS + PROMPT_SLACK:
+        return None
+    return f"{tenant}\x00" + hashlib.blake2b(array("l", prompt[:HEAD_TOKENS]).tobytes(), digest_size=12).hexdigest()
 
 
 class SessionTurns:
     """session key --> the choices served for its last request, bounded (least recently used leaves first).
-    A pod only knows the turns it served; a session that moves to another pod starts a new trajectory."""
+    A pod only knows the turns it served; a session that moves to another pod starts a new trajectory.
 
-    def __init__(self, max_sessions: int = 4096, max_tokens: int = 32_768) -> None:
+    Clients that name no session (an OpenAI SDK agent without `user` or `session_id`) resend the whole
+    history instead: their requests find their session by the first `HEAD_TOKENS` tokens of the prompt
+    (`by_head`; many sessions of one agent share a system prompt, so the newest `per_head` of them are
+    candidates, and `best` keeps the one the prompt continues — the first prompt must match in full)."""
+
+    def __init__(self, max_sessions: int = 4096, max_tokens: int = 32_768, per_head: int = 64) -> None:
         self.max_sessions = max_sessions
         self.max_tokens = max_tokens
+        self.per_head = per_head
         self._lock = threading.Lock()
         self._turns: OrderedDict[str, list[Turn]] = OrderedDict()
+        self._heads: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
+
+    def forget(self, key: str) -> None:
+        """A session continued under another key (a request that named none): its old entry is spent."""
+        with self._lock:
+            self._turns.pop(key, None)
+
+    def by_head(self, head: str | None) -> list[Turn]:
+        """The remembered choices of the newest sessions whose first prompt starts like `head`'s."""
+        if head is None:
+            return []
+        with self._lock:
+            keys = list(self._heads.get(head, ()))
+            return [t for k in reversed(keys) for t in self._turns.get(k, ())]
 
     def get(self, key: str) -> list[Turn]:
         with self._lock:
@@ -148,8 +194,12 @@ class SessionTurns:
             self._turns.move_to_end(key)
             return list(turns)
 
-    def put(self, key: str, turns: list[Turn]) -> None:
+    def put(self, key: str, turns: list[Turn], head: str | None = None) -> None:
+        """Remember `turns` as the session's last choices (none: forget the session); `head` indexes them
+        for requests that name no session."""
         turns = [t for t in turns if len(t.tokens) <= self.max_tokens]
+        for t in turns:
+            t.session_key = key
         with self._lock:
             if not turns:
                 self._turns.pop(key, None)
@@ -158,3 +208,12 @@ class SessionTurns:
             self._turns.move_to_end(key)
             while len(self._turns) > self.max_sessions:
                 self._turns.popitem(last=False)
+            if head is not None:
+                bucket = self._heads.setdefault(head, OrderedDict())
+                bucket[key] = None
+                bucket.move_to_end(key)
+                self._heads.move_to_end(head)
+                while len(bucket) > self.per_head:
+                    bucket.popitem(last=False)
+                while len(self._heads) > self.max_sessions:
+                    self._heads.popitem(last=False)

@@ -6,7 +6,8 @@ tool calls and the tool results, or, in the `user` variant, later user turns), t
 turn's Interaction holds the whole trajectory; a KPI on the session's outcome, sent through inference's
 Feedback RPC on the last turn, rewards it; in the trainer's batch exactly the tokens between the model's
 own turns (the tool results with the template's text around them) are masked, and the model's sampled
-tokens keep their recorded behaviour log-probs (docs/agents.md, "Agent trajectories").
+tokens keep their recorded behaviour log-probs (docs/agents.md, "Agent trajectories"). The same holds when
+the requests name no session and only resend the history, as OpenAI SDK agents do.
 """
 
 from __future__ import annotations
@@ -40,16 +41,18 @@ tasks:
 RESULTS = ('{"order": 42, "status": "shipped"}', '{"carrier": "DHL", "eta": "Monday"}')
 
 
-def _session(c: InferenceClient, env_role: str, attempt: int) -> tuple[list[str], list[str]]:
+def _session(c: InferenceClient, env_role: str, attempt: int, named: bool) -> tuple[list[str], list[str]]:
     """Three turns of one session; returns the interaction ids and the texts the environment added after
     turns 1 and 2. Sampled (seeded): the tiny random model's greedy answers are runs of newlines, which the
-    template's text merges with its own (a re-tokenised history, covered by tests/unit/test_agent_trajectory.py)."""
-    msgs = [common_pb2.ChatMessage(role="system", content="You look orders up with the lookup tool."),
+    template's text merges with its own (a re-tokenised history, covered by tests/unit/test_agent_trajectory.py).
+    `named`: the requests name their session; else they only resend the history, as OpenAI SDK agents do."""
+    msgs = [common_pb2.ChatMessage(role="system", content="You are the order desk of a shop. You look orders up "
+                                   f"with the lookup tool and answer in one sentence. (attempt {attempt})"),
             common_pb2.ChatMessage(role="user", content="Where is my order 42?")]
     ids, added = [], []
     for turn in range(3):
         r = c.generate(msgs, max_new_tokens=6, temperature=1.0, seed=100 * attempt + turn + 1,
-                       session_id=f"agent-session-{attempt}", task=TASK)
+                       session_id=f"agent-session-{attempt}" if named else "", task=TASK)
         choice = r.choices[0]
         ids.append(choice.interaction_id)
         if turn == 2:
@@ -64,9 +67,9 @@ def _session(c: InferenceClient, env_role: str, attempt: int) -> tuple[list[str]
     return ids, added
 
 
-@pytest.mark.parametrize("env_role", ["tool", "user"])
+@pytest.mark.parametrize(("env_role", "named"), [("tool", True), ("user", True), ("user", False)])
 def test_three_turn_session_is_one_rewarded_trajectory_with_environment_masked(
-        env_role: str, kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path) -> None:
+        env_role: str, named: bool, kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path) -> None:
     from services.trainer import losses
     from services.trainer.batching import make_batch
     from services.trainer.buffer import ACCEPTED, RolloutBuffer
@@ -89,7 +92,7 @@ def test_three_turn_session_is_one_rewarded_trajectory_with_environment_masked(
             # special token, or starts with a space the template trims, is re-tokenised otherwise)
             for attempt in range(12):
                 try:
-                    ids, added = _session(c, env_role, attempt)
+                    ids, added = _session(c, env_role, attempt, named)
                 except grpc.RpcError as e:
                     if env_role == "tool" and e.code() == grpc.StatusCode.INVALID_ARGUMENT and "role" in (e.details() or ""):
                         pytest.skip("this build's Generate does not take tool messages yet (issue #34, item 1)")

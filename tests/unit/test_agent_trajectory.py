@@ -4,7 +4,7 @@ that keeps only what still equals the policy's samples."""
 
 from __future__ import annotations
 
-from services.inference.trajectory import SessionTurns, assemble, best, turn_of
+from services.inference.trajectory import HEAD_TOKENS, SessionTurns, assemble, best, head_key, turn_of
 from shared.proto.apprentice.v1 import events_pb2
 
 
@@ -85,9 +85,29 @@ def test_best_picks_the_choice_the_prompt_continues_and_cache_is_bounded() -> No
     a = turn_of(_event("a", [1, 2], [10, 11, 12]))
     b = turn_of(_event("b", [1, 2], [20, 21, 22]))
     assert a is not None and b is not None
-    traj = best([a, b], [1, 2, 20, 21, 22, 90])
-    assert traj is not None and list(traj.interaction_ids) == ["b"]
+    found = best([a, b], [1, 2, 20, 21, 22, 90])
+    assert found is not None and list(found[0].interaction_ids) == ["b"] and found[1] is b
     cache = SessionTurns(max_sessions=2)
     for k in ("s1", "s2", "s3"):
         cache.put(k, [a])
     assert cache.get("s1") == [] and cache.get("s3") == [a]
+
+
+def test_a_request_without_a_session_finds_its_history_by_its_first_tokens() -> None:
+    """An OpenAI SDK agent names no session and resends the history: the newest sessions starting with the
+    same first HEAD_TOKENS tokens are candidates, and only the one whose first prompt and answer the new
+    prompt holds continues (another session of the same agent, same system prompt, does not)."""
+    system = list(range(100, 100 + HEAD_TOKENS))
+    mine = turn_of(_event("mine", [*system, 1, 2, 3], [10, 11, 12]))
+    other = turn_of(_event("other", [*system, 1, 2, 4], [10, 11, 12]))
+    assert mine is not None and other is not None
+    cache = SessionTurns()
+    head = head_key("acme", mine.tokens[:HEAD_TOKENS + 2].tolist())
+    assert head == head_key("acme", [*system, 1, 2, 4]) != head_key("globex", [*system, 1, 2, 4])
+    cache.put("acme\x00fresh-1", [mine], head)
+    cache.put("acme\x00fresh-2", [other], head)
+    prompt = [*system, 1, 2, 3, 10, 11, 12, 90, 91]
+    found = best(cache.by_head(head_key("acme", prompt)), prompt)
+    assert found is not None and found[1] is mine and list(found[0].interaction_ids) == ["mine"]
+    assert cache.by_head(head_key("globex", prompt)) == []
+    assert head_key("acme", [1, 2, 3]) is None
