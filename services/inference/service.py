@@ -324,8 +324,9 @@ class InferenceApp:
         served the turn before it (services/inference/trajectory.py; docs/agents.md, "Agent trajectories").
         The session's choices are then remembered as they were served; a prompt that privacy re-rendered
         (redacted) no longer holds the tokens the model saw: it neither carries nor continues a trajectory."""
-        key = f"{p.tenant}\x00{p.session_id}"
-        head = head_key(p.tenant, p.prompt_ids)
+        caller = p.principal.key_id if p.principal is not None else ""
+        key = f"{p.tenant}\x00{caller}\x00{p.session_id}"      # one caller's session, never another's
+        head = head_key(p.tenant, p.prompt_ids, caller)
         found = best(self.turns.get(key) or self.turns.by_head(head), p.prompt_ids)
         traj = found[0] if found is not None else None
         if found is not None and found[1].session_key != key:

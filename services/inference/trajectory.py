@@ -149,11 +149,14 @@ HEAD_TOKENS = 32
 """Tokens of a first prompt that index its session for requests that name none (`SessionTurns.by_head`)."""
 
 
-def head_key(tenant: str, prompt: Sequence[int]) -> str | None:
-    """The index of a prompt's first `HEAD_TOKENS` tokens within its tenant; None for shorter prompts."""
+def head_key(tenant: str, prompt: Sequence[int], caller: str = "") -> str | None:
+    """The index of a prompt's first `HEAD_TOKENS` tokens for one caller (tenant and API key id: a request
+    never continues another caller's session, whose turns its trajectory would name and the trainer would
+    then withdraw); None for shorter prompts."""
     if len(prompt) < HEAD_TOKENS + PROMPT_SLACK:
         return None
-    return f"{tenant}\x00" + hashlib.blake2b(array("l", prompt[:HEAD_TOKENS]).tobytes(), digest_size=12).hexdigest()
+    digest = hashlib.blake2b(array("l", prompt[:HEAD_TOKENS]).tobytes(), digest_size=12).hexdigest()
+    return f"{tenant}\x00{caller}\x00{digest}"
 
 
 class SessionTurns:

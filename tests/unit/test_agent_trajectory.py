@@ -104,6 +104,7 @@ def test_a_request_without_a_session_finds_its_history_by_its_first_tokens() -> 
     cache = SessionTurns()
     head = head_key("acme", mine.tokens[:HEAD_TOKENS + 2].tolist())
     assert head == head_key("acme", [*system, 1, 2, 4]) != head_key("globex", [*system, 1, 2, 4])
+    assert head != head_key("acme", [*system, 1, 2, 4], caller="another-key")
     cache.put("acme\x00fresh-1", [mine], head)
     cache.put("acme\x00fresh-2", [other], head)
     prompt = [*system, 1, 2, 3, 10, 11, 12, 90, 91]
