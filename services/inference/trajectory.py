@@ -55,7 +55,7 @@ class Turn:
     prompt_length: int
     """Length of the trajectory's first prompt (the context never trained on)."""
     tokens: array[int]
-    """prompt ids + response ids of this turn ('l')."""
+    """prompt ids + response ids of this turn (int32)."""
     environment: bytes
     """Over tokens[prompt_length:]: 1 = not sampled by the policy."""
     logprobs: array[float]
@@ -79,9 +79,9 @@ def turn_of(ev: events_pb2.Interaction) -> Turn | None:
                               == len(prompt) - t.prompt_length):
         t = None        # not the shape assemble() writes: the turn starts afresh rather than misalign
     if t is None:
-        return Turn(ev.interaction_id, len(prompt), array("l", prompt + resp), bytes(len(resp)), array("f", lp),
+        return Turn(ev.interaction_id, len(prompt), array("i", prompt + resp), bytes(len(resp)), array("f", lp),
                     array("f", ev.response_logprobs_t1), [ev.interaction_id])
-    return Turn(ev.interaction_id, t.prompt_length, array("l", prompt + resp),
+    return Turn(ev.interaction_id, t.prompt_length, array("i", prompt + resp),
                 bytes(bytearray(t.environment)) + bytes(len(resp)), array("f", [*t.logprobs, *lp]),
                 array("f", [*t.logprobs_t1, *ev.response_logprobs_t1]), [*t.interaction_ids, ev.interaction_id])
 
@@ -168,10 +168,15 @@ class SessionTurns:
     (`by_head`; many sessions of one agent share a system prompt, so the newest `per_head` of them are
     candidates, and `best` keeps the one the prompt continues — the first prompt must match in full)."""
 
-    def __init__(self, max_sessions: int = 4096, max_tokens: int = 32_768, per_head: int = 64) -> None:
+    def __init__(self, max_sessions: int = 4096, max_tokens: int = 32_768, per_head: int = 64,
+                 max_total_tokens: int = 8_000_000) -> None:
+        """Bounds: sessions, tokens of one turn, candidates per first-tokens index, and tokens held in all
+        (8 M tokens: about 100 MB at 13 bytes a token), whichever binds first."""
         self.max_sessions = max_sessions
         self.max_tokens = max_tokens
         self.per_head = per_head
+        self.max_total_tokens = max_total_tokens
+        self.total_tokens = 0
         self._lock = threading.Lock()
         self._turns: OrderedDict[str, list[Turn]] = OrderedDict()
         self._heads: OrderedDict[str, OrderedDict[str, None]] = OrderedDict()
@@ -179,7 +184,15 @@ class SessionTurns:
     def forget(self, key: str) -> None:
         """A session continued under another key (a request that named none): its old entry is spent."""
         with self._lock:
-            self._turns.pop(key, None)
+            self._drop(key)
+
+    def _drop(self, key: str, last: bool | None = None) -> None:
+        """Remove `key` (or, with `last=False`, the least recently used session); the lock is held."""
+        if last is not None:
+            _, turns = self._turns.popitem(last=last)
+        else:
+            turns = self._turns.pop(key, [])
+        self.total_tokens -= sum(len(t.tokens) for t in turns)
 
     def by_head(self, head: str | None) -> list[Turn]:
         """The remembered choices of the newest sessions whose first prompt starts like `head`'s."""
@@ -204,13 +217,14 @@ class SessionTurns:
         for t in turns:
             t.session_key = key
         with self._lock:
+            self._drop(key)
             if not turns:
-                self._turns.pop(key, None)
                 return
             self._turns[key] = turns
-            self._turns.move_to_end(key)
-            while len(self._turns) > self.max_sessions:
-                self._turns.popitem(last=False)
+            self.total_tokens += sum(len(t.tokens) for t in turns)
+            while self._turns and (len(self._turns) > self.max_sessions
+                                   or self.total_tokens > self.max_total_tokens):
+                self._drop("", last=False)
             if head is not None:
                 bucket = self._heads.setdefault(head, OrderedDict())
                 bucket[key] = None

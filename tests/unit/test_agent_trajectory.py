@@ -91,6 +91,13 @@ def test_best_picks_the_choice_the_prompt_continues_and_cache_is_bounded() -> No
     for k in ("s1", "s2", "s3"):
         cache.put(k, [a])
     assert cache.get("s1") == [] and cache.get("s3") == [a]
+    assert cache.total_tokens == 2 * len(a.tokens)
+    small = SessionTurns(max_total_tokens=2 * len(a.tokens))    # the token budget binds before the count
+    for k in ("s1", "s2", "s3"):
+        small.put(k, [a])
+    assert small.get("s1") == [] and small.get("s2") == [a] and small.total_tokens == 2 * len(a.tokens)
+    small.forget("s2")
+    assert small.total_tokens == len(a.tokens)
 
 
 def test_a_request_without_a_session_finds_its_history_by_its_first_tokens() -> None:
