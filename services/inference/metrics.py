@@ -44,6 +44,14 @@ CAPTURE_UNSPOOLED = Counter("apprentice_inference_capture_unspooled_total",
                             "Answers returned before their interaction reached the spool (a busy or full spool)")
 CAPTURE_SKIPPED = Counter("apprentice_inference_capture_skipped_total",
                           "Choices not recorded by request or tenant opt-out", ["reason"])
+TRAJECTORY_TURNS = Counter("apprentice_inference_trajectory_turns_total",
+                           "Captured turns by what they are of an agent trajectory (services/inference/trajectory.py):"
+                           " continued (a later turn), by_history (continued, found without a session id), first",
+                           ["outcome"])
+TRAJECTORY_TOKENS = Counter("apprentice_inference_trajectory_tokens_total",
+                            "Tokens of the earlier turns in captured trajectories: model (the policy's samples),"
+                            " environment (masked in training), realigned (samples found again after an edit)",
+                            ["kind"])
 SPOOL_DEPTH = Gauge(INFERENCE_SPOOL_DEPTH, "Events written to the spool, not yet acknowledged")
 SPOOL_BYTES = Gauge("apprentice_inference_spool_bytes", "Bytes of spool files on disk")
 SPOOL_FULL = Gauge("apprentice_inference_spool_full", "1 while the spool refuses new events")

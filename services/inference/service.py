@@ -331,6 +331,15 @@ class InferenceApp:
         traj = found[0] if found is not None else None
         if found is not None and found[1].session_key != key:
             self.turns.forget(found[1].session_key)
+        if traj is None:
+            metrics.TRAJECTORY_TURNS.labels(outcome="first").inc(len(events))
+        else:
+            moved = found is not None and found[1].session_key != key
+            metrics.TRAJECTORY_TURNS.labels(outcome="by_history" if moved else "continued").inc(len(events))
+            env = sum(traj.environment)
+            metrics.TRAJECTORY_TOKENS.labels(kind="model").inc(len(traj.environment) - env)
+            metrics.TRAJECTORY_TOKENS.labels(kind="environment").inc(env)
+            metrics.TRAJECTORY_TOKENS.labels(kind="realigned").inc(traj.realigned_tokens)
         if traj is not None:
             for ev in events:
                 ev.trajectory.CopyFrom(traj)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from services.inference.client import InferenceClient
 from shared.contracts.topics import Topics
@@ -125,6 +126,8 @@ def test_three_turn_session_is_one_rewarded_trajectory_with_environment_masked(
                 expected_env[j - p0] = False
         assert list(traj.environment) == expected_env
         assert traj.realigned_tokens == 0
+        outcome = "continued" if named else "by_history"
+        assert (REGISTRY.get_sample_value("apprentice_inference_trajectory_turns_total", {"outcome": outcome}) or 0) >= 2
         # the environment spans are the tool results (with the template's text around them)
         model, tok = load_model(tiny_model_name)
         for span, text in zip(env_spans, added, strict=True):
