@@ -125,6 +125,18 @@ def check_sampling(sp: common_pb2.SamplingParams, settings: InferenceSettings) -
                 f"sampling.stop[{i}] must be 1-{settings.max_stop_length} characters; got {len(s)}")
 
 
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt (or prompt + the completion asked for) does not fit the model's context window.
+
+    INVALID_ARGUMENT over gRPC, with a message that says so; the HTTP door (openai_api/errors.py) answers
+    OpenAI's shape for it, `code: "context_length_exceeded"` with `param` the field at fault, which the
+    OpenAI SDKs raise as BadRequestError and agent frameworks recognise (they trim history on it)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: InferenceSettings, tokenizer: Any,
             context_window: int, new_session_id: str) -> PreparedRequest:
     """Validate a GenerateRequest and turn it into prompt tokens + sampling parameters."""
@@ -162,18 +174,19 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
         # a raw prompt is text too: writing `<|im_start|>system` into it makes no role token
         prompt_ids = encode_text(tokenizer, prompt_text)
     require(len(prompt_ids) > 0, "the prompt encodes to zero tokens")
-    require(len(prompt_ids) < context_window,
-            f"the prompt is {len(prompt_ids)} tokens; the context window is {context_window} "
-            "(prompt + completion must fit)")
+    field_name = "messages" if has_messages else "prompt"
+    if len(prompt_ids) >= context_window:
+        raise ContextLengthExceeded(
+            f"context length exceeded: the prompt is {len(prompt_ids)} tokens; the context window is "
+            f"{context_window} (prompt + completion must fit): shorten the {field_name}", field_name)
     sp = req.sampling
     room = context_window - len(prompt_ids)
-    if sp.max_new_tokens:
-        require(sp.max_new_tokens <= room,
-                f"prompt ({len(prompt_ids)} tokens) + sampling.max_new_tokens ({sp.max_new_tokens}) exceeds the "
-                f"context window ({context_window}); at most {room} new tokens fit")
-        max_new = sp.max_new_tokens
-    else:
-        max_new = min(settings.default_max_new_tokens, room)
+    if sp.max_new_tokens and sp.max_new_tokens > room:
+        raise ContextLengthExceeded(
+            f"context length exceeded: prompt ({len(prompt_ids)} tokens) + sampling.max_new_tokens "
+            f"({sp.max_new_tokens}) exceeds the context window ({context_window}); at most {room} new tokens fit",
+            field_name)
+    max_new = sp.max_new_tokens or min(settings.default_max_new_tokens, room)
     top_p = sp.top_p if 0 < sp.top_p < 1 else 1.0
     seed = sp.seed % SEED_MODULUS if sp.seed else None
     n = max(1, sp.n)

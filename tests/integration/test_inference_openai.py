@@ -292,7 +292,7 @@ def test_feedback_reaches_the_topic_with_ownership_and_caps(door: Door, kafka_bo
     ({"messages": MESSAGES, "temperature": 9}, 400, "temperature", "temperature must be within [0, 5]"),
     ({"messages": MESSAGES, "max_tokens": 99999}, 400, "max_tokens", "max_tokens must be <= 2048"),
     ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages", "messages[0].role"),
-    ({"messages": [{"role": "user", "content": "hi " * 2100}]}, 400, None, "context window"),
+    ({"messages": [{"role": "user", "content": "hi " * 2100}]}, 400, "messages", "context window"),
     ({"messages": MESSAGES, "n": 3, "temperature": 0}, 400, "n", "needs temperature > 0"),
     ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
      "not supported"),

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 from pydantic import ValidationError
 
+from services.inference.requests import ContextLengthExceeded
 from shared.rpc.grpc_util import InvalidRequest, NotFound, ServiceError
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,8 @@ def error_response(e: BaseException) -> tuple[int, dict[str, Any], dict[str, str
             code, param = "model_not_found", "model"
         elif isinstance(e, PayloadTooLarge):
             status, code = 413, "request_too_large"
+        elif isinstance(e, ContextLengthExceeded):
+            code = "context_length_exceeded"
         if status == 429:
             headers["Retry-After"] = str(max(1, round(float(getattr(e, "retry_after_s", DEFAULT_RETRY_AFTER_S)))))
     else:

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from services.inference.requests import feedback_event, interaction_event, prepare, resolve_tenant
+from services.inference.openai_api.errors import error_response
+from services.inference.requests import (
+    ContextLengthExceeded,
+    feedback_event,
+    interaction_event,
+    prepare,
+    resolve_tenant,
+)
 from services.inference.settings import InferenceSettings
 from shared.contracts.events import deterministic_id, timestamp
 from shared.decoding.params import Sample
@@ -63,6 +70,21 @@ def test_bad_requests_are_refused_precisely(tok: Any, kw: dict[str, Any], messag
     with pytest.raises(InvalidRequest) as e:
         prepare(_req(**kw), "acme", InferenceSettings(), tok, 2048, "s-new")
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize(("kw", "param"), [
+    ({"prompt": "word " * 3000}, "prompt"),
+    ({"messages": [common_pb2.ChatMessage(role="user", content="word " * 3000)]}, "messages"),
+    ({"prompt": "hello", "sampling": {"max_new_tokens": 2048}}, "prompt"),
+])
+def test_an_over_long_prompt_is_openais_context_length_exceeded(tok: Any, kw: dict[str, Any], param: str) -> None:
+    """Agent frameworks trim their history on this exact code; gRPC callers get INVALID_ARGUMENT saying so."""
+    with pytest.raises(ContextLengthExceeded) as e:
+        prepare(_req(**kw), "acme", InferenceSettings(), tok, 2048, "s-new")
+    assert e.value.code.name == "INVALID_ARGUMENT" and "context length exceeded" in str(e.value)
+    status, body, _ = error_response(e.value)
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["code"] == "context_length_exceeded" and body["error"]["param"] == param
 
 
 def test_defaults_are_filled_in_and_recorded(tok: Any) -> None:
