@@ -21,8 +21,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from shared.decoding.params import Sample
+
+SESSION_HEADER_SAFE = "-_.:@/+=~"
+"""Characters of a session id sent as they are in `x-apprentice-session-id`; others are percent-encoded."""
 
 LOGPROB_FLOOR = -9999.0
 """JSON has no -inf; a log-prob below this (a token the filter had excluded) is sent as this value."""
@@ -85,7 +89,12 @@ class Served:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"x-apprentice-interaction-ids": ",".join(self.ids), "x-apprentice-policy-version": self.version}
+        """Also on streams (sent before the first chunk), so a client that sees only headers and text deltas
+        (LangChain's `include_response_headers`) still learns whom to send feedback about: the interaction
+        ids by choice index, comma-separated, and the session the turn belongs to (percent-encoded: a
+        caller's session id may hold characters a header cannot; usual ids pass unchanged)."""
+        return {"x-apprentice-interaction-ids": ",".join(self.ids), "x-apprentice-policy-version": self.version,
+                "x-apprentice-session-id": quote(self.session_id, safe=SESSION_HEADER_SAFE)}
 
     def usage(self, samples: Sequence[Sample]) -> dict[str, int]:
         completion = sum(len(s.token_ids) for s in samples)
