@@ -65,8 +65,13 @@ class Tool(_Strict):
     to a human and the dashboard counts it as routed), which a policy can learn to trigger on purpose."""
 
     name: str = Field(default="order_lookup", pattern=NAME_RE)
-    call_pattern: str
+    kind: Literal["regex", "function"] = "regex"
+    """`regex`: the reply's text "calls" the lookup (`call_pattern`); `function`: a real function tool the
+    agent calls through the OpenAI door's `tools` (an agent task, `agent:`), run by the backend."""
+    call_pattern: str = ""
     """A regex on the reply (searched, case-sensitive unless the pattern says otherwise): a match calls the tool."""
+    description: str = ""
+    """`function` tools: the description the model reads (the function tool's docstring)."""
     deadline_s: float = Field(default=0.3, gt=0, le=60)
     latency_s: tuple[float, float] = (0.05, 1.5)
     """The simulated lookup service's latency, uniform in this range: above `deadline_s` it times out."""
@@ -76,6 +81,8 @@ class Tool(_Strict):
 
     @model_validator(mode="after")
     def _valid(self) -> Tool:
+        if self.kind == "regex" and not self.call_pattern:
+            raise ValueError("tool.call_pattern is required for a regex tool")
         try:
             re.compile(self.call_pattern)
         except re.error as e:
@@ -85,7 +92,20 @@ class Tool(_Strict):
         return self
 
     def called(self, text: str) -> bool:
-        return re.search(self.call_pattern, text) is not None
+        """Whether the reply's text calls a regex tool (a function tool is called only by a tool call)."""
+        return self.kind == "regex" and re.search(self.call_pattern, text) is not None
+
+
+class AgentSpec(_Strict):
+    """An agent task: simulated users talk to an agent built with a real agent framework (the OpenAI Agents
+    SDK, `tools/demo/agent_users.py`) through the stack's OpenAI-compatible HTTP door; its tool is the task's
+    `function` tool, run by the simulated backend under the deadline."""
+
+    framework: Literal["openai_agents"] = "openai_agents"
+    api: Literal["chat_completions", "responses"] = "chat_completions"
+    """Which door the SDK calls: `/v1/chat/completions` (OpenAIChatCompletionsModel) or `/v1/responses`."""
+    max_turns: int = Field(default=4, ge=1, le=16)
+    """The agent loop's bound on model calls per session (a session that runs out is a misroute)."""
 
 
 class Task(_Strict):
@@ -99,6 +119,8 @@ class Task(_Strict):
     out_of_distribution: list[OODItem] = Field(default_factory=list)
     tool: Tool | None = None
     """A backend lookup the reply can trigger (the reward-hack variant of the routing task)."""
+    agent: AgentSpec | None = None
+    """Users talk to an agent whose `function` tool the backend runs (`tools/demo/agent_users.py`)."""
     business_names: list[str] = Field(default_factory=list)
     """Names that are part of the business (products, places, staff who speak for it): redaction keeps them
     in the tenant's captured text and knowledge (shared/privacy/business.py). Optional: `task_config` also adds
@@ -117,6 +139,10 @@ class Task(_Strict):
             parse_rule_spec({"name": f.id, **f.answer_check})
         for i, item in enumerate(self.out_of_distribution):
             parse_rule_spec({"name": f"ood_{i}", **item.check})
+        if self.agent is not None and (self.tool is None or self.tool.kind != "function"):
+            raise ValueError("an agent task (`agent:`) needs a `tool` of kind `function`: the agent's tool")
+        if self.agent is None and self.tool is not None and self.tool.kind == "function":
+            raise ValueError("a `function` tool is called only by an agent: add `agent:`")
         return self
 
     # --- splits --------------------------------------------------------------------------------------
