@@ -155,7 +155,7 @@ class AgentUsers:
                              description_override=self.task.tool.description or None)
         cls = OpenAIChatCompletionsModel if self.task.agent.api == "chat_completions" else OpenAIResponsesModel
         settings = ModelSettings(temperature=temperature, top_p=0.95 if temperature > 0 else None,
-                                 max_tokens=max_new_tokens,
+                                 max_tokens=max_new_tokens, tool_choice=self.task.agent.tool_choice,
                                  extra_body={"task": self.task.task, "user": user, "tenant": self.task.tenant})
         return Agent(name=self.task.name, instructions=self.task.system_prompt, tools=[tool],
                      model=cls(model=model, openai_client=client), model_settings=settings)

@@ -31,6 +31,7 @@ from shared.proto.apprentice.v1 import (
     weights_pb2_grpc,
 )
 from shared.settings import CommonSettings
+from tools.demo.agent_users import AgentUsers
 from tools.demo.evaluation import Evaluator
 from tools.demo.report import StepsLog, hack_notes, plot, write_report
 from tools.demo.reward_hack import (
@@ -198,10 +199,16 @@ class Demo:
             p("stack healthy: " + ", ".join(health), done=True)
             self.watcher = TopicWatcher(self.stack.common.kafka_bootstrap, self.stack.topics)
             # RL rounds: a quarter of the KPI reports arrive late, as a product's outcome events do
-            self.users = SimulatedUsers(self.task, self.stack.inference_target, seed=self.seed,
-                                        token=self.stack.backend_token(self.task.tenant),
-                                        common=self.stack.client_common,
-                                        late_fraction=0.25 if self.algo in ("grpo", "both") else 0.0)
+            self.users: SimulatedUsers | AgentUsers
+            if self.task.agent is not None:   # an agent task: sessions with an agent through the OpenAI door
+                self.users = AgentUsers(self.task, self.stack.openai_base_url,
+                                        self.stack.backend_token(self.task.tenant) or "none",
+                                        ca_file=self.stack.creds.ca if self.stack.creds else None, seed=self.seed)
+            else:
+                self.users = SimulatedUsers(self.task, self.stack.inference_target, seed=self.seed,
+                                            token=self.stack.backend_token(self.task.tenant),
+                                            common=self.stack.client_common,
+                                            late_fraction=0.25 if self.algo in ("grpo", "both") else 0.0)
             self.evaluator = Evaluator(self.task, self.stack.inference_target, samples=self.budget.eval_samples,
                                        max_new_tokens=self.budget.max_new_tokens, common=self.stack.client_common)
             self._evaluate(0, deploy=None, started=time.monotonic())

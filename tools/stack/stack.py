@@ -128,6 +128,11 @@ class LocalStack:
         return f"127.0.0.1:{self.ports.extractor}"
 
     @property
+    def openai_base_url(self) -> str:
+        """The inference pod's OpenAI-compatible door (the agent task's agents call it)."""
+        return f"{'https' if self.creds is not None else 'http'}://localhost:{self.ports.http}/v1"
+
+    @property
     def dashboard_url(self) -> str:
         return f"{'https' if self.creds is not None else 'http'}://localhost:{self.ports.dashboard}/"
 

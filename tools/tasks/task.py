@@ -106,6 +106,9 @@ class AgentSpec(_Strict):
     """Which door the SDK calls: `/v1/chat/completions` (OpenAIChatCompletionsModel) or `/v1/responses`."""
     max_turns: int = Field(default=4, ge=1, le=16)
     """The agent loop's bound on model calls per session (a session that runs out is a misroute)."""
+    tool_choice: Literal["auto", "required"] = "auto"
+    """The first model call's `tool_choice`; `required` makes every session call the tool once (the SDK
+    resets it to auto after the call, so the agent then answers): the tests' way to drive the loop."""
 
 
 class Task(_Strict):
