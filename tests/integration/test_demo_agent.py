@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import openai
 import pytest
 
 from tools.demo import cli as demo_cli
@@ -19,6 +20,10 @@ from tools.demo import cli as demo_cli
 pytestmark = pytest.mark.integration
 
 
+# Until tool calling reaches the OpenAI door (issue #34 item 1), the door answers the SDK's `tools` with a 400:
+# expected to fail with exactly that (measured: "tools is not supported by this server"); any other failure
+# fails the test. Remove the mark once the door serves tools.
+@pytest.mark.xfail(raises=openai.BadRequestError, strict=False, reason="the OpenAI door refuses `tools` (issue #34 item 1)")
 def test_the_quick_agent_demo_masks_every_tool_timeout(
         kafka_bootstrap: str, tiny_model_name: str, tmp_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", kafka_bootstrap)
