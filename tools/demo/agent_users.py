@@ -45,6 +45,7 @@ class Session:
     what the backend's tool did."""
 
     interactions: list[str] = field(default_factory=list)
+    policy_version: str = ""       # the version that answered the last turn (`x-apprentice-policy-version`)
     completion_tokens: int = 0
     tool_calls: int = 0
     timeouts: list[str] = field(default_factory=list)    # the interaction that called each timed-out lookup
@@ -95,6 +96,7 @@ async def _capture_interaction(response: httpx.Response) -> None:
         return
     if not response.request.url.path.endswith(("/chat/completions", "/responses")):
         return
+    session.policy_version = response.headers.get("x-apprentice-policy-version", session.policy_version)
     await response.aread()
     body = response.json()
     if isinstance(body, dict) and body.get("id"):
@@ -187,7 +189,8 @@ class AgentUsers:
                 for iid in dict.fromkeys([*session.timeouts, last]):
                     await self._feedback(http, iid, self.task.tool.timeout_kpi, 1.0)
             await self._feedback(http, last, self.task.kpi.name, 1.0 if reported else 0.0)
-        return Exchange(fact.id, question, last, final, reported, "", session.completion_tokens, routed=routed,
+        return Exchange(fact.id, question, last, final, reported, session.policy_version, session.completion_tokens,
+                        routed=routed,
                         tool_called=session.tool_calls > 0, tool_timed_out=timed_out, asked_at=asked_at,
                         answered_at=answered_at)
 
