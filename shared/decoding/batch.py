@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from shared.decoding.constraints import allowed_mask, constraint_for
 from shared.decoding.forward import last_position_only
 from shared.decoding.kv_cache import RowGroup, mergeable
 from shared.decoding.prompt_cache import Key, Prefill, PromptCache, assemble
@@ -102,6 +103,9 @@ class DecodeBatch:
         live = self._screen(rows)
         if not live:
             return
+        for r in live:       # a resumed row keeps its matcher; a bad grammar raises GrammarError here
+            if r.params.grammar is not None and r.constraint is None:
+                r.constraint = constraint_for(r.params.grammar, self.tok)
         self.stats.rows += len(live)
         forward = forward or self.model
         device = self.device
@@ -249,7 +253,10 @@ class DecodeBatch:
 
     def _advance(self, g: RowGroup, logits: torch.Tensor, *, first: bool) -> None:
         """Draw, then per row: append, stop, stream; rows that stop leave `g` (and their cache rows)."""
-        next_tok, lp_t1, lp_b = draw(logits, g.temp, g.top_k, g.top_p, g.gens)
+        constrained = [r.constraint for r in g.rows]
+        allowed = (allowed_mask(constrained, self.eos, logits.shape[-1], logits.device)
+                   if any(c is not None for c in constrained) else None)
+        next_tok, lp_t1, lp_b = draw(logits, g.temp, g.top_k, g.top_p, g.gens, allowed)
         toks = next_tok.tolist()
         eos, tok, limit = self.eos, self.tok, self.limit
         keep: list[int] = []
@@ -268,6 +275,8 @@ class DecodeBatch:
             if t in eos:
                 r.finish("stop", eos, tok)
                 continue
+            if r.constraint is not None:
+                r.constraint.consume(t)
             if r.params.stop or r.stream:
                 s.text = tok.decode([x for x in s.token_ids if x not in eos], skip_special_tokens=True)
                 cut = first_stop(s.text, r.params.stop) if r.params.stop else -1
@@ -275,6 +284,9 @@ class DecodeBatch:
                     s.text = s.text[:cut]
                     r.finish("stop", eos, tok)
                     continue
+            if r.constraint is not None and r.constraint.finished():   # the grammar is complete: no EOS pass
+                r.finish("stop", eos, tok)
+                continue
             if len(s.token_ids) >= r.params.max_new_tokens or len(r.prompt_ids) + len(s.token_ids) >= limit:
                 r.finish("length", eos, tok)
                 continue

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import torch
 
+from shared.decoding.constraints import Constraint
 from shared.decoding.params import Sample, SamplingConfig
 from shared.decoding.text import first_stop
 
@@ -33,6 +34,7 @@ class DecodeRow:
     cache_salt: str = ""                   # prompt-cache namespace (the tenant): no entry is shared across salts
     # --- state ---
     generator: torch.Generator | None = None   # a seeded row's draws so far, kept while it is preempted
+    constraint: Constraint | None = None   # its grammar's matcher (params.grammar), kept while it is preempted
     sample: Sample = field(default_factory=Sample)
     streamed: int = 0                      # characters of text already streamed
     pending_ids: list[int] = field(default_factory=list)   # token ids not yet streamed

@@ -47,7 +47,8 @@ def sample_rows(probs: torch.Tensor, block: int = 256) -> torch.Tensor:
 
 
 def draw(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-         gens: list[torch.Generator | None]) -> tuple[torch.Tensor, list[float], list[float]]:
+         gens: list[torch.Generator | None], allowed: torch.Tensor | None = None,
+         ) -> tuple[torch.Tensor, list[float], list[float]]:
     """Each row's next token, its temperature-1 log-prob and its behaviour log-prob. logits (B, V) float;
     temp / top_k / top_p (B,) (temperature <= 0 = greedy, top_k 0 and top_p 1 = off); gens[i] row i's
     seeded generator or None.
@@ -56,18 +57,25 @@ def draw(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: t
     rows need an argmax and a logsumexp; sampled rows one softmax of the behaviour distribution (plus
     a logsumexp at T=1 when it differs), the draw, and log p of the drawn token. In a mixed batch the
     sampling passes run over every row (cheaper than copying out the sampled ones) and the greedy
-    rows' draws are ignored."""
+    rows' draws are ignored.
+
+    allowed (B, V) bool, optional: grammar masks (shared/decoding/constraints.py `allowed_mask`); a row draws
+    only allowed tokens. Its behaviour log-prob is under the masked distribution (what it was drawn from);
+    its temperature-1 log-prob stays the unmasked model's (shared/decoding/logprobs.py)."""
     B = logits.shape[0]
+    raw = logits
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     device = logits.device
     greedy = temp <= 0                                                              # (B,)
     is_greedy = greedy.tolist()
     n_greedy = sum(is_greedy)
     if n_greedy == B:
         tok = torch.argmax(logits, dim=-1)
-        lp = logits.gather(1, tok[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+        lp = raw.gather(1, tok[:, None]).squeeze(1) - torch.logsumexp(raw, dim=-1)
         return tok, lp.tolist(), [0.0] * B
     filtered = bool((top_k > 0).any()) or bool((top_p < 1).any())
-    plain = not filtered and bool(((temp == 1) | greedy).all())
+    plain = not filtered and allowed is None and bool(((temp == 1) | greedy).all())
     if plain:                                              # T=1, unfiltered: one distribution
         dist = logits
     else:
@@ -88,6 +96,6 @@ def draw(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: t
     if bool(tiny.any()):
         exact = torch.log_softmax(dist, dim=-1).gather(1, tok[:, None]).squeeze(1)
         lp = torch.where(tiny, exact, lp)
-    lp_t1 = lp if plain else logits.gather(1, tok[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+    lp_t1 = lp if plain else raw.gather(1, tok[:, None]).squeeze(1) - torch.logsumexp(raw, dim=-1)
     lp_b = torch.where(greedy, torch.zeros_like(lp), lp)        # greedy: a point mass, recorded as 0.0
     return tok, lp_t1.tolist(), lp_b.tolist()

@@ -101,3 +101,47 @@ def test_lark_with_embedded_json_schema_for_tool_calls(tok: Any) -> None:
 def test_bad_grammars_raise_a_clear_error(grammar: Grammar, message: str) -> None:
     with pytest.raises(GrammarError, match=message):
         validate(grammar)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_name: str) -> tuple[Any, Any]:
+    from shared.models import load_model
+
+    return load_model(tiny_model_name)
+
+
+def test_decode_loop_mixes_constrained_and_free_rows(tiny: tuple[Any, Any]) -> None:
+    """The random tiny model never writes JSON by itself; under the mask every constrained row (greedy and
+    sampled, in one batch with a free row) ends with a document its schema validates, finish 'stop'. The
+    temperature-1 log-probs stay the unmasked model's (teacher-forced), the behaviour ones are the masked
+    distribution's (> the unmasked log-prob where the mask removed mass)."""
+    from shared.decoding.batch import decode_batch
+    from shared.decoding.generation import encode_prompt, render_chat
+    from shared.decoding.logprobs import sequence_logprobs
+    from shared.decoding.params import Sample, SamplingConfig
+    from shared.decoding.rows import DecodeRow
+
+    model, tok = tiny
+    schema = {"type": "object", "properties": {"kind": {"enum": ["bug", "feature"]},
+                                               "tags": {"type": "array", "items": {"type": "boolean"},
+                                                        "maxItems": 3}},
+              "required": ["kind", "tags"], "additionalProperties": False}
+    g = Grammar("json_schema", json.dumps(schema))
+    prompt = encode_prompt(tok, render_chat(tok, [{"role": "user", "content": "classify"}]))
+    cfgs = [SamplingConfig(max_new_tokens=60, grammar=g),
+            SamplingConfig(max_new_tokens=60, temperature=1.0, seed=3, grammar=g),
+            SamplingConfig(max_new_tokens=8, temperature=0.7, top_k=50, seed=4),
+            SamplingConfig(max_new_tokens=60, temperature=0.9, top_p=0.95, seed=5, grammar=g)]
+    out: dict[int, Sample] = {}
+    rows = [DecodeRow(prompt, c, on_finish=lambda s, i=i: out.__setitem__(i, s)) for i, c in enumerate(cfgs)]
+    decode_batch(model, tok, rows)
+    for i in (0, 1, 3):
+        s = out[i]
+        assert s.finish_reason == "stop", s.text
+        jsonschema.validate(json.loads(s.text), schema)
+        ref = sequence_logprobs(model, prompt, s.token_ids)
+        assert ref.tolist() == pytest.approx(s.logprobs_t1, abs=1e-4)
+    sampled = out[1]
+    assert all(b >= t - 1e-5 for b, t in zip(sampled.logprobs, sampled.logprobs_t1, strict=True))
+    assert any(b > t + 1e-3 for b, t in zip(sampled.logprobs, sampled.logprobs_t1, strict=True))
+    assert len(out[2].token_ids) == 8
