@@ -20,6 +20,16 @@ from services.inference.settings import InferenceSettings
 from shared.contracts.events import deterministic_id, make_envelope
 from shared.decoding.chat_template import encode_chat, encode_text
 from shared.decoding.params import SamplingConfig
+from shared.decoding.tool_calls import (
+    ToolError,
+    ToolSpec,
+    check_history,
+    check_tool_choice,
+    check_tools,
+    parse_tool,
+    render_hermes,
+    tool_grammar,
+)
 from shared.privacy.policy import Scan
 from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2
 from shared.rpc.grpc_util import (
@@ -34,7 +44,7 @@ from shared.rpc.grpc_util import (
 )
 from shared.security.identity import Role, current_identity
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 FEEDBACK_KINDS = ("thumbs", "rating", "correction", "kpi")
 MAX_TEMPERATURE = 5.0
 SEED_MODULUS = 1 << 31          # seeds are reduced modulo 2^31 (torch generators take them safely)
@@ -87,6 +97,10 @@ class PreparedRequest:
     """The knowledge items added to the context (services/inference/knowledge.py); `prompt_text` and
     `prompt_ids` hold them, `messages` do not."""
     knowledge_texts: list[str] = field(default_factory=list)
+    tools: list[ToolSpec] = field(default_factory=list)
+    """The functions offered (shared/decoding/tool_calls.py); the answer is parsed for calls to them."""
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = True
     prompt_scans: tuple[Scan, ...] | None = None
     """The personal-data scan of each of `messages`, made once per request by its first reader
     (services/inference/privacy.py): the edge's `reject` decision and the capture's redaction of every
@@ -137,6 +151,14 @@ class ContextLengthExceeded(InvalidRequest):
         self.param = param
 
 
+class ToolRequestError(InvalidRequest):
+    """Invalid tools / tool_choice / tool messages; `param` names the field (the HTTP door's 400 param)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: InferenceSettings, tokenizer: Any,
             context_window: int, new_session_id: str) -> PreparedRequest:
     """Validate a GenerateRequest and turn it into prompt tokens + sampling parameters."""
@@ -153,15 +175,22 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
         chars = 0
         for i, m in enumerate(req.messages):
             require(m.role in ROLES, f"messages[{i}].role must be one of {', '.join(ROLES)}; got {m.role!r}")
-            require(bool(m.content), f"messages[{i}].content is empty")
-            chars += len(m.content)
+            require(bool(m.content) or (m.role == "assistant" and len(m.tool_calls) > 0),
+                    f"messages[{i}].content is empty")
+            chars += len(m.content) + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
         require(chars <= settings.max_prompt_chars,
                 f"messages hold {chars} characters; the limit is {settings.max_prompt_chars}")
         messages = list(req.messages)
+        tools, tool_choice, tool_grammar_ = prepare_tools(req)
+        rendered: list[Any] = messages
+        if tools or any(m.role == "tool" or m.tool_calls for m in messages):
+            # tools, calls and results become message content (shared/decoding/tool_calls.py), so every
+            # special token in a description, an argument or a result stays text, as in any content
+            rendered = render_hermes([_message_dict(m) for m in messages], tools)
         try:
             # special tokens written inside a message's content stay text: only the template's own role
             # markers are control tokens, so the role whitelist above cannot be bypassed
-            encoded = encode_chat(tokenizer, messages)
+            encoded = encode_chat(tokenizer, rendered)
         except Exception as e:  # noqa: BLE001 - a template error is the request's shape, not a server fault
             raise InvalidRequest(f"messages cannot be rendered with this model's chat template: {e}; "
                                  "send a raw `prompt` instead") from e
@@ -169,6 +198,8 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
     else:
         require(len(req.prompt) <= settings.max_prompt_chars,
                 f"prompt is {len(req.prompt)} characters; the limit is {settings.max_prompt_chars}")
+        require(len(req.tools) == 0, "tools need `messages` (chat); a raw `prompt` cannot offer tools")
+        tools, tool_choice, tool_grammar_ = [], "none", None
         messages = [common_pb2.ChatMessage(role="user", content=req.prompt)]
         prompt_text = req.prompt
         # a raw prompt is text too: writing `<|im_start|>system` into it makes no role token
@@ -191,13 +222,35 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
     seed = sp.seed % SEED_MODULUS if sp.seed else None
     n = max(1, sp.n)
     sampling = SamplingConfig(max_new_tokens=max_new, temperature=float(sp.temperature), top_p=float(top_p),
-                              top_k=int(sp.top_k), stop=tuple(sp.stop), seed=seed, n=n)
+                              top_k=int(sp.top_k), stop=tuple(sp.stop), seed=seed, n=n,
+                              grammar=tool_grammar_)
     effective = common_pb2.SamplingParams(max_new_tokens=max_new, temperature=sp.temperature, top_p=top_p,
                                           top_k=sp.top_k, stop=list(sp.stop), seed=sp.seed, n=n)
     return PreparedRequest(tenant=tenant, session_id=req.session_id or new_session_id, task=req.task,
                            messages=messages, raw_prompt=has_prompt, prompt_text=prompt_text,
                            prompt_ids=prompt_ids, sampling=sampling, effective=effective,
-                           no_capture=req.no_capture, no_knowledge=req.no_knowledge)
+                           no_capture=req.no_capture, no_knowledge=req.no_knowledge, tools=tools,
+                           tool_choice=tool_choice, parallel_tool_calls=not req.no_parallel_tool_calls)
+
+
+def _message_dict(m: common_pb2.ChatMessage) -> dict[str, Any]:
+    return {"role": m.role, "content": m.content, "tool_call_id": m.tool_call_id, "name": m.name,
+            "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls]}
+
+
+def prepare_tools(req: inference_pb2.GenerateRequest) -> tuple[list[ToolSpec], str, Any]:
+    """The request's tools, tool_choice and tool messages validated once for both doors (INVALID_ARGUMENT
+    over gRPC, 400 with `param` over HTTP), and the grammar that enforces tool_choice / strict tools."""
+    try:
+        tools = [parse_tool(t.name, t.description, t.parameters_json, t.strict, i) for i, t in enumerate(req.tools)]
+        check_tools(tools)
+        mode = req.tool_choice.mode or "auto"
+        check_tool_choice(mode, req.tool_choice.function, tools)
+        check_history([_message_dict(m) for m in req.messages])
+    except ToolError as e:
+        raise ToolRequestError(str(e), e.param) from e
+    return tools, mode, tool_grammar(tools, mode, req.tool_choice.function,
+                                     parallel=not req.no_parallel_tool_calls)
 
 
 def interaction_event(p: PreparedRequest, sample: Any, *, interaction_id: str, group_id: str, index: int,

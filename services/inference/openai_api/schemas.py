@@ -13,6 +13,7 @@ sent as extra body fields (`extra_body=` in the SDKs): `session_id`, `task`, `te
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, TypeVar
 
 from google.protobuf import json_format
@@ -35,7 +36,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 # Parameters Apprentice does not implement: accepted only at a value that means "not used".
 _INACTIVE: tuple[Any, ...] = (None, [], {}, 0, 0.0, False, "none", "text", {"type": "text"}, ["text"])
-_CHAT_UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias",
+_CHAT_UNSUPPORTED = ("response_format", "logit_bias",
                      "frequency_penalty", "presence_penalty", "audio", "modalities", "prediction",
                      "web_search_options")
 _COMPLETION_UNSUPPORTED = ("logit_bias", "frequency_penalty", "presence_penalty", "suffix", "echo")
@@ -95,10 +96,54 @@ class TextPart(BaseModel):
     text: str = ""
 
 
+class FunctionCallIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    type: str = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: str
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class FunctionIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = False
+
+
+class ToolIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str = "function"
+    function: FunctionIn
+
+
+def _tool_choice(choice: Any) -> common_pb2.ToolChoice:
+    """OpenAI's tool_choice (and legacy function_call): "auto" | "none" | "required" | a named function."""
+    if choice is None:
+        return common_pb2.ToolChoice()
+    if isinstance(choice, str):
+        return common_pb2.ToolChoice(mode=choice)
+    if isinstance(choice, dict):
+        fn = choice.get("function") if isinstance(choice.get("function"), dict) else choice
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            return common_pb2.ToolChoice(mode="function", function=fn["name"])
+    raise BadRequest('tool_choice must be "auto", "none", "required" or {"type": "function", "function": '
+                     '{"name": ...}}', param="tool_choice")
 
 
 class ChatCompletionRequest(_Common):
@@ -106,10 +151,27 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[ToolIn] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: list[FunctionIn] | None = None
+    """Legacy: the same as tools of type function."""
+    function_call: Any = None
+    """Legacy: the same as tool_choice."""
+
+    def _tools(self) -> list[common_pb2.Tool]:
+        fns = [t.function for t in self.tools or []] + list(self.functions or [])
+        for i, t in enumerate(self.tools or []):
+            if t.type != "function":
+                raise BadRequest(f"tools[{i}].type must be function; got {t.type[:40]!r}", param="tools")
+        return [common_pb2.Tool(name=f.name, description=f.description, strict=bool(f.strict),
+                                parameters_json=json.dumps(f.parameters) if f.parameters is not None else "")
+                for f in fns]
 
     def to_proto(self) -> inference_pb2.GenerateRequest:
-        """System/developer/user/assistant turns with text content; `developer` is OpenAI's newer name
-        for `system`. Roles the model cannot take (tool, function) are refused by the shared checks."""
+        """System/developer/user/assistant/tool turns with text content; `developer` is OpenAI's newer name
+        for `system`; assistant tool calls and tool results are checked by the shared checks
+        (services/inference/requests.py)."""
         messages = []
         for i, m in enumerate(self.messages):
             if isinstance(m.content, list):
@@ -120,10 +182,15 @@ class ChatCompletionRequest(_Common):
                 content = "".join(part.text for part in m.content)
             else:
                 content = m.content or ""
+            calls = [common_pb2.ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
+                     for c in m.tool_calls or []]
             messages.append(common_pb2.ChatMessage(role="system" if m.role == "developer" else m.role,
-                                                   content=content))
+                                                   content=content, tool_calls=calls,
+                                                   tool_call_id=m.tool_call_id or "", name=m.name or ""))
         max_new = self.max_completion_tokens or self.max_tokens or 0
-        return self.generate_request(messages=messages, sampling=self.sampling(max_new))
+        choice = _tool_choice(self.tool_choice if self.tool_choice is not None else self.function_call)
+        return self.generate_request(messages=messages, sampling=self.sampling(max_new), tools=self._tools(),
+                                     tool_choice=choice, no_parallel_tool_calls=self.parallel_tool_calls is False)
 
 
 class CompletionRequest(_Common):

@@ -64,7 +64,7 @@ def test_completion_request_defaults_and_prompt_forms() -> None:
 
 
 @pytest.mark.parametrize(("body", "needle", "param"), [
-    ({"messages": MSG, "tools": [{"type": "function"}]}, "tools is not supported", "tools"),
+    ({"messages": MSG, "tools": [{"type": "function"}]}, "`tools.0.function` field required", "tools"),
     ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format is not supported",
      "response_format"),
     ({"messages": MSG, "presence_penalty": 0.5}, "presence_penalty is not supported", "presence_penalty"),
