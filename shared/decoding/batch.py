@@ -42,6 +42,7 @@ import torch
 from shared.decoding.constraints import allowed_mask, constraint_for
 from shared.decoding.forward import last_position_only
 from shared.decoding.kv_cache import RowGroup, mergeable
+from shared.decoding.logprobs import top_alternatives
 from shared.decoding.prompt_cache import Key, Prefill, PromptCache, assemble
 from shared.decoding.rows import BatchStats, DecodeRow, RowRouter
 from shared.decoding.sampling import draw, seeded_generator
@@ -257,6 +258,9 @@ class DecodeBatch:
         allowed = (allowed_mask(constrained, self.eos, logits.shape[-1], logits.device)
                    if any(c is not None for c in constrained) else None)
         next_tok, lp_t1, lp_b = draw(logits, g.temp, g.top_k, g.top_p, g.gens, allowed)
+        want = [r.params.top_logprobs for r in g.rows]
+        alts = (top_alternatives(logits, g.temp, g.top_k, g.top_p, max(want), allowed)
+                if any(want) else None)
         toks = next_tok.tolist()
         eos, tok, limit = self.eos, self.tok, self.limit
         keep: list[int] = []
@@ -269,6 +273,8 @@ class DecodeBatch:
             s.token_ids.append(t)
             s.logprobs_t1.append(lp_t1[i])
             s.logprobs.append(lp_b[i])
+            if alts is not None and want[i]:
+                s.top_logprobs.append(list(zip(alts[0][i][:want[i]], alts[1][i][:want[i]], strict=True)))
             self.stats.tokens += 1
             if r.stream:
                 r.pending_ids.append(t)

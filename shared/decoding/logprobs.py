@@ -85,6 +85,40 @@ def behaviour_logprob(token: int, raw: Mapping[int, float], temperature: float, 
     return float("-inf")  # the token was outside the (approximate) filtered support
 
 
+def top_alternatives(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                     k: int, allowed: torch.Tensor | None = None) -> tuple[list[list[int]], list[list[float]]]:
+    """The k most likely tokens per row and their behaviour log-probs (OpenAI's `top_logprobs`), from the
+    distribution `Sample.logprobs` uses: log p_b = log softmax(filter_{k,p}(z / T)); a token the filter
+    removed is -inf. Greedy rows (T <= 0) are the point mass their recorded 0.0 comes from: the argmax
+    0.0, every other alternative -inf. Ranked by raw logits, which is p_b's order (scaling keeps it, the
+    filter drops the tail), so the lists come out most likely first. One extra vocabulary pass, run only
+    when a row asked for alternatives. logits (B, V); temp / top_k / top_p (B,); `allowed` (B, V) the
+    grammar masks the draw used (shared/decoding/sampling.py `draw`): a masked token is -inf too."""
+    k = max(1, min(k, logits.shape[-1]))
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    greedy = temp <= 0
+    dist = logits / torch.where(greedy, torch.ones_like(temp), temp).unsqueeze(1)
+    dist = filter_top_k_top_p(dist, top_k, top_p)
+    top = torch.topk(logits, k, dim=-1).indices                                          # (B, k)
+    vals = torch.log_softmax(dist, dim=-1).gather(1, top)
+    point = torch.full_like(vals, float("-inf"))
+    point[:, 0] = 0.0
+    vals = torch.where(greedy.unsqueeze(1), point, vals)
+    return top.tolist(), vals.tolist()
+
+
+def alternatives_from_raw(raw: Mapping[int, float], temperature: float, top_k: int, top_p: float,
+                          k: int) -> list[tuple[int, float]]:
+    """`top_alternatives` for an engine that returns raw (T = 1) top-K log-probs per position (vLLM's
+    `logprobs=K`): the k largest candidates with `behaviour_logprob`'s value each (its exactness caveats
+    apply), most likely first; greedy is the point mass on the first."""
+    ranked = sorted(raw.items(), key=lambda kv: kv[1], reverse=True)[:max(0, k)]
+    if temperature <= 0:
+        return [(t, 0.0 if i == 0 else float("-inf")) for i, (t, _) in enumerate(ranked)]
+    return [(t, behaviour_logprob(t, raw, temperature, top_k, top_p)) for t, _ in ranked]
+
+
 def sequence_logprobs(model: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int],
                       temperature: float = 1.0) -> torch.Tensor:
     """log softmax(z_t / T)[y_t] for each completion token, teacher-forced. Shape (len(completion_ids),).

@@ -31,6 +31,7 @@ class SamplingConfig:
     seed: int | None = None
     n: int = 1                    # samples per prompt
     grammar: Grammar | None = None  # None = unconstrained
+    top_logprobs: int = 0         # alternatives per position in Sample.top_logprobs (0 = none: no extra pass)
 
 
 @dataclass
@@ -39,4 +40,7 @@ class Sample:
     text: str = ""                                         # decoded, without EOS, cut before a stop string
     logprobs: list[float] = field(default_factory=list)    # behaviour distribution (shared/decoding/logprobs.py)
     logprobs_t1: list[float] = field(default_factory=list) # temperature-1, unfiltered
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # per position, when SamplingConfig.top_logprobs > 0: the k most likely (token, log-prob) under the same
+    # distribution as `logprobs` (shared/decoding/logprobs.py `top_alternatives`), most likely first
     finish_reason: str = "length"                          # stop | length | cancelled

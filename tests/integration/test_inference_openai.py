@@ -172,7 +172,7 @@ def test_sync_chat_n_logprobs_is_captured_like_grpc(door: Door, kafka_bootstrap:
         assert e.response_text == c.message.content and e.finish_reason == c.finish_reason
         assert len(e.response_token_ids) == len(e.response_logprobs_t1) == len(tokens)
         assert list(e.response_logprobs) == pytest.approx([t.logprob for t in tokens], abs=1e-5)
-        assert all(t.top_logprobs[0].token == t.token and t.bytes for t in tokens)
+        assert all(len(t.top_logprobs) == 1 and t.bytes and t.top_logprobs[0].bytes for t in tokens)  # the most likely
         assert e.policy_version == "base" and e.group_size == 3 and e.sample_index == c.index and not e.raw_prompt
         assert e.sampling.temperature == pytest.approx(0.8) and e.sampling.max_new_tokens == 12
         assert [m.role for m in e.messages] == ["system", "user"]
@@ -237,7 +237,8 @@ def test_text_completions_whole_and_streamed(door: Door, kafka_bootstrap: str, n
     lp = r.choices[0].logprobs
     assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None and r.usage is not None
     assert r.object == "text_completion" and len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens
-    assert lp.top_logprobs is not None and all(list(d) == [t] for d, t in zip(lp.top_logprobs, lp.tokens, strict=True))
+    assert lp.top_logprobs is not None and len(lp.top_logprobs) == len(lp.tokens)
+    assert all(len(d) == 1 for d in lp.top_logprobs)          # the most likely alternative (sampled: not always chosen)
     streamed = list(client.completions.create(model=door.model, prompt="Twice", max_tokens=4, stream=True))
     sid = _apprentice(streamed[0])["interaction_ids"][0]
     events = _interactions(kafka_bootstrap, ns, [r.id, sid])

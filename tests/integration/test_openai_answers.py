@@ -6,6 +6,8 @@ light client's `interaction_id_of` / `feedback` turn any answer form into a feed
 
 from __future__ import annotations
 
+import math
+
 import grpc
 import httpx
 import openai
@@ -13,6 +15,7 @@ import pytest
 from apprentice_client import feedback, interaction_id_of, session_id_of
 from langchain_core.messages import AIMessageChunk
 from langchain_openai import ChatOpenAI
+from openai.types.chat import ChatCompletionTokenLogprob
 from pydantic import SecretStr
 
 from shared.contracts.topics import Topics
@@ -89,3 +92,48 @@ def test_langchain_stream_then_feedback_reaches_the_topic(door: Door, kafka_boot
     with door.grpc() as g:            # the gRPC door of the same helper
         ack = feedback(g, sdk_answer, "thumbs", -1)
     assert ack["accepted"]
+
+
+def _check_alternatives(tokens: list[ChatCompletionTokenLogprob], k: int) -> None:
+    """Sorted, k of them, bytes on each, and the chosen token among them with its own log-prob (top_k = k
+    keeps the draw inside the k most likely, so it must appear)."""
+    assert tokens
+    for t in tokens:
+        alts = t.top_logprobs
+        assert len(alts) == k and all(a.bytes for a in alts)
+        values = [a.logprob for a in alts]
+        assert values == sorted(values, reverse=True) and len({a.token for a in alts}) > 1
+        chosen = [a for a in alts if a.token == t.token]
+        assert chosen and chosen[0].logprob == pytest.approx(t.logprob, abs=1e-4)
+        assert math.fsum(math.exp(v) for v in values) == pytest.approx(1.0, abs=1e-3)   # top_k = k: all the mass
+
+
+def test_top_logprobs_alternatives_whole_streamed_and_legacy(door: Door) -> None:  # noqa: F811
+    client = door.sdk()
+    r = client.chat.completions.create(model=door.model, messages=MESSAGES, max_tokens=6, temperature=0.9,
+                                       logprobs=True, top_logprobs=4, extra_body={"top_k": 4}, seed=3)
+    content = r.choices[0].logprobs.content if r.choices[0].logprobs else None
+    _check_alternatives(content or [], 4)
+    streamed: list[ChatCompletionTokenLogprob] = []
+    for chunk in client.chat.completions.create(model=door.model, messages=MESSAGES, max_tokens=6, stream=True,
+                                                temperature=0.9, logprobs=True, top_logprobs=4,
+                                                extra_body={"top_k": 4}):
+        for c in chunk.choices:
+            if c.logprobs and c.logprobs.content:
+                streamed += c.logprobs.content
+    _check_alternatives(streamed, 4)
+    text = client.completions.create(model=door.model, prompt="Once upon", max_tokens=5, temperature=0.9,
+                                     logprobs=3, extra_body={"top_k": 3})
+    lp = text.choices[0].logprobs
+    assert lp is not None and lp.top_logprobs and lp.tokens and lp.token_logprobs
+    for tok, chosen, alts in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert 1 <= len(alts) <= 3 and list(alts.values()) == sorted(alts.values(), reverse=True)
+        assert alts[tok] == pytest.approx(chosen, abs=1e-4)
+    greedy = client.chat.completions.create(model=door.model, messages=MESSAGES, max_tokens=3, logprobs=True,
+                                            top_logprobs=2, temperature=0)
+    greedy_tokens = greedy.choices[0].logprobs.content if greedy.choices[0].logprobs else None
+    assert greedy_tokens
+    for t in greedy_tokens:
+        # greedy decoding is a point mass (its recorded 0.0): the argmax first, the other alternative floored
+        assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == 0.0
+        assert t.top_logprobs[1].logprob == -9999.0

@@ -50,7 +50,7 @@ from services.inference.engines.base import (
     VersionFiles,
 )
 from services.inference.settings import InferenceSettings
-from shared.decoding.logprobs import behaviour_logprob
+from shared.decoding.logprobs import alternatives_from_raw, behaviour_logprob
 from shared.decoding.params import Sample
 from shared.models import load_tokenizer, resolve_model_dir
 from shared.weights.formats import require_safetensors
@@ -219,7 +219,7 @@ class VLLMEngine(Engine):
             params = SamplingParams(n=max(1, cfg.n), temperature=cfg.temperature, top_p=cfg.top_p,
                                     top_k=cfg.top_k if cfg.top_k > 0 else 0, max_tokens=cfg.max_new_tokens,
                                     stop=list(cfg.stop) or None, seed=cfg.seed,
-                                    logprobs=self.settings.vllm.logprobs_topk,
+                                    logprobs=max(self.settings.vllm.logprobs_topk, cfg.top_logprobs),
                                     output_kind=RequestOutputKind.DELTA, skip_special_tokens=True)
             samples = {i: Sample() for i in range(max(1, cfg.n))}
             raw_sets: dict[int, list[Mapping[int, float]]] = {i: [] for i in samples}
@@ -241,6 +241,7 @@ class VLLMEngine(Engine):
                 if not handle.has_choice(i):
                     s.finish_reason = "cancelled"
                     s.logprobs = self._behaviour(cfg, s, raw_sets[i])
+                    s.top_logprobs = self._alternatives(cfg, raw_sets[i])
                     handle.push_choice(i, s)
         except Exception as e:  # noqa: BLE001 - surfaced to the caller as INTERNAL; the engine keeps serving
             log.exception("vllm generation failed", extra={"version": req.version})
@@ -263,6 +264,7 @@ class VLLMEngine(Engine):
         if c.finish_reason is not None:
             s.finish_reason = "cancelled" if c.finish_reason == "abort" else str(c.finish_reason)
             s.logprobs = self._behaviour(handle.request.sampling, s, raws)
+            s.top_logprobs = self._alternatives(handle.request.sampling, raws)
             handle.push_choice(c.index, s)
 
     @staticmethod
@@ -270,6 +272,15 @@ class VLLMEngine(Engine):
         """Behaviour log-probs of a finished sample (one per token, from its raw top-K sets)."""
         return [behaviour_logprob(t, raw, cfg.temperature, cfg.top_k, cfg.top_p)
                 for t, raw in zip(s.token_ids, raws, strict=True)]
+
+    @staticmethod
+    def _alternatives(cfg: Any, raws: list[Mapping[int, float]]) -> list[list[tuple[int, float]]]:
+        """OpenAI's `top_logprobs` per token when asked (`cfg.top_logprobs`), from the same raw top-K sets as
+        the behaviour log-probs (vLLM's `logprobs=K` output, K raised to at least the number asked)."""
+        k = int(getattr(cfg, "top_logprobs", 0))
+        if k <= 0:
+            return []
+        return [alternatives_from_raw(raw, cfg.temperature, cfg.top_k, cfg.top_p, k) for raw in raws]
 
     async def _watch_cancel(self, handle: RequestHandle) -> None:
         while not handle.done:

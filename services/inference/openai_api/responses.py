@@ -7,9 +7,10 @@ feedback on any choice. `system_fingerprint` is the policy version that answered
 Log-probs: one entry per generated token (the end-of-sequence token included when the model produced it,
 as in the captured `Interaction` and in `usage.completion_tokens`). `logprob` is the behaviour log-prob
 the engine recorded: log p of the token under the distribution it was drawn from (temperature, top-k and
-top-p applied; 0.0 for greedy decoding, a point mass). The engine does not compute the alternatives a
-sampler did not pick, so `top_logprobs` lists the sampled token only (when `top_logprobs` >= 1), and the
-legacy completions `top_logprobs` maps that one token. Streams send a choice's log-probs with its last
+top-p applied; 0.0 for greedy decoding, a point mass). `top_logprobs` lists the k most likely tokens
+under that same distribution (the engine computes them only when asked: `SamplingConfig.top_logprobs`,
+shared/decoding/logprobs.py `top_alternatives`), most likely first; a token the filter excluded shows
+LOGPROB_FLOOR, and under greedy decoding every alternative but the argmax does. Streams send a choice's log-probs with its last
 chunk (the engine has them once the choice is complete). `finish_reason` is the engine's: stop, length,
 or cancelled (the call ended first: the client went away, the server stopped).
 """
@@ -110,20 +111,32 @@ def _lp(x: float) -> float:
     return x if x >= LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
+def _alternatives(sample: Sample, top: int) -> list[list[tuple[int, float]]]:
+    """Per position, the engine's `top` alternatives (most likely first); where the engine gave none, the
+    sampled token alone (the legacy behaviour, kept for engines that do not compute them)."""
+    if top <= 0:
+        return [[] for _ in sample.token_ids]
+    if len(sample.top_logprobs) == len(sample.token_ids):
+        return [alts[:top] for alts in sample.top_logprobs]
+    return [[(t, lp)] for t, lp in zip(sample.token_ids, sample.logprobs, strict=True)]
+
+
 def chat_logprobs(sample: Sample, text: TokenText, top: int) -> dict[str, Any]:
     """`choices[].logprobs` of a chat completion: `{"content": [{token, logprob, bytes, top_logprobs}]}`."""
     content = []
-    for tid, lp in zip(sample.token_ids, sample.logprobs, strict=True):
+    for tid, lp, alts in zip(sample.token_ids, sample.logprobs, _alternatives(sample, top), strict=True):
         tok, data = text.piece(tid)
         entry: dict[str, Any] = {"token": tok, "logprob": _lp(lp), "bytes": data}
-        entry["top_logprobs"] = [dict(entry)] if top > 0 else []
+        entry["top_logprobs"] = [{"token": a_tok, "logprob": _lp(a_lp), "bytes": a_data}
+                                 for a_id, a_lp in alts for a_tok, a_data in (text.piece(a_id),)]
         content.append(entry)
     return {"content": content, "refusal": None}
 
 
 def completion_logprobs(sample: Sample, text: TokenText, top: int) -> dict[str, Any]:
     """Legacy `/v1/completions` log-probs: tokens, token_logprobs, top_logprobs, text_offset (offsets
-    into the completion text)."""
+    into the completion text). A `top_logprobs` entry maps text to log-prob: two alternatives with the
+    same text keep the more likely one."""
     tokens, offsets, pos = [], [], 0
     for tid in sample.token_ids:
         tok, _ = text.piece(tid)
@@ -131,8 +144,15 @@ def completion_logprobs(sample: Sample, text: TokenText, top: int) -> dict[str, 
         offsets.append(pos)
         pos += len(tok)
     lps = [_lp(x) for x in sample.logprobs]
-    return {"tokens": tokens, "token_logprobs": lps, "text_offset": offsets,
-            "top_logprobs": [{t: lp} for t, lp in zip(tokens, lps, strict=True)] if top > 0 else None}
+    tops: list[dict[str, float]] | None = None
+    if top > 0:
+        tops = []
+        for alts in _alternatives(sample, top):
+            entry: dict[str, float] = {}
+            for a_id, a_lp in alts:
+                entry.setdefault(text.piece(a_id)[0], _lp(a_lp))
+            tops.append(entry)
+    return {"tokens": tokens, "token_logprobs": lps, "text_offset": offsets, "top_logprobs": tops}
 
 
 def chat_completion(served: Served, samples: Sequence[Sample], text: TokenText,

@@ -13,6 +13,7 @@ extension, the JSON form of `FeedbackRequest`), GET /health (no auth: 200 once t
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -230,6 +231,10 @@ class HttpApi:
     def _prepare(self, call: Call, req: OpenAIRequest) -> tuple[PreparedRequest, tuple[str, bool] | None]:
         """The shared preparation, then the request's `model` --> None (route) or a pinned version."""
         p = self.app.prepare(req.to_proto(), call.ctx)
+        if asked := _logprobs(req):
+            # alternatives are an HTTP-only ask (GenerateRequest has no field for them): the engine computes
+            # them only when a request sets this, so other calls pay no extra vocabulary pass
+            p.sampling = dataclasses.replace(p.sampling, top_logprobs=asked)
         assert self.app.manager is not None, "prepare refuses calls until the version manager exists"
         return p, M.resolve(self.app.manager.table, self.app.model, req.model, p.tenant)
 
