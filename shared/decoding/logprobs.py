@@ -99,7 +99,8 @@ def top_alternatives(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tens
         logits = logits.masked_fill(~allowed, float("-inf"))
     greedy = temp <= 0
     dist = logits / torch.where(greedy, torch.ones_like(temp), temp).unsqueeze(1)
-    dist = filter_top_k_top_p(dist, top_k, top_p)
+    if bool((top_k > 0).any()) or bool((top_p < 1).any()):     # the sort of the filter only when it filters
+        dist = filter_top_k_top_p(dist, top_k, top_p)
     top = torch.topk(logits, k, dim=-1).indices                                          # (B, k)
     vals = torch.log_softmax(dist, dim=-1).gather(1, top)
     point = torch.full_like(vals, float("-inf"))
