@@ -20,7 +20,8 @@ from services.inference import metrics
 from services.inference.calls import Calls
 from services.inference.engines.base import ChoiceDone, Delta
 from services.inference.requests import PreparedRequest
-from shared.proto.apprentice.v1 import inference_pb2, inference_pb2_grpc
+from shared.decoding.tool_calls import ToolCall, might_be_call, split_answer
+from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.rpc.grpc_util import ServiceError, grpc_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -82,10 +83,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         t0 = time.perf_counter()
         p = self.app.prepare(request, context)
         c = self.app.complete(p, context, t0)
+        choices = []
+        for i, (s, iid) in enumerate(zip(c.samples, c.ids, strict=True)):
+            text, calls, finish = split_answer(s.text, s.finish_reason, p.tools, p.tool_choice,
+                                               parallel=p.parallel_tool_calls)
+            choices.append(inference_pb2.Choice(
+                interaction_id=iid, text=text, finish_reason=finish, token_count=len(s.token_ids), index=i,
+                tool_calls=[common_pb2.ToolCall(id=t.id, name=t.name, arguments=t.arguments) for t in calls]))
         return inference_pb2.GenerateResponse(
-            choices=[inference_pb2.Choice(interaction_id=iid, text=s.text, finish_reason=s.finish_reason,
-                                          token_count=len(s.token_ids), index=i)
-                     for i, (s, iid) in enumerate(zip(c.samples, c.ids, strict=True))],
+            choices=choices,
             policy_version=c.version, usage=_usage(p, c.samples), session_id=p.session_id)
 
     @grpc_errors
@@ -96,17 +102,39 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         version, ids, events = self.app.stream(p, context, t0)
         n = p.sampling.n
         samples: dict[int, Any] = {}
+        # with tools, a choice's text is held back while it may still be a call (shared/decoding/tool_calls.py
+        # might_be_call); calls come whole on the choice's last chunk, content never carries their text
+        tooled = bool(p.tools) and p.tool_choice != "none"
+        held: dict[int, str] = {}
+        released: set[int] = set()
         with contextlib.closing(events):      # closed early (client gone): the generation is cancelled
             for ev in events:
                 if isinstance(ev, Delta):
-                    yield inference_pb2.GenerateChunk(index=ev.index, interaction_id=ids[ev.index], text=ev.text,
+                    text = ev.text
+                    if tooled and ev.index not in released:
+                        held[ev.index] = held.get(ev.index, "") + text
+                        if might_be_call(held[ev.index]):
+                            text = ""
+                        else:
+                            text = held.pop(ev.index)
+                            released.add(ev.index)
+                    yield inference_pb2.GenerateChunk(index=ev.index, interaction_id=ids[ev.index], text=text,
                                                       token_ids=ev.token_ids, policy_version=version,
                                                       session_id=p.session_id)
                 elif isinstance(ev, ChoiceDone):
                     samples[ev.index] = ev.sample
-                    chunk = inference_pb2.GenerateChunk(index=ev.index, interaction_id=ids[ev.index],
-                                                        finish_reason=ev.sample.finish_reason,
-                                                        policy_version=version, session_id=p.session_id)
+                    calls: list[ToolCall] = []
+                    rest, finish = ev.sample.text, ev.sample.finish_reason
+                    if tooled and ev.index not in released:
+                        rest, calls, finish = split_answer(ev.sample.text, finish, p.tools, p.tool_choice,
+                                                           parallel=p.parallel_tool_calls)
+                    else:
+                        rest = ""
+                    chunk = inference_pb2.GenerateChunk(
+                        index=ev.index, interaction_id=ids[ev.index], finish_reason=finish, text=rest,
+                        policy_version=version, session_id=p.session_id,
+                        tool_calls=[common_pb2.ToolCall(id=t.id, name=t.name, arguments=t.arguments)
+                                    for t in calls])
                     if len(samples) == n:
                         chunk.usage.CopyFrom(_usage(p, [samples[i] for i in range(n)]))
                     yield chunk

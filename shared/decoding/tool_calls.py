@@ -222,7 +222,11 @@ def parse_hermes(text: str) -> tuple[str, list[RawCall]]:
         kept.append(text[pos:m.start()])
         pos = m.end()
         calls.append((obj["name"], args))
-    kept.append(text[pos:])
+    tail = text[pos:]
+    if calls and "<tool_call>" in tail:
+        # an unterminated call after complete ones was cut by max_new_tokens: not content, not a call
+        tail = tail[:tail.index("<tool_call>")]
+    kept.append(tail)
     return "".join(kept).strip(), calls
 
 
@@ -284,7 +288,11 @@ def tool_grammar(tools: Sequence[ToolSpec], mode: str, function: str = "", *,
         return None
     rules = []
     for i, t in enumerate(offered):
-        schema = json.dumps(dict(t.parameters) or {"type": "object"}, ensure_ascii=False, separators=(",", ":"))
+        # whitespace fixed to json.dumps' separators: a weak model otherwise spends its tokens on blanks
+        # inside the JSON (llguidance's x-guidance options), and the call reads like `format_call` writes it
+        compact = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+                   **(dict(t.parameters) or {"type": "object"})}
+        schema = json.dumps(compact, ensure_ascii=False, separators=(",", ":"))
         head = '<tool_call>\n{"name": "' + t.name + '", "arguments": '
         rules.append(f"call_{i}: {_lark_str(head)} %json {schema} {_lark_str(chr(125) + chr(10) + '</tool_call>')}")
     alts = " | ".join(f"call_{i}" for i in range(len(offered)))
@@ -294,3 +302,17 @@ def tool_grammar(tools: Sequence[ToolSpec], mode: str, function: str = "", *,
     if mode == "auto":
         lines.append(r"TEXT: /[^<](.|\n)*/ | /\s*/")
     return Grammar(kind="lark", source="\n".join(lines) + "\n")
+
+
+def split_answer(text: str, finish_reason: str, tools: Sequence[ToolSpec], mode: str, *,
+                 parallel: bool = True) -> tuple[str, list[ToolCall], str]:
+    """A choice's text and finish reason --> (content, calls, finish reason) as the doors return them:
+    `tool_calls` when the answer made calls (OpenAI's finish reason), the text unchanged when no tools were
+    offered or tool_choice is none."""
+    if not tools or mode == "none":
+        return text, [], finish_reason
+    content, calls = parse_answer(text, tools, parallel=parallel)
+    if not calls:
+        return text, [], finish_reason
+    # cut by the token limit, the answer keeps `length` (the client learns a call may be missing)
+    return content, calls, "length" if finish_reason == "length" else "tool_calls"

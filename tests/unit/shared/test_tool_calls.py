@@ -158,3 +158,12 @@ def test_every_grammar_call_parses_back_and_validates(tok: Any) -> None:
     for args in ({"city": "Paris"}, {"city": "Rome", "days": 3}):
         _, calls = parse_answer(format_call("get_weather", args), [WEATHER])
         jsonschema.validate(json.loads(calls[0].arguments), dict(WEATHER.parameters))
+
+
+def test_a_call_cut_by_the_token_limit_is_dropped() -> None:
+    from shared.decoding.tool_calls import split_answer
+
+    text = format_call("get_time", {"zone": "UTC"}) + '\n<tool_call>\n{"name": "get_ti'
+    content, calls, finish = split_answer(text, "length", [TIME], "required")
+    assert content == "" and len(calls) == 1 and finish == "length"
+    assert split_answer(text, "stop", [TIME], "none") == (text, [], "stop")
