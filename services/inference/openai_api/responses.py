@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 from shared.decoding.params import Sample
+from shared.decoding.tool_calls import ToolSpec, split_answer
 
 SESSION_HEADER_SAFE = "-_.:@/+=~"
 """Characters of a session id sent as they are in `x-apprentice-session-id`; others are percent-encoded."""
@@ -206,3 +207,17 @@ def text_chunk(served: Served, choices: list[dict[str, Any]], *, usage: dict[str
 def text_delta(index: int, text: str, *, finish: str | None = None,
                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def attach_tool_calls(body: dict[str, Any], samples: Sequence[Sample], tools: Sequence[ToolSpec], mode: str,
+                      parallel: bool) -> None:
+    """A chat completion's choices with the calls their text made (shared/decoding/tool_calls.py): OpenAI's
+    `message.tool_calls` (content null when the answer is only calls) and finish_reason `tool_calls`."""
+    for choice, s in zip(body["choices"], samples, strict=True):
+        content, calls, finish = split_answer(s.text, s.finish_reason, tools, mode, parallel=parallel)
+        if calls:
+            choice["message"]["content"] = content or None
+            choice["message"]["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in calls]
+            choice["finish_reason"] = finish
