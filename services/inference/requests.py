@@ -8,6 +8,7 @@ the engine (`injected_delay`, `wait_result`), which turn deadlines and engine fa
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -19,7 +20,8 @@ from services.inference.engines.base import EngineError, RequestHandle
 from services.inference.settings import InferenceSettings
 from shared.contracts.events import deterministic_id, make_envelope
 from shared.decoding.chat_template import encode_chat, encode_text
-from shared.decoding.params import SamplingConfig
+from shared.decoding.constraints import MAX_SOURCE_BYTES, GrammarError, validate
+from shared.decoding.params import Grammar, SamplingConfig
 from shared.decoding.tool_calls import (
     ToolError,
     ToolSpec,
@@ -100,6 +102,8 @@ class PreparedRequest:
     tools: list[ToolSpec] = field(default_factory=list)
     """The functions offered (shared/decoding/tool_calls.py); the answer is parsed for calls to them."""
     tool_choice: str = "auto"
+    response_format: common_pb2.ResponseFormat | None = None
+    """The answer's required shape (enforced through `sampling.grammar`), captured on the Interaction."""
     parallel_tool_calls: bool = True
     prompt_scans: tuple[Scan, ...] | None = None
     """The personal-data scan of each of `messages`, made once per request by its first reader
@@ -149,6 +153,46 @@ class ContextLengthExceeded(InvalidRequest):
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+class ResponseFormatError(InvalidRequest):
+    """An invalid `response_format` (INVALID_ARGUMENT; HTTP 400 with param response_format)."""
+
+    param = "response_format"
+
+
+RESPONSE_FORMATS = ("", "text", "json_object", "json_schema")
+
+
+def response_grammar(rf: common_pb2.ResponseFormat) -> Grammar | None:
+    """The grammar that enforces `rf` (shared/decoding/constraints.py), None for text. json_schema is enforced
+    whether or not `strict` is set (a constrained answer always parses); the schema must be JSON, an object
+    schema, at most MAX_SOURCE_BYTES, and compile: otherwise ResponseFormatError with llguidance's message."""
+    if rf.type not in RESPONSE_FORMATS:
+        raise ResponseFormatError(f"response_format.type must be one of text, json_object, json_schema; "
+                                  f"got {rf.type[:40]!r}")
+    if rf.type in ("", "text"):
+        return None
+    if rf.type == "json_object":
+        grammar = Grammar("json_object")
+    else:
+        if not rf.schema_json:
+            raise ResponseFormatError("response_format.json_schema.schema is required")
+        if len(rf.schema_json.encode()) > MAX_SOURCE_BYTES:
+            raise ResponseFormatError(f"response_format.json_schema.schema is larger than {MAX_SOURCE_BYTES} bytes")
+        try:
+            schema = json.loads(rf.schema_json)
+        except ValueError as e:
+            raise ResponseFormatError(f"response_format.json_schema.schema is not valid JSON: {e}") from None
+        if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+            raise ResponseFormatError('response_format.json_schema.schema must be an object schema '
+                                      '({"type": "object", ...})')
+        grammar = Grammar("json_schema", rf.schema_json)
+    try:
+        validate(grammar)
+    except GrammarError as e:
+        raise ResponseFormatError(f"response_format.json_schema.schema cannot be enforced: {e}") from None
+    return grammar
 
 
 class ToolRequestError(InvalidRequest):
@@ -221,16 +265,18 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
     top_p = sp.top_p if 0 < sp.top_p < 1 else 1.0
     seed = sp.seed % SEED_MODULUS if sp.seed else None
     n = max(1, sp.n)
+    answer_grammar = response_grammar(req.response_format)
     sampling = SamplingConfig(max_new_tokens=max_new, temperature=float(sp.temperature), top_p=float(top_p),
                               top_k=int(sp.top_k), stop=tuple(sp.stop), seed=seed, n=n,
-                              grammar=tool_grammar_)
+                              grammar=tool_grammar_ or answer_grammar)
     effective = common_pb2.SamplingParams(max_new_tokens=max_new, temperature=sp.temperature, top_p=top_p,
                                           top_k=sp.top_k, stop=list(sp.stop), seed=sp.seed, n=n)
     return PreparedRequest(tenant=tenant, session_id=req.session_id or new_session_id, task=req.task,
                            messages=messages, raw_prompt=has_prompt, prompt_text=prompt_text,
                            prompt_ids=prompt_ids, sampling=sampling, effective=effective,
                            no_capture=req.no_capture, no_knowledge=req.no_knowledge, tools=tools,
-                           tool_choice=tool_choice, parallel_tool_calls=not req.no_parallel_tool_calls)
+                           tool_choice=tool_choice, parallel_tool_calls=not req.no_parallel_tool_calls,
+                           response_format=req.response_format)
 
 
 def _message_dict(m: common_pb2.ChatMessage) -> dict[str, Any]:
@@ -269,7 +315,7 @@ def interaction_event(p: PreparedRequest, sample: Any, *, interaction_id: str, g
         response_token_ids=sample.token_ids, response_logprobs=sample.logprobs,
         response_logprobs_t1=sample.logprobs_t1, finish_reason=sample.finish_reason, latency_ms=latency_ms,
         group_id=group_id, sample_index=index, group_size=p.sampling.n, canary=canary, serving_pod=pod,
-        raw_prompt=p.raw_prompt, knowledge_items=p.knowledge,
+        raw_prompt=p.raw_prompt, knowledge_items=p.knowledge, response_format=p.response_format,
         knowledge_version=",".join(sorted({f"{r.key}@{r.snapshot_version}" for r in p.knowledge})))
 
 

@@ -36,7 +36,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 # Parameters Apprentice does not implement: accepted only at a value that means "not used".
 _INACTIVE: tuple[Any, ...] = (None, [], {}, 0, 0.0, False, "none", "text", {"type": "text"}, ["text"])
-_CHAT_UNSUPPORTED = ("response_format", "logit_bias",
+_CHAT_UNSUPPORTED = ("logit_bias",
                      "frequency_penalty", "presence_penalty", "audio", "modalities", "prediction",
                      "web_search_options")
 _COMPLETION_UNSUPPORTED = ("logit_bias", "frequency_penalty", "presence_penalty", "suffix", "echo")
@@ -159,6 +159,25 @@ class ChatCompletionRequest(_Common):
     function_call: Any = None
     """Legacy: the same as tool_choice."""
 
+    response_format: Any = None
+    """OpenAI's response_format: {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+    {"name", "schema", "strict"}}; enforced by constrained decoding (services/inference/requests.py)."""
+
+    def _response_format(self) -> common_pb2.ResponseFormat:
+        rf = self.response_format
+        if rf is None:
+            return common_pb2.ResponseFormat()
+        if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+            raise BadRequest('response_format must be {"type": "text"}, {"type": "json_object"} or {"type": '
+                             '"json_schema", "json_schema": {"name": ..., "schema": {...}}}', param="response_format")
+        if rf["type"] != "json_schema":
+            return common_pb2.ResponseFormat(type=rf["type"])
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+            raise BadRequest("response_format.json_schema.schema must be a JSON object", param="response_format")
+        return common_pb2.ResponseFormat(type="json_schema", schema_json=json.dumps(js["schema"]),
+                                         name=str(js.get("name") or "")[:64], strict=bool(js.get("strict")))
+
     def _tools(self) -> list[common_pb2.Tool]:
         fns = [t.function for t in self.tools or []] + list(self.functions or [])
         for i, t in enumerate(self.tools or []):
@@ -190,7 +209,8 @@ class ChatCompletionRequest(_Common):
         max_new = self.max_completion_tokens or self.max_tokens or 0
         choice = _tool_choice(self.tool_choice if self.tool_choice is not None else self.function_call)
         return self.generate_request(messages=messages, sampling=self.sampling(max_new), tools=self._tools(),
-                                     tool_choice=choice, no_parallel_tool_calls=self.parallel_tool_calls is False)
+                                     tool_choice=choice, no_parallel_tool_calls=self.parallel_tool_calls is False,
+                                     response_format=self._response_format())
 
 
 class CompletionRequest(_Common):
