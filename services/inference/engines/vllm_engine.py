@@ -51,7 +51,7 @@ from services.inference.engines.base import (
 )
 from services.inference.settings import InferenceSettings
 from shared.decoding.logprobs import alternatives_from_raw, behaviour_logprob
-from shared.decoding.params import Sample
+from shared.decoding.params import Grammar, Sample
 from shared.models import load_tokenizer, resolve_model_dir
 from shared.weights.formats import require_safetensors
 
@@ -66,6 +66,25 @@ CPU_KV_CACHE_GIB = 1
 reserves a fraction of the machine's memory, which a shared host does not have."""
 INSTALL_HINT = ("on a CUDA machine: pip install 'apprentice[gpu]' (vllm==0.32.0); on a CPU: `make setup-vllm` "
                 "and run with .venv-vllm/bin/python")
+
+
+def structured_outputs_kwargs(grammar: Grammar | None) -> dict[str, Any] | None:
+    """`SamplingConfig.grammar` as vLLM's StructuredOutputsParams keyword arguments (vLLM >= 0.12; the
+    engine runs the guidance backend, so a Lark grammar may embed `%json{...}`). None: unconstrained."""
+    if grammar is None:
+        return None
+    if grammar.kind == "json_schema":
+        return {"json": grammar.source}
+    if grammar.kind == "json_object":
+        return {"json_object": True}
+    if grammar.kind == "lark":
+        return {"grammar": grammar.source}
+    raise ValueError(f"unknown grammar kind {grammar.kind!r}")
+
+
+def _structured(params_cls: Any, grammar: Grammar | None) -> Any:
+    kwargs = structured_outputs_kwargs(grammar)
+    return None if kwargs is None else params_cls(**kwargs)
 
 
 def check_vllm_version(version: str) -> None:
@@ -116,6 +135,7 @@ class VLLMEngine(Engine):
         check_vllm_version(str(vllm.__version__))
         # optional: vLLM, as above
         from vllm import AsyncEngineArgs
+        from vllm.config import StructuredOutputsConfig
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -141,7 +161,10 @@ class VLLMEngine(Engine):
             max_lora_rank=s.vllm.max_lora_rank, max_model_len=s.context_window or None,
             max_logprobs=max(20, s.vllm.logprobs_topk),
             worker_extension_cls="services.inference.engines.vllm_worker.WeightReloader",
-            dtype=dtype, enforce_eager=s.vllm.enforce_eager or self.on_cpu, **optional)
+            dtype=dtype, enforce_eager=s.vllm.enforce_eager or self.on_cpu,
+            # the same grammar engine as the transformers engine (shared/decoding/constraints.py): Lark with
+            # embedded %json{...} (tool calls) is llguidance's dialect, which only vLLM's guidance backend reads
+            structured_outputs_config=StructuredOutputsConfig(backend="guidance"), **optional)
         self._thread.start()
 
         async def make() -> Any:
@@ -214,13 +237,14 @@ class VLLMEngine(Engine):
             # optional: vLLM (the gpu extra); this module imports without it
             from vllm import SamplingParams
             from vllm.inputs import TokensPrompt
-            from vllm.sampling_params import RequestOutputKind
+            from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
             params = SamplingParams(n=max(1, cfg.n), temperature=cfg.temperature, top_p=cfg.top_p,
                                     top_k=cfg.top_k if cfg.top_k > 0 else 0, max_tokens=cfg.max_new_tokens,
                                     stop=list(cfg.stop) or None, seed=cfg.seed,
-                                    logprobs=max(self.settings.vllm.logprobs_topk, cfg.top_logprobs),
-                                    output_kind=RequestOutputKind.DELTA, skip_special_tokens=True)
+                                    logprobs=self.settings.vllm.logprobs_topk,
+                                    output_kind=RequestOutputKind.DELTA, skip_special_tokens=True,
+                                    structured_outputs=_structured(StructuredOutputsParams, cfg.grammar))
             samples = {i: Sample() for i in range(max(1, cfg.n))}
             raw_sets: dict[int, list[Mapping[int, float]]] = {i: [] for i in samples}
             handle.started_at = time.monotonic()
