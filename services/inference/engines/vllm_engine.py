@@ -242,7 +242,7 @@ class VLLMEngine(Engine):
             params = SamplingParams(n=max(1, cfg.n), temperature=cfg.temperature, top_p=cfg.top_p,
                                     top_k=cfg.top_k if cfg.top_k > 0 else 0, max_tokens=cfg.max_new_tokens,
                                     stop=list(cfg.stop) or None, seed=cfg.seed,
-                                    logprobs=self.settings.vllm.logprobs_topk,
+                                    logprobs=max(self.settings.vllm.logprobs_topk, cfg.top_logprobs),
                                     output_kind=RequestOutputKind.DELTA, skip_special_tokens=True,
                                     structured_outputs=_structured(StructuredOutputsParams, cfg.grammar))
             samples = {i: Sample() for i in range(max(1, cfg.n))}
