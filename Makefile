@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-browser test-all demo up down protos lint bench clean setup-vllm test-vllm settings-doc helm-acls
+.PHONY: setup test test-browser test-all chaos-cluster demo up down protos lint bench clean setup-vllm test-vllm settings-doc helm-acls
 
 # The venv is reused while it is newer than pyproject.toml and this file.
 $(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
@@ -76,6 +76,10 @@ test-browser: setup
 
 test-all: setup
 	$(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS)
+
+# The chaos run on a private three-broker cluster (busiest leader killed, rolling restart), alone: ~4 minutes.
+chaos-cluster: setup
+	$(BIN)/python -m pytest -m slow -s tests/integration/test_loop_chaos.py::test_chaos_on_a_replicated_cluster $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/apprentice demo
