@@ -64,3 +64,43 @@ def test_bad_tool_requests_are_400(door: Door) -> None:  # noqa: F811 - fixture
         sdk.chat.completions.create(model=door.model, max_tokens=4, messages=[
             *USER, {"role": "tool", "tool_call_id": "call_forged", "content": "x"}])
     assert "answers no earlier assistant tool call" in str(e.value)
+
+
+def test_stream_tool_call_deltas_accumulate_in_the_sdk(door: Door) -> None:  # noqa: F811 - fixture
+    """The SDK's own stream helper accumulates the deltas into calls: index, id, type, name, then arguments."""
+    sdk = door.sdk()
+    with sdk.chat.completions.stream(model=door.model, messages=USER, tools=TOOLS, tool_choice="required",
+                                     parallel_tool_calls=False, max_tokens=80) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    calls = _valid_calls(final.choices[0].message)
+    assert len(calls) == 1 and final.choices[0].finish_reason == "tool_calls"
+    assert not final.choices[0].message.content          # the call's text never streamed as content
+    # plain chunks: the first delta of a call names it, the arguments follow
+    chunks = list(sdk.chat.completions.create(model=door.model, messages=USER, tools=TOOLS, stream=True,
+                                              tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                              max_tokens=40))
+    deltas = [tc for ch in chunks for c in ch.choices for tc in (c.delta.tool_calls or [])]
+    assert deltas[0].id and deltas[0].function and deltas[0].function.name == "get_time"
+    args = "".join(d.function.arguments or "" for d in deltas if d.function)
+    assert json.loads(args)["zone"] in ("UTC", "CET")
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_langchain_bind_tools_and_structured_output(door: Door) -> None:  # noqa: F811 - fixture
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field
+
+    class Weather(BaseModel):
+        """Weather request (bounded: the random tiny model would otherwise write strings until max_tokens)."""
+
+        city: str = Field(max_length=12)
+        days: int = Field(ge=1, le=7)
+
+    llm = ChatOpenAI(model=door.model, base_url=door.base_url, api_key=door.key(),  # type: ignore[arg-type]
+                     http_client=__import__("httpx").Client(verify=door.trust), max_tokens=80, max_retries=0)
+    msg = llm.bind_tools([Weather], tool_choice="any").invoke("weather in Paris for 3 days?")
+    assert msg.tool_calls and msg.tool_calls[0]["name"] == "Weather"   # type: ignore[attr-defined]
+    out = llm.with_structured_output(Weather, method="function_calling").invoke("weather in Paris?")
+    assert isinstance(out, Weather)

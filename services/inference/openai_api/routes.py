@@ -41,6 +41,7 @@ from services.inference.openai_api.schemas import (
 from services.inference.openai_api.streaming import (
     Events,
     SSEResponse,
+    ToolPlan,
     chat_stream,
     text_stream,
     watch_disconnect,
@@ -259,8 +260,10 @@ class HttpApi:
             call.ctx.end()
             raise
         served = R.Served.now(ids, version, p.session_id, req.model or self.app.model, len(p.prompt_ids))
-        make = chat_stream if isinstance(req, ChatCompletionRequest) else text_stream
-        body = make(call, events, served, p.sampling.n, self.token_text, _logprobs(req), req.include_usage)
+        body = (chat_stream(call, events, served, p.sampling.n, self.token_text, _logprobs(req),
+                            req.include_usage, tools=ToolPlan(p.tools, p.tool_choice, p.parallel_tool_calls))
+                if isinstance(req, ChatCompletionRequest) else
+                text_stream(call, events, served, p.sampling.n, self.token_text, _logprobs(req), req.include_usage))
 
         async def counted() -> AsyncIterator[bytes]:
             code = "OK"

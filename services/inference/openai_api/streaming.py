@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from services.inference.engines.base import ChoiceDone, Delta
 from services.inference.openai_api import responses as R
 from services.inference.openai_api.errors import error_response
+from shared.decoding.tool_calls import ToolCall, ToolSpec, might_be_call, split_answer
 
 Events = Generator[Delta | ChoiceDone, None, None]
 """What `InferenceApp.stream` returns: closing it early cancels the generation."""
@@ -49,20 +50,60 @@ async def _events(call: Runner, events: Events) -> AsyncIterator[Delta | ChoiceD
         events.close()     # not exhausted (client gone, error): the generation is cancelled
 
 
+class ToolPlan(NamedTuple):
+    """The request's tools (services/inference/requests.py PreparedRequest): what a choice may call."""
+
+    tools: list[ToolSpec]
+    mode: str
+    parallel: bool
+
+
+def _tool_call_deltas(index: int, calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """OpenAI's streamed calls: per call, a delta with index, id, type and name (arguments ""), then one
+    with its arguments (how the OpenAI SDKs and LangChain accumulate them)."""
+    out = []
+    for k, c in enumerate(calls):
+        head = {"index": k, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+        out.append({"index": index, "delta": {"tool_calls": [head]}, "logprobs": None, "finish_reason": None})
+        out.append({"index": index, "delta": {"tool_calls": [{"index": k, "function": {"arguments": c.arguments}}]},
+                    "logprobs": None, "finish_reason": None})
+    return out
+
+
 async def chat_stream(call: Runner, events: Events, served: R.Served, n: int,
-                      text: R.TokenText, logprobs: int | None, include_usage: bool) -> AsyncIterator[bytes]:
+                      text: R.TokenText, logprobs: int | None, include_usage: bool, *,
+                      tools: ToolPlan | None = None) -> AsyncIterator[bytes]:
     done: dict[int, Any] = {}
+    # with tools, a choice's text is held back while it may still be a call (shared/decoding/tool_calls.py)
+    tooled = tools is not None and bool(tools.tools) and tools.mode != "none"
+    held: dict[int, str] = {}
+    released: set[int] = set()
     try:
         yield sse(R.chat_chunk(served, [R.chat_delta(i, role=True, content="") for i in range(n)], first=True))
         async for ev in _events(call, events):
             if isinstance(ev, Delta):
-                if ev.text:
-                    yield sse(R.chat_chunk(served, [R.chat_delta(ev.index, content=ev.text)]))
+                piece = ev.text
+                if tooled and ev.index not in released:
+                    held[ev.index] = held.get(ev.index, "") + piece
+                    if might_be_call(held[ev.index]):
+                        continue
+                    piece = held.pop(ev.index)
+                    released.add(ev.index)
+                if piece:
+                    yield sse(R.chat_chunk(served, [R.chat_delta(ev.index, content=piece)]))
             else:
                 done[ev.index] = ev.sample
+                finish = ev.sample.finish_reason
+                if tools is not None and tooled and ev.index not in released:
+                    content, calls, finish = split_answer(ev.sample.text, finish, tools.tools, tools.mode,
+                                                          parallel=tools.parallel)
+                    held.pop(ev.index, None)
+                    if content:
+                        yield sse(R.chat_chunk(served, [R.chat_delta(ev.index, content=content)]))
+                    for delta in _tool_call_deltas(ev.index, calls):
+                        yield sse(R.chat_chunk(served, [delta]))
                 lp = None if logprobs is None else R.chat_logprobs(ev.sample, text, logprobs)
-                yield sse(R.chat_chunk(served, [R.chat_delta(ev.index, finish=ev.sample.finish_reason,
-                                                             logprobs=lp)]))
+                yield sse(R.chat_chunk(served, [R.chat_delta(ev.index, finish=finish, logprobs=lp)]))
     except Exception as e:  # noqa: BLE001 - the status line is sent; the error goes in the stream
         yield sse(error_response(e)[1])
         return
