@@ -14,6 +14,13 @@ vocabulary) and the request's temperature T, top-k k and top-p p:
 - teacher-forced log-prob (`sequence_logprobs`): log softmax(z_t / T)[y_t] for given completion tokens;
   at T = 1 it is the temperature-1 log-prob above (the eval gate's likelihood, the tests' reference).
 
+Grammar-constrained tokens (`SamplingConfig.grammar`, shared/decoding/constraints.py): the behaviour
+log-prob is under the masked distribution, p_b = softmax(filter_{k,p}(mask(z_t) / T)) with disallowed
+tokens at -inf, since that is what y_t was drawn from (the rollout policy); the temperature-1 log-prob
+stays the unmasked model's log softmax(z_t)[y_t], since the trainer recomputes pi_theta without the mask.
+So for a constrained token logprobs >= logprobs_t1 at T = 1, the gap being the log of the mass the mask
+removed.
+
 The decode loop computes the first two for every token it draws (shared/decoding/sampling.py `draw`);
 the vLLM engine computes the behaviour log-prob from the top-K candidates vLLM returns
 (`behaviour_logprob`); the trainer's fused kernels (services/trainer/logprobs.py) compute the
