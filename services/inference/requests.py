@@ -30,6 +30,7 @@ from shared.decoding.tool_calls import (
     check_tools,
     parse_tool,
     render_hermes,
+    split_answer,
     tool_grammar,
 )
 from shared.privacy.policy import Scan
@@ -308,7 +309,13 @@ def interaction_event(p: PreparedRequest, sample: Any, *, interaction_id: str, g
                         event_id=deterministic_id("interaction", interaction_id))
     if p.principal is not None:
         env.principal.CopyFrom(p.principal)
+    # the calls as the caller got them (ids derived from the interaction id, shared/decoding/tool_calls.py)
+    _, calls, _ = split_answer(sample.text, sample.finish_reason, p.tools, p.tool_choice,
+                               parallel=p.parallel_tool_calls, id_seed=interaction_id)
     return events_pb2.Interaction(
+        tools=[common_pb2.Tool(name=t.name, description=t.description, strict=t.strict,
+                               parameters_json=json.dumps(dict(t.parameters))) for t in p.tools],
+        response_tool_calls=[common_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls],
         envelope=env, interaction_id=interaction_id, session_id=p.session_id, task=p.task, model=model,
         policy_version=version, messages=p.messages, prompt_text=p.prompt_text,
         prompt_token_ids=p.prompt_ids, sampling=p.effective, response_text=sample.text,

@@ -86,7 +86,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         choices = []
         for i, (s, iid) in enumerate(zip(c.samples, c.ids, strict=True)):
             text, calls, finish = split_answer(s.text, s.finish_reason, p.tools, p.tool_choice,
-                                               parallel=p.parallel_tool_calls)
+                                               parallel=p.parallel_tool_calls, id_seed=iid)
             choices.append(inference_pb2.Choice(
                 interaction_id=iid, text=text, finish_reason=finish, token_count=len(s.token_ids), index=i,
                 tool_calls=[common_pb2.ToolCall(id=t.id, name=t.name, arguments=t.arguments) for t in calls]))
@@ -127,7 +127,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     rest, finish = ev.sample.text, ev.sample.finish_reason
                     if tooled and ev.index not in released:
                         rest, calls, finish = split_answer(ev.sample.text, finish, p.tools, p.tool_choice,
-                                                           parallel=p.parallel_tool_calls)
+                                                           parallel=p.parallel_tool_calls, id_seed=ids[ev.index])
                     else:
                         rest = ""
                     chunk = inference_pb2.GenerateChunk(

@@ -17,6 +17,7 @@ Parsing is a small registry (`PARSERS`, picked by `parser_for(template)`) so mor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -70,8 +71,12 @@ class ToolCall:
     arguments: str
 
 
-def new_call_id() -> str:
-    """`call_<random>`: unguessable, so a tool message cannot answer a call it did not see."""
+def new_call_id(seed: str = "", k: int = 0) -> str:
+    """`call_<24 characters>`: unguessable, so a tool message cannot answer a call it did not see. With a
+    seed (the choice's interaction id, itself unguessable) the k-th call's id is derived from it, so the
+    response and the captured Interaction (services/inference/requests.py) name a call alike."""
+    if seed:
+        return "call_" + hashlib.sha256(f"{seed}:{k}".encode()).hexdigest()[:24]
     return "call_" + secrets.token_urlsafe(18).replace("-", "a").replace("_", "b")
 
 
@@ -246,7 +251,7 @@ def might_be_call(text: str) -> bool:
 
 
 def parse_answer(text: str, tools: Sequence[ToolSpec], family: str = "hermes", *,
-                 parallel: bool = True) -> tuple[str, list[ToolCall]]:
+                 parallel: bool = True, id_seed: str = "") -> tuple[str, list[ToolCall]]:
     """A model's answer --> (content, calls). A call to an unknown function, or (strict tools) one whose
     arguments fail the schema, is not returned as a call: its text stays content. `parallel=False`: at most
     the first call."""
@@ -260,7 +265,7 @@ def parse_answer(text: str, tools: Sequence[ToolSpec], family: str = "hermes", *
         if ok and tool is not None and tool.strict:
             ok = jsonschema.Draft202012Validator(dict(tool.parameters)).is_valid(args)
         if ok and (parallel or not calls):
-            calls.append(ToolCall(id=new_call_id(), name=name, arguments=json.dumps(args, ensure_ascii=False)))
+            calls.append(ToolCall(id=new_call_id(id_seed, len(calls)), name=name, arguments=json.dumps(args, ensure_ascii=False)))
         elif not ok:
             rejected.append(format_call(name, args if isinstance(args, dict) else {}))
     if rejected:
@@ -305,13 +310,13 @@ def tool_grammar(tools: Sequence[ToolSpec], mode: str, function: str = "", *,
 
 
 def split_answer(text: str, finish_reason: str, tools: Sequence[ToolSpec], mode: str, *,
-                 parallel: bool = True) -> tuple[str, list[ToolCall], str]:
+                 parallel: bool = True, id_seed: str = "") -> tuple[str, list[ToolCall], str]:
     """A choice's text and finish reason --> (content, calls, finish reason) as the doors return them:
     `tool_calls` when the answer made calls (OpenAI's finish reason), the text unchanged when no tools were
     offered or tool_choice is none."""
     if not tools or mode == "none":
         return text, [], finish_reason
-    content, calls = parse_answer(text, tools, parallel=parallel)
+    content, calls = parse_answer(text, tools, parallel=parallel, id_seed=id_seed)
     if not calls:
         return text, [], finish_reason
     # cut by the token limit, the answer keeps `length` (the client learns a call may be missing)

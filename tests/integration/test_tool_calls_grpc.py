@@ -18,8 +18,9 @@ import pytest
 from services.inference.client import InferenceClient
 from shared.contracts.topics import Topics
 from shared.kafka.admin import delete_topics, ensure_topics
-from shared.proto.apprentice.v1 import common_pb2, inference_pb2
+from shared.proto.apprentice.v1 import common_pb2, events_pb2, inference_pb2
 from tests.helpers.inference import start_inference
+from tests.helpers.kafka import collect
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
@@ -31,16 +32,22 @@ TIME = common_pb2.Tool(name="get_time", parameters_json=json.dumps(
 
 
 @pytest.fixture(scope="module")
-def client(kafka_bootstrap: str, tiny_model_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    ns = Topics(prefix=f"test-tools-{uuid.uuid4().hex[:8]}.")
-    ensure_topics(kafka_bootstrap, ns)
+def ns(kafka_bootstrap: str) -> Iterator[Topics]:
+    t = Topics(prefix=f"test-tools-{uuid.uuid4().hex[:8]}.")
+    ensure_topics(kafka_bootstrap, t)
+    yield t
+    with contextlib.suppress(Exception):
+        delete_topics(kafka_bootstrap, [s.name for s in t.specs()])
+
+
+@pytest.fixture(scope="module")
+def client(ns: Topics, kafka_bootstrap: str, tiny_model_name: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     a = start_inference(tmp_path_factory.mktemp("inference"), model=tiny_model_name, bootstrap=kafka_bootstrap,
                         topic_prefix=ns.prefix, follow_updates=False, heartbeat_interval_s=0)
     with InferenceClient(f"127.0.0.1:{a.port}", tenant="acme") as c:
         yield c
     a.stop(2)
-    with contextlib.suppress(Exception):
-        delete_topics(kafka_bootstrap, [s.name for s in ns.specs()])
 
 
 def _req(client: InferenceClient, **kw: Any) -> inference_pb2.GenerateRequest:
@@ -89,3 +96,19 @@ def test_bad_tools_are_invalid_argument(client: InferenceClient) -> None:
         client._inference.Generate(_req(client, tools=[WEATHER], tool_choice=common_pb2.ToolChoice(
             mode="function", function="rm_rf")), timeout=60)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not among the tools" in (e.value.details() or "")
+
+
+def test_capture_holds_the_tools_and_the_calls_the_caller_got(client: InferenceClient, ns: Topics,
+                                                              kafka_bootstrap: str) -> None:
+    call = common_pb2.ToolCall(id="call_1", name="get_time", arguments='{"zone": "UTC"}')
+    req = _req(client, tools=[WEATHER, TIME], tool_choice=common_pb2.ToolChoice(mode="required"),
+               no_parallel_tool_calls=True)
+    req.messages.extend([common_pb2.ChatMessage(role="assistant", tool_calls=[call]),
+                         common_pb2.ChatMessage(role="tool", tool_call_id="call_1", content="12:00")])
+    c = client._inference.Generate(req, timeout=120).choices[0]
+    got = collect(kafka_bootstrap, ns.interactions, events_pb2.Interaction, want=[c.interaction_id])
+    ev = next(e for e in got if e.interaction_id == c.interaction_id)
+    assert [t.name for t in ev.tools] == ["get_weather", "get_time"]
+    assert [(t.id, t.name, t.arguments) for t in ev.response_tool_calls] == [
+        (t.id, t.name, t.arguments) for t in c.tool_calls]
+    assert ev.messages[1].tool_calls[0].id == "call_1" and ev.messages[2].tool_call_id == "call_1"

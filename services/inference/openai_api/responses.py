@@ -209,12 +209,12 @@ def text_delta(index: int, text: str, *, finish: str | None = None,
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
-def attach_tool_calls(body: dict[str, Any], samples: Sequence[Sample], tools: Sequence[ToolSpec], mode: str,
-                      parallel: bool) -> None:
+def attach_tool_calls(body: dict[str, Any], samples: Sequence[Sample], ids: Sequence[str],
+                      tools: Sequence[ToolSpec], mode: str, parallel: bool) -> None:
     """A chat completion's choices with the calls their text made (shared/decoding/tool_calls.py): OpenAI's
     `message.tool_calls` (content null when the answer is only calls) and finish_reason `tool_calls`."""
-    for choice, s in zip(body["choices"], samples, strict=True):
-        content, calls, finish = split_answer(s.text, s.finish_reason, tools, mode, parallel=parallel)
+    for choice, s, iid in zip(body["choices"], samples, ids, strict=True):
+        content, calls, finish = split_answer(s.text, s.finish_reason, tools, mode, parallel=parallel, id_seed=iid)
         if calls:
             choice["message"]["content"] = content or None
             choice["message"]["tool_calls"] = [

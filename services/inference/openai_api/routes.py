@@ -224,7 +224,7 @@ class HttpApi:
             build = R.chat_completion if isinstance(req, ChatCompletionRequest) else R.text_completion
             body = build(served, done.samples, self.token_text, _logprobs(req))
             if isinstance(req, ChatCompletionRequest) and p.tools:
-                R.attach_tool_calls(body, done.samples, p.tools, p.tool_choice, p.parallel_tool_calls)
+                R.attach_tool_calls(body, done.samples, done.ids, p.tools, p.tool_choice, p.parallel_tool_calls)
         except Exception as e:  # noqa: BLE001 - every failure becomes an OpenAI error body
             self._count(method, grpc_code_name(e), t0)
             return _error(e)

@@ -96,7 +96,7 @@ async def chat_stream(call: Runner, events: Events, served: R.Served, n: int,
                 finish = ev.sample.finish_reason
                 if tools is not None and tooled and ev.index not in released:
                     content, calls, finish = split_answer(ev.sample.text, finish, tools.tools, tools.mode,
-                                                          parallel=tools.parallel)
+                                                          parallel=tools.parallel, id_seed=served.ids[ev.index])
                     held.pop(ev.index, None)
                     if content:
                         yield sse(R.chat_chunk(served, [R.chat_delta(ev.index, content=content)]))
