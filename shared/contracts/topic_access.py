@@ -54,7 +54,9 @@ _OBSERVERS = (DASHBOARD, OPERATOR)
 TABLE: tuple[TopicAccess, ...] = (
     _access(t.INTERACTIONS, (INFERENCE,), (GRADER, *_OBSERVERS, ANALYTICS)),
     _access(t.FEEDBACK, (INFERENCE,), (GRADER, *_OBSERVERS, ANALYTICS)),
-    _access(t.GRADED, (GRADER,), (TRAINER, EXTRACTOR, *_OBSERVERS, ANALYTICS)),
+    # the grader reads its own output back after a restart: an emission in doubt (a kill between its state
+    # write and its confirmation) is looked for there before it is sent again (services/grader/stream/recovery.py)
+    _access(t.GRADED, (GRADER,), (GRADER, TRAINER, EXTRACTOR, *_OBSERVERS, ANALYTICS)),
     _access(t.KNOWLEDGE, (EXTRACTOR,), (EXTRACTOR, INFERENCE, TRAINER, WEIGHTS, *_OBSERVERS)),
     _access(t.CHECKPOINTS, (TRAINER,), (WEIGHTS, *_OBSERVERS)),
     _access(t.MODEL_UPDATES, (WEIGHTS,), (INFERENCE, EXTRACTOR, *_OBSERVERS)),
