@@ -42,6 +42,7 @@ from services.inference import metrics
 from services.inference.requests import PreparedRequest
 from services.inference.settings import InferenceSettings
 from shared.decoding.chat_template import encode_chat, encode_text
+from shared.decoding.tool_calls import render_hermes
 from shared.knowledge.frame import with_knowledge
 from shared.privacy.policy import PiiPolicy, Redactor, Scan, entity_types, parse_tenant_policies
 from shared.proto.apprentice.v1 import events_pb2
@@ -172,24 +173,37 @@ class CapturePrivacy:
     def _captured_prompt(self, p: PreparedRequest) -> _CapturedPrompt:
         scans = self.prompt_scans(p)
         names = frozenset(w for scan in scans for w in scan.names())
-        if not any(scan.spans for scan in scans):
+        # tool calls' arguments are text the caller sent too (an agent's history): scanned like content
+        arg_scans = [[self._scan(c.arguments, "tool_arguments", p.tenant) for c in m.tool_calls]
+                     for m in p.messages]
+        if not any(scan.spans for scan in scans) and not any(a.spans for row in arg_scans for a in row):
             return _CapturedPrompt(names)
         contents = [scan.redacted for scan in scans]
+        arguments = [[a.redacted for a in row] for row in arg_scans]
         tok = self._tokenizer()
         if p.raw_prompt:
             # as served (services/inference/requests.py): a raw prompt is content, its special-token
             # text stays text; parsing it here put forged role tokens in what the trainer learns from
             text, ids = contents[0], encode_text(tok, contents[0])
         else:
-            msgs = [{"role": m.role, "content": c} for m, c in zip(p.messages, contents, strict=True)]
+            msgs: list[dict[str, Any]] = [{"role": m.role, "content": c} for m, c in zip(p.messages, contents, strict=True)]
+            if p.tools or any(m.role == "tool" or m.tool_calls for m in p.messages):
+                # rendered as served (services/inference/requests.py prepare), from the redacted text
+                for d, m, args in zip(msgs, p.messages, arguments, strict=True):
+                    d["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": a}
+                                       for c, a in zip(m.tool_calls, args, strict=True)]
+                msgs = list(render_hermes(msgs, p.tools))
             chat = encode_chat(tok, with_knowledge(msgs, p.knowledge_texts))
             text, ids = chat.text, chat.ids
-        return _CapturedPrompt(names, contents, text, ids)
+        return _CapturedPrompt(names, contents, arguments=arguments, text=text, ids=ids)
 
     def _redact_interaction(self, ev: events_pb2.Interaction, prompt: _CapturedPrompt) -> None:
         if prompt.contents is not None:
             for m, content in zip(ev.messages, prompt.contents, strict=True):
                 m.content = content
+            for m, args in zip(ev.messages, prompt.arguments or [], strict=False):
+                for call, a in zip(m.tool_calls, args, strict=True):
+                    call.arguments = a
             ev.prompt_text = prompt.text
             ev.prompt_token_ids[:] = prompt.ids
         answer = self._scan(ev.response_text, "response", ev.envelope.tenant, prompt.names)
@@ -198,6 +212,10 @@ class CapturePrivacy:
             del ev.response_token_ids[:]
             del ev.response_logprobs[:]
             del ev.response_logprobs_t1[:]
+        for call in ev.response_tool_calls:
+            found = self._scan(call.arguments, "response", ev.envelope.tenant, prompt.names)
+            if found.spans:
+                call.arguments = found.redacted
         if prompt.contents is not None or answer.spans:
             metrics.PII_REDACTED.labels(kind="interaction").inc()
 
@@ -234,6 +252,8 @@ class _CapturedPrompt:
 
     names: frozenset[str]
     contents: list[str] | None = None
+    arguments: list[list[str]] | None = None
+    """Per message, its tool calls' arguments redacted (set with `contents`)."""
     text: str = ""
     ids: list[int] = field(default_factory=list)
 
@@ -243,6 +263,10 @@ def _scrub(ev: events_pb2.Interaction) -> None:
     metrics.PII_REDACTED.labels(kind="failed").inc()
     for m in ev.messages:
         m.content = FAILED
+        for call in m.tool_calls:
+            call.arguments = FAILED
+    for call in ev.response_tool_calls:
+        call.arguments = FAILED
     ev.prompt_text = ev.response_text = FAILED
     for tokens in (ev.prompt_token_ids, ev.response_token_ids, ev.response_logprobs, ev.response_logprobs_t1):
         del tokens[:]

@@ -86,3 +86,31 @@ def test_http_body_maps_to_the_proto() -> None:
     legacy = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                          "functions": [{"name": "f"}], "function_call": {"name": "f"}}).to_proto()
     assert legacy.tools[0].name == "f" and legacy.tool_choice.function == "f"
+
+
+def test_tool_arguments_and_results_are_redacted_in_the_capture(tok: Any) -> None:
+    """Personal data in an agent's history (a call's arguments, a tool's result) and in the calls answered
+    is redacted like any content (services/inference/privacy.py), and the prompt re-rendered without it."""
+    from services.inference.privacy import CapturePrivacy
+    from services.inference.requests import interaction_event
+    from shared.decoding.params import Sample
+    from shared.decoding.tool_calls import format_call
+
+    email, card = "dana.w@example.com", "4111.1111.1111.1111"
+    lookup = common_pb2.Tool(name="lookup", parameters_json='{"type":"object","properties":{"email":{"type":"string"}}}')
+    call = common_pb2.ToolCall(id="call_1", name="lookup", arguments=json.dumps({"email": email}))
+    req = inference_pb2.GenerateRequest(tools=[lookup], messages=[
+        _user("find my order"), common_pb2.ChatMessage(role="assistant", tool_calls=[call]),
+        common_pb2.ChatMessage(role="tool", tool_call_id="call_1", content=f"order 7, card {card}")])
+    s = InferenceSettings(pod_id="pod-1")
+    p = prepare(req, "acme", s, tok, 2048, "s1")
+    answer = format_call("lookup", {"email": email})
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    sample = Sample(token_ids=ids, text=answer, logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
+                    finish_reason="stop")
+    ev = interaction_event(p, sample, interaction_id="i1", group_id="g", index=0, model="m", version="base",
+                           canary=False, pod="pod-1", latency_ms=1.0, trace_id="t")
+    assert email in ev.response_tool_calls[0].arguments and email in ev.messages[1].tool_calls[0].arguments
+    CapturePrivacy(s, lambda: tok).interactions(p, [ev])
+    assert email not in str(ev) and card not in str(ev)
+    assert "<tool_response>" in ev.prompt_text and "<EMAIL_ADDRESS>" in ev.messages[1].tool_calls[0].arguments
