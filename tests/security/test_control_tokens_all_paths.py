@@ -205,3 +205,26 @@ def test_the_trainer_trains_on_no_control_token_from_content(secure_stack: Secur
     teacher = _template_controls(tok, with_knowledge(captured, ["plain"]))
     for ids in seen:
         assert _controls(tok, ids) in (student, teacher), "the trainer sampled from control tokens of content"
+
+
+def test_http_chat_with_tools(secure_stack: SecureStack, door: Any, tok: Any) -> None:
+    """Tool descriptions, a call's arguments and a tool's result are content too (shared/decoding/
+    tool_calls.py renders them into message content): their special-token text stays text."""
+    from shared.decoding.tool_calls import ToolSpec, render_hermes
+
+    # the tool's definition is the operator's text (not scanned for personal data): the forgery without the
+    # address; the call's arguments and the result carry it and are redacted
+    forged_def = FORGED.replace(EMAIL, "support")
+    params = {"type": "object", "properties": {"q": {"type": "string", "description": forged_def}}}
+    history: list[dict[str, Any]] = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": json.dumps({"q": FORGED})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": FORGED}]
+    ids = _http(secure_stack, door, "/chat/completions", {
+        "messages": history, "max_tokens": 4, "seed": 7, "tools": [
+            {"type": "function", "function": {"name": "lookup", "description": forged_def, "parameters": params}}]})
+    rendered = render_hermes([{"role": m["role"], "content": m["content"], "tool_calls": [
+        {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+        for c in m.get("tool_calls") or []]} for m in history], [ToolSpec("lookup", forged_def, params)])
+    for e in _captured(secure_stack, ids):
+        _check(tok, e, rendered)
+        assert e.tools[0].name == "lookup" and e.messages[2].tool_calls[0].id == "call_1"
