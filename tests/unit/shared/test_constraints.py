@@ -145,3 +145,31 @@ def test_decode_loop_mixes_constrained_and_free_rows(tiny: tuple[Any, Any]) -> N
     assert all(b >= t - 1e-5 for b, t in zip(sampled.logprobs, sampled.logprobs_t1, strict=True))
     assert any(b > t + 1e-3 for b, t in zip(sampled.logprobs, sampled.logprobs_t1, strict=True))
     assert len(out[2].token_ids) == 8
+
+
+@pytest.mark.slow
+def test_smollm2_answers_a_schema_it_is_asked_for() -> None:
+    """The real SmolLM2-135M-Instruct, greedy and sampled, under a schema: every answer validates."""
+    from shared.decoding.batch import decode_batch
+    from shared.decoding.generation import encode_prompt, render_chat
+    from shared.decoding.params import Sample, SamplingConfig
+    from shared.decoding.rows import DecodeRow
+    from shared.models import SMOLLM2, load_model
+
+    model, tok = load_model(SMOLLM2)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "country": {"type": "string", "maxLength": 20},
+                                               "population_millions": {"type": "integer", "minimum": 0,
+                                                                       "maximum": 100000}},
+              "required": ["city", "country", "population_millions"], "additionalProperties": False}
+    prompt = encode_prompt(tok, render_chat(tok, [{"role": "user", "content":
+                                                   "Name a large city as JSON with city, country and population."}]))
+    g = Grammar("json_schema", json.dumps(schema))
+    out: dict[int, Sample] = {}
+    cfgs = [SamplingConfig(max_new_tokens=80, grammar=g),
+            SamplingConfig(max_new_tokens=80, temperature=0.7, seed=1, grammar=g)]
+    decode_batch(model, tok, [DecodeRow(prompt, c, on_finish=lambda s, i=i: out.__setitem__(i, s))
+                              for i, c in enumerate(cfgs)])
+    for s in out.values():
+        assert s.finish_reason == "stop", s.text
+        jsonschema.validate(json.loads(s.text), schema)
