@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import openai
 import pytest
 
 from tools.demo import cli as demo_cli
@@ -20,12 +19,6 @@ from tools.demo import cli as demo_cli
 pytestmark = pytest.mark.integration
 
 
-# Until the door returns the model's tool calls (issue #34 item 1: the request path has landed, the answer's
-# `tool_calls` not yet), the demo runs to the end (measured: 40 sessions graded, 163 s) but no session calls
-# the tool, and the first assertion fails (`tool_calls` 0 of 40). strict: once the door returns tool calls
-# the test passes and the mark must go.
-@pytest.mark.xfail(raises=(openai.BadRequestError, AssertionError), strict=True,
-                   reason="the OpenAI door does not return tool_calls yet (issue #34 item 1)")
 def test_the_quick_agent_demo_masks_every_tool_timeout(
         kafka_bootstrap: str, tiny_model_name: str, tmp_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("APPRENTICE_KAFKA_BOOTSTRAP", kafka_bootstrap)

@@ -31,9 +31,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
+from pydantic import Field
 
 from tools.demo.simulated_users import Exchange, OrderService
 from tools.tasks.task import Fact, Task, Tool, check_answer
@@ -50,6 +51,9 @@ class Session:
     tool_calls: int = 0
     timeouts: list[str] = field(default_factory=list)    # the interaction that called each timed-out lookup
 
+
+AGENT_MIN_NEW_TOKENS = 64
+"""The new-token budget of an agent turn at least: room for one whole tool call."""
 
 _SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar("agent_session", default=None)
 
@@ -149,15 +153,18 @@ class AgentUsers:
         assert self.task.tool is not None and self.task.agent is not None
         backend = self.backend_tool
 
-        async def order_lookup(order_id: str) -> str:
+        # a short id: a call must fit the turn's token budget (the quick demo's is 24 new tokens; see below)
+        async def order_lookup(order_id: Annotated[str, Field(max_length=12)]) -> str:
             """Look up the customer's order by its id."""
             return await backend(order_id)
 
         tool = function_tool(order_lookup, name_override=self.task.tool.name,
                              description_override=self.task.tool.description or None)
         cls = OpenAIChatCompletionsModel if self.task.agent.api == "chat_completions" else OpenAIResponsesModel
+        # a tool call in the family's format (e.g. Hermes' <tool_call>{"name": ..., "arguments": ...}</tool_call>)
+        # takes ~30 tokens before its arguments: a turn gets at least AGENT_MIN_NEW_TOKENS, or every call is cut
         settings = ModelSettings(temperature=temperature, top_p=0.95 if temperature > 0 else None,
-                                 max_tokens=max_new_tokens, tool_choice=self.task.agent.tool_choice,
+                                 max_tokens=max(max_new_tokens, AGENT_MIN_NEW_TOKENS), tool_choice=self.task.agent.tool_choice,
                                  extra_body={"task": self.task.task, "user": user, "tenant": self.task.tenant})
         return Agent(name=self.task.name, instructions=self.task.system_prompt, tools=[tool],
                      model=cls(model=model, openai_client=client), model_settings=settings)
