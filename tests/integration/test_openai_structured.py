@@ -100,7 +100,7 @@ def test_sdk_parse_with_a_pydantic_model(door: Door) -> None:  # noqa: F811
 def test_langchain_with_structured_output(door: Door, method: str) -> None:  # noqa: F811
     import httpx
 
-    llm = ChatOpenAI(model=door.model, base_url=door.base_url, api_key=SecretStr(door.key()), max_retries=0,
+    llm = ChatOpenAI(model=door.model, base_url=door.base_url, api_key=SecretStr(door.key()), max_retries=0,  # type: ignore[call-arg]
                      max_tokens=300, temperature=1.0, seed=6, http_client=httpx.Client(verify=door.trust))
     if method == "json_schema":
         out = llm.with_structured_output(Person, method="json_schema", strict=True).invoke(

@@ -98,7 +98,7 @@ def test_langchain_bind_tools_and_structured_output(door: Door) -> None:  # noqa
         city: str = Field(max_length=12)
         days: int = Field(ge=1, le=7)
 
-    llm = ChatOpenAI(model=door.model, base_url=door.base_url, api_key=door.key(),  # type: ignore[arg-type]
+    llm = ChatOpenAI(model=door.model, base_url=door.base_url, api_key=door.key(),  # type: ignore[arg-type,call-arg]
                      http_client=__import__("httpx").Client(verify=door.trust), max_tokens=80, max_retries=0)
     msg = llm.bind_tools([Weather], tool_choice="any").invoke("weather in Paris for 3 days?")
     assert msg.tool_calls and msg.tool_calls[0]["name"] == "Weather"   # type: ignore[attr-defined]

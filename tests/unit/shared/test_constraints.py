@@ -4,6 +4,7 @@ parses, Lark with an embedded `%json{...}` (tool calls) works, bad grammars rais
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -133,7 +134,7 @@ def test_decode_loop_mixes_constrained_and_free_rows(tiny: tuple[Any, Any]) -> N
             SamplingConfig(max_new_tokens=8, temperature=0.7, top_k=50, seed=4),
             SamplingConfig(max_new_tokens=60, temperature=0.9, top_p=0.95, seed=5, grammar=g)]
     out: dict[int, Sample] = {}
-    rows = [DecodeRow(prompt, c, on_finish=lambda s, i=i: out.__setitem__(i, s)) for i, c in enumerate(cfgs)]
+    rows = [DecodeRow(prompt, c, on_finish=functools.partial(out.__setitem__, i)) for i, c in enumerate(cfgs)]
     decode_batch(model, tok, rows)
     for i in (0, 1, 3):
         s = out[i]
@@ -168,7 +169,7 @@ def test_smollm2_answers_a_schema_it_is_asked_for() -> None:
     out: dict[int, Sample] = {}
     cfgs = [SamplingConfig(max_new_tokens=80, grammar=g),
             SamplingConfig(max_new_tokens=80, temperature=0.7, seed=1, grammar=g)]
-    decode_batch(model, tok, [DecodeRow(prompt, c, on_finish=lambda s, i=i: out.__setitem__(i, s))
+    decode_batch(model, tok, [DecodeRow(prompt, c, on_finish=functools.partial(out.__setitem__, i))
                               for i, c in enumerate(cfgs)])
     for s in out.values():
         assert s.finish_reason == "stop", s.text
