@@ -15,6 +15,7 @@ variable; it withdraws the announcement when it stops.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import MutableMapping
@@ -139,7 +140,12 @@ def _trusted(path: Path) -> bool:
     return st.st_uid in (os.getuid(), 0) and not st.st_mode & 0o022
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs. A process this very one started and that has exited is a zombie until reaped, and
+    `kill(pid, 0)` still answers for a zombie: it is reaped here, or recognised in /proc."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -162,7 +168,7 @@ def read_endpoints(home: Path, *, live_only: bool = True) -> StackEndpoints | No
         endpoints = StackEndpoints.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
-    if live_only and not _alive(endpoints.supervisor_pid):
+    if live_only and not process_alive(endpoints.supervisor_pid):
         return None
     return endpoints
 

@@ -160,16 +160,21 @@ def link_broker_jars(home: Path) -> None:
             libs_link.symlink_to(libs.resolve(), target_is_directory=True)
 
 
-def private_broker(home: Path, **options: Any) -> LocalBroker:
-    """A LocalBroker (not started) on free ports with its data under `home`, reusing the local jars and the
-    session broker's credentials (tests/conftest.py): the same admin and principals' passwords, so this
-    process (admin, from its environment) and a stack's services reach either broker alike."""
+def _share_jars_and_credentials(home: Path) -> None:
+    """The local jars (no Maven run) and the session broker's credentials folder, linked under `home`."""
     link_broker_jars(home)
     held = local_credentials_dir(os.environ)
     link = home / "kafka" / "sasl"
     if held is not None and not link.exists():
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(held.resolve(), target_is_directory=True)
+
+
+def private_broker(home: Path, **options: Any) -> LocalBroker:
+    """A LocalBroker (not started) on free ports with its data under `home`, reusing the local jars and the
+    session broker's credentials (tests/conftest.py): the same admin and principals' passwords, so this
+    process (admin, from its environment) and a stack's services reach either broker alike."""
+    _share_jars_and_credentials(home)
     port, controller = free_ports(2)
     return LocalBroker(home, port=port, controller_port=controller, **options)
 
@@ -179,12 +184,7 @@ def private_cluster(home: Path, brokers: int = 3) -> LocalCluster:
     jars and the session broker's credentials (as `private_broker`)."""
     from tools.broker.local_broker import PORT_STEP
 
-    link_broker_jars(home)
-    held = local_credentials_dir(os.environ)
-    link = home / "kafka" / "sasl"
-    if held is not None and not link.exists():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(held.resolve(), target_is_directory=True)
+    _share_jars_and_credentials(home)
     for _ in range(200):
         base = random.randrange(30000, 39000, 2)
         if all(port_free(base + PORT_STEP * i + d) for i in range(brokers) for d in (0, 1)):

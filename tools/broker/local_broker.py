@@ -53,6 +53,7 @@ from confluent_kafka.admin import (
 )
 
 from shared.contracts import topic_access as access
+from shared.contracts.stack_endpoints import process_alive
 from shared.kafka.admin import admin, broker_answers
 from shared.kafka.security import KafkaSecurity
 from tools.broker.acls import Grant, apply_acls, grants, open_door_grants
@@ -78,24 +79,6 @@ CLUSTER_FILE = "cluster.json"
 """`<home>/kafka/cluster.json`: the layout of a home's replicated cluster (tools/broker/cluster.py)."""
 PORT_STEP = 100
 """A cluster's node i listens on port + PORT_STEP * (i - 1) (its controller on the next port)."""
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs: a broker this very process started and that has exited is a zombie until reaped,
-    and `kill(pid, 0)` still answers for a zombie, so it is reaped here (or recognised in /proc)."""
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return True
 
 
 def recorded_cluster_bootstrap(home: Path) -> str | None:
@@ -432,7 +415,7 @@ class LocalBroker:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        if not _alive(pid):
+        if not process_alive(pid):
             self.pid_file.unlink(missing_ok=True)
             return None
         return pid
@@ -548,7 +531,7 @@ class LocalBroker:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not process_alive(pid):
                 break
             time.sleep(0.2)
         else:
