@@ -5,6 +5,7 @@ rolling restart of all three, while a producer keeps sending."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -179,3 +180,22 @@ def test_the_cli_clients_find_every_node(cluster: LocalCluster, tmp_path: Path) 
 
     assert apply_client_env(cluster.home.parent, access.OPERATOR, env)
     assert env["APPRENTICE_KAFKA_BOOTSTRAP"] == cluster.bootstrap and cluster.bootstrap.count(",") == 2
+
+
+def test_a_service_refuses_to_start_on_topics_that_would_lose_records(cluster: LocalCluster) -> None:
+    """A real service process (weights) on a deployment whose topics were created with one replica on the
+    3-broker cluster: exit status 2 and one line naming a topic and the fix, before it serves anything."""
+    import subprocess
+    import sys
+
+    topics = Topics(prefix=f"weak-{uuid.uuid4().hex[:6]}.")
+    ensure_topics(cluster.bootstrap, topics, replication=1, security=cluster.security())
+    cluster.ensure_access(topics)
+    _metadata(cluster.admin_client(), [s.name for s in topics.specs()])
+    env = {**os.environ, **cluster.client_env("weights"), "APPRENTICE_TOPIC_PREFIX": topics.prefix}
+    proc = subprocess.run([sys.executable, "-m", "tools.cli.main", "serve", "weights", "--port", "0"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("apprentice weights: topic 'weak-") and "replication factor 1" in line, line
+    assert "apprentice topics" in line
