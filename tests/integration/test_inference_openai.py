@@ -295,8 +295,6 @@ def test_feedback_reaches_the_topic_with_ownership_and_caps(door: Door, kafka_bo
     ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages", "messages[0].role"),
     ({"messages": [{"role": "user", "content": "hi " * 2100}]}, 400, "messages", "context window"),
     ({"messages": MESSAGES, "n": 3, "temperature": 0}, 400, "n", "needs temperature > 0"),
-    ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
-     "not supported"),
     ({"messages": MESSAGES, "tenant": "globex"}, 403, None, "acts for tenant 'acme'"),
     ({"messages": MESSAGES, "model": "nope"}, 404, "model", "'nope' does not exist"),
 ])

@@ -126,7 +126,7 @@ def test_dashboard_prometheus_and_grafana_services() -> None:
 
     prom, graf = services["prometheus"], services["grafana"]
     assert prom["ports"] == ["127.0.0.1:9090:9090"] and graf["ports"] == ["127.0.0.1:3000:3000"]
-    prom_mounts = {v.split(":")[0]: v.split(":")[1] for v in prom["volumes"]}
+    prom_mounts = {v.split(":")[0]: v.split(":")[1] for v in prom["volumes"] if isinstance(v, str)}
     assert prom_mounts["./prometheus/prometheus.yml"] == "/etc/prometheus/prometheus.yml"
     graf_mounts = {v.split(":")[0]: v.split(":")[1] for v in graf["volumes"]}
     assert graf_mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"

@@ -65,8 +65,6 @@ def test_completion_request_defaults_and_prompt_forms() -> None:
 
 @pytest.mark.parametrize(("body", "needle", "param"), [
     ({"messages": MSG, "tools": [{"type": "function"}]}, "`tools.0.function` field required", "tools"),
-    ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format is not supported",
-     "response_format"),
     ({"messages": MSG, "presence_penalty": 0.5}, "presence_penalty is not supported", "presence_penalty"),
     ({"messages": MSG, "top_logprobs": 2}, "top_logprobs needs logprobs", "top_logprobs"),
     ({"messages": MSG, "top_logprobs": 21, "logprobs": True}, "top_logprobs", "top_logprobs"),

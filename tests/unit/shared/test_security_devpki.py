@@ -57,6 +57,9 @@ def test_files_are_private_and_the_ring_has_every_caller(tmp_path: Path) -> None
     creds = ensure_dev_credentials(tmp_path, tenants=("acme", "globex"))
     assert stat.S_IMODE(creds.directory.stat().st_mode) == 0o700
     for f in creds.directory.iterdir():
+        if f.is_dir():      # scrape/: the metrics key alone, readable by a scraper of another user
+            assert sorted(p.name for p in f.iterdir()) == ["metrics.token"], f
+            continue
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
     ring = KeyRing(file=creds.keys_file)
     assert ring.lookup_token(creds.token(creds.operator_token)) == Identity(OPERATOR_ID, Role.OPERATOR)
@@ -73,9 +76,9 @@ def test_files_are_private_and_the_ring_has_every_caller(tmp_path: Path) -> None
 
 def test_a_second_run_reuses_credentials_and_adds_new_tenants(tmp_path: Path) -> None:
     first = ensure_dev_credentials(tmp_path, tenants=("acme",))
-    before = {p.name: p.read_bytes() for p in first.directory.iterdir()}
+    before = {p.name: p.read_bytes() for p in first.directory.iterdir() if p.is_file()}
     again = ensure_dev_credentials(tmp_path, tenants=("acme", "globex"))
-    after = {p.name: p.read_bytes() for p in again.directory.iterdir()}
+    after = {p.name: p.read_bytes() for p in again.directory.iterdir() if p.is_file()}
     for name, data in before.items():
         if name != "keys.txt":
             assert after[name] == data, name
