@@ -21,7 +21,7 @@ from services.inference.settings import InferenceSettings
 from shared.contracts.events import deterministic_id, make_envelope
 from shared.decoding.chat_template import encode_chat, encode_text
 from shared.decoding.constraints import MAX_SOURCE_BYTES, GrammarError, validate
-from shared.decoding.params import Grammar, SamplingConfig
+from shared.decoding.params import GREEDY_BELOW, Grammar, SamplingConfig
 from shared.decoding.tool_calls import (
     ToolError,
     ToolSpec,
@@ -134,8 +134,9 @@ def check_sampling(sp: common_pb2.SamplingParams, settings: InferenceSettings) -
             f"sampling.top_p must be within [0, 1] (0 or 1 = off); got {sp.top_p:g}")
     require(sp.top_k >= 0, f"sampling.top_k must be >= 0 (0 = off); got {sp.top_k}")
     require(0 <= sp.n <= settings.max_n, f"sampling.n must be within 1..{settings.max_n} (0 = 1); got {sp.n}")
-    require(sp.n <= 1 or sp.temperature > 0,
-            f"sampling.n = {sp.n} needs temperature > 0: greedy samples would all be identical")
+    require(sp.n <= 1 or sp.temperature >= GREEDY_BELOW,
+            f"sampling.n = {sp.n} needs temperature > 0 (at least {GREEDY_BELOW:g}): greedy samples would all be "
+            "identical")
     require(sp.seed >= 0, f"sampling.seed must be >= 0 (0 = unseeded); got {sp.seed}")
     require(len(sp.stop) <= settings.max_stop_strings,
             f"sampling.stop: at most {settings.max_stop_strings} strings; got {len(sp.stop)}")

@@ -36,6 +36,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from shared.decoding.params import GREEDY_BELOW
+
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """filter_{k,p}: mask (set to -inf) tokens outside each row's top-k and nucleus. logits (B, V);
@@ -65,7 +67,7 @@ def behaviour_logprob(token: int, raw: Mapping[int, float], temperature: float, 
     Exact when the filtered support lies inside the candidates; otherwise the normaliser misses the
     behaviour mass outside them.
     """
-    if temperature <= 0:
+    if temperature < GREEDY_BELOW:
         return 0.0
     if token not in raw:
         raise KeyError(f"token {token} missing from the candidate log-probs")
@@ -104,7 +106,7 @@ def top_alternatives(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tens
     k = max(1, min(k, logits.shape[-1]))
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
-    greedy = temp <= 0
+    greedy = temp < GREEDY_BELOW
     dist = logits / torch.where(greedy, torch.ones_like(temp), temp).unsqueeze(1)
     if bool((top_k > 0).any()) or bool((top_p < 1).any()):     # the sort of the filter only when it filters
         dist = filter_top_k_top_p(dist, top_k, top_p)
@@ -122,7 +124,7 @@ def alternatives_from_raw(raw: Mapping[int, float], temperature: float, top_k: i
     `logprobs=K`): the k largest candidates with `behaviour_logprob`'s value each (its exactness caveats
     apply), most likely first; greedy is the point mass on the first."""
     ranked = sorted(raw.items(), key=lambda kv: kv[1], reverse=True)[:max(0, k)]
-    if temperature <= 0:
+    if temperature < GREEDY_BELOW:
         return [(t, 0.0 if i == 0 else float("-inf")) for i, (t, _) in enumerate(ranked)]
     return [(t, behaviour_logprob(t, raw, temperature, top_k, top_p)) for t, _ in ranked]
 

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+GREEDY_BELOW = 1e-5
+"""A temperature below this decodes greedily, as vLLM does (its _SAMPLING_EPS): logits divided by a denormal
+temperature overflow to inf and the softmax to NaN, and a distribution that sharp is a point mass anyway."""
+
 
 @dataclass(frozen=True)
 class Grammar:

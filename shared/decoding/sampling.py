@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.decoding.logprobs import filter_top_k_top_p
+from shared.decoding.params import GREEDY_BELOW
 
 
 def seeded_generator(seed: int | None, sample_index: int) -> torch.Generator | None:
@@ -50,7 +51,7 @@ def draw(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: t
          gens: list[torch.Generator | None], allowed: torch.Tensor | None = None,
          ) -> tuple[torch.Tensor, list[float], list[float]]:
     """Each row's next token, its temperature-1 log-prob and its behaviour log-prob. logits (B, V) float;
-    temp / top_k / top_p (B,) (temperature <= 0 = greedy, top_k 0 and top_p 1 = off); gens[i] row i's
+    temp / top_k / top_p (B,) (temperature < GREEDY_BELOW = greedy, top_k 0 and top_p 1 = off); gens[i] row i's
     seeded generator or None.
 
     Vocabulary-wide passes cost as much as a small model's forward pass, so they are kept few: greedy
@@ -67,7 +68,7 @@ def draw(logits: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor, top_p: t
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     device = logits.device
-    greedy = temp <= 0                                                              # (B,)
+    greedy = temp < GREEDY_BELOW                                                    # (B,)
     is_greedy = greedy.tolist()
     n_greedy = sum(is_greedy)
     if n_greedy == B:

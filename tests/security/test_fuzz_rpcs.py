@@ -129,10 +129,7 @@ def _ids(rpcs: list[Rpc]) -> list[str]:
     return [r.path.lstrip("/").replace("apprentice.v1.", "") for r in rpcs]
 
 
-@pytest.mark.parametrize("rpc", [
-    pytest.param(r, marks=pytest.mark.xfail(reason="KNOWN BUG (issue #34 note): a random GenerateStream request "
-                                                   "with tool fields can answer INTERNAL", strict=False))
-    if r.path.endswith("Inference/GenerateStream") else r for r in ALL_RPCS], ids=_ids(ALL_RPCS))
+@pytest.mark.parametrize("rpc", ALL_RPCS, ids=_ids(ALL_RPCS))
 def test_random_messages_never_break_a_server(rpc: Rpc, deployment: Deployment) -> None:
     @FUZZ
     @given(data=st.data())

@@ -17,7 +17,7 @@ from shared.decoding.logprobs import sequence_logprobs
 from shared.decoding.params import Sample, SamplingConfig
 from shared.decoding.prompt_cache import PromptCache
 from shared.decoding.rows import DecodeRow
-from shared.decoding.sampling import sample_rows
+from shared.decoding.sampling import draw, sample_rows
 from shared.decoding.text import first_stop, stream_safe_length
 
 
@@ -371,3 +371,14 @@ def test_rows_leaving_a_sliding_window_cache_decode_as_if_alone(tiny: Any) -> No
     for a, t in zip(alone, together, strict=True):
         assert t.token_ids == a.token_ids
         assert t.logprobs_t1 == pytest.approx(a.logprobs_t1, abs=1e-4)
+
+
+def test_a_denormal_temperature_decodes_greedily_instead_of_dividing_into_nan() -> None:
+    """Found by tests/security/test_fuzz_rpcs.py: temperature 1.4e-45 made logits / T overflow to inf, the
+    softmax NaN, and torch.multinomial raise (INTERNAL). Below GREEDY_BELOW a row is greedy, as in vLLM."""
+    logits = torch.tensor([[0.5, 2.0, -1.0, 1.9], [0.5, 2.0, -1.0, 1.9]])
+    temp = torch.tensor([1.4e-45, 1e-6])
+    gens = [torch.Generator().manual_seed(1), None]
+    tok, lp_t1, lp_b = draw(logits, temp, torch.zeros(2, dtype=torch.long), torch.ones(2), gens)
+    assert tok.tolist() == [1, 1]
+    assert lp_b == [0.0, 0.0] and all(math.isfinite(x) for x in lp_t1)
