@@ -187,8 +187,10 @@ def response_grammar(rf: common_pb2.ResponseFormat) -> Grammar | None:
         except ValueError as e:
             raise ResponseFormatError(f"response_format.json_schema.schema is not valid JSON: {e}") from None
         if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+            got = (f"type {json.dumps(schema.get('type'))[:64]}" if isinstance(schema, dict)
+                   else f"a JSON {type(schema).__name__}")
             raise ResponseFormatError('response_format.json_schema.schema must be an object schema '
-                                      '({"type": "object", ...})')
+                                      f'({{"type": "object", ...}}); got {got}')
         grammar = Grammar("json_schema", rf.schema_json)
     try:
         validate(grammar)
