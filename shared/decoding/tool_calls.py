@@ -295,8 +295,14 @@ def tool_grammar(tools: Sequence[ToolSpec], mode: str, function: str = "", *,
     for i, t in enumerate(offered):
         # whitespace fixed to json.dumps' separators: a weak model otherwise spends its tokens on blanks
         # inside the JSON (llguidance's x-guidance options), and the call reads like `format_call` writes it
+        params = dict(t.parameters) or {"type": "object"}
+        # a forced call's arguments are the ones the function declares: a schema that leaves
+        # additionalProperties open (pydantic's, LangChain's) let a weak model append invented keys until its
+        # token budget ran out, and the call never closed
+        if "properties" in params and "additionalProperties" not in params:
+            params["additionalProperties"] = False
         compact = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
-                   **(dict(t.parameters) or {"type": "object"})}
+                   **params}
         schema = json.dumps(compact, ensure_ascii=False, separators=(",", ":"))
         head = '<tool_call>\n{"name": "' + t.name + '", "arguments": '
         rules.append(f"call_{i}: {_lark_str(head)} %json {schema} {_lark_str(chr(125) + chr(10) + '</tool_call>')}")

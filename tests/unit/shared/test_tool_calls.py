@@ -140,6 +140,13 @@ def test_required_grammar_accepts_only_schema_valid_calls(tok: Any, ll_tok: llgu
     assert not _accepts(ll_tok, tok, single.source, ok + "\n" + ok)
 
 
+def test_a_forced_call_takes_only_the_declared_arguments(tok: Any, ll_tok: llguidance.LLTokenizer) -> None:
+    g = tool_grammar([TIME], "required")        # TIME leaves additionalProperties unset
+    assert g is not None
+    assert _accepts(ll_tok, tok, g.source, format_call("get_time", {"zone": "UTC"}))
+    assert not _accepts(ll_tok, tok, g.source, format_call("get_time", {"zone": "UTC", "invented": 1}))
+
+
 def test_named_and_auto_grammars(tok: Any, ll_tok: llguidance.LLTokenizer) -> None:
     named = tool_grammar([WEATHER, TIME], "function", "get_time")
     assert named is not None
