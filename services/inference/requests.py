@@ -8,6 +8,7 @@ the engine (`injected_delay`, `wait_result`), which turn deadlines and engine fa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -166,7 +167,7 @@ class ResponseFormatError(InvalidRequest):
 RESPONSE_FORMATS = ("", "text", "json_object", "json_schema")
 
 
-def response_grammar(rf: common_pb2.ResponseFormat) -> Grammar | None:
+def response_grammar(rf: common_pb2.ResponseFormat, scope: str = "") -> Grammar | None:
     """The grammar that enforces `rf` (shared/decoding/constraints.py), None for text. json_schema is enforced
     whether or not `strict` is set (a constrained answer always parses); the schema must be JSON, an object
     schema, at most MAX_SOURCE_BYTES, and compile: otherwise ResponseFormatError with llguidance's message."""
@@ -176,7 +177,7 @@ def response_grammar(rf: common_pb2.ResponseFormat) -> Grammar | None:
     if rf.type in ("", "text"):
         return None
     if rf.type == "json_object":
-        grammar = Grammar("json_object")
+        grammar = Grammar("json_object", scope=scope)
     else:
         if not rf.schema_json:
             raise ResponseFormatError("response_format.json_schema.schema is required")
@@ -191,7 +192,7 @@ def response_grammar(rf: common_pb2.ResponseFormat) -> Grammar | None:
                    else f"a JSON {type(schema).__name__}")
             raise ResponseFormatError('response_format.json_schema.schema must be an object schema '
                                       f'({{"type": "object", ...}}); got {got}')
-        grammar = Grammar("json_schema", rf.schema_json)
+        grammar = Grammar("json_schema", rf.schema_json, scope=scope)
     try:
         validate(grammar)
     except GrammarError as e:
@@ -269,7 +270,9 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
     top_p = sp.top_p if 0 < sp.top_p < 1 else 1.0
     seed = sp.seed % SEED_MODULUS if sp.seed else None
     n = max(1, sp.n)
-    answer_grammar = response_grammar(req.response_format)
+    answer_grammar = response_grammar(req.response_format, scope=tenant)     # compile cache: per tenant
+    if tool_grammar_ is not None:
+        tool_grammar_ = dataclasses.replace(tool_grammar_, scope=tenant)
     sampling = SamplingConfig(max_new_tokens=max_new, temperature=float(sp.temperature), top_p=float(top_p),
                               top_k=int(sp.top_k), stop=tuple(sp.stop), seed=seed, n=n,
                               grammar=tool_grammar_ or answer_grammar)

@@ -11,7 +11,7 @@ parser over the tokenizer's trie, so a new schema has no ahead-of-time compile w
 embed JSON schemas (`%json{...}`), which is what tool calls need (`<tool_call>` + JSON + `</tool_call>`).
 
 Costs: building the llguidance tokenizer takes about a second, so it is cached per HF tokenizer; grammars
-are compiled to llguidance's serialized form once per (kind, source) in a bounded LRU cache.
+are compiled to llguidance's serialized form once per (kind, source, tenant) in a bounded LRU cache.
 
 Errors: a bad grammar or schema raises `GrammarError` with llguidance's message; the request layers turn it
 into gRPC INVALID_ARGUMENT / HTTP 400 (services/inference/requests.py `check_grammar`).
@@ -50,15 +50,15 @@ class GrammarError(ValueError):
 
 
 _lock = threading.Lock()
-_compiled: OrderedDict[tuple[str, str], str] = OrderedDict()
+_compiled: OrderedDict[tuple[str, str, str], str] = OrderedDict()
 _tokenizers: weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
 _tokenizers_by_id: dict[int, tuple[Any, llguidance.LLTokenizer]] = {}   # tokenizers that refuse weakrefs
 
 
 def compile_grammar(grammar: Grammar) -> str:
-    """`grammar` as llguidance's serialized grammar, validated (no tokenizer needed), cached by (kind, source).
-    Raises GrammarError."""
-    key = (grammar.kind, grammar.source)
+    """`grammar` as llguidance's serialized grammar, validated (no tokenizer needed), cached by (kind, source,
+    scope): the scope is the tenant, so a cache hit never tells one tenant what another sent. Raises GrammarError."""
+    key = (grammar.kind, grammar.source, grammar.scope)
     with _lock:
         hit = _compiled.get(key)
         if hit is not None:

@@ -23,6 +23,9 @@ class Grammar:
 
     kind: str
     source: str = ""
+    scope: str = ""
+    """The tenant whose request compiled it: compiled grammars are cached per whole `Grammar`, so one tenant
+    never finds (or times) the schemas another tenant sent (shared/decoding/constraints.py)."""
 
 
 @dataclass(frozen=True)

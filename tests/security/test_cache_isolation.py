@@ -9,6 +9,7 @@ against B-cold on distinct texts of the same length (a ratio with a generous bou
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 import uuid
@@ -146,3 +147,19 @@ def test_prompt_cache_b_after_a_is_as_slow_as_b_cold(tiny: tuple[Any, Any]) -> N
     assert hit < 0.5, f"a cache hit took {hit:.2f}x of a prefill: the timing below could not tell"
     # measured: 0.99 keyed by tenant, 0.04 with the tenant dropped from the key; 0.5 leaves room for noise
     assert ratio > 0.5, f"B after A took {ratio:.2f}x of B cold: A's prefill served B"
+
+
+def test_compiled_schemas_are_cached_per_tenant() -> None:
+    """The structured-output grammar cache (shared/decoding/constraints.py): tenant A's schema, compiled, is
+    no hit for tenant B sending the same schema (a hit would skip the compile and answer sooner)."""
+    from services.inference.requests import response_grammar
+    from shared.decoding import constraints
+    from shared.proto.apprentice.v1 import common_pb2
+
+    schema = json.dumps({"type": "object", "properties": {f"secret_field_{uuid.uuid4().hex}": {"type": "string"}}})
+    rf = common_pb2.ResponseFormat(type="json_schema", schema_json=schema)
+    a = response_grammar(rf, scope="tenant-a")
+    b = response_grammar(rf, scope="tenant-b")
+    assert a is not None and b is not None and a.scope != b.scope
+    keys = [k for k in constraints._compiled if k[1] == schema]
+    assert sorted(k[2] for k in keys) == ["tenant-a", "tenant-b"]       # two entries: B compiled its own
