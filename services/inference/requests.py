@@ -217,6 +217,7 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
     require(len(req.session_id) <= 256, f"session_id must be at most 256 characters; got {len(req.session_id)}")
     require(len(req.task) <= 128, f"task must be at most 128 characters; got {len(req.task)}")
     check_sampling(req.sampling, settings)
+    answer_grammar = response_grammar(req.response_format, scope=tenant)     # compile cache: per tenant
 
     if has_messages:
         require(len(req.messages) <= settings.max_messages,
@@ -230,7 +231,7 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
         require(chars <= settings.max_prompt_chars,
                 f"messages hold {chars} characters; the limit is {settings.max_prompt_chars}")
         messages = list(req.messages)
-        tools, tool_choice, tool_grammar_ = prepare_tools(req)
+        tools, tool_choice, tool_grammar_ = prepare_tools(req, answer_grammar)
         rendered: list[Any] = messages
         if tools or any(m.role == "tool" or m.tool_calls for m in messages):
             # tools, calls and results become message content (shared/decoding/tool_calls.py), so every
@@ -270,7 +271,6 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
     top_p = sp.top_p if 0 < sp.top_p < 1 else 1.0
     seed = sp.seed % SEED_MODULUS if sp.seed else None
     n = max(1, sp.n)
-    answer_grammar = response_grammar(req.response_format, scope=tenant)     # compile cache: per tenant
     if tool_grammar_ is not None:
         tool_grammar_ = dataclasses.replace(tool_grammar_, scope=tenant)
     sampling = SamplingConfig(max_new_tokens=max_new, temperature=float(sp.temperature), top_p=float(top_p),
@@ -291,9 +291,10 @@ def _message_dict(m: common_pb2.ChatMessage) -> dict[str, Any]:
             "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls]}
 
 
-def prepare_tools(req: inference_pb2.GenerateRequest) -> tuple[list[ToolSpec], str, Any]:
+def prepare_tools(req: inference_pb2.GenerateRequest, answer: Grammar | None = None) -> tuple[list[ToolSpec], str, Any]:
     """The request's tools, tool_choice and tool messages validated once for both doors (INVALID_ARGUMENT
-    over gRPC, 400 with `param` over HTTP), and the grammar that enforces tool_choice / strict tools."""
+    over gRPC, 400 with `param` over HTTP), and the grammar that enforces tool_choice / strict tools (with
+    the response format `answer` when the model may answer instead of calling)."""
     try:
         tools = [parse_tool(t.name, t.description, t.parameters_json, t.strict, i) for i, t in enumerate(req.tools)]
         check_tools(tools)
@@ -303,7 +304,7 @@ def prepare_tools(req: inference_pb2.GenerateRequest) -> tuple[list[ToolSpec], s
     except ToolError as e:
         raise ToolRequestError(str(e), e.param) from e
     return tools, mode, tool_grammar(tools, mode, req.tool_choice.function,
-                                     parallel=not req.no_parallel_tool_calls)
+                                     parallel=not req.no_parallel_tool_calls, answer=answer)
 
 
 def interaction_event(p: PreparedRequest, sample: Any, *, interaction_id: str, group_id: str, index: int,

@@ -280,16 +280,18 @@ def _lark_str(s: str) -> str:
 
 
 def tool_grammar(tools: Sequence[ToolSpec], mode: str, function: str = "", *,
-                 parallel: bool = True) -> Grammar | None:
+                 parallel: bool = True, answer: Grammar | None = None) -> Grammar | None:
     """The Lark grammar (llguidance dialect) that constrains an answer, or None when unconstrained.
 
     required: one call (or several, `parallel`) to offered tools; function: exactly that one; auto with a
     strict tool: free text not starting with `<`, or calls whose arguments follow each function's schema
-    (`%json{...}`). none, or auto without strict tools: None."""
+    (`%json{...}`). auto with an `answer` format (response_format json_object / json_schema): a JSON answer
+    of that schema, or calls; an agent with tools and a typed output needs both, and either alone let a
+    weak model write free text to its budget. none, or auto without strict tools or format: None."""
     if mode == "none" or not tools:
-        return None
+        return answer if mode == "none" else None
     offered = [t for t in tools if mode != "function" or t.name == function]
-    if mode == "auto" and not any(t.strict for t in offered):
+    if mode == "auto" and not any(t.strict for t in offered) and answer is None:
         return None
     rules = []
     for i, t in enumerate(offered):
@@ -308,11 +310,24 @@ def tool_grammar(tools: Sequence[ToolSpec], mode: str, function: str = "", *,
         rules.append(f"call_{i}: {_lark_str(head)} %json {schema} {_lark_str(chr(125) + chr(10) + '</tool_call>')}")
     alts = " | ".join(f"call_{i}" for i in range(len(offered)))
     calls = 'call ("\\n" call)*' if parallel and mode != "function" else "call"
-    start = f"start: {calls}" if mode != "auto" else f"start: TEXT | {calls}"
+    text = "TEXT" if answer is None else "answer"
+    start = f"start: {calls}" if mode != "auto" else f"start: {text} | {calls}"
     lines = [start, f"call: {alts}", *rules]
-    if mode == "auto":
+    if mode == "auto" and answer is None:
         lines.append(r"TEXT: /[^<](.|\n)*/ | /\s*/")
+    elif mode == "auto" and answer is not None:
+        lines.append(f"answer: %json {_answer_schema(answer)}")
     return Grammar(kind="lark", source="\n".join(lines) + "\n")
+
+
+def _answer_schema(answer: Grammar) -> str:
+    """The JSON schema a response format's grammar enforces, for embedding with `%json` (no whitespace
+    between tokens, as shared/decoding/constraints.py compiles a response format on its own)."""
+    if answer.kind not in ("json_schema", "json_object"):
+        raise ValueError(f"an answer format combined with tools must be a JSON one; got {answer.kind!r}")
+    schema = json.loads(answer.source) if answer.kind == "json_schema" else {"type": "object"}
+    return json.dumps({"x-guidance": {"whitespace_flexible": False}, **schema}, ensure_ascii=False,
+                      separators=(",", ":"))
 
 
 def split_answer(text: str, finish_reason: str, tools: Sequence[ToolSpec], mode: str, *,

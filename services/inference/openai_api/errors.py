@@ -104,6 +104,7 @@ def error_response(e: BaseException) -> tuple[int, dict[str, Any], dict[str, str
     if isinstance(e, ServiceError):
         status, kind, code = _HTTP.get(e.code, _INTERNAL)
         message, param = str(e), getattr(e, "param", None)
+        code = getattr(e, "error_code", None) or code
         if status == 400 and param is None:
             message, param = _in_http_terms(message)
         if isinstance(e, ModelNotFound):

@@ -6,8 +6,10 @@ sends, and runs the steps the gRPC servicers run (calls.py), on a worker thread,
 capture of every choice with its behaviour log-probs) and `submit_feedback` (ownership, caps).
 Nothing here validates, generates or captures on its own, so both doors serve and record alike.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /v1/feedback (Apprentice
-extension, the JSON form of `FeedbackRequest`), GET /health (no auth: 200 once the model is loaded).
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (the Responses API, served as a
+chat completion: responses_request.py, responses_output.py), GET and DELETE /v1/responses/{id} (this
+pod's stored responses: response_store.py), GET /v1/models, POST /v1/feedback (Apprentice extension, the
+JSON form of `FeedbackRequest`), GET /health (no auth: 200 once the model is loaded).
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from services.inference import metrics
 from services.inference.calls import Calls
 from services.inference.openai_api import models as M
 from services.inference.openai_api import responses as R
+from services.inference.openai_api import responses_output as RO
 from services.inference.openai_api.auth import FEEDBACK, GENERATE, HttpCallContext, authenticate
 from services.inference.openai_api.errors import BadRequest, PayloadTooLarge, error_response, grpc_code_name
+from services.inference.openai_api.response_store import ResponseStore, StoredResponse
+from services.inference.openai_api.responses_request import ResponsesRequest, in_input_terms, parse_responses
 from services.inference.openai_api.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -46,7 +51,7 @@ from services.inference.openai_api.streaming import (
     text_stream,
     watch_disconnect,
 )
-from services.inference.requests import Completion, PreparedRequest
+from services.inference.requests import Completion, PreparedRequest, resolve_tenant
 from shared.rpc.grpc_util import TENANT_METADATA, ResourceExhausted, Unavailable
 from shared.rpc.json_body import InvalidJSONBody, parse_json_body
 from shared.security.identity import Identity, acting_as
@@ -147,9 +152,12 @@ class HttpApi:
         self._limiter: anyio.CapacityLimiter | None = None
         self.tenant_limiters = TenantLimiters(max(1, int(s.http_workers * s.http_tenant_share)))
         self._text: R.TokenText | None = None
+        self.store = ResponseStore()
         self.asgi = Starlette(routes=[
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/responses/{response_id}", self.stored_response, methods=["GET", "DELETE"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/feedback", self.feedback, methods=["POST"]),
             Route("/health", self.health, methods=["GET"]),
@@ -261,7 +269,7 @@ class HttpApi:
             raise
         served = R.Served.now(ids, version, p.session_id, req.model or self.app.model, len(p.prompt_ids))
         body = (chat_stream(call, events, served, p.sampling.n, self.token_text, _logprobs(req),
-                            req.include_usage, tools=ToolPlan(p.tools, p.tool_choice, p.parallel_tool_calls))
+                            req.include_usage, tools=_plan(p))
                 if isinstance(req, ChatCompletionRequest) else
                 text_stream(call, events, served, p.sampling.n, self.token_text, _logprobs(req), req.include_usage))
 
@@ -280,6 +288,101 @@ class HttpApi:
                 self._count(method, code, t0)
 
         return SSEResponse(counted(), served.headers, on_disconnect=call.ctx.end)
+
+    # --- the Responses API ----------------------------------------------------------------------------
+    async def responses(self, request: Request) -> Response:
+        t0, method = time.perf_counter(), "http.responses"
+        try:
+            call = self._call(request, GENERATE)
+            req = parse_responses(await self._body(request))
+            if req.stream:
+                return await self._stream_response(call, req, t0, method)
+            try:
+                opened = await watch_disconnect(request.receive, call.ctx.end,
+                                                lambda: call.run(self._open_response, call, req, t0))
+            finally:
+                call.ctx.end()
+            p, chat, prior, done = opened
+            assert isinstance(done, Completion)
+            served = R.Served.now(done.ids, done.version, p.session_id, chat.model or self.app.model,
+                                  len(p.prompt_ids))
+            sample = done.samples[0]
+            text, calls = RO.split(sample, done.ids[0], _plan(p))
+            result = RO.finished(req, served, sample, text, calls, self.token_text, _logprobs(chat))
+            self._keep(req, p, prior, result)
+        except Exception as e:  # noqa: BLE001 - every failure becomes an OpenAI error body
+            self._count(method, grpc_code_name(e), t0)
+            return _error(in_input_terms(e))
+        self._count(method, "OK", t0)
+        return _json(result.body, headers=served.headers)
+
+    def _open_response(self, call: Call, req: ResponsesRequest, t0: float,
+                       stream: bool = False) -> tuple[PreparedRequest, ChatCompletionRequest, list[dict[str, Any]],
+                                                      Completion | tuple[str, list[str], Events]]:
+        """On a worker thread, as the caller: the stored conversation it continues (only the caller's tenant
+        finds it), the request as a chat completion, then the chat route's steps."""
+        history, session = [], ""
+        if req.previous_response_id:
+            tenant = resolve_tenant(req.tenant, call.ctx, self.app.settings)
+            before = self.store.get(req.previous_response_id, tenant)
+            history, session = before.history, before.session_id
+        chat = req.to_chat(history, session)
+        prior = history + req.input_messages()
+        p, pin = self._prepare(call, chat)
+        opened = self.app.stream(p, call.ctx, t0, pin) if stream else self.app.complete(p, call.ctx, t0, pin)
+        return p, chat, prior, opened
+
+    def _keep(self, req: ResponsesRequest, p: PreparedRequest, prior: list[dict[str, Any]],
+              result: RO.Finished) -> None:
+        if req.stored and result.body["status"] != "cancelled":
+            self.store.put(result.body["id"], StoredResponse(p.tenant, p.session_id,
+                                                             prior + [RO.history_of(result.text, result.calls)],
+                                                             result.body))
+
+    async def _stream_response(self, call: Call, req: ResponsesRequest, t0: float, method: str) -> Response:
+        try:
+            p, chat, prior, (version, ids, events) = await call.run(self._open_response, call, req, t0, True)
+        except BaseException:
+            call.ctx.end()
+            raise
+        served = R.Served.now(ids, version, p.session_id, chat.model or self.app.model, len(p.prompt_ids))
+        body = RO.response_stream(call, events, req, served, _plan(p), self.token_text, _logprobs(chat),
+                                  on_done=lambda result: self._keep(req, p, prior, result))
+
+        async def counted() -> AsyncIterator[bytes]:
+            code = "OK"
+            try:
+                async for chunk in body:
+                    if chunk.startswith(b"event: error"):
+                        code = "STREAM_ERROR"
+                    yield chunk
+            except BaseException:
+                code = "CANCELLED"
+                raise
+            finally:
+                call.ctx.end()
+                self._count(method, code, t0)
+
+        return SSEResponse(counted(), served.headers, on_disconnect=call.ctx.end)
+
+    async def stored_response(self, request: Request) -> Response:
+        """GET: a response this pod stored (the caller's tenant only); DELETE: forget it."""
+        t0, method = time.perf_counter(), f"http.responses.{request.method.lower()}"
+        try:
+            call = self._call(request, GENERATE)
+            rid = str(request.path_params["response_id"])
+            tenant = await call.run(resolve_tenant, request.query_params.get("tenant", ""), call.ctx,
+                                    self.app.settings)
+            if request.method == "DELETE":
+                self.store.delete(rid, tenant)
+                body = {"id": rid, "object": "response.deleted", "deleted": True}
+            else:
+                body = self.store.get(rid, tenant).body
+        except Exception as e:  # noqa: BLE001
+            self._count(method, grpc_code_name(e), t0)
+            return _error(e)
+        self._count(method, "OK", t0)
+        return _json(body)
 
     # --- models, feedback, health -----------------------------------------------------------------
     async def models(self, request: Request) -> Response:
@@ -315,6 +418,10 @@ class HttpApi:
         except Unavailable as e:
             return _json({"status": "unavailable", "reason": str(e)}, 503)
         return _json({"status": "ok"})
+
+
+def _plan(p: PreparedRequest) -> ToolPlan:
+    return ToolPlan(p.tools, p.tool_choice, p.parallel_tool_calls)
 
 
 def _logprobs(req: ChatCompletionRequest | CompletionRequest) -> int | None:

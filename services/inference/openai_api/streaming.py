@@ -42,7 +42,7 @@ def sse(body: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _events(call: Runner, events: Events) -> AsyncIterator[Delta | ChoiceDone]:
+async def consume(call: Runner, events: Events) -> AsyncIterator[Delta | ChoiceDone]:
     try:
         while (ev := await call.run(next, events, _END)) is not _END:
             yield ev
@@ -80,7 +80,7 @@ async def chat_stream(call: Runner, events: Events, served: R.Served, n: int,
     released: set[int] = set()
     try:
         yield sse(R.chat_chunk(served, [R.chat_delta(i, role=True, content="") for i in range(n)], first=True))
-        async for ev in _events(call, events):
+        async for ev in consume(call, events):
             if isinstance(ev, Delta):
                 piece = ev.text
                 if tooled and ev.index not in released:
@@ -117,7 +117,7 @@ async def text_stream(call: Runner, events: Events, served: R.Served, n: int,
     done: dict[int, Any] = {}
     first = True
     try:
-        async for ev in _events(call, events):
+        async for ev in consume(call, events):
             if isinstance(ev, Delta):
                 if ev.text:
                     yield sse(R.text_chunk(served, [R.text_delta(ev.index, ev.text)], first=first))

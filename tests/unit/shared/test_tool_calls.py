@@ -14,6 +14,7 @@ from llguidance import LLMatcher
 from tokenizers import decoders, pre_tokenizers
 
 from shared.decoding.chat_template import control_token_ids, encode_chat
+from shared.decoding.params import Grammar
 from shared.decoding.tool_calls import (
     ToolError,
     ToolSpec,
@@ -174,3 +175,20 @@ def test_a_call_cut_by_the_token_limit_is_dropped() -> None:
     content, calls, finish = split_answer(text, "length", [TIME], "required")
     assert content == "" and len(calls) == 1 and finish == "length"
     assert split_answer(text, "stop", [TIME], "none") == (text, [], "stop")
+
+
+def test_auto_with_an_answer_format_is_a_json_answer_or_a_call(tok: Any, ll_tok: llguidance.LLTokenizer) -> None:
+    """An agent with tools and a typed output: the answer is the format's JSON, or calls; never free text."""
+    answer = Grammar("json_schema", json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                                "required": ["ok"], "additionalProperties": False}))
+    for tools in ([WEATHER], [TIME]):                       # strict or not, the format makes a grammar
+        g = tool_grammar(tools, "auto", answer=answer)
+        assert g is not None
+        assert _accepts(ll_tok, tok, g.source, '{"ok":true}')
+        assert not _accepts(ll_tok, tok, g.source, '{"ok":"yes"}')
+        assert not _accepts(ll_tok, tok, g.source, "It is sunny.")
+    g = tool_grammar([WEATHER], "auto", answer=answer)
+    assert g is not None and _accepts(ll_tok, tok, g.source, format_call("get_weather", {"city": "Oslo"}))
+    assert tool_grammar([WEATHER], "none", answer=answer) is answer
+    json_object = tool_grammar([TIME], "auto", answer=Grammar("json_object"))
+    assert json_object is not None and _accepts(ll_tok, tok, json_object.source, '{"a":[1]}')
