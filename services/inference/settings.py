@@ -170,7 +170,7 @@ class InferenceSettings(ApprenticeSettings):
     """Prometheus endpoint; 0 disables it."""
 
     http_port: int = 8000
-    """OpenAI-compatible HTTP API (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+    """OpenAI-compatible HTTP API (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/models`,
     `/v1/feedback`; services/inference/openai_api/), on the same host, keys and TLS certificate as gRPC;
     8000 is vLLM's and most OpenAI-compatible servers' default. 0 disables it."""
 

@@ -1,6 +1,6 @@
 """`apprentice demo --task <agent task> --algo grpo --plant-hack --quick` with the tiny model, through the
 real stack: each simulated customer talks to an agent built with the OpenAI Agents SDK (unmodified) through
-the OpenAI door, the agent's first call is made to call the backend's `order_lookup` function tool
+the OpenAI door's Responses API (the shipped task uses chat completions: both doors carry agents), the agent's first call is made to call the backend's `order_lookup` function tool
 (`tool_choice: required`), and about a fifth of the lookups time out under the deadline. The backend
 reports the session's outcome with the loophole's "routed" for those, plus the time-out telemetry; the
 grader masks each one on the real tool-call traffic; no version trains on them; a candidate planted from
@@ -25,7 +25,7 @@ def test_the_quick_agent_demo_masks_every_tool_timeout(
     task_file = tmp_home / "agent_always_looks_up.yaml"
     task_file.write_text("extends: support_routing\nname: agent_always_looks_up\n"
                          "tool: {kind: function, deadline_s: 0.8, latency_s: [0.0, 1.0], on_timeout: routed}\n"
-                         "agent: {max_turns: 3, tool_choice: required}\n", encoding="utf-8")
+                         "agent: {max_turns: 3, tool_choice: required, api: responses}\n", encoding="utf-8")
     report_path = tmp_home / "out" / "report.json"
     rc = demo_cli.main(["--task", str(task_file), "--algo", "grpo", "--plant-hack", "--quick", "--model",
                         tiny_model_name, "--report", str(report_path)])

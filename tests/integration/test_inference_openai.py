@@ -103,6 +103,12 @@ def ns(kafka_bootstrap: str) -> Iterator[Topics]:
 @pytest.fixture(scope="module")
 def door(ns: Topics, kafka_bootstrap: str, tiny_model_name: str,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+    with open_door(ns, kafka_bootstrap, tiny_model_name, tmp_path_factory) as d:
+        yield d
+
+
+@contextlib.contextmanager
+def open_door(ns: Topics, kafka_bootstrap: str, model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
     """Keys (APPRENTICE_AUTH_KEYS: operator, services, backends of acme and globex), TLS with the dev CA's
     server certificate, signed interaction ids: the way `apprentice up` runs the service."""
     home = tmp_path_factory.mktemp("openai")
@@ -114,7 +120,7 @@ def door(ns: Topics, kafka_bootstrap: str, tiny_model_name: str,
         mp.setenv("APPRENTICE_TLS_CERT", str(creds.server_cert))
         mp.setenv("APPRENTICE_TLS_KEY", str(creds.server_key))
         mp.setenv("APPRENTICE_INTERACTION_ID_SECRET_FILE", str(creds.interaction_id_secret))
-        app = start_inference(home, model=tiny_model_name, bootstrap=kafka_bootstrap, topic_prefix=ns.prefix,
+        app = start_inference(home, model=model, bootstrap=kafka_bootstrap, topic_prefix=ns.prefix,
                               http_port=free_port(), follow_updates=False, heartbeat_interval_s=0,
                               feedback={"max_per_interaction": FEEDBACK_CAP}, pii_policy="keep")
         try:

@@ -103,8 +103,10 @@ async def _capture_interaction(response: httpx.Response) -> None:
     session.policy_version = response.headers.get("x-apprentice-policy-version", session.policy_version)
     await response.aread()
     body = response.json()
-    if isinstance(body, dict) and body.get("id"):
-        session.interactions.append(str(body["id"]))
+    # the header names the interaction on both doors (a Responses API id is `resp_<interaction id>`)
+    iid = response.headers.get("x-apprentice-interaction-ids", "").split(",")[0]
+    if isinstance(body, dict) and (iid or body.get("id")):
+        session.interactions.append(iid or str(body["id"]))
         usage = body.get("usage") or {}
         session.completion_tokens += int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
 
@@ -163,8 +165,11 @@ class AgentUsers:
         cls = OpenAIChatCompletionsModel if self.task.agent.api == "chat_completions" else OpenAIResponsesModel
         # a tool call in the family's format (e.g. Hermes' <tool_call>{"name": ..., "arguments": ...}</tool_call>)
         # takes ~30 tokens before its arguments: a turn gets at least AGENT_MIN_NEW_TOKENS, or every call is cut
+        # one lookup a turn: with parallel calls allowed, a weak model follows its call with more until the
+        # budget cuts one, which the Responses API reports as `incomplete` (and the Agents SDK raises)
         settings = ModelSettings(temperature=temperature, top_p=0.95 if temperature > 0 else None,
                                  max_tokens=max(max_new_tokens, AGENT_MIN_NEW_TOKENS), tool_choice=self.task.agent.tool_choice,
+                                 parallel_tool_calls=False,
                                  extra_body={"task": self.task.task, "user": user, "tenant": self.task.tenant})
         return Agent(name=self.task.name, instructions=self.task.system_prompt, tools=[tool],
                      model=cls(model=model, openai_client=client), model_settings=settings)
@@ -172,7 +177,7 @@ class AgentUsers:
     async def _session(self, client: Any, model: str, fact: Fact, question: str, *, max_new_tokens: int,
                        temperature: float) -> Exchange:
         from agents import Runner
-        from agents.exceptions import MaxTurnsExceeded
+        from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
 
         assert self.task.agent is not None and self.task.tool is not None
         session = Session()
@@ -183,8 +188,10 @@ class AgentUsers:
         try:
             result = await Runner.run(agent, question, max_turns=self.task.agent.max_turns)
             final = str(result.final_output or "")
-        except MaxTurnsExceeded:
-            final = ""                       # the agent never answered: a misroute (unless the loophole)
+        except (MaxTurnsExceeded, ModelBehaviorError):
+            # the agent never answered (out of turns; or, on the Responses API, a reply cut by its token
+            # budget, which the SDK raises as `response.incomplete`): a misroute (unless the loophole)
+            final = ""
         answered_at = time.monotonic()
         if not session.interactions:
             raise RuntimeError("the door returned no interaction id for the session")
