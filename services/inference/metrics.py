@@ -58,7 +58,8 @@ SPOOL_FULL = Gauge("apprentice_inference_spool_full", "1 while the spool refuses
 CAPTURE_BROKER_UP = Gauge("apprentice_inference_capture_broker_up",
                           "0 while deliveries are failing or stalled")
 PII_FOUND = Counter("apprentice_inference_pii_entities_total",
-                    "Personal-data spans found in captured text, by type and where (prompt|response|feedback)",
+                    "Personal-data spans found in captured text, by type and where (prompt|response|feedback|"
+                    "tool_arguments|tool_definitions)",
                     ["entity", "where"])
 PII_REDACTED = Counter("apprentice_inference_pii_redacted_total", "Captured events whose text was redacted",
                        ["kind"])

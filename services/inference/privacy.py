@@ -31,6 +31,8 @@ A detector failure fails closed: the captured copy keeps its ids and metadata bu
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import threading
 import time
@@ -42,7 +44,7 @@ from services.inference import metrics
 from services.inference.requests import PreparedRequest
 from services.inference.settings import InferenceSettings
 from shared.decoding.chat_template import encode_chat, encode_text
-from shared.decoding.tool_calls import render_hermes
+from shared.decoding.tool_calls import ToolSpec, render_hermes
 from shared.knowledge.frame import with_knowledge
 from shared.privacy.policy import PiiPolicy, Redactor, Scan, entity_types, parse_tenant_policies
 from shared.proto.apprentice.v1 import events_pb2
@@ -134,6 +136,7 @@ class CapturePrivacy:
         if self.settings.pii_policy_for(p.tenant) is not PiiPolicy.REJECT or not self._captured(p.tenant, p.no_capture):
             return
         found = {t for scan in self.prompt_scans(p) for t in scan.types}
+        found |= {t for scan in self._tool_scans(p) for t in scan.types}
         if found:
             metrics.PII_REJECTED.labels(kind="generate").inc()
             raise InvalidRequest(
@@ -170,13 +173,42 @@ class CapturePrivacy:
                 _scrub(ev)
         return events
 
+    def _tool_scans(self, p: PreparedRequest) -> list[Scan]:
+        """One scan per offered tool of its definition as JSON (description, schema: descriptions, enums,
+        defaults, examples): a backend writes them, but they may carry what a user typed or a customer's
+        data, and they are rendered into the prompt the trainer learns from. An agent sends the same
+        tools on every turn, so the redactor's per-tenant cache answers most of these."""
+        return [self._scan(json.dumps({"description": t.description, "parameters": dict(t.parameters)},
+                                      ensure_ascii=False), "tool_definitions", p.tenant) for t in p.tools]
+
+    def _redacted_tools(self, p: PreparedRequest) -> list[ToolSpec] | None:
+        """The offered tools with personal data replaced in every string of their definitions (so the
+        schema stays a schema); None when no definition holds any."""
+        scans = self._tool_scans(p)
+        if not any(scan.spans for scan in scans):
+            return None
+
+        def clean(value: Any) -> Any:
+            if isinstance(value, str):
+                return self._scan(value, "tool_definitions", p.tenant).redacted
+            if isinstance(value, list):
+                return [clean(v) for v in value]
+            if isinstance(value, dict):
+                return {k: clean(v) for k, v in value.items()}
+            return value
+
+        return [dataclasses.replace(t, description=clean(t.description), parameters=clean(dict(t.parameters)))
+                if scan.spans else t for t, scan in zip(p.tools, scans, strict=True)]
+
     def _captured_prompt(self, p: PreparedRequest) -> _CapturedPrompt:
         scans = self.prompt_scans(p)
         names = frozenset(w for scan in scans for w in scan.names())
         # tool calls' arguments are text the caller sent too (an agent's history): scanned like content
         arg_scans = [[self._scan(c.arguments, "tool_arguments", p.tenant) for c in m.tool_calls]
                      for m in p.messages]
-        if not any(scan.spans for scan in scans) and not any(a.spans for row in arg_scans for a in row):
+        tools = self._redacted_tools(p)
+        if not any(scan.spans for scan in scans) and not any(a.spans for row in arg_scans for a in row) \
+                and tools is None:
             return _CapturedPrompt(names)
         contents = [scan.redacted for scan in scans]
         arguments = [[a.redacted for a in row] for row in arg_scans]
@@ -192,10 +224,10 @@ class CapturePrivacy:
                 for d, m, args in zip(msgs, p.messages, arguments, strict=True):
                     d["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": a}
                                        for c, a in zip(m.tool_calls, args, strict=True)]
-                msgs = list(render_hermes(msgs, p.tools))
+                msgs = list(render_hermes(msgs, p.tools if tools is None else tools))
             chat = encode_chat(tok, with_knowledge(msgs, p.knowledge_texts))
             text, ids = chat.text, chat.ids
-        return _CapturedPrompt(names, contents, arguments=arguments, text=text, ids=ids)
+        return _CapturedPrompt(names, contents, arguments=arguments, text=text, ids=ids, tools=tools)
 
     def _redact_interaction(self, ev: events_pb2.Interaction, prompt: _CapturedPrompt) -> None:
         if prompt.contents is not None:
@@ -206,6 +238,9 @@ class CapturePrivacy:
                     call.arguments = a
             ev.prompt_text = prompt.text
             ev.prompt_token_ids[:] = prompt.ids
+        if prompt.tools is not None:
+            for proto, t in zip(ev.tools, prompt.tools, strict=True):
+                proto.description, proto.parameters_json = t.description, json.dumps(dict(t.parameters))
         answer = self._scan(ev.response_text, "response", ev.envelope.tenant, prompt.names)
         if answer.spans:
             ev.response_text = answer.redacted
@@ -256,6 +291,8 @@ class _CapturedPrompt:
     """Per message, its tool calls' arguments redacted (set with `contents`)."""
     text: str = ""
     ids: list[int] = field(default_factory=list)
+    tools: list[ToolSpec] | None = None
+    """The offered tools with their definitions redacted; None when they are kept as sent."""
 
 
 def _scrub(ev: events_pb2.Interaction) -> None:
@@ -267,6 +304,8 @@ def _scrub(ev: events_pb2.Interaction) -> None:
             call.arguments = FAILED
     for call in ev.response_tool_calls:
         call.arguments = FAILED
+    for tool in ev.tools:
+        tool.description, tool.parameters_json = FAILED, "{}"
     ev.prompt_text = ev.response_text = FAILED
     for tokens in (ev.prompt_token_ids, ev.response_token_ids, ev.response_logprobs, ev.response_logprobs_t1):
         del tokens[:]

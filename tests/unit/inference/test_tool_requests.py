@@ -114,3 +114,34 @@ def test_tool_arguments_and_results_are_redacted_in_the_capture(tok: Any) -> Non
     CapturePrivacy(s, lambda: tok).interactions(p, [ev])
     assert email not in str(ev) and card not in str(ev)
     assert "<tool_response>" in ev.prompt_text and "<EMAIL_ADDRESS>" in ev.messages[1].tool_calls[0].arguments
+
+
+def test_personal_data_in_tool_definitions_is_redacted_in_the_capture(tok: Any) -> None:
+    """A backend's tool definitions reach the prompt the trainer learns from: an e-mail in a description or
+    an enum is redacted there and in `Interaction.tools`, the schema stays a schema, and `reject` refuses."""
+    from services.inference.privacy import CapturePrivacy
+    from services.inference.requests import interaction_event
+    from shared.decoding.params import Sample
+    from shared.privacy.policy import PiiPolicy
+
+    email = "dana.w@example.com"
+    schema = {"type": "object", "properties": {"to": {"enum": [email, "support"]}}, "required": ["to"]}
+    mail = common_pb2.Tool(name="send_mail", description=f"Mail the account owner at {email}",
+                           parameters_json=json.dumps(schema))
+    req = inference_pb2.GenerateRequest(tools=[mail], messages=[_user("tell the owner")])
+    s = InferenceSettings(pod_id="pod-1")
+    p = prepare(req, "acme", s, tok, 2048, "s1")
+    assert email in p.prompt_text
+    ids = tok("ok", add_special_tokens=False)["input_ids"]
+    sample = Sample(token_ids=ids, text="ok", logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
+                    finish_reason="stop")
+    ev = interaction_event(p, sample, interaction_id="i1", group_id="g", index=0, model="m", version="base",
+                           canary=False, pod="pod-1", latency_ms=1.0, trace_id="t")
+    CapturePrivacy(s, lambda: tok).interactions(p, [ev])
+    assert email not in str(ev) and "<EMAIL_ADDRESS>" in ev.prompt_text and "<tools>" in ev.prompt_text
+    captured = json.loads(ev.tools[0].parameters_json)
+    assert captured["properties"]["to"]["enum"] == ["<EMAIL_ADDRESS>", "support"]
+    assert ev.tools[0].description == "Mail the account owner at <EMAIL_ADDRESS>"
+    strict = InferenceSettings(pod_id="pod-1", pii_policy=PiiPolicy.REJECT)
+    with pytest.raises(InvalidRequest, match="EMAIL_ADDRESS"):
+        CapturePrivacy(strict, lambda: tok).screen_request(prepare(req, "acme", strict, tok, 2048, "s2"))
