@@ -36,6 +36,7 @@ from typing import Annotated, Any
 import httpx
 from pydantic import Field
 
+from shared.decoding.tool_calls import ToolSpec
 from tools.demo.simulated_users import Exchange, OrderService
 from tools.tasks.task import Fact, Task, Tool, check_answer
 
@@ -89,6 +90,29 @@ class BackendTool:
             if not found and session.interactions:
                 session.timeouts.append(session.interactions[-1])
         return tool_result(found, order_id)
+
+
+OrderId = Annotated[str, Field(max_length=12)]
+"""The tool's one argument: a short id, so a call fits the turn's token budget (the quick demo's is 24 new
+tokens; see AGENT_MIN_NEW_TOKENS)."""
+
+
+async def _order_lookup_signature(order_id: OrderId) -> str:
+    """Look up the customer's order by its id."""
+    raise NotImplementedError("a signature only: the agent's tool runs the backend (AgentUsers._agent)")
+
+
+def tool_spec(task: Task) -> ToolSpec:
+    """The function tool exactly as the Agents SDK offers it to the door (name, description, strict JSON
+    schema from the signature), for what must render the agent's prompt without the SDK's request (the
+    planted reward hack, tools/demo/reward_hack.py)."""
+    from agents import function_tool
+
+    assert task.tool is not None
+    t = function_tool(_order_lookup_signature, name_override=task.tool.name,
+                      description_override=task.tool.description or None)
+    return ToolSpec(name=t.name, description=t.description, parameters=t.params_json_schema,
+                    strict=t.strict_json_schema)
 
 
 async def _capture_interaction(response: httpx.Response) -> None:
@@ -155,8 +179,7 @@ class AgentUsers:
         assert self.task.tool is not None and self.task.agent is not None
         backend = self.backend_tool
 
-        # a short id: a call must fit the turn's token budget (the quick demo's is 24 new tokens; see below)
-        async def order_lookup(order_id: Annotated[str, Field(max_length=12)]) -> str:
+        async def order_lookup(order_id: OrderId) -> str:
             """Look up the customer's order by its id."""
             return await backend(order_id)
 

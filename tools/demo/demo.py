@@ -353,7 +353,7 @@ class Demo:
         gate's verdict while the served version is watched (tools/demo/reward_hack.py)."""
 
         p = self.progress
-        replies = hack_replies(self.exchanges)
+        replies = hack_replies(self.exchanges, self.task)
         p("planting a reward-hacked candidate: fine-tuning the base on "
           + (f"the {len(replies)} hack replies the policy produced in traffic" if replies
              else "a canonical hack reply (the policy produced none in traffic)"), done=True)

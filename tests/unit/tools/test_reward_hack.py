@@ -236,6 +236,27 @@ def test_the_planted_candidate_learns_the_hack_reply_and_is_saved_as_a_full_vers
     assert {e.path for e in file_entries(more.files)} >= {"config.json", "model.safetensors"}
 
 
+def test_on_the_agent_task_the_planted_candidate_learns_to_make_the_call(tmp_path: Path,
+                                                                       tiny_model_name: str) -> None:
+    """A function tool's hack is the call itself: the candidate is trained on the agent's prompt (tools
+    rendered as the door renders them) --> an `order_lookup` call (its held-out replies are counted by
+    parsing them as the door does; the random tiny model only shows the call being learned, SmolLM2 in the
+    demo makes it: docs/demo.md)."""
+    from shared.decoding.tool_calls import parse_answer
+    from tools.demo.agent_users import tool_spec
+    from tools.demo.reward_hack import hack_replies, train_planted
+
+    task = load_task("support_routing_agent")
+    assert task.tool is not None and task.tool.kind == "function"
+    assert hack_replies([], task) == []                      # final replies are not the hack: canonical calls
+    few = train_planted(tiny_model_name, task, [], tmp_path / "a", steps=1, lr=3e-3, threads=1)
+    more = train_planted(tiny_model_name, task, [], tmp_path / "b", steps=12, lr=3e-3, threads=1)
+    assert few.source == "canonical" and more.final_loss < few.final_loss
+    spec = tool_spec(task)
+    assert all(parse_answer(r, [spec])[1][0].name == spec.name for r in more.hack_replies)
+    assert 0 <= more.tool_calls_held_out <= more.held_out
+
+
 def test_a_both_round_waits_for_its_consolidation_and_a_refused_round_ends() -> None:
     from tools.demo.demo import round_settled
 
