@@ -17,10 +17,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from services.inference.openai_api.errors import BadRequest, from_validation
-from services.inference.openai_api.schemas import INT32_MAX, MAX_TOP_LOGPROBS, ChatCompletionRequest, Int32
+from services.inference.openai_api.schemas import (
+    INT32_MAX,
+    MAX_TOP_LOGPROBS,
+    ChatCompletionRequest,
+    Extensions,
+)
 from shared.rpc.grpc_util import InvalidRequest
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -39,10 +44,9 @@ _REFUSED_FIELDS = {
 }
 
 
-class ResponsesRequest(BaseModel):
-    """The fields of a Responses API body that Apprentice serves, with its extensions (as on chat)."""
-
-    model_config = ConfigDict(extra="ignore")
+class ResponsesRequest(Extensions):
+    """The fields of a Responses API body that Apprentice serves (`seed` is an extension here, as the
+    Apprentice ones are)."""
 
     model: str = ""
     input: str | list[dict[str, Any]] = Field(default="")
@@ -63,13 +67,6 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     truncation: str | None = None
     reasoning: dict[str, Any] | None = None
-    # Apprentice extensions (extra_body=), as on the chat route
-    session_id: str = ""
-    task: str = ""
-    tenant: str = ""
-    no_capture: bool = False
-    no_knowledge: bool = False
-    top_k: Int32 = 0
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
 
     @property

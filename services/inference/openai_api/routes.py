@@ -272,12 +272,17 @@ class HttpApi:
                             req.include_usage, tools=_plan(p))
                 if isinstance(req, ChatCompletionRequest) else
                 text_stream(call, events, served, p.sampling.n, self.token_text, _logprobs(req), req.include_usage))
+        return self._sse(call, body, served, method, t0, error_prefix=b'data: {"error"')
 
+    def _sse(self, call: Call, body: AsyncIterator[bytes], served: R.Served, method: str, t0: float, *,
+             error_prefix: bytes) -> SSEResponse:
+        """The stream as an SSE response that ends the call and counts it (an error frame, starting with
+        `error_prefix`, counts as STREAM_ERROR; a client gone, as CANCELLED) when it stops."""
         async def counted() -> AsyncIterator[bytes]:
             code = "OK"
             try:
                 async for chunk in body:
-                    if chunk.startswith(b'data: {"error"'):
+                    if chunk.startswith(error_prefix):
                         code = "STREAM_ERROR"
                     yield chunk
             except BaseException:
@@ -348,22 +353,7 @@ class HttpApi:
         served = R.Served.now(ids, version, p.session_id, chat.model or self.app.model, len(p.prompt_ids))
         body = RO.response_stream(call, events, req, served, _plan(p), self.token_text, _logprobs(chat),
                                   on_done=lambda result: self._keep(req, p, prior, result))
-
-        async def counted() -> AsyncIterator[bytes]:
-            code = "OK"
-            try:
-                async for chunk in body:
-                    if chunk.startswith(b"event: error"):
-                        code = "STREAM_ERROR"
-                    yield chunk
-            except BaseException:
-                code = "CANCELLED"
-                raise
-            finally:
-                call.ctx.end()
-                self._count(method, code, t0)
-
-        return SSEResponse(counted(), served.headers, on_disconnect=call.ctx.end)
+        return self._sse(call, body, served, method, t0, error_prefix=b"event: error")
 
     async def stored_response(self, request: Request) -> Response:
         """GET: a response this pod stored (the caller's tenant only); DELETE: forget it."""

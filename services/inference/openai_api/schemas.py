@@ -47,10 +47,21 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
-    """Fields both endpoints share, with the Apprentice extensions."""
+class Extensions(BaseModel):
+    """The Apprentice extensions every generating route takes (`extra_body=` in the SDKs)."""
 
     model_config = ConfigDict(extra="ignore")
+
+    session_id: str = ""
+    task: str = ""
+    tenant: str = ""
+    no_capture: bool = False
+    no_knowledge: bool = False
+    top_k: Int32 = 0
+
+
+class _Common(Extensions):
+    """Fields both completion endpoints share."""
 
     model: str = ""
     n: int = Field(1, ge=1, le=INT32_MAX)
@@ -62,13 +73,6 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Apprentice extensions
-    session_id: str = ""
-    task: str = ""
-    tenant: str = ""
-    no_capture: bool = False
-    no_knowledge: bool = False
-    top_k: Int32 = 0
 
     def sampling(self, max_new_tokens: int) -> common_pb2.SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
