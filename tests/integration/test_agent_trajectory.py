@@ -16,7 +16,6 @@ import contextlib
 import uuid
 from pathlib import Path
 
-import grpc
 import pytest
 from prometheus_client import REGISTRY
 
@@ -92,12 +91,7 @@ def test_three_turn_session_is_one_rewarded_trajectory_with_environment_masked(
             # the first session whose answers come back token for token (an answer that ends in another
             # special token, or starts with a space the template trims, is re-tokenised otherwise)
             for attempt in range(12):
-                try:
-                    ids, added = _session(c, env_role, attempt, named)
-                except grpc.RpcError as e:
-                    if env_role == "tool" and e.code() == grpc.StatusCode.INVALID_ARGUMENT and "role" in (e.details() or ""):
-                        pytest.skip("this build's Generate does not take tool messages yet (issue #34, item 1)")
-                    raise
+                ids, added = _session(c, env_role, attempt, named)
                 events = {e.interaction_id: e for e in collect(kafka_bootstrap, topics.interactions,
                                                                 events_pb2.Interaction, want=ids)}
                 first, second, third = (events[i] for i in ids)
