@@ -88,12 +88,22 @@ def test_http_body_maps_to_the_proto() -> None:
     assert legacy.tools[0].name == "f" and legacy.tool_choice.function == "f"
 
 
+def _captured(tok: Any, p: Any, answer: str) -> Any:
+    """The Interaction a served `answer` to prepared request `p` is captured as (before privacy)."""
+    from services.inference.requests import interaction_event
+    from shared.decoding.params import Sample
+
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    sample = Sample(token_ids=ids, text=answer, logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
+                    finish_reason="stop")
+    return interaction_event(p, sample, interaction_id="i1", group_id="g", index=0, model="m", version="base",
+                             canary=False, pod="pod-1", latency_ms=1.0, trace_id="t")
+
+
 def test_tool_arguments_and_results_are_redacted_in_the_capture(tok: Any) -> None:
     """Personal data in an agent's history (a call's arguments, a tool's result) and in the calls answered
     is redacted like any content (services/inference/privacy.py), and the prompt re-rendered without it."""
     from services.inference.privacy import CapturePrivacy
-    from services.inference.requests import interaction_event
-    from shared.decoding.params import Sample
     from shared.decoding.tool_calls import format_call
 
     email, card = "dana.w@example.com", "4111.1111.1111.1111"
@@ -104,12 +114,7 @@ def test_tool_arguments_and_results_are_redacted_in_the_capture(tok: Any) -> Non
         common_pb2.ChatMessage(role="tool", tool_call_id="call_1", content=f"order 7, card {card}")])
     s = InferenceSettings(pod_id="pod-1")
     p = prepare(req, "acme", s, tok, 2048, "s1")
-    answer = format_call("lookup", {"email": email})
-    ids = tok(answer, add_special_tokens=False)["input_ids"]
-    sample = Sample(token_ids=ids, text=answer, logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
-                    finish_reason="stop")
-    ev = interaction_event(p, sample, interaction_id="i1", group_id="g", index=0, model="m", version="base",
-                           canary=False, pod="pod-1", latency_ms=1.0, trace_id="t")
+    ev = _captured(tok, p, format_call("lookup", {"email": email}))
     assert email in ev.response_tool_calls[0].arguments and email in ev.messages[1].tool_calls[0].arguments
     CapturePrivacy(s, lambda: tok).interactions(p, [ev])
     assert email not in str(ev) and card not in str(ev)
@@ -120,8 +125,6 @@ def test_personal_data_in_tool_definitions_is_redacted_in_the_capture(tok: Any) 
     """A backend's tool definitions reach the prompt the trainer learns from: an e-mail in a description or
     an enum is redacted there and in `Interaction.tools`, the schema stays a schema, and `reject` refuses."""
     from services.inference.privacy import CapturePrivacy
-    from services.inference.requests import interaction_event
-    from shared.decoding.params import Sample
     from shared.privacy.policy import PiiPolicy
 
     email = "dana.w@example.com"
@@ -132,11 +135,7 @@ def test_personal_data_in_tool_definitions_is_redacted_in_the_capture(tok: Any) 
     s = InferenceSettings(pod_id="pod-1")
     p = prepare(req, "acme", s, tok, 2048, "s1")
     assert email in p.prompt_text
-    ids = tok("ok", add_special_tokens=False)["input_ids"]
-    sample = Sample(token_ids=ids, text="ok", logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
-                    finish_reason="stop")
-    ev = interaction_event(p, sample, interaction_id="i1", group_id="g", index=0, model="m", version="base",
-                           canary=False, pod="pod-1", latency_ms=1.0, trace_id="t")
+    ev = _captured(tok, p, "ok")
     CapturePrivacy(s, lambda: tok).interactions(p, [ev])
     assert email not in str(ev) and "<EMAIL_ADDRESS>" in ev.prompt_text and "<tools>" in ev.prompt_text
     captured = json.loads(ev.tools[0].parameters_json)
