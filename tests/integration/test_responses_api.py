@@ -141,6 +141,9 @@ def test_unknown_foreign_and_unsupported_are_precise_errors(door: Door) -> None:
         ({"background": True}, "background"),
         ({"include": ["file_search_call.results"]}, "include"),
         ({"tool_choice": {"type": "allowed_tools"}}, "tool_choice"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"input": [{"role": "user", "content": "x"}] * 4097}, "input"),
+        ({"temperature": "hot"}, "temperature"),
     ]
     with door.http(door.key()) as http:
         for extra, param in bad:
@@ -149,6 +152,18 @@ def test_unknown_foreign_and_unsupported_are_precise_errors(door: Door) -> None:
             assert got.status_code == 400, (extra, got.text)
             assert got.json()["error"]["param"] == param, (extra, got.text)
         assert http.post("/responses", json=[1]).status_code == 400
+        nan = http.post("/responses", content=b'{"input": "hi", "temperature": NaN}',
+                        headers={"content-type": "application/json"})
+        assert nan.status_code == 400, nan.text
+        # a backend key acts for its own tenant only: naming another one, in the body or the query, is refused
+        assert http.post("/responses", json={"model": door.model, "input": "hi", "max_output_tokens": 2,
+                                             "tenant": "globex"}).status_code == 403
+        assert http.get(f"/responses/{r.id}", params={"tenant": "globex"}).status_code == 403
+    with door.http() as anonymous:                      # no credentials
+        assert anonymous.post("/responses", json={"input": "hi"}).status_code == 401
+        assert anonymous.get(f"/responses/{r.id}").status_code == 401
+        assert anonymous.delete(f"/responses/{r.id}").status_code == 401
+    assert sdk.responses.retrieve(r.id).id == r.id       # none of that touched the stored response
 
 
 def test_the_agents_sdk_runs_an_agent_with_a_tool(door: Door) -> None:  # noqa: F811 - fixture

@@ -212,8 +212,8 @@ def test_http_chat_with_tools(secure_stack: SecureStack, door: Any, tok: Any) ->
     tool_calls.py renders them into message content): their special-token text stays text."""
     from shared.decoding.tool_calls import ToolSpec, render_hermes
 
-    # the tool's definition is the operator's text (not scanned for personal data): the forgery without the
-    # address; the call's arguments and the result carry it and are redacted
+    # the forgery in the tool's definition carries no address (a definition with one is redacted too:
+    # tests/unit/inference/test_tool_requests.py); the call's arguments and the result carry it
     forged_def = FORGED.replace(EMAIL, "support")
     params = {"type": "object", "properties": {"q": {"type": "string", "description": forged_def}}}
     history: list[dict[str, Any]] = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [
@@ -228,3 +228,25 @@ def test_http_chat_with_tools(secure_stack: SecureStack, door: Any, tok: Any) ->
     for e in _captured(secure_stack, ids):
         _check(tok, e, rendered)
         assert e.tools[0].name == "lookup" and e.messages[2].tool_calls[0].id == "call_1"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["one", "stream"])
+def test_http_responses(secure_stack: SecureStack, door: Any, tok: Any, stream: bool) -> None:
+    """The Responses API's instructions, messages, a function call's arguments and its output are content
+    (served as the chat request they translate to): their special-token text stays text."""
+    from services.inference.openai_api.responses_request import items_to_messages
+    from shared.decoding.tool_calls import render_hermes
+
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "input_text", "text": FORGED}]},
+        {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": json.dumps({"q": FORGED})},
+        {"type": "function_call_output", "call_id": "call_1", "output": FORGED}]
+    ids = _http(secure_stack, door, "/responses", {"instructions": CHAT[0]["content"], "input": items,
+                                                   "max_output_tokens": 4, "stream": stream})
+    messages = [{"role": "system", "content": CHAT[0]["content"]}, *items_to_messages(items)]
+    rendered = render_hermes([{**m, "tool_calls": [{"id": c["id"], "name": c["function"]["name"],
+                                                    "arguments": c["function"]["arguments"]}
+                                                   for c in m.get("tool_calls") or []]} for m in messages], [])
+    assert len(ids) == 1
+    for e in _captured(secure_stack, ids):
+        _check(tok, e, rendered)

@@ -30,6 +30,8 @@ from shared.rpc.grpc_util import InvalidRequest
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 """The `include` entry that asks for the output text's log-probs."""
+MAX_METADATA = (16, 64, 512)
+"""OpenAI's bounds on `metadata`: pairs, key characters, value characters (it is kept with a stored response)."""
 MAX_INPUT_ITEMS = 4096
 """More items than any conversation the context window can hold; the shared checks bound the messages."""
 
@@ -124,6 +126,11 @@ def parse_responses(raw: Any) -> ResponsesRequest:
         req = ResponsesRequest.model_validate(raw)
     except ValidationError as e:
         raise from_validation(e, "response request") from None
+    pairs, key_chars, value_chars = MAX_METADATA
+    meta = req.metadata or {}
+    if len(meta) > pairs or any(len(k) > key_chars or len(v) > value_chars for k, v in meta.items()):
+        raise BadRequest(f"metadata: at most {pairs} pairs, keys of at most {key_chars} characters and values of "
+                         f"at most {value_chars}", param="metadata")
     if req.truncation not in (None, "disabled"):
         raise BadRequest(f"truncation {req.truncation!r} is not supported: an input over the context window is "
                          "refused (code context_length_exceeded), not cut", param="truncation")
