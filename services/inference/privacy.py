@@ -173,13 +173,17 @@ class CapturePrivacy:
                 _scrub(ev)
         return events
 
-    def _tool_scans(self, p: PreparedRequest) -> list[Scan]:
+    def _tool_scans(self, p: PreparedRequest) -> tuple[Scan, ...]:
         """One scan per offered tool of its definition as JSON (description, schema: descriptions, enums,
         defaults, examples): a backend writes them, but they may carry what a user typed or a customer's
-        data, and they are rendered into the prompt the trainer learns from. An agent sends the same
-        tools on every turn, so the redactor's per-tenant cache answers most of these."""
-        return [self._scan(json.dumps({"description": t.description, "parameters": dict(t.parameters)},
-                                      ensure_ascii=False), "tool_definitions", p.tenant) for t in p.tools]
+        data, and they are rendered into the prompt the trainer learns from. Made once per request and
+        kept on `p` (as `prompt_scans`); an agent sends the same tools every turn, so the redactor's
+        per-tenant cache answers most of them."""
+        if p.tool_scans is None:
+            p.tool_scans = tuple(
+                self._scan(json.dumps({"description": t.description, "parameters": dict(t.parameters)},
+                                      ensure_ascii=False), "tool_definitions", p.tenant) for t in p.tools)
+        return p.tool_scans
 
     def _redacted_tools(self, p: PreparedRequest) -> list[ToolSpec] | None:
         """The offered tools with personal data replaced in every string of their definitions (so the

@@ -111,6 +111,8 @@ class PreparedRequest:
     """The personal-data scan of each of `messages`, made once per request by its first reader
     (services/inference/privacy.py): the edge's `reject` decision and the capture's redaction of every
     choice read the same scans, so no message goes through the detector twice."""
+    tool_scans: tuple[Scan, ...] | None = None
+    """The same for each offered tool's definition."""
 
 
 class Completion(NamedTuple):
