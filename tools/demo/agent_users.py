@@ -28,7 +28,7 @@ import random
 import ssl
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -97,20 +97,29 @@ OrderId = Annotated[str, Field(max_length=12)]
 tokens; see AGENT_MIN_NEW_TOKENS)."""
 
 
-async def _order_lookup_signature(order_id: OrderId) -> str:
-    """Look up the customer's order by its id."""
-    raise NotImplementedError("a signature only: the agent's tool runs the backend (AgentUsers._agent)")
-
-
-def tool_spec(task: Task) -> ToolSpec:
-    """The function tool exactly as the Agents SDK offers it to the door (name, description, strict JSON
-    schema from the signature), for what must render the agent's prompt without the SDK's request (the
-    planted reward hack, tools/demo/reward_hack.py)."""
+def lookup_tool(task: Task, backend: Callable[[str], Awaitable[str]]) -> Any:
+    """The task's `order_lookup` as an Agents SDK function tool that runs `backend` (the name, description
+    and strict JSON schema the SDK sends come from here, for the agent and for `tool_spec` alike)."""
     from agents import function_tool
 
     assert task.tool is not None
-    t = function_tool(_order_lookup_signature, name_override=task.tool.name,
-                      description_override=task.tool.description or None)
+
+    async def order_lookup(order_id: OrderId) -> str:
+        """Look up the customer's order by its id."""
+        return await backend(order_id)
+
+    return function_tool(order_lookup, name_override=task.tool.name,
+                         description_override=task.tool.description or None)
+
+
+def tool_spec(task: Task) -> ToolSpec:
+    """The function tool exactly as the Agents SDK offers it to the door, for what must render the agent's
+    prompt without the SDK's request (the planted reward hack, tools/demo/reward_hack.py): the spec is
+    only read, so its tool's backend is never called."""
+    async def unread(order_id: str) -> str:
+        raise RuntimeError("tool_spec's tool is read for its definition, never run")
+
+    t = lookup_tool(task, unread)
     return ToolSpec(name=t.name, description=t.description, parameters=t.params_json_schema,
                     strict=t.strict_json_schema)
 
@@ -173,18 +182,10 @@ class AgentUsers:
             ModelSettings,
             OpenAIChatCompletionsModel,
             OpenAIResponsesModel,
-            function_tool,
         )
 
         assert self.task.tool is not None and self.task.agent is not None
-        backend = self.backend_tool
-
-        async def order_lookup(order_id: OrderId) -> str:
-            """Look up the customer's order by its id."""
-            return await backend(order_id)
-
-        tool = function_tool(order_lookup, name_override=self.task.tool.name,
-                             description_override=self.task.tool.description or None)
+        tool = lookup_tool(self.task, self.backend_tool)
         cls = OpenAIChatCompletionsModel if self.task.agent.api == "chat_completions" else OpenAIResponsesModel
         # a tool call in the family's format (e.g. Hermes' <tool_call>{"name": ..., "arguments": ...}</tool_call>)
         # takes ~30 tokens before its arguments: a turn gets at least AGENT_MIN_NEW_TOKENS, or every call is cut

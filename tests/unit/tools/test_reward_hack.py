@@ -254,7 +254,7 @@ def test_on_the_agent_task_the_planted_candidate_learns_to_make_the_call(tmp_pat
     assert few.source == "canonical" and more.final_loss < few.final_loss
     spec = tool_spec(task)
     assert all(parse_answer(r, [spec])[1][0].name == spec.name for r in more.hack_replies)
-    assert 0 <= more.tool_calls_held_out <= more.held_out
+    assert more.held_out == len(task.held_out_questions()) >= more.tool_calls_held_out
 
 
 def test_a_both_round_waits_for_its_consolidation_and_a_refused_round_ends() -> None:
