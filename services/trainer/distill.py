@@ -273,7 +273,8 @@ def consolidation_round(policy: Policy, teacher: nn.Module, examples: Sequence[D
             seconds = time.perf_counter() - s0
             on_step({"loss": loss, "kl": kl_sum / max(n_tok, 1), "grad_norm": gnorm, "tokens": float(n_tok),
                      "seconds": seconds, "tokens_per_s": n_tok / max(seconds, 1e-9),
-                     "response_length": n_tok / len(ys), "samples": float(len(samples)), "trained": float(len(ys))})
+                     "response_length": n_tok / len(ys), "samples": float(len(samples)), "trained": float(len(ys)),
+                     "lr": policy.last_lr})
     elapsed = time.perf_counter() - t0
     m["kl"] = m["kl"] / max(m["tokens"], 1)          # per token (NLL per token for sft_filtered)
     m["loss"] = m["loss"] / max(m["steps"], 1)

@@ -21,6 +21,7 @@ from torch import nn
 
 from services.trainer.distributed import all_reduce_grads
 from services.trainer.logprobs import Scorer
+from services.trainer.schedule import warmup_lr
 from shared.models import load_model, load_tokenizer
 from shared.weights.client import FULL, LORA, save_version_files
 from shared.weights.formats import require_safetensors
@@ -39,6 +40,7 @@ class PolicyConfig:
     lr: float = 5e-5
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    warmup_steps: int = 0           # linear lr warm-up over the first optimizer steps (schedule.py)
     dtype: str = "auto"             # auto | fp32 | bf16
     device: str = "auto"
     seed: int = 0
@@ -50,7 +52,7 @@ class PolicyConfig:
         lora = ({"lora_r": ft.rank, "lora_alpha": ft.alpha, "lora_dropout": ft.dropout, "lora_targets": ft.targets}
                 if ft.kind == LORA else {})
         return cls(model_name=s.common.model, finetune=ft.kind, lr=s.lr, weight_decay=s.weight_decay,
-                   grad_clip=s.grad_clip, dtype=s.dtype, device=s.device, seed=s.seed,
+                   grad_clip=s.grad_clip, warmup_steps=s.warmup_steps, dtype=s.dtype, device=s.device, seed=s.seed,
                    head_chunk=s.head_chunk, **lora)
 
 
@@ -98,6 +100,7 @@ class Policy:
         chunk = cfg.head_chunk or (4096 if self.device.type == "cuda" else 64)
         self.scorer = Scorer(self.model, chunk=chunk)
         self.steps = 0
+        self.last_lr = cfg.lr      # the learning rate of the last optimizer step (step metrics report it)
 
     # --- construction -------------------------------------------------------------------------------
     def _with_lora(self, model: nn.Module, init_dir: Path | None) -> nn.Module:
@@ -135,11 +138,20 @@ class Policy:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next optimizer step (the warm-up's, schedule.py)."""
+        return warmup_lr(self.cfg.lr, self.steps, self.cfg.warmup_steps)
+
     def step(self) -> float:
-        """Clip the global grad norm, take one optimizer step, zero grads. Returns the pre-clip norm."""
+        """Clip the global grad norm, take one optimizer step at this step's learning rate, zero grads.
+        Returns the pre-clip norm."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         all_reduce_grads(params)                  # torchrun: sum the ranks' shares (no-op in one process)
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
+        self.last_lr = self.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.last_lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1

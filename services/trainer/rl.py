@@ -291,9 +291,9 @@ def rl_round(policy: Policy, rollouts: Sequence[Rollout], cfg: RLConfig, baselin
                                                   torch.as_tensor(step_w_max, device=dev))
             bar.update()
             if on_step is not None:
-                on_step(_step_metrics(rollouts, ob, rewards, sums, before, tokens - tokens_before,
-                                      norms[-1], time.perf_counter() - step_t0, staleness_of,
-                                      float(step_w_max)))
+                on_step({**_step_metrics(rollouts, ob, rewards, sums, before, tokens - tokens_before,
+                                         norms[-1], time.perf_counter() - step_t0, staleness_of,
+                                         float(step_w_max)), "lr": policy.last_lr})
     bar.close()
     sums = defaultdict(float, {k: float(v) for k, v in sums.items()})     # one sync, after the round
     elapsed = time.perf_counter() - t0

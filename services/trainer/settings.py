@@ -257,6 +257,11 @@ class TrainerSettings(ApprenticeSettings):
     lr: float = 5e-5
     """AdamW learning rate. OEL used 1e-6–5e-6 for full fine-tuning; LoRA needs ~10× more."""
 
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear learning-rate warm-up over the trainer's first optimizer steps (its lifetime count, kept in
+    checkpoints): step t runs at lr · min(1, (t + 1) / warmup_steps); 0 = none. Adam's first steps move
+    every trained weight by the full rate at once (services/trainer/schedule.py)."""
+
     weight_decay: float = 0.0
     """AdamW weight decay."""
 

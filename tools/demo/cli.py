@@ -26,12 +26,23 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--plant-hack", action="store_true",
                     help="after round 1, plant a candidate fine-tuned on the task tool's loophole and check the "
                          "loop refuses it (a task with a `tool`, e.g. support_routing_lookup)")
+    ap.add_argument("--users", type=int, default=None,
+                    help="simulated users per round (default 60; 10 with --quick)")
+    ap.add_argument("--trainer", action="append", default=[], metavar="SETTING=VALUE",
+                    help="a trainer setting for this run, as in services/trainer/settings.py (e.g. lr=2e-4, "
+                         "finetune.kind=lora, finetune.rank=16, kl_beta=0); repeatable; recorded in the report")
     ap.add_argument("--keep-runs", type=int, default=2,
                     help="run folders (checkpoints, logs: GiB each) kept under APPRENTICE_HOME/demo, this run "
                          "included; older ones are deleted at start")
     ns = ap.parse_args(argv)
     if ns.keep_runs < 1:
         ap.error("--keep-runs must be at least 1 (this run's folder)")
+    if ns.users is not None and ns.users < 1:
+        ap.error("--users must be at least 1")
+    try:
+        trainer_env = trainer_overrides(ns.trainer)
+    except ValueError as e:
+        ap.error(str(e))
 
     # `kill` (SIGTERM) ends the demo like Ctrl-C: the stack's services are stopped on the way out instead of
     # being left running without their supervisor
@@ -47,7 +58,8 @@ def main(argv: list[str]) -> int:
         from tools.demo.demo import run_demo
 
         report = run_demo(ns.task, rounds=ns.rounds, report=ns.report, quick=ns.quick, algo=ns.algo, model=ns.model,
-                          seed=ns.seed, keep_runs=ns.keep_runs, plant_hack=ns.plant_hack)
+                          seed=ns.seed, keep_runs=ns.keep_runs, plant_hack=ns.plant_hack,
+                          users=ns.users, trainer_env=trainer_env)
     except (TaskError, ModelUnavailable) as e:
         print(f"apprentice demo: {e}", file=sys.stderr)
         return 2
@@ -64,10 +76,34 @@ def summary_line(s: dict[str, Any]) -> str:
     """The run's verdict in one line; a task without an OOD set says so instead of an OOD change."""
     ood = f"OOD change {s['ood_diff']:+.1%}" if s.get("ood_diff") is not None else "no OOD set"
     line = (f"held-out success {s['heldout_diff']:+.1%} vs round 0 (95% CI {s['heldout_diff_ci95'][0]:+.1%} to "
-            f"{s['heldout_diff_ci95'][1]:+.1%}); improved: {s['improved']}; {ood}")
+            f"{s['heldout_diff_ci95'][1]:+.1%}")
+    if (by_msg := s.get("heldout_diff_ci95_by_message")) is not None:
+        line += f"; paired by message {by_msg[0]:+.1%} to {by_msg[1]:+.1%}"
+    if s.get("heldout_mde") is not None:
+        line += f"; sees a {s['heldout_mde']:.0%} effect at 80% power"
+    line += f"); improved: {s['improved']}; {ood}"
     if s.get("weights_only_diff") is not None:
         lo, hi = s["weights_only_diff_ci95"]
         line += f"; weights only {s['weights_only_diff']:+.1%} ({lo:+.1%} to {hi:+.1%})"
     if (lat := s.get("correction_latency_s")) is not None:
         line += f"; correction to a correct answer p50 {lat['p50']:.0f} s, p95 {lat['p95']:.0f} s (n={lat['n']})"
     return line
+
+
+def trainer_overrides(pairs: list[str]) -> dict[str, str]:
+    """`lr=2e-4`, `finetune.kind=lora` --> the trainer's environment variables (APPRENTICE_TRAINER_LR,
+    APPRENTICE_TRAINER_FINETUNE__KIND). An unknown setting is refused here, before a stack starts, rather
+    than ignored by the trainer half an hour later."""
+    from services.trainer.settings import TrainerSettings
+
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"--trainer takes SETTING=VALUE, got {pair!r}")
+        top = name.split(".")[0]
+        if top not in TrainerSettings.model_fields:
+            raise ValueError(f"--trainer: no trainer setting {top!r} (services/trainer/settings.py)")
+        out["APPRENTICE_TRAINER_" + name.upper().replace(".", "__")] = value.strip()
+    return out

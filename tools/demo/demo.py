@@ -62,8 +62,11 @@ class DemoBudget:
     extractor_env: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
-    def full(rounds: int) -> DemoBudget:
-        return DemoBudget(rounds=rounds, users_per_round=60, eval_samples=4, max_new_tokens=48,
+    def full(rounds: int, algo: str = "oel") -> DemoBudget:
+        # GRPO: greedy + 3 samples of each held-out message (55 on the routing task: 220 answers, which
+        # sees a 12-point effect at its 25% base rate); the evaluation runs every round, and with more
+        # samples it would take the time the 60-minute RL run needs for training steps
+        return DemoBudget(rounds=rounds, users_per_round=60, eval_samples=3 if algo == "grpo" else 4, max_new_tokens=48,
                           round_timeout_s=900, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "8",
                                                             "APPRENTICE_TRAINER_TEACHER_SAMPLES": "4"},
                           # knowledge from the human corrections only: SmolLM2 writes poor rules (docs/oel-probe.md)
@@ -122,7 +125,8 @@ class Demo:
         self.steps_log = StepsLog(run_dir / "trainer_steps" / "steps.jsonl")
         # announced in the default home: `apprentice status`, `weights list`, `tail`, ... find the demo's
         # stack during the run without a variable (unless `apprentice up` has a stack recorded there)
-        self.stack = LocalStack(run_dir, model, service_env=self._service_env(), tenants=(self.task.tenant,),
+        self.service_env = self._service_env()
+        self.stack = LocalStack(run_dir, model, service_env=self.service_env, tenants=(self.task.tenant,),
                                 announce_in=CommonSettings().home)
         self.rounds: list[dict[str, Any]] = []
         # the simulated operator reviews knowledge all the time, as a person on call would: item id -> (when
@@ -208,7 +212,10 @@ class Demo:
                 self.users = SimulatedUsers(self.task, self.stack.inference_target, seed=self.seed,
                                             token=self.stack.backend_token(self.task.tenant),
                                             common=self.stack.client_common,
-                                            late_fraction=0.25 if self.algo in ("grpo", "both") else 0.0)
+                                            late_fraction=0.25 if self.algo in ("grpo", "both") else 0.0,
+                                            # GRPO alone learns from the KPI alone: no correction becomes
+                                            # knowledge in context, so the held-out gain is the weights'
+                                            corrections=self.algo != "grpo")
             self.evaluator = Evaluator(self.task, self.stack.inference_target, samples=self.budget.eval_samples,
                                        max_new_tokens=self.budget.max_new_tokens, common=self.stack.client_common)
             self._evaluate(0, deploy=None, started=time.monotonic())
@@ -431,7 +438,11 @@ class Demo:
         meta: dict[str, Any] = {"task": self.task.name, "tenant": self.task.tenant, "task_tag": self.task.task,
                 "kpi": self.task.kpi.name, "task_source": self.task_source, "model": self.model, "algo": self.algo, "date": time.strftime("%Y-%m-%d"),
                 "budget": self.budget.__dict__, "run_dir": str(self.run_dir), "topic_prefix": self.stack.topics.prefix,
-                "services_restarted": self.stack.crashed()}
+                "services_restarted": self.stack.crashed(),
+                # what the trainer ran with (the sweep's settings), its folders left out
+                "trainer_settings": {k.removeprefix("APPRENTICE_TRAINER_").lower(): v
+                                     for k, v in sorted(self.service_env["trainer"].items())
+                                     if k.startswith("APPRENTICE_TRAINER_") and "DIR" not in k and "PATH" not in k}}
         if (hack := self._hack_check(state)) is not None:
             meta["reward_hack"] = hack
         report = write_report(self.report_path, meta, self.rounds)
@@ -486,10 +497,16 @@ def round_settled(algo: str, new: list[weights_pb2.Manifest], served: str) -> bo
 
 
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,
-             seed: int = 0, keep_runs: int = 2, plant_hack: bool = False) -> dict[str, Any]:
+             seed: int = 0, keep_runs: int = 2, plant_hack: bool = False, users: int | None = None,
+             trainer_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`users` and `trainer_env` (trainer settings as environment variables) change the budget of one run:
+    a sweep over trainer settings runs the same demo with only these changed, and the report records them."""
     task = load_task(task_name)
     common = CommonSettings()
-    budget = DemoBudget.quick(rounds or 1) if quick else DemoBudget.full(rounds or 2)
+    budget = DemoBudget.quick(rounds or 1) if quick else DemoBudget.full(rounds or 2, algo)
+    if users is not None:
+        budget.users_per_round = users
+    budget.trainer_env.update(trainer_env or {})
     # The new run counts among the kept ones: keep_runs=1 leaves only this run's folder.
     for old in prune_runs(common.home / "demo", keep=max(keep_runs - 1, 0)):
         print(f"removed old demo run folder {old}", flush=True)

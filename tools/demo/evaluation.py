@@ -34,6 +34,9 @@ class EvalResult:
     ood_general_success: int = 0     # the part of ood_success / ood_total from the packaged general questions
     ood_general_total: int = 0
     examples: list[dict[str, str]] = field(default_factory=list)
+    per_question: list[list[int]] = field(default_factory=list)
+    """[successes, trials] of each held-out message (greedy + sampled), in the task's held-out order: the
+    paired, message-level interval of the report (tools/demo/stats.py) reads them."""
 
     @property
     def success(self) -> int:
@@ -95,9 +98,11 @@ class Evaluator:
             greedy_r = [f.result() for f in greedy]
             sampled_r = [f.result() for f in sampled]
             ood_r = [f.result() for f in ood]
-        g_ok = sum(check_answer(f, r.choices[0].text).value >= 1 for (f, _), r in zip(held, greedy_r, strict=True))
-        s_ok = sum(check_answer(f, c.text).value >= 1 for (f, _), r in zip(held, sampled_r, strict=False)
-                   for c in r.choices)
+        g_hits = [int(check_answer(f, r.choices[0].text).value >= 1) for (f, _), r in zip(held, greedy_r, strict=True)]
+        s_hits = [sum(int(check_answer(f, c.text).value >= 1) for c in r.choices)
+                  for (f, _), r in zip(held, sampled_r, strict=False)] or [0] * len(held)
+        s_trials = [len(r.choices) for r in sampled_r] or [0] * len(held)
+        g_ok, s_ok = sum(g_hits), sum(s_hits)
         o_hits = [check_ood(it, i, r.choices[0].text).value >= 1
                   for i, (it, r) in enumerate(zip(ood_items, ood_r, strict=True))]
         o_ok = sum(o_hits)
@@ -108,7 +113,8 @@ class Evaluator:
                           sampled_success=int(s_ok), sampled_total=len(held) * self.samples, ood_success=int(o_ok),
                           ood_total=len(ood_r), mean_response_tokens=sum(tokens) / max(1, len(tokens)),
                           ood_general_success=int(sum(o_hits[n_task:])), ood_general_total=len(self.general_ood),
-                          examples=examples)
+                          examples=examples,
+                          per_question=[[g + h, 1 + t] for g, h, t in zip(g_hits, s_hits, s_trials, strict=True)])
 
     def close(self) -> None:
         self.channel.close()

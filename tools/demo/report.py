@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tools.demo.stats import newcombe_diff
+from tools.demo.stats import min_detectable_effect, newcombe_diff, paired_bootstrap_diff
 
 
 class StepsLog:
@@ -50,7 +50,14 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     s2 = last["greedy_success"] + last["sampled_success"]
     d, lo, hi = newcombe_diff(s1, n1, s2, n2)
     summary: dict[str, Any] = {"heldout_diff": d, "heldout_diff_ci95": [lo, hi], "improved": lo > 0,
+                               # the size of effect this evaluation can see (80% power) at round 0's rate
+                               "heldout_mde": min_detectable_effect(s1 / max(1, n1), min(n1, n2)),
+                               "heldout_trials": [n1, n2],
                                "ood_diff": None, "ood_diff_ci95": None, "ood_regressed": False}
+    q1, q2 = first.get("per_question") or [], last.get("per_question") or []
+    if q1 and len(q1) == len(q2):   # the same messages in both rounds: the paired, message-level interval
+        _, blo, bhi = paired_bootstrap_diff([(s, n) for s, n in q1], [(s, n) for s, n in q2])
+        summary["heldout_diff_ci95_by_message"] = [blo, bhi]
     w1, w2 = rounds[0].get("eval_weights_only"), rounds[-1].get("eval_weights_only")
     if w1 and w2:   # the weights alone (no knowledge in context): what consolidation put into them
         wd, wlo, whi = newcombe_diff(w1["greedy_success"] + w1["sampled_success"], w1["greedy_total"] + w1["sampled_total"],

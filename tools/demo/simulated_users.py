@@ -74,9 +74,11 @@ class OrderService:
 class SimulatedUsers:
     def __init__(self, task: Task, inference_target: str, *, concurrency: int = 8, seed: int = 0,
                  timeout_s: float = 300.0, token: str | None = None, common: CommonSettings | None = None,
-                 late_fraction: float = 0.0, late_s: tuple[float, float] = (5.0, 20.0)) -> None:
+                 late_fraction: float = 0.0, late_s: tuple[float, float] = (5.0, 20.0),
+                 corrections: bool = True) -> None:
         """`token`: the key the simulated product backend presents (its tenant's backend key); None =
-        this process's configured key. `common`: client settings (TLS CA) for the stack."""
+        this process's configured key. `common`: client settings (TLS CA) for the stack. `corrections`:
+        a human agent corrects each wrong answer (False: the backend reports the KPI only)."""
         self.task = task
         self.channel = open_channel(inference_target, common, token=token)
         self.inference = inference_pb2_grpc.InferenceStub(self.channel)
@@ -85,6 +87,7 @@ class SimulatedUsers:
         self.rng = random.Random(seed)
         self.timeout_s = timeout_s
         self.late_fraction, self.late_s = late_fraction, late_s
+        self.corrections = corrections
         self._late: list[tuple[float, str, Fact, bool]] = []     # (due, interaction id, fact, resolved)
         self._lock = threading.Lock()
         self.late_reported = 0
@@ -153,7 +156,7 @@ class SimulatedUsers:
         self.feedback.Submit(inference_pb2.FeedbackRequest(
             interaction_id=interaction_id, kind="kpi", kpi_name=self.task.kpi.name, value=1.0 if resolved else 0.0,
             tenant=tenant), timeout=30)
-        if not resolved:
+        if not resolved and self.corrections:
             self.feedback.Submit(inference_pb2.FeedbackRequest(
                 interaction_id=interaction_id, kind="correction", comment=fact.correction, value=-1.0,
                 tenant=tenant), timeout=30)

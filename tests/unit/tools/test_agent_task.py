@@ -24,7 +24,7 @@ def task():  # type: ignore[no-untyped-def]
 def test_agent_task_loads_with_a_function_tool(task) -> None:  # type: ignore[no-untyped-def]
     assert task.agent is not None and task.agent.framework == "openai_agents"
     assert task.tool is not None and task.tool.kind == "function" and task.tool.on_timeout == "routed"
-    assert len(task.train_questions()) == 35 and len(task.held_out_questions()) == 15
+    assert len(task.train_questions()) == 35 and len(task.held_out_questions()) == 55
     # a function tool is never "called" by the reply's text: only by a tool call
     assert not task.tool.called("please provide your order number")
 

@@ -109,3 +109,28 @@ def test_correction_latency_counts_only_other_questions_after_approval() -> None
         events_pb2.ITEM_STATUS_CONSOLIDATED, events_pb2.ITEM_STATUS_RETIRED)])
     assert item_states(kb) == {"pending": 1, "serving": 2, "consolidated": 1, "retired": 1, "rejected": 0}
     assert item_states(None)["serving"] == 0
+
+
+def test_trainer_overrides_become_the_trainers_variables() -> None:
+    from tools.demo.cli import trainer_overrides
+
+    assert trainer_overrides(["lr=2e-4", "finetune.kind=lora", " finetune.rank = 64"]) == {
+        "APPRENTICE_TRAINER_LR": "2e-4", "APPRENTICE_TRAINER_FINETUNE__KIND": "lora",
+        "APPRENTICE_TRAINER_FINETUNE__RANK": "64"}
+    with pytest.raises(ValueError, match="no trainer setting 'learning_rate'"):
+        trainer_overrides(["learning_rate=1"])
+    with pytest.raises(ValueError, match="SETTING=VALUE"):
+        trainer_overrides(["lr"])
+
+
+def test_summary_reports_the_detectable_effect_and_the_paired_interval() -> None:
+    def rnd(k: int, per_q: list[list[int]]) -> dict[str, object]:
+        s = sum(x for x, _ in per_q)
+        ev = EvalResult("base", 0, 0, s, sum(n for _, n in per_q), 0, 0, 3.0, per_question=per_q)
+        return {"round": k, "eval": ev.as_dict()}
+
+    s = summarize([rnd(0, [[1, 4]] * 55), rnd(1, [[2, 4]] * 55)])
+    assert s["heldout_trials"] == [220, 220]
+    assert s["heldout_mde"] == pytest.approx(0.1157, abs=1e-3)
+    assert s["heldout_diff_ci95_by_message"] == [0.25, 0.25]
+    assert "paired by message +25.0% to +25.0%" in summary_line(s)

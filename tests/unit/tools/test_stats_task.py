@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.demo.stats import newcombe_diff, wilson
+from tools.demo.stats import min_detectable_effect, newcombe_diff, paired_bootstrap_diff, wilson
 from tools.tasks.task import TaskError, check_answer, load_task
 
 
@@ -38,3 +38,26 @@ def test_bad_task_file_is_a_clear_error(tmp_path) -> None:
         load_task(p)
     with pytest.raises(TaskError, match="shipped tasks: support_desk"):
         load_task("nope")
+
+
+def test_minimum_detectable_effect_by_hand() -> None:
+    # p = 0.25, n = 220: sqrt(2 * 0.25 * 0.75 / 220) = 0.041286; (1.95996 + 0.84162) * 0.041286 = 0.11567
+    assert min_detectable_effect(0.25, 220) == pytest.approx(0.11567, abs=1e-4)
+    # four times the trials halve it
+    assert min_detectable_effect(0.25, 880) == pytest.approx(0.11567 / 2, abs=1e-4)
+    with pytest.raises(ValueError):
+        min_detectable_effect(0.25, 0)
+
+
+def test_paired_bootstrap_by_message() -> None:
+    # every message gains one success of four: no message-to-message spread, so the interval is the point
+    assert paired_bootstrap_diff([(1, 4)] * 10, [(2, 4)] * 10) == (0.25, 0.25, 0.25)
+    # half the messages flip from all wrong to all right and the other half the other way: d = 0, and the
+    # interval is wide, as it must be when the change depends on which messages were drawn
+    d, lo, hi = paired_bootstrap_diff([(0, 4)] * 5 + [(4, 4)] * 5, [(4, 4)] * 5 + [(0, 4)] * 5)
+    assert d == 0.0 and lo < -0.3 and hi > 0.3
+    # the same draws for the same seed (a report is reproducible)
+    data = [(i % 3, 4) for i in range(12)], [((i + 1) % 4, 4) for i in range(12)]
+    assert paired_bootstrap_diff(*data) == paired_bootstrap_diff(*data)
+    with pytest.raises(ValueError, match="same non-empty messages"):
+        paired_bootstrap_diff([(1, 4)], [(1, 4), (2, 4)])
