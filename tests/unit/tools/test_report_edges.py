@@ -134,3 +134,20 @@ def test_summary_reports_the_detectable_effect_and_the_paired_interval() -> None
     assert s["heldout_mde"] == pytest.approx(0.1157, abs=1e-3)
     assert s["heldout_diff_ci95_by_message"] == [0.25, 0.25]
     assert "paired by message +25.0% to +25.0%" in summary_line(s)
+
+
+def test_sweep_row_from_a_report() -> None:
+    from tools.demo.sweep_table import row
+
+    def rnd(k: int, hits: int, steps: list[dict[str, Any]]) -> dict[str, Any]:
+        ev = EvalResult("base", 0, 0, hits, 220, 0, 0, 3.0).as_dict()
+        return {"round": k, "eval": ev, "seconds": 300.0, "train_steps": steps,
+                "deploy": {"resolved": 40 + k, "answers": 240} if k else None}
+
+    steps = [{"algorithm": "grpo", "kl_ref": kl, "seconds": 10.0} for kl in (0.0, 0.5, 0.1)]
+    rounds = [rnd(0, 50, []), rnd(1, 70, steps)]
+    report = {"rounds": rounds, "summary": summarize(rounds),
+              "trainer_settings": {"finetune__kind": "lora", "finetune__rank": "64", "lr": "2e-4", "warmup_steps": "10"}}
+    line = row("B", report)
+    assert line.startswith("| B | LoRA r64 α32, lr 2e-4, KL β 0, warm-up 10 steps | 50 → 70/220 (23% → 32%) | +9% (")
+    assert "| 41/240 | 3 | 0.50 (0.10) | 10.0 | 10.0 |" in line
