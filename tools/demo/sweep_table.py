@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+
 def settings_text(ts: dict[str, str]) -> str:
     """The settings a sweep varies, from the report's `trainer_settings` (the trainer's own defaults where absent)."""
     kind = ts.get("finetune__kind", "lora")
