@@ -94,16 +94,27 @@ def trainer_overrides(pairs: list[str]) -> dict[str, str]:
     """`lr=2e-4`, `finetune.kind=lora` --> the trainer's environment variables (APPRENTICE_TRAINER_LR,
     APPRENTICE_TRAINER_FINETUNE__KIND). An unknown setting is refused here, before a stack starts, rather
     than ignored by the trainer half an hour later."""
+    from typing import Annotated
+
+    from pydantic import TypeAdapter, ValidationError
+
     from services.trainer.settings import TrainerSettings
 
     out: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
-        name = name.strip()
+        name, value = name.strip(), value.strip()
         if not sep or not name:
             raise ValueError(f"--trainer takes SETTING=VALUE, got {pair!r}")
         top = name.split(".")[0]
-        if top not in TrainerSettings.model_fields:
+        field = TrainerSettings.model_fields.get(top)
+        if field is None:
             raise ValueError(f"--trainer: no trainer setting {top!r} (services/trainer/settings.py)")
-        out["APPRENTICE_TRAINER_" + name.upper().replace(".", "__")] = value.strip()
+        if "." not in name:   # a plain setting: its type and bounds checked now (a group's fields by the trainer)
+            try:
+                checked: Any = Annotated[field.annotation, field]    # the type with the field's bounds
+                TypeAdapter(checked).validate_python(value)
+            except ValidationError as e:
+                raise ValueError(f"--trainer {name}={value!r}: {e.errors()[0]['msg']}") from None
+        out["APPRENTICE_TRAINER_" + name.upper().replace(".", "__")] = value
     return out

@@ -121,6 +121,10 @@ def test_trainer_overrides_become_the_trainers_variables() -> None:
         trainer_overrides(["learning_rate=1"])
     with pytest.raises(ValueError, match="SETTING=VALUE"):
         trainer_overrides(["lr"])
+    with pytest.raises(ValueError, match="lr='fast'"):
+        trainer_overrides(["lr=fast"])
+    with pytest.raises(ValueError, match="warmup_steps='-1'"):
+        trainer_overrides(["warmup_steps=-1"])
 
 
 def test_summary_reports_the_detectable_effect_and_the_paired_interval() -> None:
