@@ -33,7 +33,8 @@ def row(name: str, report: dict[str, Any]) -> str:
     kls = [st["kl_ref"] for st in steps if "kl_ref" in st]
     kl = f"{max(kls):.2f} ({statistics.median(kls):.2f})" if kls else "–"
     secs = sum(st["seconds"] for st in steps) / max(1, len(steps))
-    deploy = " → ".join(str(r["deploy"]["resolved"]) for r in rounds if r.get("deploy")) + f"/{rounds[-1]['deploy']['answers']}"
+    deployed = [r["deploy"] for r in rounds if r.get("deploy")]   # none in a run stopped after round 0
+    deploy = " → ".join(str(d["resolved"]) for d in deployed) + f"/{deployed[-1]['answers']}" if deployed else "–"
     diff = "–"
     if s:
         lo, hi = s["heldout_diff_ci95"]

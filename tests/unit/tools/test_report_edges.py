@@ -155,3 +155,5 @@ def test_sweep_row_from_a_report() -> None:
     line = row("B", report)
     assert line.startswith("| B | LoRA r64 α32, lr 2e-4, KL β 0, warm-up 10 steps | 50 → 70/220 (23% → 32%) | +9% (")
     assert "| 41/240 | 3 | 0.50 (0.10) | 10.0 | 10.0 |" in line
+    # a run stopped after its round-0 evaluation: a row of dashes, not a crash
+    assert "| 50/220 (23%) | – | – | 0 | – |" in row("A", {"rounds": rounds[:1], "summary": {}})
