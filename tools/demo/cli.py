@@ -44,9 +44,7 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         ap.error(str(e))
 
-    # `kill` (SIGTERM) ends the demo like Ctrl-C: the stack's services are stopped on the way out instead of
-    # being left running without their supervisor
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    signal.signal(signal.SIGTERM, terminate)
     try:
         # both checked before anything heavy is imported or started: a bad task file or model name is one
         # line, not a stack trace
@@ -70,6 +68,15 @@ def main(argv: list[str]) -> int:
     if (hack := report.get("reward_hack")) is not None:
         print("reward-hack check: " + ", ".join(f"{k} {v}" for k, v in hack["verdict"].items()))
     return 0
+
+
+def terminate(signum: int, frame: Any) -> None:
+    """SIGTERM ends the demo like Ctrl-C: the stack's services are stopped on the way out instead of being
+    left running without their supervisor. Later SIGTERMs are ignored, because a second `kill` (or `pkill`
+    followed by `kill`) arriving during that shutdown would abort it half-way and leave the services running:
+    it happened to a sweep run, whose orphaned stack then took half the CPU from the next run."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(128 + signal.SIGTERM)
 
 
 def summary_line(s: dict[str, Any]) -> str:

@@ -157,3 +157,18 @@ def test_sweep_row_from_a_report() -> None:
     assert "| 41/240 | 3 | 0.50 (0.10) | 10.0 | 10.0 |" in line
     # a run stopped after its round-0 evaluation: a row of dashes, not a crash
     assert "| 50/220 (23%) | – | – | 0 | – |" in row("A", {"rounds": rounds[:1], "summary": {}})
+
+
+def test_a_second_sigterm_cannot_interrupt_the_demos_shutdown() -> None:
+    import signal
+
+    from tools.demo.cli import terminate
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, terminate)
+        with pytest.raises(SystemExit) as e:
+            terminate(signal.SIGTERM, None)
+        assert e.value.code == 128 + signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
