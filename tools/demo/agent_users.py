@@ -163,6 +163,7 @@ class AgentUsers:
         self.backend_tool = BackendTool(task.tool, self.orders)
         self.model = model
         self.late_reported = 0       # the agent backend reports at once (the `SimulatedUsers` counter)
+        self.abandoned = 0           # `SimulatedUsers`' counter: an agent session's failure propagates instead
 
     def pick(self, count: int) -> list[tuple[Fact, str]]:
         """`count` training questions, every fact as evenly as possible (as `SimulatedUsers.pick`)."""

@@ -252,10 +252,13 @@ class Demo:
         n = 4 if self.algo in ("grpo", "both") else 1
         questions = self.users.pick(self.budget.users_per_round)
         p(f"round {k}: {len(questions)} simulated users asking (n={n})")
-        late_before = self.users.late_reported
+        late_before, abandoned_before = self.users.late_reported, self.users.abandoned
         exchanges = self.users.run(questions, max_new_tokens=self.budget.max_new_tokens, temperature=0.7, n=n)
         self.exchanges += exchanges
         late = self.users.late_reported - late_before
+        abandoned = self.users.abandoned - abandoned_before
+        if abandoned:
+            p(f"round {k}: {abandoned} users gave up waiting for an answer", done=True)
         ids = {e.interaction_id for e in exchanges}
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -267,6 +270,7 @@ class Demo:
         resolved = sum(e.resolved for e in exchanges)
         p(f"round {k}: deployment KPI {resolved}/{len(exchanges)} resolved", done=True)
         out = {"answers": len(exchanges), "resolved": resolved, "graded": len(graded), "late_kpi_reports": late,
+               "abandoned_users": abandoned,
                "policy_versions": sorted({e.policy_version for e in exchanges})}
         if self.task.tool is not None:   # what the KPI said vs what happened, and the tool's use
             out.update(routed=sum(e.routed for e in exchanges), tool_calls=sum(e.tool_called for e in exchanges),

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
+import grpc
+
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.security.channels import open_channel
 from shared.settings import CommonSettings
@@ -91,6 +93,7 @@ class SimulatedUsers:
         self._late: list[tuple[float, str, Fact, bool]] = []     # (due, interaction id, fact, resolved)
         self._lock = threading.Lock()
         self.late_reported = 0
+        self.abandoned = 0       # users whose call never got an answer within `timeout_s` (they gave up)
         self.orders = OrderService(task.tool.latency_s, random.Random(seed + 1)) if task.tool else None
 
     def pick(self, count: int) -> list[tuple[Fact, str]]:
@@ -116,7 +119,16 @@ class SimulatedUsers:
                                                top_p=0.95 if temperature > 0 else 0.0, n=n, seed=seed),
             tenant=self.task.tenant, session_id=f"user-{uuid.uuid4().hex[:12]}", task=self.task.task)
         asked_at = time.monotonic()
-        resp = generate(self.inference, req, timeout_s=self.timeout_s)
+        try:
+            resp = generate(self.inference, req, timeout_s=self.timeout_s)
+        except grpc.RpcError as e:
+            # a user left waiting past the deadline (still queued behind the tenant's quota) gives up, as a
+            # real one does: counted, not fatal to the round; any other error is a fault and propagates
+            if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                raise
+            with self._lock:
+                self.abandoned += 1
+            return []
         answered_at = time.monotonic()
         out = []
         for choice in resp.choices:

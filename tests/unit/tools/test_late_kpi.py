@@ -5,7 +5,10 @@ records the requests (the wire is covered by the demo's end-to-end test)."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
+
+import grpc
 
 from shared.proto.apprentice.v1 import inference_pb2_grpc
 from tools.demo.simulated_users import SimulatedUsers
@@ -38,3 +41,25 @@ def test_late_kpi_reports_arrive_after_the_traffic_and_not_before_they_are_due()
         assert all(at >= t0 + 0.2 for at, _ in rec.calls[on_time:])          # none before it was due
     finally:
         users.close()
+
+
+class _Saturated(inference_pb2_grpc.InferenceServicer):
+    """An inference service whose tenant quota is always full (every call is RESOURCE_EXHAUSTED)."""
+
+    def Generate(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 - the gRPC method name
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "tenant quota: 16 samples in flight")
+
+
+def test_a_user_whose_call_outlives_its_deadline_gives_up_and_the_round_goes_on() -> None:
+    server = grpc.server(ThreadPoolExecutor(4))
+    inference_pb2_grpc.add_InferenceServicer_to_server(_Saturated(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    task = load_task("support_routing")
+    users = SimulatedUsers(task, f"127.0.0.1:{port}", seed=1, timeout_s=0.6, concurrency=3)
+    try:
+        exchanges = users.run(users.pick(3), max_new_tokens=8, temperature=0.7, n=2)
+        assert exchanges == [] and users.abandoned == 3
+    finally:
+        users.close()
+        server.stop(None)
