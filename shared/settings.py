@@ -29,7 +29,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from shared.contracts.topics import Topics
+from shared.contracts.topics import DEFAULT_STREAM_PARTITIONS, Topics
 from shared.privacy.business import BusinessNames, parse_business_names
 
 log = logging.getLogger(__name__)
@@ -287,6 +287,13 @@ class CommonSettings(ApprenticeSettings):
     """Namespace prepended to every topic name, consumer group id and transactional id (shared/contracts/topics.py),
     so several stacks can share one cluster. Empty in production (the contract names); tests use it."""
 
+    stream_partitions: int = Field(default=DEFAULT_STREAM_PARTITIONS, ge=1)
+    """Partitions of the interactions, feedback and graded topics when a service or `apprentice topics` creates
+    them; also the grader's join partitions unless APPRENTICE_GRADER_PARTITIONS says otherwise. It bounds how
+    many grader workers share the traffic: docs/capacity.md sizes it (6 to ~1,000 requests/s, 12 at 10,000).
+    Set before the topics exist: existing topics keep their count, and the grader's join cannot change its
+    count under a running table (a new count means a new grader app_name)."""
+
     model: str = "smollm2-135m-instruct"
     """`smollm2-135m-instruct` (default, offline recipe), `tiny-random` (tests), or a HF id / local path."""
 
@@ -402,4 +409,4 @@ class CommonSettings(ApprenticeSettings):
 
     @property
     def topics(self) -> Topics:
-        return Topics(self.topic_prefix)
+        return Topics(self.topic_prefix, self.stream_partitions)

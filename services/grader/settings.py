@@ -80,9 +80,14 @@ class GraderSettings(ApprenticeSettings):
     app_name: str = "apprentice-grader"
     """Faust app id (= consumer group) after the topic prefix; changelog and internal topics derive from it."""
 
-    partitions: int = Field(default=6, ge=1)
+    partitions: int | None = Field(default=None, ge=1)
     """Partitions of the internal join topic and of the table: bounds how many workers share the work.
-    Matches the source topics (docs/architecture.md §3)."""
+    None = the deployment's stream partitions (APPRENTICE_STREAM_PARTITIONS, docs/capacity.md). Fixed for
+    the life of the app: its table's changelog is partitioned by it."""
+
+    @property
+    def join_partitions(self) -> int:
+        return self.partitions if self.partitions is not None else self.common.stream_partitions
 
     store: Literal["memory://"] = "memory://"
     """Faust table store. memory:// restores the table from its changelog at start (seconds for ~10^5

@@ -35,10 +35,14 @@ class TopicSpec:
 
 
 # Partition counts bound how many replicas of a consumer can share the work (docs/architecture.md §3).
+# The three stream topics take their count from the deployment (`Topics.stream_partitions`: 6 unless
+# sized otherwise, docs/capacity.md); the others are small control streams.
+STREAM_TOPICS: tuple[str, ...] = (INTERACTIONS, FEEDBACK, GRADED)
+DEFAULT_STREAM_PARTITIONS = 6
 SPECS: tuple[TopicSpec, ...] = (
-    TopicSpec(INTERACTIONS, partitions=6),
-    TopicSpec(FEEDBACK, partitions=6),
-    TopicSpec(GRADED, partitions=6),
+    TopicSpec(INTERACTIONS, partitions=DEFAULT_STREAM_PARTITIONS),
+    TopicSpec(FEEDBACK, partitions=DEFAULT_STREAM_PARTITIONS),
+    TopicSpec(GRADED, partitions=DEFAULT_STREAM_PARTITIONS),
     TopicSpec(KNOWLEDGE, partitions=3, compacted=True, retention_ms=-1),
     TopicSpec(CHECKPOINTS, partitions=1),
     TopicSpec(MODEL_UPDATES, partitions=1),
@@ -59,6 +63,14 @@ class Topics:
     """The concrete topic names for one deployment (contract names with an optional prefix)."""
 
     prefix: str = ""
+    stream_partitions: int = DEFAULT_STREAM_PARTITIONS
+    """Partitions of interactions, feedback and graded when this deployment creates them: the most grader
+    workers (and trainer or analytics consumers) that share their traffic (docs/capacity.md). Topics that
+    exist are left as they are."""
+
+    def __post_init__(self) -> None:
+        if self.stream_partitions < 1:
+            raise ValueError(f"stream_partitions must be at least 1, got {self.stream_partitions}")
 
     @property
     def interactions(self) -> str:
@@ -109,7 +121,8 @@ class Topics:
         return group.startswith(self.prefix)
 
     def specs(self) -> list[TopicSpec]:
-        return [TopicSpec(self.prefix + s.name, s.partitions, s.compacted, s.retention_ms) for s in SPECS]
+        return [TopicSpec(self.prefix + s.name, self.stream_partitions if s.name in STREAM_TOPICS else s.partitions,
+                          s.compacted, s.retention_ms) for s in SPECS]
 
     def base_of(self, name: str) -> str:
         """Contract name of a concrete topic name; raises KeyError for a topic that is not ours."""

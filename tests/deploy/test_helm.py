@@ -348,6 +348,26 @@ def test_strimzi_topics_are_the_contract_topics(rendered: dict[str, list[dict[st
         assert env["APPRENTICE_KAFKA_SASL_USERNAME"] in users
 
 
+def test_a_capacity_overlay_sizes_the_topics_and_the_workers(helm: Path, tmp_path: Path) -> None:
+    """docs/capacity.md's 10,000 requests/s: the stream topics get its partitions, every workload (and the
+    topics Job) its APPRENTICE_STREAM_PARTITIONS, the grader its workers."""
+    overlay = CHART / "capacity" / "10000rps.yaml"
+    sizing = yaml.safe_load(overlay.read_text(encoding="utf-8"))
+    p = sizing["kafka"]["streamPartitions"]
+    res = _template(helm, tmp_path, "strimzi-gpu-scaled", extra=("-f", str(overlay)))
+    assert res.returncode == 0, res.stderr
+    docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+    topics = {d["spec"]["topicName"]: d["spec"] for d in _kind(docs, "KafkaTopic")}
+    stream = {"apprentice.interactions.v1", "apprentice.feedback.v1", "apprentice.graded.v1"}
+    assert {n: t["partitions"] for n, t in topics.items() if n in stream} == dict.fromkeys(stream, p)
+    assert all(t["partitions"] < p for n, t in topics.items() if n not in stream)
+    assert {_env(c)["APPRENTICE_STREAM_PARTITIONS"] for _d, c in _containers(docs)} == {str(p)}
+    grader = _one(docs, "Deployment", f"{FULL}-grader")
+    assert grader["spec"]["replicas"] == sizing["grader"]["replicas"] <= p
+    (pool,) = _kind(docs, "KafkaNodePool")
+    assert pool["spec"]["replicas"] == sizing["kafka"]["strimzi"]["replicas"]
+
+
 def test_grader_configmap_is_the_packaged_default_config(rendered: dict[str, list[dict[str, Any]]]) -> None:
     from services.grader.settings import DEFAULT_CONFIG
     from shared.grading.schema import load_grader_config, parse_grader_config

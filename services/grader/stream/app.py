@@ -82,7 +82,7 @@ class GraderApp:
         signature already accepted at another offset (a replayed feedback) refused."""
 
         settings.datadir.mkdir(parents=True, exist_ok=True)
-        P = settings.partitions
+        P = settings.join_partitions
         self.app = faust.App(
             settings.app_id, broker=_brokers(settings.common.kafka_bootstrap), store=settings.store,
             broker_credentials=faust_credentials(settings.common),  # TLS / SASL, as every Kafka client
@@ -155,7 +155,7 @@ class GraderApp:
                 for bundle in encode_bundles(batch, limit)]
 
     def add_join_item(self, items: JoinItems, key: bytes, value: bytes) -> None:
-        items.setdefault(partition_for(key, self.settings.partitions), []).append((key, value))
+        items.setdefault(partition_for(key, self.settings.join_partitions), []).append((key, value))
 
     @staticmethod
     def changelog_name(table: TableT[bytes, bytes]) -> str:

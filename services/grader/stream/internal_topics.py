@@ -21,7 +21,7 @@ def internal_topics(settings: GraderSettings, brokers: int = 1) -> list[NewTopic
     """The join and judge topics (a week of retention, like the sources), the two compacted changelogs, and
     the runtime-rules topic when the stack's topics were created before it existed; replicated as the
     cluster of `brokers` brokers needs (settings.replication 0) or as set."""
-    P, R = settings.partitions, settings.replication or cluster_replication(brokers)[0]
+    P, R = settings.join_partitions, settings.replication or cluster_replication(brokers)[0]
     isr = {"min.insync.replicas": str(MIN_INSYNC if R >= REPLICATION else 1)}
     week = {"retention.ms": str(7 * 24 * 3600 * 1000), **isr}
     compacted = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1", "segment.ms": str(3600 * 1000),

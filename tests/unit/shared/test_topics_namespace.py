@@ -37,3 +37,21 @@ def test_services_name_their_groups_in_the_namespace(monkeypatch: pytest.MonkeyP
     assert TrainerSettings(group_id="mine").resolved_group_id == "stack-b.mine"
     ext = ExtractorSettings()
     assert ext.common.topics.group_id(ext.group_id) == "stack-b.extractor"
+
+
+def test_the_stream_topics_take_the_deployments_partition_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """APPRENTICE_STREAM_PARTITIONS sizes interactions, feedback and graded (docs/capacity.md) and, unless the
+    grader's own setting says otherwise, the grader's join; the control topics keep theirs."""
+    monkeypatch.setenv("APPRENTICE_STREAM_PARTITIONS", "24")
+    monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", "big.")
+    from shared.settings import CommonSettings
+
+    specs = {s.name: s.partitions for s in CommonSettings().topics.specs()}
+    assert {n: p for n, p in specs.items() if p == 24} == dict.fromkeys(
+        ["big.apprentice.interactions.v1", "big.apprentice.feedback.v1", "big.apprentice.graded.v1"], 24)
+    assert specs["big.apprentice.knowledge.v1"] == 3 and specs["big.apprentice.model-updates.v1"] == 1
+    assert GraderSettings().join_partitions == 24
+    assert GraderSettings(partitions=12).join_partitions == 12
+    assert {s.partitions for s in Topics("x.").specs() if "interactions" in s.name} == {6}
+    with pytest.raises(ValueError, match="at least 1"):
+        Topics("x.", stream_partitions=0)

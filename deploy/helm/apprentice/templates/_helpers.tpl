@@ -90,6 +90,8 @@ apply to it alone; its password is mounted as a file from its own Secret, never 
 {{- $root := .root -}}
 - name: APPRENTICE_KAFKA_BOOTSTRAP
   value: {{ include "apprentice.kafkaBootstrap" $root | quote }}
+- name: APPRENTICE_STREAM_PARTITIONS
+  value: {{ $root.Values.kafka.streamPartitions | int | quote }}
 {{- if eq (include "apprentice.strimziScram" $root) "true" }}
 - name: APPRENTICE_KAFKA_SECURITY_PROTOCOL
   value: SASL_SSL
@@ -359,12 +361,14 @@ exec:
 {{- end -}}
 
 {{/* The Apprentice topics (contract names, shared/topics.py): partitions bound how many replicas of a
-consumer share the work; the knowledge topic is compacted (the latest snapshot per key is the knowledge
+consumer share the work (the stream topics' count is kafka.streamPartitions, docs/capacity.md); the knowledge topic is compacted (the latest snapshot per key is the knowledge
 base). tests/deploy/test_helm.py checks this list against shared/topics.py. */}}
 {{- define "apprentice.topics" -}}
-- {name: apprentice.interactions.v1, partitions: 6, retentionMs: 604800000}
-- {name: apprentice.feedback.v1, partitions: 6, retentionMs: 604800000}
-- {name: apprentice.graded.v1, partitions: 6, retentionMs: 604800000}
+{{- $p := required "kafka.streamPartitions must be set" .Values.kafka.streamPartitions | int }}
+{{- if lt $p 1 }}{{ fail "kafka.streamPartitions must be at least 1" }}{{ end }}
+- {name: apprentice.interactions.v1, partitions: {{ $p }}, retentionMs: 604800000}
+- {name: apprentice.feedback.v1, partitions: {{ $p }}, retentionMs: 604800000}
+- {name: apprentice.graded.v1, partitions: {{ $p }}, retentionMs: 604800000}
 - {name: apprentice.knowledge.v1, partitions: 3, retentionMs: -1, compacted: true}
 - {name: apprentice.checkpoints.v1, partitions: 1, retentionMs: 604800000}
 - {name: apprentice.model-updates.v1, partitions: 1, retentionMs: 604800000}
