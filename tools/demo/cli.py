@@ -28,6 +28,9 @@ def main(argv: list[str]) -> int:
                          "loop refuses it (a task with a `tool`, e.g. support_routing_lookup)")
     ap.add_argument("--users", type=int, default=None,
                     help="simulated users per round (default 60; 10 with --quick)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="the longest reply, for the users and the evaluation alike (default 48; 24 with --quick): "
+                         "the product's cap on this task's answers")
     ap.add_argument("--trainer", action="append", default=[], metavar="SETTING=VALUE",
                     help="a trainer setting for this run, as in services/trainer/settings.py (e.g. lr=2e-4, "
                          "finetune.kind=lora, finetune.rank=16, kl_beta=0); repeatable; recorded in the report")
@@ -39,6 +42,8 @@ def main(argv: list[str]) -> int:
         ap.error("--keep-runs must be at least 1 (this run's folder)")
     if ns.users is not None and ns.users < 1:
         ap.error("--users must be at least 1")
+    if ns.max_new_tokens is not None and not 1 <= ns.max_new_tokens <= 4096:
+        ap.error("--max-new-tokens must be between 1 and 4096")
     try:
         trainer_env = trainer_overrides(ns.trainer)
     except ValueError as e:
@@ -57,7 +62,7 @@ def main(argv: list[str]) -> int:
 
         report = run_demo(ns.task, rounds=ns.rounds, report=ns.report, quick=ns.quick, algo=ns.algo, model=ns.model,
                           seed=ns.seed, keep_runs=ns.keep_runs, plant_hack=ns.plant_hack,
-                          users=ns.users, trainer_env=trainer_env)
+                          users=ns.users, max_new_tokens=ns.max_new_tokens, trainer_env=trainer_env)
     except (TaskError, ModelUnavailable) as e:
         print(f"apprentice demo: {e}", file=sys.stderr)
         return 2

@@ -510,14 +510,17 @@ def round_settled(algo: str, new: list[weights_pb2.Manifest], served: str) -> bo
 
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,
              seed: int = 0, keep_runs: int = 2, plant_hack: bool = False, users: int | None = None,
-             trainer_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """`users` and `trainer_env` (trainer settings as environment variables) change the budget of one run:
-    a sweep over trainer settings runs the same demo with only these changed, and the report records them."""
+             max_new_tokens: int | None = None, trainer_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`users`, `max_new_tokens` (the reply cap, for deployment and evaluation alike) and `trainer_env`
+    (trainer settings as environment variables) change the budget of one run: a sweep runs the same demo
+    with only these changed, and the report records them."""
     task = load_task(task_name)
     common = CommonSettings()
     budget = DemoBudget.quick(rounds or 1) if quick else DemoBudget.full(rounds or 2, algo)
     if users is not None:
         budget.users_per_round = users
+    if max_new_tokens is not None:
+        budget.max_new_tokens = max_new_tokens
     budget.trainer_env.update(trainer_env or {})
     # The new run counts among the kept ones: keep_runs=1 leaves only this run's folder.
     for old in prune_runs(common.home / "demo", keep=max(keep_runs - 1, 0)):

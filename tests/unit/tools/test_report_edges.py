@@ -127,6 +127,16 @@ def test_trainer_overrides_become_the_trainers_variables() -> None:
         trainer_overrides(["warmup_steps=-1"])
 
 
+@pytest.mark.parametrize("value", ["0", "5000"])
+def test_a_reply_cap_out_of_range_is_refused_before_anything_starts(
+        value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.demo.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--algo", "grpo", "--max-new-tokens", value])
+    assert e.value.code == 2 and "--max-new-tokens must be between 1 and 4096" in capsys.readouterr().err
+
+
 def test_summary_reports_the_detectable_effect_and_the_paired_interval() -> None:
     def rnd(k: int, per_q: list[list[int]]) -> dict[str, object]:
         s = sum(x for x, _ in per_q)
