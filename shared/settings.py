@@ -290,7 +290,7 @@ class CommonSettings(ApprenticeSettings):
     stream_partitions: int = Field(default=DEFAULT_STREAM_PARTITIONS, ge=1)
     """Partitions of the interactions, feedback and graded topics when a service or `apprentice topics` creates
     them; also the grader's join partitions unless APPRENTICE_GRADER_PARTITIONS says otherwise. It bounds how
-    many grader workers share the traffic: docs/capacity.md sizes it (6 to ~1,000 requests/s, 12 at 10,000).
+    many grader workers share the traffic: docs/capacity.md sizes it (6 up to ~1,000 requests/s, 24 at 10,000).
     Set before the topics exist: existing topics keep their count, and the grader's join cannot change its
     count under a running table (a new count means a new grader app_name)."""
 
