@@ -16,7 +16,7 @@ from tools.tasks.task import TaskError, load_task
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="apprentice demo", description=__doc__)
     ap.add_argument("--task", default="support_desk", help="a shipped task name or a task YAML file")
-    ap.add_argument("--rounds", type=int, default=None, help="learning rounds (default 2: fits 30 minutes on 2 cores; 1 with --quick)")
+    ap.add_argument("--rounds", type=int, default=None, help="learning rounds (default 2: fits 30 minutes on 2 cores; 4 with --algo grpo; 1 with --quick)")
     ap.add_argument("--report", type=Path, default=Path("report.json"),
                     help="report path; the plot goes beside it as learning_curve.png")
     ap.add_argument("--quick", action="store_true", help="a small budget (CI)")

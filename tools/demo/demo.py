@@ -50,11 +50,15 @@ from tools.stack.stack import LocalStack
 from tools.tasks.config import write_task_config
 from tools.tasks.task import Task, load_task
 
-# The GRPO demo's update, by the sweep (docs/demo.md, "the sweep"): full fine-tuning at 2e-5 (set with the
-# KL below) after a 10-step warm-up. Without it Adam's first step (a sign step) moved the policy 7.8
-# nats/token from the base and round 1 lost 9 points; with it the largest step KL was 0.11. No setting
-# measured so far improves held-out routing.
-RL_UPDATE = {"APPRENTICE_TRAINER_WARMUP_STEPS": "10"}
+# The GRPO demo's update, by the sweep (docs/demo.md, "the sweep"): LoRA r16 (alpha 32) at 1e-3 after a
+# 5-step warm-up, KL beta 0.04 (set below for every budget), 90 users x 4 answers per round and 4 rounds
+# (run F: held-out routing 7% -> ... in ~30 minutes). Full fine-tuning at 2e-5 (runs A, C) and LoRA at 2e-4
+# (B, D) barely moved the policy; without a warm-up Adam's first step (a sign step) moved it 7.8
+# nats/token from the base and round 1 lost 9 points.
+RL_UPDATE = {"APPRENTICE_TRAINER_FINETUNE__KIND": "lora", "APPRENTICE_TRAINER_FINETUNE__RANK": "16",
+             "APPRENTICE_TRAINER_FINETUNE__ALPHA": "32", "APPRENTICE_TRAINER_LR": "1e-3",
+             "APPRENTICE_TRAINER_WARMUP_STEPS": "5"}
+RL_USERS, RL_ROUNDS = 90, 4
 
 
 @dataclass
@@ -73,7 +77,8 @@ class DemoBudget:
         # see an 11-point change at 80% power at its measured 24% base rate, ~3.8 minutes on the CPU pod);
         # the evaluation runs every round, and more samples would take the time the 60-minute RL run needs
         # for training steps
-        return DemoBudget(rounds=rounds, users_per_round=60, eval_samples=3 if algo == "grpo" else 4, max_new_tokens=48,
+        return DemoBudget(rounds=rounds, users_per_round=RL_USERS if algo == "grpo" else 60,
+                          eval_samples=3 if algo == "grpo" else 4, max_new_tokens=48,
                           round_timeout_s=900, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "8",
                                                             "APPRENTICE_TRAINER_TEACHER_SAMPLES": "4",
                                                             **(RL_UPDATE if algo == "grpo" else {})},
@@ -508,19 +513,27 @@ def round_settled(algo: str, new: list[weights_pb2.Manifest], served: str) -> bo
     return bool(settled) and len(settled) == len(new)   # every candidate refused: the old version keeps serving
 
 
+def reply_tokens(budget: int, flag: int | None, task_cap: int | None) -> int:
+    """The reply cap of a run: `--max-new-tokens` when given, else the budget's within the task's own cap."""
+    if flag is not None:
+        return flag
+    return budget if task_cap is None else min(budget, task_cap)
+
+
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,
              seed: int = 0, keep_runs: int = 2, plant_hack: bool = False, users: int | None = None,
              max_new_tokens: int | None = None, trainer_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """`users`, `max_new_tokens` (the reply cap, for deployment and evaluation alike) and `trainer_env`
+    """`users`, `max_new_tokens` (the reply cap, for deployment and evaluation alike; default the budget's,
+    within the task's own cap) and `trainer_env`
     (trainer settings as environment variables) change the budget of one run: a sweep runs the same demo
     with only these changed, and the report records them."""
     task = load_task(task_name)
     common = CommonSettings()
-    budget = DemoBudget.quick(rounds or 1) if quick else DemoBudget.full(rounds or 2, algo)
+    budget = DemoBudget.quick(rounds or 1) if quick else DemoBudget.full(rounds or (RL_ROUNDS if algo == "grpo" else 2),
+                                                                        algo)
     if users is not None:
         budget.users_per_round = users
-    if max_new_tokens is not None:
-        budget.max_new_tokens = max_new_tokens
+    budget.max_new_tokens = reply_tokens(budget.max_new_tokens, max_new_tokens, task.max_new_tokens)
     budget.trainer_env.update(trainer_env or {})
     # The new run counts among the kept ones: keep_runs=1 leaves only this run's folder.
     for old in prune_runs(common.home / "demo", keep=max(keep_runs - 1, 0)):

@@ -120,6 +120,10 @@ class Task(_Strict):
     held_out_per_fact: int = Field(default=2, ge=1)
     facts: list[Fact] = Field(min_length=1)
     out_of_distribution: list[OODItem] = Field(default_factory=list)
+    max_new_tokens: int | None = Field(default=None, ge=1, le=4096)
+    """The product's cap on a reply for this task (a router answers with a team name), for the deployment
+    and the evaluation alike: the demo's budget (48 new tokens; 24 with --quick) within it. None = no cap
+    of the task's own (`null` in a variant lifts its base's)."""
     tool: Tool | None = None
     """A backend lookup the reply can trigger (the reward-hack variant of the routing task)."""
     agent: AgentSpec | None = None

@@ -90,3 +90,16 @@ def test_plot_draws_the_step_panel_when_rl_steps_are_present(tmp_path: Path) -> 
     from PIL import Image
 
     assert Image.open(with_steps).size[1] > Image.open(without).size[1]   # the second panel
+
+
+def test_the_routers_reply_cap_and_its_variants() -> None:
+    """The router's replies are capped at 16 tokens (the team name comes first or not at all); the lookup and
+    agent variants lift the cap (a reply asks for the order first); `--max-new-tokens` overrides either."""
+    from tools.demo.demo import reply_tokens
+
+    assert load_task("support_routing").max_new_tokens == 16
+    for variant in ("support_routing_lookup", "support_routing_lookup_strict", "support_routing_agent"):
+        assert load_task(variant).max_new_tokens is None, variant
+    assert reply_tokens(48, None, 16) == 16 and reply_tokens(24, None, 16) == 16    # full and --quick budgets
+    assert reply_tokens(48, None, None) == 48 and reply_tokens(8, None, 16) == 8    # the budget within the cap
+    assert reply_tokens(48, 32, 16) == 32                                            # the flag wins
