@@ -94,6 +94,8 @@ def summary_line(s: dict[str, Any]) -> str:
     if s.get("heldout_mde") is not None:
         line += f"; sees a {s['heldout_mde']:.0%} effect at 80% power"
     line += f"); improved: {s['improved']}; {ood}"
+    if s.get("collapsed"):
+        line += f"; COLLAPSED: one reply to {s['top_reply_share']:.0%} of the held-out questions"
     if s.get("weights_only_diff") is not None:
         lo, hi = s["weights_only_diff_ci95"]
         line += f"; weights only {s['weights_only_diff']:+.1%} ({lo:+.1%} to {hi:+.1%})"

@@ -8,6 +8,7 @@ questions alone cannot show a regression (one changed answer is 17 points), fort
 
 from __future__ import annotations
 
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
@@ -37,6 +38,13 @@ class EvalResult:
     per_question: list[list[int]] = field(default_factory=list)
     """[successes, trials] of each held-out message (greedy + sampled), in the task's held-out order: the
     paired, message-level interval of the report (tools/demo/stats.py) reads them."""
+    per_fact: dict[str, list[int]] = field(default_factory=dict)
+    """[successes, trials] per fact (per team on the routing task): where a change comes from."""
+    top_reply: str = ""
+    top_reply_share: float = 0.0
+    """The most common greedy reply to the held-out questions and the share of questions that got it: a policy
+    that answers every question alike (the routing task's "Billing, Shipping, ..." list, which routes every
+    ticket to its first team) has collapsed, whatever its success rate (`report.summarize`)."""
 
     @property
     def success(self) -> int:
@@ -54,6 +62,15 @@ class EvalResult:
         return {**asdict(self), "success_rate": self.success / max(1, self.total), "ci95": [lo, hi],
                 "ood_rate": self.ood_success / self.ood_total if ood else None,
                 "ood_ci95": list(wilson(self.ood_success, self.ood_total)) if ood else None}
+
+
+def most_common_reply(replies: list[str]) -> tuple[str, float]:
+    """The most common reply (case and whitespace ignored) and its share of `replies` (("", 0.0) for none)."""
+    if not replies:
+        return "", 0.0
+    norm = [" ".join(r.lower().split()) for r in replies]
+    top, count = Counter(norm).most_common(1)[0]
+    return top, count / len(norm)
 
 
 class Evaluator:
@@ -82,7 +99,8 @@ class Evaluator:
         inference service adds it), or the weights alone (`knowledge=False`: the requests opt out)."""
         held = self.task.held_out_questions()
         kw = {"knowledge": knowledge}
-        with ThreadPoolExecutor(self.concurrency) as pool:
+        pool = ThreadPoolExecutor(self.concurrency)
+        try:
             greedy = [pool.submit(self._ask, q, n=1, temperature=0.0, seed=0, **kw) for _, q in held]
             sampled = ([pool.submit(self._ask, q, n=self.samples, temperature=self.temperature,
                                     seed=1000 * round_index + i + 1, **kw) for i, (_, q) in enumerate(held)]
@@ -98,6 +116,12 @@ class Evaluator:
             greedy_r = [f.result() for f in greedy]
             sampled_r = [f.result() for f in sampled]
             ood_r = [f.result() for f in ood]
+        except BaseException:
+            # Ctrl-C / SIGTERM mid-evaluation: the questions not yet asked are dropped (a `with` block would
+            # ask them all before the demo could stop its stack)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         g_hits = [int(check_answer(f, r.choices[0].text).value >= 1) for (f, _), r in zip(held, greedy_r, strict=True)]
         s_hits = [sum(int(check_answer(f, c.text).value >= 1) for c in r.choices)
                   for (f, _), r in zip(held, sampled_r, strict=False)] or [0] * len(held)
@@ -109,12 +133,18 @@ class Evaluator:
         tokens = [c.token_count for r in greedy_r + sampled_r for c in r.choices]
         versions = {r.policy_version for r in greedy_r}
         examples = [{"question": q, "answer": r.choices[0].text} for (_, q), r in list(zip(held, greedy_r, strict=True))[:4]]
+        per_fact: dict[str, list[int]] = {}
+        for (f, _), g, h, t in zip(held, g_hits, s_hits, s_trials, strict=True):
+            acc = per_fact.setdefault(f.id, [0, 0])
+            acc[0], acc[1] = acc[0] + g + h, acc[1] + 1 + t
+        top_reply, top_share = most_common_reply([r.choices[0].text for r in greedy_r])
         return EvalResult(policy_version=",".join(sorted(versions)), greedy_success=int(g_ok), greedy_total=len(held),
                           sampled_success=int(s_ok), sampled_total=len(held) * self.samples, ood_success=int(o_ok),
                           ood_total=len(ood_r), mean_response_tokens=sum(tokens) / max(1, len(tokens)),
                           ood_general_success=int(sum(o_hits[n_task:])), ood_general_total=len(self.general_ood),
                           examples=examples,
-                          per_question=[[g + h, 1 + t] for g, h, t in zip(g_hits, s_hits, s_trials, strict=True)])
+                          per_question=[[g + h, 1 + t] for g, h, t in zip(g_hits, s_hits, s_trials, strict=True)],
+                          per_fact=per_fact, top_reply=top_reply[:200], top_reply_share=top_share)
 
     def close(self) -> None:
         self.channel.close()

@@ -38,9 +38,15 @@ class StepsLog:
         return steps
 
 
+COLLAPSE_SHARE = 0.5
+"""A last round whose one greedy reply answers this share of the held-out questions (several facts) has
+collapsed: `improved` is then False, whatever the interval says."""
+
+
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Last round vs round 0: the difference of success rates with Newcombe's 95% interval. A task
-    without an OOD set has no OOD difference (None, never flagged as a regression)."""
+    """Last round vs round 0: the difference of success rates with Newcombe's 95% interval, and whether the
+    last policy collapsed to one reply. A task without an OOD set has no OOD difference (None, never flagged
+    as a regression)."""
     if len(rounds) < 2:
         return {}
     first, last = rounds[0]["eval"], rounds[-1]["eval"]
@@ -49,7 +55,12 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     s1 = first["greedy_success"] + first["sampled_success"]
     s2 = last["greedy_success"] + last["sampled_success"]
     d, lo, hi = newcombe_diff(s1, n1, s2, n2)
-    summary: dict[str, Any] = {"heldout_diff": d, "heldout_diff_ci95": [lo, hi], "improved": lo > 0,
+    # one reply to most held-out questions (of several facts) is a collapse, not learning: a constant answer
+    # that is right for one fact's share of the questions can beat a weak base (docs/demo.md, run F)
+    share = last.get("top_reply_share")
+    collapsed = share is not None and len(last.get("per_fact") or {}) > 1 and share >= COLLAPSE_SHARE
+    summary: dict[str, Any] = {"heldout_diff": d, "heldout_diff_ci95": [lo, hi], "improved": lo > 0 and not collapsed,
+                               "collapsed": collapsed, "top_reply_share": share,
                                # the size of effect this evaluation can see (80% power) at round 0's rate
                                "heldout_mde": min_detectable_effect(s1 / max(1, n1), min(n1, n2)),
                                "heldout_trials": [n1, n2],
@@ -58,6 +69,9 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     if q1 and len(q1) == len(q2):   # the same messages in both rounds: the paired, message-level interval
         _, blo, bhi = paired_bootstrap_diff([(s, n) for s, n in q1], [(s, n) for s, n in q2])
         summary["heldout_diff_ci95_by_message"] = [blo, bhi]
+    f1, f2 = first.get("per_fact") or {}, last.get("per_fact") or {}
+    if f1 and set(f1) == set(f2):   # where the change came from
+        summary["per_fact_diff"] = {k: round(f2[k][0] / max(1, f2[k][1]) - f1[k][0] / max(1, f1[k][1]), 4) for k in f1}
     w1, w2 = rounds[0].get("eval_weights_only"), rounds[-1].get("eval_weights_only")
     if w1 and w2:   # the weights alone (no knowledge in context): what consolidation put into them
         wd, wlo, whi = newcombe_diff(w1["greedy_success"] + w1["sampled_success"], w1["greedy_total"] + w1["sampled_total"],

@@ -92,14 +92,18 @@ def test_plot_draws_the_step_panel_when_rl_steps_are_present(tmp_path: Path) -> 
     assert Image.open(with_steps).size[1] > Image.open(without).size[1]   # the second panel
 
 
-def test_the_routers_reply_cap_and_its_variants() -> None:
-    """The router's replies are capped at 16 tokens (the team name comes first or not at all); the lookup and
-    agent variants lift the cap (a reply asks for the order first); `--max-new-tokens` overrides either."""
+def test_a_task_caps_its_replies_and_a_variant_can_lift_the_cap(tmp_path: Path) -> None:
+    """A task's `max_new_tokens` caps the demo's budget (deployment and evaluation); a variant's `null` lifts
+    its base's cap; `--max-new-tokens` overrides either."""
     from tools.demo.demo import reply_tokens
 
-    assert load_task("support_routing").max_new_tokens == 16
-    for variant in ("support_routing_lookup", "support_routing_lookup_strict", "support_routing_agent"):
-        assert load_task(variant).max_new_tokens is None, variant
+    base = tmp_path / "router16.yaml"
+    base.write_text((Path(__file__).resolve().parents[3] / "tools" / "tasks" / "support_routing.yaml")
+                    .read_text(encoding="utf-8").replace("name: support_routing\n", "name: router16\nmax_new_tokens: 16\n"),
+                    encoding="utf-8")
+    (tmp_path / "lifted.yaml").write_text("extends: router16.yaml\nname: lifted\nmax_new_tokens: null\n", encoding="utf-8")
+    assert load_task(base).max_new_tokens == 16 and load_task(tmp_path / "lifted.yaml").max_new_tokens is None
+    assert load_task("support_routing").max_new_tokens is None
     assert reply_tokens(48, None, 16) == 16 and reply_tokens(24, None, 16) == 16    # full and --quick budgets
     assert reply_tokens(48, None, None) == 48 and reply_tokens(8, None, 16) == 8    # the budget within the cap
     assert reply_tokens(48, 32, 16) == 32                                            # the flag wins
