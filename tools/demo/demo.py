@@ -51,10 +51,11 @@ from tools.tasks.config import write_task_config
 from tools.tasks.task import Task, load_task
 
 # The GRPO demo's update, by the sweep (docs/demo.md, "the sweep"): LoRA r16 (alpha 32) at 1e-3 after a
-# 5-step warm-up, KL beta 0.04 (set below for every budget), 90 users x 4 answers per round and 4 rounds
-# (run F: held-out routing 7% -> ... in ~30 minutes). Full fine-tuning at 2e-5 (runs A, C) and LoRA at 2e-4
-# (B, D) barely moved the policy; without a warm-up Adam's first step (a sign step) moved it 7.8
-# nats/token from the base and round 1 lost 9 points.
+# 5-step warm-up, KL beta 0.04 (set below for every budget), 90 users x 4 answers per round, 4 rounds.
+# Full fine-tuning at 2e-5 (runs A, C) and LoRA at 2e-4 (B, D) barely moved the policy; without a warm-up
+# Adam's first step (a sign step) moved it 7.8 nats/token from the base and round 1 lost 9 points. This
+# update does move it: under a 16-token reply cap (run F) it went from 7% to 24% by collapsing onto one
+# reply that lists every team, Billing first (the report now flags that).
 RL_UPDATE = {"APPRENTICE_TRAINER_FINETUNE__KIND": "lora", "APPRENTICE_TRAINER_FINETUNE__RANK": "16",
              "APPRENTICE_TRAINER_FINETUNE__ALPHA": "32", "APPRENTICE_TRAINER_LR": "1e-3",
              "APPRENTICE_TRAINER_WARMUP_STEPS": "5"}

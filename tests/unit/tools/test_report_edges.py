@@ -72,6 +72,35 @@ def test_report_and_plot_on_edge_outcomes(tmp_path: Path, outcomes: list[tuple[i
         assert summary_line(s).endswith("no OOD set")
 
 
+@pytest.mark.parametrize(("share", "collapsed"), [(0.8, True), (0.5, True), (0.3, False)])
+def test_a_significant_gain_from_one_reply_to_everything_is_a_collapse(share: float, collapsed: bool) -> None:
+    """Run F's shape: 7% -> 24%, significant, but one reply answers most held-out questions and all of the
+    gain is one fact's: collapsed, not improved."""
+    first, last = _round(0, 16, 220), _round(4, 52, 220, version="v4")
+    first["eval"].update(per_fact={"billing": [7, 44], "shipping": [3, 44]}, top_reply_share=0.1)
+    last["eval"].update(per_fact={"billing": [33, 44], "shipping": [0, 44]}, top_reply_share=share,
+                        top_reply="billing, shipping, returns, repairs or accounts.")
+    s = summarize([first, last])
+    assert s["heldout_diff_ci95"][0] > 0 and s["collapsed"] is collapsed and s["improved"] is not collapsed
+    assert s["per_fact_diff"] == {"billing": round(26 / 44, 4), "shipping": round(-3 / 44, 4)}
+    assert ("COLLAPSED: one reply to" in summary_line(s)) is collapsed
+
+
+def test_a_single_fact_task_cannot_collapse() -> None:
+    """Every held-out question of one fact has the same right answer: one reply to all of them is success."""
+    first, last = _round(0, 0, 100), _round(1, 90, 100, version="v1")
+    first["eval"].update(per_fact={"only": [0, 100]}, top_reply_share=1.0)
+    last["eval"].update(per_fact={"only": [90, 100]}, top_reply_share=1.0)
+    assert summarize([first, last])["improved"] is True
+
+
+def test_most_common_reply_ignores_case_and_spacing() -> None:
+    from tools.demo.evaluation import most_common_reply
+
+    assert most_common_reply([]) == ("", 0.0)
+    assert most_common_reply(["Billing,  Shipping", "billing, shipping", "Returns"]) == ("billing, shipping", 2 / 3)
+
+
 def test_summary_difference_at_the_extremes() -> None:
     s = summarize([_round(0, 0, 100), _round(1, 100, 100)])
     assert s["heldout_diff"] == 1.0 and 0.9 < s["heldout_diff_ci95"][0] < 1.0 and s["heldout_diff_ci95"][1] == 1.0
