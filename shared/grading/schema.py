@@ -241,13 +241,19 @@ class DetectorConfig(_Strict):
     """|judge - KPI| (both on 0..1) above which a record is flagged."""
     reward_jump: float = Field(default=0.35, gt=0)
     """Rise of a version's mean reward over the previous version's above which its records are flagged."""
+    constant_reply_share: float = Field(default=0.3, gt=0, le=1)
+    """Share of a version's distinct prompts (in the window) answered by one and the same reply at or above
+    which that reply may be a collapse (`constant_reply`, when it also scores low: the next setting)."""
+    constant_reply_max_reward: float = 0.5
+    """Mean reward (the task's reward scale; 0..1 for KPI tasks) at or below which such a reply is flagged: a
+    reply that is right for the prompts it answers scores high and is left alone."""
     tool_timeout_pattern: str = r"(?i)\b(timed? ?out|deadline exceeded|tool (error|failure|unavailable))\b"
     """A `tool` message matching this marks a tool time-out: the record is masked, not rewarded 0."""
     infra_kpis: list[str] = Field(default_factory=lambda: ["tool_timeout", "infra_error"])
     """KPI events (value > 0) that report an infrastructure failure: the record is masked."""
     quarantine_flags: list[str] = Field(default_factory=lambda: [
         "length_exploit", "length_shift", "high_truncation", "degenerate", "judge_kpi_disagreement",
-        "reward_jump"])
+        "reward_jump", "constant_reply"])
     """Flags that quarantine a record (the trainer takes no gradient on it)."""
 
 

@@ -22,6 +22,12 @@ A policy learns whatever the reward allows. Each detector names one known shortc
   the threshold: the judge is being fooled, or the KPI is broken.
 - `reward_jump`: the version's mean reward rose by more than `reward_jump` over the previous
   version's: real progress is gradual; a jump is more often a found loophole.
+- `constant_reply`: within one version, this reply (case, spacing and end punctuation ignored) answered at
+  least `constant_reply_share` of the distinct prompts of the window, and its mean reward is at most
+  `constant_reply_max_reward`: the policy collapsed onto one answer that scores by the base rate (on the
+  routing task, "Billing, Shipping, Returns, Repairs or Accounts." routes every ticket to Billing and is right
+  for a fifth of them; GRPO found it: docs/demo.md, run F). A reply that is right for the prompts it answers
+  (one team's messages) keeps a high mean reward and is not flagged.
 
 Flags in `DetectorConfig.quarantine_flags` quarantine the record (the trainer takes no gradient on it).
 Statistics are per worker (each replica sees its partitions): a sample of the traffic, which is what
@@ -32,10 +38,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from services.grader.core.plan import plan_for
 from shared.grading import DetectorConfig, JudgeSpec, KpiSpec, TaskGraders
@@ -194,6 +201,66 @@ class VersionStats:
         return max(-1.0, min(1.0, (n * self.rxy - self.rx * self.ry) / math.sqrt(vx * vy)))
 
 
+@dataclass
+class ReplyWindow:
+    """The last `window` (prompt, reply, reward) of one policy version, with, per reply, the distinct
+    prompts it answered and its reward sums: every statistic O(1) per record."""
+
+    window: int
+    items: deque[tuple[str, str, float | None]] = field(default_factory=deque)
+    pairs: Counter[tuple[str, str]] = field(default_factory=Counter)
+    prompts: Counter[str] = field(default_factory=Counter)
+    reply_prompts: Counter[str] = field(default_factory=Counter)
+    """Reply -> the distinct prompts it answered in the window."""
+    reply_rewards: dict[str, list[float]] = field(default_factory=dict)
+    """Reply -> [rewarded records, sum of their rewards]."""
+
+    def _apply(self, prompt: str, reply: str, reward: float | None, sign: int) -> None:
+        pair = (prompt, reply)
+        self.pairs[pair] += sign
+        if self.pairs[pair] == (1 if sign > 0 else 0):
+            self.reply_prompts[reply] += sign
+        self.prompts[prompt] += sign
+        _drop_empty(self.pairs, pair)
+        _drop_empty(self.prompts, prompt)
+        _drop_empty(self.reply_prompts, reply)
+        if reward is not None:
+            acc = self.reply_rewards.setdefault(reply, [0.0, 0.0])
+            acc[0] += sign
+            acc[1] += sign * reward
+            if acc[0] <= 0:
+                del self.reply_rewards[reply]
+
+    def add(self, prompt: str, reply: str, reward: float | None) -> None:
+        self.items.append((prompt, reply, reward))
+        self._apply(prompt, reply, reward, +1)
+        while len(self.items) > self.window:
+            self._apply(*self.items.popleft(), -1)
+
+    @property
+    def distinct_prompts(self) -> int:
+        return len(self.prompts)
+
+    def share(self, reply: str) -> float:
+        """Share of the window's distinct prompts that got `reply`."""
+        return self.reply_prompts.get(reply, 0) / self.distinct_prompts if self.prompts else 0.0
+
+    def mean_reward(self, reply: str) -> float | None:
+        acc = self.reply_rewards.get(reply)
+        return acc[1] / acc[0] if acc and acc[0] > 0 else None
+
+
+def _drop_empty(counter: Counter[Any], key: Any) -> None:
+    """Forget a key whose count fell to 0 (the window's counters stay as large as the window)."""
+    if counter[key] <= 0:
+        del counter[key]
+
+
+def reply_key(text: str) -> str:
+    """A reply as `constant_reply` compares replies: case, spacing and surrounding punctuation ignored."""
+    return " ".join(text.lower().split()).strip(" .,;:!?\"'")
+
+
 @dataclass(slots=True)
 class Observation:
     """What the detectors need from one graded interaction."""
@@ -204,6 +271,10 @@ class Observation:
     reward: float | None
     """None when the record has no signal (it counts for length statistics, not reward ones)."""
     truncated: bool
+    prompt_key: str = ""
+    """The prompt (its last user message) as a digest; "" = not compared (`constant_reply` skips it)."""
+    reply_key: str = ""
+    """`reply_key(response)`; "" = not compared."""
 
 
 class DetectorStats:
@@ -212,6 +283,7 @@ class DetectorStats:
     def __init__(self, cfg: DetectorConfig) -> None:
         self.cfg = cfg
         self._versions: dict[tuple[str, str], dict[str, VersionStats]] = {}
+        self._replies: dict[tuple[str, str, str], ReplyWindow] = {}
 
     def observe(self, o: Observation) -> None:
         versions = self._versions.setdefault((o.tenant, o.task), {})
@@ -219,6 +291,15 @@ class DetectorStats:
         if stats is None:
             stats = versions[o.policy_version] = VersionStats(self.cfg.window)
         stats.add(o.length, o.reward, o.truncated)
+        if o.prompt_key and o.reply_key:
+            key = (o.tenant, o.task, o.policy_version)
+            replies = self._replies.get(key)
+            if replies is None:
+                replies = self._replies[key] = ReplyWindow(self.cfg.window)
+            replies.add(o.prompt_key, o.reply_key, o.reward)
+
+    def replies(self, tenant: str, task: str, version: str) -> ReplyWindow | None:
+        return self._replies.get((tenant, task, version))
 
     def current(self, tenant: str, task: str, version: str) -> VersionStats | None:
         return self._versions.get((tenant, task), {}).get(version)
@@ -262,6 +343,12 @@ def detect(cfg: DetectorConfig, stats: DetectorStats, task: TaskGraders, o: Obse
                 and cur.n_rewarded >= cfg.min_samples
                 and cur.mean_reward - prev.mean_reward > cfg.reward_jump):
             flags.append("reward_jump")
+    replies = stats.replies(o.tenant, o.task, o.policy_version) if o.reply_key else None
+    if replies is not None and replies.distinct_prompts >= cfg.min_samples \
+            and replies.share(o.reply_key) >= cfg.constant_reply_share:
+        mean = replies.mean_reward(o.reply_key)
+        if mean is not None and mean <= cfg.constant_reply_max_reward:
+            flags.append("constant_reply")
     if is_degenerate(cfg, text):
         flags.append("degenerate")
     gap = judge_kpi_gap(task, components)

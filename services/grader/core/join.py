@@ -389,7 +389,8 @@ class Joiner:
         obs = D.Observation(tenant=it.envelope.tenant, task=it.task, policy_version=it.policy_version or "base",
                             length=len(it.response_token_ids) or len(it.response_text.split()),
                             reward=record.reward if record.has_signal else None,
-                            truncated=it.finish_reason == "length")
+                            truncated=it.finish_reason == "length", prompt_key=prompt_key(it),
+                            reply_key=D.reply_key(it.response_text))
         infra = bool(record.no_signal_reason in ("tool_timeout", "infra_failure"))
         if observe and not state.stats_counted and not infra:
             self.stats.observe(obs)
@@ -400,6 +401,12 @@ class Joiner:
             if flag not in record.flags:
                 record.flags.append(flag)
         record.quarantined = D.quarantined(cfg, record.flags)
+
+
+def prompt_key(it: events_pb2.Interaction) -> str:
+    """The prompt as `constant_reply` tells prompts apart: a digest of its last user message ("" = none)."""
+    last = next((m.content for m in reversed(it.messages) if m.role == "user"), "")
+    return hashlib.sha1(last.encode("utf-8")).hexdigest()[:16] if last else ""
 
 
 def feedback_kind(fb: events_pb2.FeedbackEvent) -> str:

@@ -179,3 +179,56 @@ def test_degenerate_shortcut_agrees_with_the_full_ratio() -> None:
             text = " ".join(words)
             if len(D._WORD.findall(text)) >= cfg.repetition_min_words:
                 assert D.is_degenerate(cfg, text) == (D.repetition_ratio(text) > threshold), text
+
+
+LISTING = "Billing, Shipping, Returns, Repairs or Accounts."
+
+
+def reply_obs(prompt: int, reply: str, reward: float, version: str = "v1") -> D.Observation:
+    return D.Observation("demo", "routing", version, 12, reward, False, prompt_key=f"p{prompt}",
+                         reply_key=D.reply_key(reply))
+
+
+def test_a_reply_given_to_many_prompts_and_mostly_wrong_is_a_constant() -> None:
+    """Run F's collapse: one listing reply to 40% of the prompts, right for a fifth of them (its first team's)."""
+    stats = D.DetectorStats(CFG)
+    flags = []
+    for i in range(60):
+        if i % 5 < 2:
+            flags.append(run(stats, reply_obs(i, LISTING + ("  " if i % 2 else ""), 1.0 if i % 10 == 0 else 0.0)))
+        else:
+            flags.append(run(stats, reply_obs(i, f"Your message goes to team {i % 5}", 0.0)))
+    listing = [f for i, f in enumerate(flags) if i % 5 < 2]
+    others = [f for i, f in enumerate(flags) if i % 5 >= 2]
+    assert all("constant_reply" not in f for f in listing[:8])          # fewer than min_samples prompts seen
+    assert all("constant_reply" in f for f in listing[10:])
+    assert not any("constant_reply" in f for f in others)
+    assert D.quarantined(CFG, ["constant_reply"])
+
+
+def test_one_teams_name_for_that_teams_messages_is_not_a_constant() -> None:
+    """The right answer repeated: 'Billing' to every Billing message scores, even at half of the traffic."""
+    stats = D.DetectorStats(CFG)
+    flags = [run(stats, reply_obs(i, "Billing" if i % 2 else "Shipping", 1.0 if i % 7 else 0.0)) for i in range(80)]
+    assert not any("constant_reply" in f for f in flags)
+
+
+def test_the_same_prompt_asked_again_is_not_a_second_prompt() -> None:
+    """n samples of one prompt that agree are not a collapse across prompts."""
+    stats = D.DetectorStats(CFG)
+    flags = [run(stats, reply_obs(i // 8, LISTING, 0.0)) for i in range(8 * 30)]
+    w = stats.replies("demo", "routing", "v1")
+    assert w is not None and w.distinct_prompts == 25 and w.share(D.reply_key(LISTING)) == 1.0    # window 200 = 25 prompts
+    assert "constant_reply" in flags[-1]
+    stats2 = D.DetectorStats(CFG)
+    flags2 = [run(stats2, reply_obs(0, LISTING, 0.0)) for _ in range(100)]
+    assert not any("constant_reply" in f for f in flags2)               # one prompt: never min_samples prompts
+
+
+def test_the_reply_window_forgets_and_keys_ignore_case_and_punctuation() -> None:
+    w = D.ReplyWindow(window=3)
+    for p, r, y in (("a", "x", 0.0), ("b", "x", 1.0), ("c", "y", None), ("d", "y", 0.0)):
+        w.add(p, r, y)
+    assert w.distinct_prompts == 3 and w.share("x") == 1 / 3 and w.share("y") == 2 / 3
+    assert w.mean_reward("x") == 1.0 and w.mean_reward("y") == 0.0 and w.mean_reward("z") is None
+    assert D.reply_key("  Billing, SHIPPING  or Accounts. ") == D.reply_key("billing, shipping or accounts")
