@@ -51,11 +51,11 @@ from tools.tasks.config import write_task_config
 from tools.tasks.task import Task, load_task
 
 # The GRPO demo's update, by the sweep (docs/demo.md, "the sweep"): LoRA r16 (alpha 32) at 1e-3 after a
-# 5-step warm-up, KL beta 0.04 (set below for every budget), 90 users x 4 answers per round, 4 rounds.
-# Full fine-tuning at 2e-5 (runs A, C) and LoRA at 2e-4 (B, D) barely moved the policy; without a warm-up
-# Adam's first step (a sign step) moved it 7.8 nats/token from the base and round 1 lost 9 points. This
-# update does move it: under a 16-token reply cap (run F) it went from 7% to 24% by collapsing onto one
-# reply that lists every team, Billing first (the report now flags that).
+# 5-step warm-up, KL beta 0.04 (set below for every budget), 90 users x 4 answers per round, 4 rounds; the
+# routing task caps replies at 16 tokens. Full fine-tuning at 2e-5 (runs A, C) and LoRA at 2e-4 (B, D)
+# barely moved the policy; this update moves it, but no run has yet shown real learning: F collapsed onto
+# one reply (now flagged by the report and quarantined by the grader), and in G (the README's command) the
+# gate refused every candidate for drift in the general answers.
 RL_UPDATE = {"APPRENTICE_TRAINER_FINETUNE__KIND": "lora", "APPRENTICE_TRAINER_FINETUNE__RANK": "16",
              "APPRENTICE_TRAINER_FINETUNE__ALPHA": "32", "APPRENTICE_TRAINER_LR": "1e-3",
              "APPRENTICE_TRAINER_WARMUP_STEPS": "5"}
@@ -75,9 +75,9 @@ class DemoBudget:
     @staticmethod
     def full(rounds: int, algo: str = "oel") -> DemoBudget:
         # GRPO: greedy + 3 samples of each held-out message (55 on the routing task: 220 answers, which
-        # see an 11-point change at 80% power at its measured 24% base rate, ~3.8 minutes on the CPU pod);
-        # the evaluation runs every round, and more samples would take the time the 60-minute RL run needs
-        # for training steps
+        # see a 7-point change at 80% power at its 7% base rate under the 16-token cap, 11 at 24% with 48
+        # tokens; 1.4 minutes on the CPU pod with the cap); the evaluation runs every round, and more
+        # samples would take the time the 60-minute RL run needs for training steps
         return DemoBudget(rounds=rounds, users_per_round=RL_USERS if algo == "grpo" else 60,
                           eval_samples=3 if algo == "grpo" else 4, max_new_tokens=48,
                           round_timeout_s=900, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "8",
@@ -524,10 +524,9 @@ def reply_tokens(budget: int, flag: int | None, task_cap: int | None) -> int:
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,
              seed: int = 0, keep_runs: int = 2, plant_hack: bool = False, users: int | None = None,
              max_new_tokens: int | None = None, trainer_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """`users`, `max_new_tokens` (the reply cap, for deployment and evaluation alike; default the budget's,
-    within the task's own cap) and `trainer_env`
-    (trainer settings as environment variables) change the budget of one run: a sweep runs the same demo
-    with only these changed, and the report records them."""
+    """`users`, `max_new_tokens` (the reply cap, for deployment and evaluation alike; default the budget's
+    within the task's own cap) and `trainer_env` (trainer settings as environment variables) change the
+    budget of one run: a sweep runs the same demo with only these changed, and the report records them."""
     task = load_task(task_name)
     common = CommonSettings()
     budget = DemoBudget.quick(rounds or 1) if quick else DemoBudget.full(rounds or (RL_ROUNDS if algo == "grpo" else 2),
