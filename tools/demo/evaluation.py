@@ -12,6 +12,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
+from shared.grading.replies import reply_key
 from shared.progress import progress
 from shared.proto.apprentice.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from shared.security.channels import open_channel
@@ -65,10 +66,11 @@ class EvalResult:
 
 
 def most_common_reply(replies: list[str]) -> tuple[str, float]:
-    """The most common reply (case and whitespace ignored) and its share of `replies` (("", 0.0) for none)."""
+    """The most common reply (compared as the grader's `constant_reply` compares them: `reply_key`) and its
+    share of `replies` (("", 0.0) for none)."""
     if not replies:
         return "", 0.0
-    norm = [" ".join(r.lower().split()) for r in replies]
+    norm = [reply_key(r) for r in replies]
     top, count = Counter(norm).most_common(1)[0]
     return top, count / len(norm)
 

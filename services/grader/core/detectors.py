@@ -256,11 +256,6 @@ def _drop_empty(counter: Counter[Any], key: Any) -> None:
         del counter[key]
 
 
-def reply_key(text: str) -> str:
-    """A reply as `constant_reply` compares replies: case, spacing and surrounding punctuation ignored."""
-    return " ".join(text.lower().split()).strip(" .,;:!?\"'")
-
-
 @dataclass(slots=True)
 class Observation:
     """What the detectors need from one graded interaction."""
@@ -274,7 +269,7 @@ class Observation:
     prompt_key: str = ""
     """The prompt (its last user message) as a digest; "" = not compared (`constant_reply` skips it)."""
     reply_key: str = ""
-    """`reply_key(response)`; "" = not compared."""
+    """`shared.grading.replies.reply_key(response)`; "" = not compared."""
 
 
 class DetectorStats:

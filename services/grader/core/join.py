@@ -37,6 +37,7 @@ from services.grader.core.rulebook import RuleBook
 from services.grader.core.state import PendingState
 from shared.contracts.events import deterministic_id, new_id
 from shared.grading import GraderConfig, TaskGraders
+from shared.grading.replies import reply_key
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 
 log = logging.getLogger(__name__)
@@ -390,7 +391,7 @@ class Joiner:
                             length=len(it.response_token_ids) or len(it.response_text.split()),
                             reward=record.reward if record.has_signal else None,
                             truncated=it.finish_reason == "length", prompt_key=prompt_key(it),
-                            reply_key=D.reply_key(it.response_text))
+                            reply_key=reply_key(it.response_text))
         infra = bool(record.no_signal_reason in ("tool_timeout", "infra_failure"))
         if observe and not state.stats_counted and not infra:
             self.stats.observe(obs)

@@ -8,6 +8,7 @@ import pytest
 
 from services.grader.core import detectors as D
 from shared.grading import DetectorConfig, TaskGraders
+from shared.grading.replies import reply_key
 from shared.proto.apprentice.v1 import events_pb2
 from tests.helpers.grader import feedback, interaction
 
@@ -186,7 +187,7 @@ LISTING = "Billing, Shipping, Returns, Repairs or Accounts."
 
 def reply_obs(prompt: int, reply: str, reward: float, version: str = "v1") -> D.Observation:
     return D.Observation("demo", "routing", version, 12, reward, False, prompt_key=f"p{prompt}",
-                         reply_key=D.reply_key(reply))
+                         reply_key=reply_key(reply))
 
 
 def test_a_reply_given_to_many_prompts_and_mostly_wrong_is_a_constant() -> None:
@@ -218,7 +219,7 @@ def test_the_same_prompt_asked_again_is_not_a_second_prompt() -> None:
     stats = D.DetectorStats(CFG)
     flags = [run(stats, reply_obs(i // 8, LISTING, 0.0)) for i in range(8 * 30)]
     w = stats.replies("demo", "routing", "v1")
-    assert w is not None and w.distinct_prompts == 25 and w.share(D.reply_key(LISTING)) == 1.0    # window 200 = 25 prompts
+    assert w is not None and w.distinct_prompts == 25 and w.share(reply_key(LISTING)) == 1.0    # window 200 = 25 prompts
     assert "constant_reply" in flags[-1]
     stats2 = D.DetectorStats(CFG)
     flags2 = [run(stats2, reply_obs(0, LISTING, 0.0)) for _ in range(100)]
@@ -231,4 +232,4 @@ def test_the_reply_window_forgets_and_keys_ignore_case_and_punctuation() -> None
         w.add(p, r, y)
     assert w.distinct_prompts == 3 and w.share("x") == 1 / 3 and w.share("y") == 2 / 3
     assert w.mean_reward("x") == 1.0 and w.mean_reward("y") == 0.0 and w.mean_reward("z") is None
-    assert D.reply_key("  Billing, SHIPPING  or Accounts. ") == D.reply_key("billing, shipping or accounts")
+    assert reply_key("  Billing, SHIPPING  or Accounts. ") == reply_key("billing, shipping or accounts")
