@@ -269,7 +269,8 @@ class Observation:
     prompt_key: str = ""
     """The prompt (its last user message) as a digest; "" = not compared (`constant_reply` skips it)."""
     reply_key: str = ""
-    """`shared.grading.replies.reply_key(response)`; "" = not compared."""
+    """The reply as `shared.grading.replies.reply_key` compares it (the grader passes a digest of it); "" = not
+    compared."""
 
 
 class DetectorStats:

@@ -391,7 +391,7 @@ class Joiner:
                             length=len(it.response_token_ids) or len(it.response_text.split()),
                             reward=record.reward if record.has_signal else None,
                             truncated=it.finish_reason == "length", prompt_key=prompt_key(it),
-                            reply_key=reply_key(it.response_text))
+                            reply_key=reply_digest(it.response_text))
         infra = bool(record.no_signal_reason in ("tool_timeout", "infra_failure"))
         if observe and not state.stats_counted and not infra:
             self.stats.observe(obs)
@@ -408,6 +408,13 @@ def prompt_key(it: events_pb2.Interaction) -> str:
     """The prompt as `constant_reply` tells prompts apart: a digest of its last user message ("" = none)."""
     last = next((m.content for m in reversed(it.messages) if m.role == "user"), "")
     return hashlib.sha1(last.encode("utf-8")).hexdigest()[:16] if last else ""
+
+
+def reply_digest(text: str) -> str:
+    """`reply_key(text)` as a short digest: the detector's window keeps 16 characters per reply, whatever its
+    length ("" for a reply with no words)."""
+    key = reply_key(text)
+    return hashlib.sha1(key.encode("utf-8")).hexdigest()[:16] if key else ""
 
 
 def feedback_kind(fb: events_pb2.FeedbackEvent) -> str:

@@ -233,3 +233,11 @@ def test_the_reply_window_forgets_and_keys_ignore_case_and_punctuation() -> None
     assert w.distinct_prompts == 3 and w.share("x") == 1 / 3 and w.share("y") == 2 / 3
     assert w.mean_reward("x") == 1.0 and w.mean_reward("y") == 0.0 and w.mean_reward("z") is None
     assert reply_key("  Billing, SHIPPING  or Accounts. ") == reply_key("billing, shipping or accounts")
+
+
+def test_the_grader_keeps_a_short_digest_of_each_reply() -> None:
+    from services.grader.core.join import reply_digest
+
+    long = "Billing. " * 20_000
+    assert reply_digest(long) == reply_digest(long.upper()) and len(reply_digest(long)) == 16
+    assert reply_digest(LISTING) != reply_digest("Shipping") and reply_digest(" ... ") == ""
