@@ -5,6 +5,9 @@ twice. Prints a table of figures; exits non-zero if any invariant fails.
     python load/chaos.py --run-dir /tmp/chaos            # tiny model, private broker, ~4 minutes
     python load/chaos.py --together                      # all five killed at once: ~2.5 minutes
     python load/chaos.py --kill inference,trainer --broker-fault stop --qps 8 --json figures.json
+    # every stage replicated on a three-broker cluster (docs/cluster.md):
+    python load/chaos.py --brokers 3 --replicas inference=2,grader=2,weights=2 --trainer-ranks 2 --together
+        --kill inference,grader,extractor,trainer --promotion-kill
 
 What it does, in order (load runs throughout: gRPC Generate + Feedback through the inference service from
 several tenants with the task file's task tag, retrying failed calls as a product backend would):
@@ -60,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trigger-samples", type=int, default=8, help="trainer RL round size")
     ap.add_argument("--min-trainer-versions", type=int, default=1)
     ap.add_argument("--no-operator-swap", action="store_true")
+    ap.add_argument("--replicas", default="", help="replicated services, e.g. inference=2,grader=2,weights=2 "
+                                                   "(--kill inference-1 kills the second pod)")
+    ap.add_argument("--trainer-ranks", type=int, default=1, help="the trainer as this many torchrun ranks")
+    ap.add_argument("--promotion-kill", action="store_true",
+                    help="kill -9 the weights replica gating the operator's promotion while the call waits")
     ap.add_argument("--strict-delivery", action="store_true", help="duplicate deliveries fail the run too")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--keep", action="store_true", help="keep the run folder (a temp one is removed otherwise)")
@@ -71,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                       qps=ns.qps, max_new_tokens=ns.max_new_tokens, dwell_s=ns.dwell,
                       trigger_samples=ns.trigger_samples, min_trainer_versions=ns.min_trainer_versions,
                       operator_swap=not ns.no_operator_swap, strict_delivery=ns.strict_delivery,
-                      brokers=ns.brokers)
+                      brokers=ns.brokers, trainer_ranks=ns.trainer_ranks, promotion_kill=ns.promotion_kill,
+                      replicas={k: int(v) for k, v in (item.split("=", 1) for item in ns.replicas.split(",") if item)})
     try:
         result = run_chaos(cfg)
     finally:

@@ -49,7 +49,7 @@ from services.weights.gate import (
     verdict,
 )
 from services.weights.knowledge import KnowledgeView
-from services.weights.metrics import EVAL_SECONDS, EVALS
+from services.weights.metrics import EVAL_SECONDS, EVALS, EVALS_RUNNING
 from services.weights.settings import WeightsSettings
 from services.weights.store import WeightStore
 from shared.contracts.orders import BASE
@@ -325,6 +325,7 @@ class Evaluator:
             baseline = baseline or self.baseline_for(m)
             reference = self.reference_for(m)
             work = self.workdir / uuid.uuid4().hex
+            EVALS_RUNNING.inc()
             try:
                 files = self.store.materialise(m, work / f"{m.version}.check")
                 bad, total = nonfinite_tensors(files)
@@ -333,6 +334,7 @@ class Evaluator:
                 if not bad:  # a NaN model cannot be scored meaningfully; the integrity result already blocks
                     results += self._compare(m, baseline, reference, work)
             finally:
+                EVALS_RUNNING.dec()
                 shutil.rmtree(work, ignore_errors=True)
             passed, reason = verdict(results)
             reason += f" (parent {baseline}, reference {reference}, {time.monotonic() - started:.1f}s)"

@@ -269,6 +269,11 @@ class OrderDesk:
     def _send(self, state: ModelState, action: events_pb2.UpdateAction, m: weights_pb2.Manifest, previous: str, reason: str,
               fraction: float = 0.0, *, slot_key: str | None = None) -> events_pb2.ModelUpdate:
         update = self._order(action, m, m.tenant if slot_key is None else slot_key, previous, reason, fraction)
+        # The id follows from the order and the state it changes (the last order before it): a replica that
+        # died after publishing and before saving leaves that state as it was, so the retry, here or on
+        # another replica over the same store, sends the same id again and consumers count one order.
+        update.envelope.event_id = deterministic_id("order", m.model, update.tenant, ACTION_NAMES[action], m.version,
+                                                    previous, f"{fraction:g}", state.last_order_id)
         new = apply_order(state.slot(update.tenant), update)  # raises InvalidOrder before anything is sent
         self.publish(update)
         state.slots[update.tenant] = new

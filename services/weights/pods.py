@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 from services.weights.manifests import ModelState
+from services.weights.pod_share import PodShare, SharedPod
 from shared.contracts.orders import BASE
 from shared.proto.apprentice.v1 import weights_pb2
 from shared.rpc.grpc_util import PermissionDenied, ResourceExhausted
@@ -112,14 +113,40 @@ def _trusted(identity: Identity | None) -> bool:
 
 class PodRegistry:
     """Latest heartbeat per (model, pod), in memory: pods beat every few seconds, so a restart of the
-    weights service recovers the picture within one heartbeat interval."""
+    weights service recovers the picture within one heartbeat interval. With `share`, the heartbeats other
+    weights replicas received count too (pod_share.py): every view below is of all pods, newest heartbeat
+    first, whichever replica a pod beats to."""
 
-    def __init__(self, *, max_pods_per_identity: int = 256, max_pods: int = 1024, forget_s: float = 600.0) -> None:
+    def __init__(self, *, max_pods_per_identity: int = 256, max_pods: int = 1024, forget_s: float = 600.0,
+                 share: PodShare | None = None) -> None:
         self._pods: dict[tuple[str, str], _Pod] = {}
         self._lock = threading.Lock()
         self.max_pods_per_identity = max_pods_per_identity
         self.max_pods = max_pods
         self.forget_s = forget_s
+        self.share = share
+
+    def publish(self, now: float | None = None) -> None:
+        """Write this replica's heartbeats for the other replicas (no-op without `share`)."""
+        if self.share is None:
+            return
+        now = time.time() if now is None else now
+        with self._lock:
+            self._expire(now, self.forget_s)
+            mine = [SharedPod(m, p.heartbeat, p.received_at, p.off_target_since, p.owner, p.trusted)
+                    for (m, _), p in self._pods.items()]
+        self.share.write(mine, forget_s=self.forget_s, now=now)
+
+    def _all(self, now: float, forget_s: float) -> dict[tuple[str, str], _Pod]:
+        """Under the lock: own and other replicas' pods, the newest heartbeat of each, none older than `forget_s`."""
+        self._expire(now, forget_s)
+        out = dict(self._pods)
+        for sp in self.share.peers() if self.share is not None else []:
+            key = (sp.model, sp.heartbeat.pod_id)
+            mine = out.get(key)
+            if now - sp.received_at <= forget_s and (mine is None or sp.received_at > mine.received_at):
+                out[key] = _Pod(sp.heartbeat, sp.received_at, sp.off_target_since, sp.owner, sp.trusted)
+        return out
 
     def _expire(self, now: float, forget_s: float) -> None:
         """Under the lock: drop pods silent for longer than `forget_s`."""
@@ -140,19 +167,19 @@ class PodRegistry:
             hb = short
         converged = not mismatches(hb, expected_of(state))
         with self._lock:
-            self._expire(now, self.forget_s)
-            prev = self._pods.get((hb.model, hb.pod_id))
+            known = self._all(now, self.forget_s)       # a pod another replica knows keeps its owner here
+            prev = known.get((hb.model, hb.pod_id))
             if prev is not None and prev.owner != owner:
                 raise PermissionDenied(f"pod {hb.pod_id!r} of {hb.model} is registered by another credential; "
                                        f"a pod reports with its own credential (or pick another pod id)")
             if prev is None:
-                mine = sum(p.owner == owner for p in self._pods.values())
+                mine = sum(p.owner == owner for p in known.values())
                 if mine >= self.max_pods_per_identity:
                     raise ResourceExhausted(f"credential {owner or 'internal'!r} already has {mine} pods registered, "
                                             "the limit (APPRENTICE_WEIGHTS_MAX_PODS_PER_IDENTITY); silent pods expire "
                                             f"after {self.forget_s:g}s")
-                if len(self._pods) >= self.max_pods:
-                    raise ResourceExhausted(f"{len(self._pods)} pods are registered, the server's limit "
+                if len(known) >= self.max_pods:
+                    raise ResourceExhausted(f"{len(known)} pods are registered, the server's limit "
                                             "(APPRENTICE_WEIGHTS_MAX_PODS); silent pods expire after "
                                             f"{self.forget_s:g}s")
             since = None if converged else (prev.off_target_since if prev and prev.off_target_since else now)
@@ -167,15 +194,14 @@ class PodRegistry:
                                                                                           float, float | None]]:
         now = time.time() if now is None else now
         with self._lock:
-            self._expire(now, forget_s)
             return [(p.heartbeat, p.received_at, p.off_target_since)
-                    for (m, _), p in sorted(self._pods.items()) if m == model]
+                    for (m, _), p in sorted(self._all(now, forget_s).items()) if m == model]
 
     def _live_trusted(self, model: str, version: str, heartbeat_timeout_s: float,
                       now: float) -> list[weights_pb2.PodHeartbeat]:
         """Heartbeats of trusted pods of `model` that beat within the timeout and report canary `version`."""
         with self._lock:
-            pods = [p for (m, _), p in sorted(self._pods.items()) if m == model and p.trusted
+            pods = [p for (m, _), p in sorted(self._all(now, self.forget_s).items()) if m == model and p.trusted
                     and now - p.received_at <= heartbeat_timeout_s]
         out = []
         for p in pods:

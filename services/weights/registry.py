@@ -9,6 +9,8 @@ the knowledge follower, GC, the pods watchdog). The process's handle around it i
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +22,7 @@ from services.weights.evaluator import Evaluator
 from services.weights.knowledge import KnowledgeView
 from services.weights.metrics import ORDERS, PODS
 from services.weights.orders import OrderDesk
+from services.weights.pod_share import PodShare
 from services.weights.pods import PodRegistry
 from services.weights.policy import PromotionPolicy
 from services.weights.quotas import UploadLimits, UploadQuotas
@@ -56,8 +59,9 @@ class WeightsService:
         s = self.settings
         self.topics = s.common.topics
         self.store = WeightStore(make_blob_store(s.store.kind, s.store_root), s.store_root)
+        replica = s.replica_id or f"{socket.gethostname()}-{s.port or os.getpid()}"
         self.pods = PodRegistry(max_pods_per_identity=s.max_pods_per_identity, max_pods=s.max_pods,
-                                forget_s=s.pod_forget_s)
+                                forget_s=s.pod_forget_s, share=PodShare(s.store_root / "pods", replica))
         self.quotas = UploadQuotas(UploadLimits(
             max_upload_bytes=s.max_upload_bytes, max_uploads_per_identity=s.max_uploads_per_identity,
             max_bytes_per_identity=s.max_upload_bytes_per_identity, max_bytes_total=s.max_upload_bytes_in_flight))
@@ -156,7 +160,8 @@ class WeightsService:
 
     def start_background(self, consume: bool = True) -> None:
         self._load_signer()    # before any thread: a missing key stops the start
-        targets = [self._gc_loop, self._watchdog_loop] + ([self._consume_loop] if consume else [])
+        targets = [self._gc_loop, self._watchdog_loop, self._pod_share_loop]
+        targets += [self._consume_loop] if consume else []
         if consume and self.knowledge is not None:
             targets.append(self._knowledge_loop)
             self.knowledge.followed = True  # before any gate runs: it waits for the view to catch up
@@ -201,6 +206,14 @@ class WeightsService:
                                       extra={"model": model, "pod": p.pod_id, "detail": p.detail})
             except Exception:  # noqa: BLE001
                 log.exception("watchdog failed")
+
+    def _pod_share_loop(self) -> None:
+        """Write the heartbeats this replica received for the other replicas over the store (pod_share.py)."""
+        while not self._stop.wait(self.settings.pod_share_interval_s):
+            try:
+                self.pods.publish()
+            except OSError:
+                log.exception("could not share pod heartbeats with the other weights replicas")
 
     def _knowledge_loop(self) -> None:
         """Follow the knowledge topic into the gate's view (shared/knowledge/follow.py) until the service stops."""

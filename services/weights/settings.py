@@ -213,6 +213,13 @@ class WeightsSettings(ApprenticeSettings):
     pod_forget_s: float = 600.0
     """Pods silent for longer than this disappear from Status (and stop counting against the pod caps)."""
 
+    replica_id: str = ""
+    """This replica's name among the weights replicas over one store (the file its pods' heartbeats are
+    shared in, services/weights/pod_share.py); "" = `<host name>-<port>`."""
+
+    pod_share_interval_s: float = Field(default=2.0, gt=0)
+    """How often this replica writes the heartbeats it received for the other replicas to read."""
+
     max_pods_per_identity: int = 256
     """Pods one credential may have registered (by heartbeat) at once; a new pod beyond it is refused
     with RESOURCE_EXHAUSTED until one is forgotten. Raise it when every inference pod shares one service

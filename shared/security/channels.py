@@ -88,12 +88,32 @@ class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercepto
         return continuation(self._with_token(client_call_details), request_iterator)
 
 
+def replica_target(addresses: Sequence[str]) -> str:
+    """One gRPC target over several replicas of a service ("host:port" each): the channel connects to the
+    first that answers and moves to the next when it goes (gRPC's `ipv4:` address list, pick_first), as a
+    Kubernetes Service does for a Deployment's pods. A single address stays as it is."""
+    if len(addresses) == 1:
+        return addresses[0]
+    return "ipv4:" + ",".join(addresses)
+
+
+def with_authority(target: str, options: Options = ()) -> list[tuple[str, Any]]:
+    """`options`, plus the authority of an address-list target (`replica_target`): gRPC would otherwise
+    present the whole list as the server's name, which no certificate names, and TLS verification fails.
+    The first address's host is what each replica's certificate is issued for (they share one name)."""
+    opts = list(options)
+    if target.startswith(("ipv4:", "ipv6:")) and not any(k == "grpc.default_authority" for k, _ in opts):
+        first = target.split(":", 1)[1].split(",", 1)[0]
+        opts.append(("grpc.default_authority", first.rsplit(":", 1)[0].strip("[]") or "localhost"))
+    return opts
+
+
 def open_channel(target: str, common: CommonSettings | None = None, *, options: Options = (),
                  token: str | None = None) -> grpc.Channel:
     """A sync channel to `target` with this process's TLS settings and key (`token` overrides the key)."""
     common = common or CommonSettings()
     creds = channel_credentials(common)
-    opts = list(options)
+    opts = with_authority(target, options)
     raw = grpc.secure_channel(target, creds, options=opts) if creds else grpc.insecure_channel(target, options=opts)
     source: Callable[[], str] = (lambda: token) if token is not None else TokenSource.from_settings(common)
     return grpc.intercept_channel(raw, _Bearer(source))
@@ -104,7 +124,7 @@ def open_aio_channel(target: str, common: CommonSettings | None = None, *,
     """An asyncio channel with this process's TLS settings; add `auth_metadata(common)` to each call."""
     common = common or CommonSettings()
     creds = channel_credentials(common)
-    opts = list(options)
+    opts = with_authority(target, options)
     return grpc.aio.secure_channel(target, creds, options=opts) if creds else grpc.aio.insecure_channel(target, options=opts)
 
 

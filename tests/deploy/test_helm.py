@@ -44,7 +44,8 @@ SCALED_GPU_STRIMZI: dict[str, Any] = {
                   "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                   "env": {"APPRENTICE_INFERENCE_ENGINE__GPU_MEMORY_UTILIZATION": "0.9"}},
     "grader": {"replicas": 6, "podDisruptionBudget": {"maxUnavailable": 2}},
-    "trainer": {"gpus": 1, "tenant": "shop"},
+    "trainer": {"gpus": 2, "ranks": 2, "tenant": "shop"},
+    "weights": {"replicas": 2, "persistence": {"accessMode": "ReadWriteMany", "storageClass": "cephfs"}},
     "auth": {"tenants": ["shop", "default"]},
     "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
 }
@@ -158,6 +159,8 @@ def test_bad_values_fail_with_a_clear_message(helm: Path, tmp_path: Path) -> Non
     assert res.returncode != 0 and "saslPasswordSecret.name is required" in res.stderr
     res = _template(helm, tmp_path, "default", extra=("--kube-version", "1.27.0"))
     assert res.returncode != 0 and "kubeVersion" in res.stderr
+    res = _template(helm, tmp_path, "default", extra=("--set", "weights.replicas=2"))
+    assert res.returncode != 0 and "weights.persistence.accessMode=ReadWriteMany" in res.stderr
     res = _template(helm, tmp_path, "default", extra=("--set", "recordKeys.publicKeys=null"))
     assert res.returncode != 0 and "recordKeys.publicKeys is empty" in res.stderr
     res = _template(helm, tmp_path, "default", extra=("--set", "recordKeys.publicKeys.grader@12=ab"))
@@ -258,6 +261,15 @@ def test_value_sets_render_what_they_ask_for(rendered: dict[str, list[dict[str, 
     assert not _kind(scaled, "Job"), "Strimzi mode declares topics as KafkaTopic resources"
     pdbs = {d["metadata"]["name"]: d for d in _kind(scaled, "PodDisruptionBudget")}
     assert pdbs[f"{FULL}-grader"]["spec"]["maxUnavailable"] == 2 and f"{FULL}-inference" in pdbs
+    weights = _one(scaled, "Deployment", f"{FULL}-weights")
+    assert weights["spec"]["replicas"] == 2 and weights["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert _one(scaled, "PersistentVolumeClaim", f"{FULL}-weights")["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert f"{FULL}-weights" in pdbs and f"{FULL}-weights" not in {d["metadata"]["name"] for d in _kind(default, "PodDisruptionBudget")}
+    assert _one(default, "Deployment", f"{FULL}-weights")["spec"]["strategy"]["type"] == "Recreate"
+    (trainer,) = _one(scaled, "Deployment", f"{FULL}-trainer")["spec"]["template"]["spec"]["containers"]
+    assert trainer["command"][:3] == ["python", "-m", "torch.distributed.run"] and "--nproc_per_node=2" in trainer["command"]
+    assert trainer["args"] == ["serve", "trainer"]
+    assert "command" not in _one(default, "Deployment", f"{FULL}-trainer")["spec"]["template"]["spec"]["containers"][0]
 
     assert not _kind(ext, "Secret"), "existing secrets are used, none generated"
     assert not [d for d in ext if d["metadata"]["name"].endswith("-dashboard")]

@@ -32,14 +32,17 @@ from typing import Any
 
 from load.loadgen import LoadGenerator, Stats
 from tests.helpers.chaos_faults import (
+    PromotionFault,
     broker_outage,
     kill_group,
     leader_outage,
     operator_version,
+    promotion_outage,
     rollback_to_base,
     rolling_restart,
     say,
     stop_broker,
+    upload_operator_version,
 )
 from tests.helpers.chaos_invariants import (
     Figure,
@@ -57,7 +60,7 @@ from tests.helpers.waiting import wait_for
 from tools.broker.cluster import LocalCluster
 from tools.broker.local_broker import LocalBroker
 from tools.stack.stack import LocalStack
-from tools.stack.supervisor import SERVICES
+from tools.stack.supervisor import SERVICES, service_of
 
 KILL_ORDER = ("inference", "grader", "extractor", "trainer", "weights")
 
@@ -143,6 +146,14 @@ class ChaosConfig:
     """Count duplicate deliveries (same event id twice) as failures too, not only duplicate effects."""
     torch_threads: int = 1
     """Per service: five processes share 2 cores."""
+    replicas: dict[str, int] = field(default_factory=dict)
+    """Service -> how many run (`LocalStack.replicas`: inference pods, grader workers, weights replicas);
+    `kill` names the one killed (`inference` is pod 0, `inference-1` pod 1)."""
+    trainer_ranks: int = 1
+    """The trainer as this many torchrun ranks (its kill takes the whole pod: agent and ranks)."""
+    promotion_kill: bool = False
+    """The operator's version is promoted through the gate (not forced), and the weights replica evaluating
+    it is kill -9'd while the call waits; the caller's retry must promote it on another replica, once."""
 
 
 @dataclass
@@ -206,7 +217,7 @@ def service_env(cfg: ChaosConfig) -> dict[str, dict[str, str]]:
 # --- the run -----------------------------------------------------------------------------------------
 class Chaos:
     def __init__(self, cfg: ChaosConfig) -> None:
-        unknown = set(cfg.kill) - set(SERVICES)
+        unknown = {name for name in cfg.kill if service_of(name) not in SERVICES}
         if unknown:
             raise ValueError(f"--kill names unknown services {sorted(unknown)}; choose from {', '.join(SERVICES)}")
         if cfg.broker_fault not in ("kill", "stop", "none"):
@@ -216,7 +227,9 @@ class Chaos:
         self.cfg = cfg
         self.broker: LocalBroker | LocalCluster = (private_cluster(cfg.run_dir / "broker", cfg.brokers)
                                                    if cfg.brokers > 1 else private_broker(cfg.run_dir / "broker"))
-        self.stack = LocalStack(cfg.run_dir / "stack", cfg.model, service_env=service_env(cfg), broker=self.broker)
+        self.stack = LocalStack(cfg.run_dir / "stack", cfg.model, service_env=service_env(cfg), broker=self.broker,
+                                replicas=cfg.replicas, trainer_ranks=cfg.trainer_ranks)
+        self.promotion: PromotionFault | None = None
         self.faults: list[Window] = []
         self.recovered: dict[str, bool] = {}       # fault target -> answered again in time
         self.seconds: dict[str, float] = {}
@@ -299,7 +312,18 @@ class Chaos:
                 say(f"services not healthy {cfg.restart_timeout_s:.0f}s after the broker came back: {health}")
                 return
             time.sleep(cfg.dwell_s)      # load on the healed stack before the next fault
-        if cfg.operator_swap:
+        if cfg.operator_swap and cfg.promotion_kill:
+            version = upload_operator_version(self.stack, cfg.model, self.stack.run_dir / "operator-version")
+            if version is None:
+                raise RuntimeError(f"no local weights folder for {cfg.model}: no promotion to kill the weights in")
+            self.promotion = promotion_outage(self.stack, cfg.model, version, cfg.restart_timeout_s)
+            self.faults.append(self.promotion.window)
+            self.recovered[self.promotion.window.target] = self.promotion.restarted
+            time.sleep(cfg.dwell_s + 2)  # load served by the promoted version: the swap window
+            rollback_to_base(self.stack, cfg.model)
+            say("operator slot rolled back to base")
+            time.sleep(cfg.dwell_s + 2)
+        elif cfg.operator_swap:
             version = operator_version(self.stack, cfg.model, self.stack.run_dir / "operator-version")
             if version is None:
                 say(f"no local weights folder for {cfg.model}: operator swap skipped")
@@ -380,7 +404,8 @@ class Chaos:
 
     def _check(self, stats: Stats) -> ChaosResult:
 
-        from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
+        from shared.contracts.events import decode
+        from shared.proto.apprentice.v1 import events_pb2, weights_pb2, weights_pb2_grpc
 
         cfg, t = self.cfg, self.stack.topics
         names = {"interactions": t.interactions, "feedback": t.feedback, "graded": t.graded,
@@ -421,6 +446,20 @@ class Chaos:
             back = self.recovered.get("rolling", False)
             figures.append(Figure("faults", f"rolling restart of {cfg.brokers} brokers, each in sync, took (s)",
                                   round(w.end - w.start, 1) if w and back else "never", back))
+        if self.promotion is not None:
+            p = self.promotion
+            updates = [decode(events_pb2.ModelUpdate, r.value()) for r in records["updates"]]
+            orders = {u.envelope.event_id for u in updates
+                      if u.version == p.version and u.action == events_pb2.UPDATE_ACTION_PROMOTE}
+            figures += [
+                Figure("faults", f"{p.window.target}: kill -9 while its gate evaluated a promotion",
+                       "in flight" if p.in_flight else "missed", p.in_flight),
+                Figure("faults", "promotion completed by the caller's retry on another replica after (s)",
+                       round(p.promote_seconds, 1) if p.promoted else "never", p.promoted),
+                Figure("faults", "promote orders sent for that version (distinct ids)", len(orders), len(orders) == 1),
+                Figure("faults", f"{p.window.target}: restarted by the supervisor, healthy after (s)",
+                       round(p.window.end - p.window.start, 1) if p.restarted else "never", p.restarted),
+            ]
         figures.append(Figure("faults", "services healthy at the end", sum(health.values()), all(health.values())))
         return ChaosResult(figures, list(self.faults), swaps)
 

@@ -13,12 +13,15 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.helpers.chaos_invariants import Window
 from tools.broker.cluster import LocalCluster
 from tools.broker.local_broker import LocalBroker
+from tools.stack.probe import metrics_text
 from tools.stack.stack import LocalStack
 
 
@@ -103,9 +106,9 @@ def broker_outage(broker: LocalBroker, how: str, down_s: float) -> Window:
     return w
 
 
-def operator_version(stack: LocalStack, model: str, work: Path) -> str | None:
-    """Upload a copy of the base weights as an operator version (every tenant) and promote it; None
-    when the model has no local full-weights folder to copy."""
+def upload_operator_version(stack: LocalStack, model: str, work: Path) -> str | None:
+    """Upload a copy of the base weights as an operator version (every tenant), a CANDIDATE; None when the
+    model has no local full-weights folder to copy."""
 
     from shared.models import resolve_model_dir
     from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
@@ -118,14 +121,89 @@ def operator_version(stack: LocalStack, model: str, work: Path) -> str | None:
     for name in ("model.safetensors", "config.json", "generation_config.json"):
         shutil.copy(src / name, work / name)
     with stack.channel(stack.weights_target) as ch:
-        stub = weights_pb2_grpc.WeightsStub(ch)
-        m = upload_version(stub, weights_pb2.UploadHeader(model=model, kind="full", base_model=model, tenant="",
-                                                          parent_version="base",
-                                                          training_metadata={"source": "chaos operator swap"}),
-                           work, timeout=120)
-        stub.Promote(weights_pb2.PromoteRequest(model=model, version=m.version, force=True,
-                                                reason="chaos: operator swap under load"), timeout=60)
+        m = upload_version(weights_pb2_grpc.WeightsStub(ch), weights_pb2.UploadHeader(
+            model=model, kind="full", base_model=model, tenant="", parent_version="base",
+            training_metadata={"source": "chaos operator swap"}), work, timeout=120)
     return str(m.version)
+
+
+def operator_version(stack: LocalStack, model: str, work: Path) -> str | None:
+    """Upload a copy of the base weights as an operator version and promote it past the gate."""
+
+    from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
+
+    version = upload_operator_version(stack, model, work)
+    if version is not None:
+        with stack.channel(stack.weights_target) as ch:
+            weights_pb2_grpc.WeightsStub(ch).Promote(weights_pb2.PromoteRequest(
+                model=model, version=version, force=True, reason="chaos: operator swap under load"), timeout=60)
+    return version
+
+
+@dataclass
+class PromotionFault:
+    """A weights replica killed while it gated a promotion: which, when, and how the promotion ended."""
+    window: Window
+    version: str
+    in_flight: bool
+    """The Promote call was still waiting on the killed replica's gate when it died."""
+    promoted: bool
+    """The caller's retry (on the surviving replica) promoted the version."""
+    promote_seconds: float
+    restarted: bool = False
+    """The killed replica was restarted by the supervisor and answered again."""
+
+
+def promotion_outage(stack: LocalStack, model: str, version: str, timeout: float) -> PromotionFault:
+    """Promote `version` through the gate, as an operator's client does (retrying an unavailable replica), and
+    kill -9 the weights replica whose gate is evaluating it (`apprentice_weights_evaluations_running`) the
+    moment it starts; the window lasts until that replica is restarted and answers again."""
+
+    import grpc
+
+    from shared.proto.apprentice.v1 import weights_pb2, weights_pb2_grpc
+
+    acked: list[object] = []
+    errors: list[str] = []
+    took: list[float] = []
+
+    def promote() -> None:
+        t0 = time.monotonic()
+        request = weights_pb2.PromoteRequest(model=model, version=version, reason="chaos: promotion under a kill")
+        with stack.channel(stack.weights_target) as ch:
+            stub = weights_pb2_grpc.WeightsStub(ch)
+            while not acked and time.monotonic() - t0 < timeout:
+                try:
+                    acked.append(stub.Promote(request, timeout=timeout, wait_for_ready=True))
+                except grpc.RpcError as e:
+                    errors.append(e.code().name)
+                    if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                        break
+                    time.sleep(0.2)        # the channel moves to the next replica
+        took.append(time.monotonic() - t0)
+
+    caller = threading.Thread(target=promote, daemon=True)
+    caller.start()
+    victim, deadline = None, time.monotonic() + timeout
+    while victim is None and caller.is_alive() and time.monotonic() < deadline:
+        for child in stack.replicas_of("weights"):
+            port = stack.replica_ports.get(child, stack.ports).metrics["weights"]
+            if "apprentice_weights_evaluations_running 1.0" in (metrics_text(port) or ""):
+                victim = child
+                break
+        else:
+            time.sleep(0.02)       # the gate of a tiny model takes about a second: poll well inside it
+    in_flight = victim is not None and caller.is_alive()
+    if victim is None:
+        say("weights: the promotion finished before any replica's gate was seen running; nothing killed")
+        caller.join(timeout)
+        t = time.time()
+        return PromotionFault(Window("kill", "weights", t, t), version, False, bool(acked), sum(took))
+    window, back = kill_group(stack, (victim,), timeout)[victim]
+    caller.join(timeout)
+    say(f"weights: kill -9 of {victim} while its gate evaluated {version}; the caller's retries ({errors}) "
+        f"{'promoted it' if acked else 'did not promote it'} after {sum(took):.1f}s")
+    return PromotionFault(window, version, in_flight, bool(acked), sum(took), back)
 
 
 def rollback_to_base(stack: LocalStack, model: str) -> None:

@@ -228,7 +228,7 @@ def classify(attempt: Any, faults: Sequence[Window], swaps: Sequence[Window]) ->
     """Why a failed call failed, in order of precedence: the inference process itself was killed
     (expected: the answer died with it), a weight swap, the broker down, another service killed, none."""
     a0, a1 = attempt.start, attempt.end
-    if any(f.target == "inference" and f.overlaps(a0, a1) for f in faults):
+    if any(f.target.split("-", 1)[0] == "inference" and f.overlaps(a0, a1) for f in faults):
         return "inference killed"
     if any(w.overlaps(a0, a1) for w in swaps):
         return "during a swap"

@@ -57,6 +57,29 @@ def test_chaos_on_a_replicated_cluster(kafka_bootstrap: str, tiny_model_name: st
 
 
 @pytest.mark.slow
+def test_chaos_on_a_replicated_stack(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path) -> None:
+    """Every stage replicated on a three-broker cluster (docs/cluster.md): two inference pods, two grader
+    workers, two weights replicas over one store, the trainer as two torchrun ranks. Under load, one pod,
+    one grader worker, the extractor and the whole trainer pod are kill -9'd at once, then the weights replica
+    gating an operator's promotion is kill -9'd while the call waits; then the busiest broker and a rolling
+    restart. Only calls in flight on the killed pod may fail; the promotion completes on the other replica
+    with one order; nothing is lost or done twice. `make chaos-cluster`."""
+    result = _run(tmp_path, tiny_model_name, kill_together=True, warmup_s=3.0, dwell_s=2.0, brokers=3,
+                  kill=("inference", "grader", "extractor", "trainer"), promotion_kill=True,
+                  replicas={"inference": 2, "grader": 2, "weights": 2}, trainer_ranks=2)
+    assert result.ok, "\n" + "\n".join(f.row() for f in result.failed) + "\n\n" + result.table()
+    assert result.value("answers received by clients") >= 50
+    for name in ("inference", "grader", "extractor", "trainer"):
+        assert isinstance(result.value(f"{name}: kill -9"), float), name
+    assert result.value("promotion completed by the caller's retry") > 0
+    assert result.value("promote orders sent for that version") == 1
+    assert isinstance(result.value("broker: kill -9 of"), float)
+    assert isinstance(result.value("rolling restart of 3 brokers"), float)
+    assert result.value("versions trained for tenant") >= 1 and result.value("interactions trained") > 0
+    assert result.value("interactions with a revision >= 2") > 0
+
+
+@pytest.mark.slow
 def test_chaos_each_service_in_turn(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path) -> None:
     """Full size (~4 minutes on 2 shared cores): kill -9 each service in turn, then the broker."""
     result = _run(tmp_path, tiny_model_name)

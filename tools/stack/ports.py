@@ -108,11 +108,15 @@ class Ports:
                    dashboard=int(d.get("dashboard", 0)))
 
 
-def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1") -> dict[str, dict[str, str]]:
+def wire_services(ports: Ports, bind_host: str | None = "127.0.0.1", *, inference_target: str = "",
+                  weights_target: str = "") -> dict[str, dict[str, str]]:
     """Per-service environment that binds each service to `ports` (and `bind_host`; None = the services'
     own setting) and points every caller at them over loopback: inference -> weights, grader judge ->
-    inference, extractor LLM -> inference, extractor consolidation -> weights, trainer -> weights."""
+    inference, extractor LLM -> inference, extractor consolidation -> weights, trainer -> weights.
+    `inference_target` / `weights_target`: what callers dial instead, when the service has replicas
+    (`shared.security.channels.replica_target`)."""
     inference, weights, knowledge = (f"127.0.0.1:{p}" for p in (ports.inference, ports.weights, ports.extractor))
+    inference, weights = inference_target or inference, weights_target or weights
     env = {
         "inference": {"APPRENTICE_INFERENCE_PORT": str(ports.inference),
                       "APPRENTICE_INFERENCE_HTTP_PORT": str(ports.http),

@@ -39,7 +39,7 @@ def stack_ports(home: Path) -> Ports:
     return Ports.from_endpoints(endpoints) if endpoints is not None else Ports.configured()
 
 
-def _grpc_healthy(port: int, common: CommonSettings | None = None) -> bool:
+def grpc_healthy(port: int, common: CommonSettings | None = None) -> bool:
     try:
         with open_channel(f"127.0.0.1:{port}", common) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
@@ -55,8 +55,8 @@ def metrics_text(port: int) -> str | None:
 def service_health(ports: Ports, common: CommonSettings | None = None) -> dict[str, bool]:
     """gRPC health for the three gRPC services; a metrics endpoint that answers for grader and trainer
     (they serve no gRPC). `common`: the client settings (TLS CA) to dial with."""
-    return {"inference": _grpc_healthy(ports.inference, common),
+    return {"inference": grpc_healthy(ports.inference, common),
             "grader": metrics_text(ports.metrics["grader"]) is not None,
-            "extractor": _grpc_healthy(ports.extractor, common),
+            "extractor": grpc_healthy(ports.extractor, common),
             "trainer": metrics_text(ports.metrics["trainer"]) is not None,
-            "weights": _grpc_healthy(ports.weights, common)}
+            "weights": grpc_healthy(ports.weights, common)}

@@ -1,6 +1,12 @@
 """A private local stack for one demo, end-to-end or chaos run: broker (shared, reused, or a private one)
 + the five services as supervised processes, in their own topic namespace, state folder and free ports.
 
+Replicated (`replicas`, `trainer_ranks`): several inference pods, grader workers and weights replicas,
+each a supervised child `SERVICE-N` on its own ports, and the trainer as torchrun ranks. Callers dial a
+replicated service through one address list (`replica_target`), which moves to the next replica when
+one goes. Weights replicas share one store folder (its lock serialises every order); grader workers share
+the Kafka group; the extractor stays one (docs/cluster.md says why).
+
 Where the services listen and how they are wired to each other: ports.py (shared with `apprentice up`).
 """
 
@@ -17,7 +23,7 @@ from shared.contracts.stack_endpoints import announce_endpoints, remove_endpoint
 from shared.contracts.topic_access import ADMIN
 from shared.contracts.topics import Topics
 from shared.kafka.admin import admin, ensure_topics
-from shared.security.channels import open_channel
+from shared.security.channels import open_channel, replica_target
 from shared.settings import CommonSettings
 from tools.broker.acls import apply_acls, grants
 from tools.broker.cluster import LocalCluster, home_broker
@@ -32,24 +38,45 @@ from tools.devca import ensure_dev_credentials
 from tools.record_keys import ensure as ensure_record_keys
 from tools.record_keys import records_dir
 from tools.stack.ports import Ports, wire_services
-from tools.stack.probe import service_health
-from tools.stack.supervisor import SERVICES, Supervisor, stack_endpoints
+from tools.stack.probe import grpc_healthy, metrics_text, service_health
+from tools.stack.supervisor import SERVICES, Supervisor, service_of, stack_endpoints
 
 if TYPE_CHECKING:
     pass
+
+REPLICABLE = ("inference", "grader", "weights")
+"""Services a local stack runs several of: the extractor is one writer of versioned knowledge, the trainer
+scales by ranks, the dashboard is a view."""
+
+
+def replica_env(child: str, ports: Ports, run_dir: Path) -> dict[str, str]:
+    """What a replica `SERVICE-N` binds of its own (the rest of its environment is its service's)."""
+    service, n = service_of(child), child.rsplit("-", 1)[1]
+    metrics = {f"APPRENTICE_{service.upper()}_METRICS_PORT": str(ports.metrics[service])}
+    if service == "inference":
+        return {"APPRENTICE_INFERENCE_PORT": str(ports.inference), "APPRENTICE_INFERENCE_HTTP_PORT": str(ports.http),
+                "APPRENTICE_INFERENCE_POD_ID": f"pod-{n}", **metrics}
+    if service == "weights":
+        return {"APPRENTICE_WEIGHTS_PORT": str(ports.weights), **metrics}
+    if service == "grader":       # a worker's own faust data folder (its tables restore from the changelogs)
+        return {"APPRENTICE_GRADER_WORKDIR": str(run_dir / child), **metrics}
+    raise ValueError(f"{service} does not run as replicas here; replicated: {', '.join(REPLICABLE)}")
+
 
 class LocalStack:
     def __init__(self, run_dir: Path, model: str, *, prefix: str | None = None,
                  service_env: dict[str, dict[str, str]] | None = None,
                  broker: LocalBroker | LocalCluster | None = None,
                  tenants: tuple[str, ...] = ("demo", "default"), secure: bool = True,
-                 announce_in: Path | None = None) -> None:
+                 announce_in: Path | None = None, replicas: dict[str, int] | None = None,
+                 trainer_ranks: int = 1) -> None:
         """`broker`: a private broker this stack starts (chaos runs stop and restart it); None = the
         configured bootstrap, started locally if nothing answers there (reused otherwise).
         `announce_in`: also record this stack's endpoints in that home (the default one, for the demo) while
         no other stack is recorded there, so the CLI finds it there without a variable.
         `secure`: authentication and TLS on, with development credentials under `<run_dir>/secrets/`
-        (an operator key for this process, a service key for the services, a backend key per tenant)."""
+        (an operator key for this process, a service key for the services, a backend key per tenant).
+        `replicas`: service -> how many (of REPLICABLE); `trainer_ranks`: torchrun processes of the trainer."""
         self.run_dir = run_dir
         self.model = model
         self.announce_in = announce_in
@@ -76,13 +103,18 @@ class LocalStack:
             self.sasl_dir = None
         self.topics = Topics(prefix if prefix is not None else f"run-{uuid.uuid4().hex[:8]}.")
         self.ports = Ports()
+        unknown = set(replicas or {}) - set(REPLICABLE)
+        if unknown:
+            raise ValueError(f"no replicas of {sorted(unknown)} here; replicated: {', '.join(REPLICABLE)}")
+        self.replica_ports = {f"{name}-{i}": Ports() for name, n in (replicas or {}).items() for i in range(1, n)}
         env = dict(os.environ, APPRENTICE_MODEL=model, APPRENTICE_TOPIC_PREFIX=self.topics.prefix,
                    APPRENTICE_HOME=str(run_dir), APPRENTICE_KAFKA_BOOTSTRAP=self.bootstrap,
                    PYTHONUNBUFFERED="1")
         self.creds = ensure_dev_credentials(run_dir, tenants) if secure else None
         if self.creds is not None:
             env.update(self.creds.service_env())
-        per_service = wire_services(self.ports)
+        per_service = wire_services(self.ports, inference_target=self.inference_target,
+                                    weights_target=self.weights_target)
         per_service["inference"]["APPRENTICE_INFERENCE_POD_ID"] = "pod-0"
         if self.creds is not None:  # the dashboard reads every tenant's data and acts as the operator
             per_service["dashboard"]["APPRENTICE_DASHBOARD_OPERATOR_TOKEN_FILE"] = str(self.creds.operator_token)
@@ -94,7 +126,11 @@ class LocalStack:
             ensure_record_keys(records_dir(run_dir))
         for name, extra in (service_env or {}).items():
             per_service[name].update(extra)
-        self.supervisor = Supervisor(run_dir, env=env, service_env=per_service)
+        for child, ports in self.replica_ports.items():
+            per_service[child] = {**per_service[service_of(child)], **replica_env(child, ports, run_dir)}
+        children = tuple(c for name in SERVICES for c in (name, *(r for r in self.replica_ports if service_of(r) == name)))
+        self.supervisor = Supervisor(run_dir, children, env=env, service_env=per_service,
+                                     ranks={"trainer": trainer_ranks})
 
     @property
     def client_common(self) -> CommonSettings:
@@ -115,13 +151,22 @@ class LocalStack:
 
         return open_channel(target, self.client_common, token=token, options=options or [])
 
+    def replicas_of(self, service: str) -> list[str]:
+        """The children running `service`: itself, then its replicas."""
+        return [service, *(c for c in self.replica_ports if service_of(c) == service)]
+
     @property
     def inference_target(self) -> str:
-        return f"127.0.0.1:{self.ports.inference}"
+        """Every inference pod, in one target (the first that answers serves; the next when it goes)."""
+        return replica_target([f"127.0.0.1:{self.ports.inference}",
+                               *(f"127.0.0.1:{p.inference}" for c, p in self.replica_ports.items()
+                                 if service_of(c) == "inference")])
 
     @property
     def weights_target(self) -> str:
-        return f"127.0.0.1:{self.ports.weights}"
+        return replica_target([f"127.0.0.1:{self.ports.weights}",
+                               *(f"127.0.0.1:{p.weights}" for c, p in self.replica_ports.items()
+                                 if service_of(c) == "weights")])
 
     @property
     def knowledge_target(self) -> str:
@@ -158,7 +203,13 @@ class LocalStack:
             self._announced = announce_endpoints(self.announce_in, replace(own, home=str(self.run_dir)))
 
     def health(self) -> dict[str, bool]:
-        return service_health(self.ports, self.client_common)
+        """Child name -> answers (gRPC health, or a metrics endpoint for grader and trainer)."""
+        health = service_health(self.ports, self.client_common)
+        for child, ports in self.replica_ports.items():
+            service = service_of(child)
+            health[child] = (metrics_text(ports.metrics[service]) is not None if service == "grader"
+                             else grpc_healthy(getattr(ports, service), self.client_common))
+        return health
 
     def wait_healthy(self, timeout: float, names: tuple[str, ...] | None = None) -> dict[str, bool]:
         """Health of every service (or of `names`) once all are healthy, or at `timeout`."""

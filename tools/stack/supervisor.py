@@ -3,10 +3,15 @@
 Each service runs as `python -m tools.cli.main serve NAME` with its log under `.apprentice/logs/`. A
 crashed service is restarted with exponential back-off (1 s doubling to 30 s, reset after a minute of
 uptime), so one bad start does not spin the CPU and a transient failure heals by itself.
+
+A child is one pod: a replica of a service is a child of its own named `SERVICE-N` (`inference-1`), and
+the trainer may run as several torchrun ranks in one child (`ranks`). Each child is its own process group,
+so a kill -9 takes the whole pod (torchrun's agent and its ranks together), as losing a container does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -81,21 +86,39 @@ class Child:
         try:
             self.proc.wait(grace)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)   # the pod: torchrun's ranks go with their agent
             self.proc.wait(5)
+
+
+def service_of(child: str) -> str:
+    """The service a child runs: `inference-1` is a replica of `inference`."""
+    return child.split("-", 1)[0]
+
+
+def child_argv(child: str, ranks: int = 1) -> list[str]:
+    """How a child starts: `serve SERVICE`, under torchrun (one node, `ranks` processes on a free rendezvous
+    port) when the service trains on several ranks."""
+    serve = ["-m", "tools.cli.main", "serve", service_of(child)]
+    if ranks <= 1:
+        return [sys.executable, *serve]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc_per_node={ranks}", *serve]
 
 
 class Supervisor:
     def __init__(self, home: Path, services: tuple[str, ...] = SERVICES, env: dict[str, str] | None = None,
                  service_env: dict[str, dict[str, str]] | None = None,
-                 extra_state: dict[str, Any] | None = None) -> None:
-        """`extra_state` goes into `stack.json` as is (`apprentice up` records the ports there, so that
-        `apprentice status` in another shell probes the right ones)."""
+                 extra_state: dict[str, Any] | None = None, ranks: dict[str, int] | None = None) -> None:
+        """`services` names the children (a service, or a replica `SERVICE-N`); `service_env` is keyed by
+        child. `ranks`: torchrun processes per child (the trainer's data-parallel ranks). `extra_state` goes
+        into `stack.json` as is (`apprentice up` records the ports there, so that `apprentice status` in
+        another shell probes the right ones)."""
         self.home = home
         self.state_file = home / "stack.json"
         self.extra_state = extra_state or {}
         base_env = dict(os.environ if env is None else env)
-        self.children = [Child(name, [sys.executable, "-m", "tools.cli.main", "serve", name],
+        self.children = [Child(name, child_argv(name, (ranks or {}).get(name, 1)),
                                home / "logs" / f"{name}.log", {**base_env, **(service_env or {}).get(name, {})})
                          for name in services]
         self._stopping = False
@@ -105,11 +128,12 @@ class Supervisor:
         return next(c for c in self.children if c.name == name)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int | None:
-        """Send `sig` to a running service (chaos tests: kill -9, then watch the restart); its pid or None."""
+        """Send `sig` to a running child's process group, i.e. the whole pod (chaos tests: kill -9, then watch
+        the restart); its pid or None."""
         proc = self.child(name).proc
         if proc is None or proc.poll() is not None:
             return None
-        os.kill(proc.pid, sig)
+        os.killpg(proc.pid, sig)
         return proc.pid
 
     def start_background(self, poll_s: float = 0.5) -> None:

@@ -170,3 +170,29 @@ def test_canary_review(store: WeightStore, upload: UploadFn, desk: tuple[OrderDe
     acks = d.review_canaries("m", pods, min_requests=5, auto_promote=True, heartbeat_timeout_s=30)
     assert [a.action for a in acks] == ["rollback"] and status(store, "v2") == "ROLLED_BACK"
     assert "canary v2 failed" in rec.sent[-1].reason
+
+
+def test_a_replica_that_dies_between_publishing_and_saving_is_retried_with_the_same_order_id(
+        store: WeightStore, upload: UploadFn, desk: tuple[OrderDesk, Recorder],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two weights replicas share a store: one publishes a promote and dies before saving the state; the
+    other, retrying the caller's request, must send the same order id (consumers count one order), while
+    every later order, even one for the same version, gets a new one."""
+    d, rec = desk
+    upload({"w": b"w0"})
+    approve(store, "v1")
+
+    def crash(_state: object) -> None:
+        raise SystemExit("kill -9 after the order was durable")
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "save_state", crash)
+        with pytest.raises(SystemExit):
+            d.promote("m", "v1")
+    first = rec.sent[-1].envelope.event_id
+    other = OrderDesk(store, rec, source="test", weights_endpoint="w:1")      # the surviving replica
+    assert other.promote("m", "v1").order_id == first and len(rec.sent) == 2
+    assert store.state("m").last_order_id == first
+    rollback = d.rollback("m", "base", tenant="").order_id
+    again = d.promote("m", "v1", force=True).order_id
+    assert len({first, rollback, again}) == 3
