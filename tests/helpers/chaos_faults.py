@@ -146,7 +146,7 @@ class PromotionFault:
     window: Window
     version: str
     in_flight: bool
-    """The Promote call was still waiting on the killed replica's gate when it died."""
+    """The Promote call was waiting on the killed replica when it died, and failed with it."""
     promoted: bool
     """The caller's retry (on the surviving replica) promoted the version."""
     promote_seconds: float
@@ -155,9 +155,11 @@ class PromotionFault:
 
 
 def promotion_outage(stack: LocalStack, model: str, version: str, timeout: float) -> PromotionFault:
-    """Promote `version` through the gate, as an operator's client does (retrying an unavailable replica), and
-    kill -9 the weights replica whose gate is evaluating it (`apprentice_weights_evaluations_running`) the
-    moment it starts; the window lasts until that replica is restarted and answers again."""
+    """An operator's client promotes `version` through the gate on the first weights replica (its connection
+    is there, as a client's is on one pod behind a Service); that replica is kill -9'd as soon as its gate
+    runs (`apprentice_weights_evaluations_running`: this promotion's, or a trainer version's ahead of it
+    in the gate's queue), and the client retries over every replica, as it would through the Service. The
+    window lasts until the killed replica is restarted and answers again."""
 
     import grpc
 
@@ -166,44 +168,43 @@ def promotion_outage(stack: LocalStack, model: str, version: str, timeout: float
     acked: list[object] = []
     errors: list[str] = []
     took: list[float] = []
+    first, victim = f"127.0.0.1:{stack.ports.weights}", "weights"
 
     def promote() -> None:
         t0 = time.monotonic()
         request = weights_pb2.PromoteRequest(model=model, version=version, reason="chaos: promotion under a kill")
-        with stack.channel(stack.weights_target) as ch:
-            stub = weights_pb2_grpc.WeightsStub(ch)
-            while not acked and time.monotonic() - t0 < timeout:
+        target = first
+        while not acked and time.monotonic() - t0 < timeout:
+            with stack.channel(target) as ch:
                 try:
-                    acked.append(stub.Promote(request, timeout=timeout, wait_for_ready=True))
+                    acked.append(weights_pb2_grpc.WeightsStub(ch).Promote(request, timeout=timeout,
+                                                                         wait_for_ready=target != first))
                 except grpc.RpcError as e:
                     errors.append(e.code().name)
                     if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                         break
-                    time.sleep(0.2)        # the channel moves to the next replica
+                    target = stack.weights_target       # the retry goes to whichever replica answers
+                    time.sleep(0.2)
         took.append(time.monotonic() - t0)
 
     caller = threading.Thread(target=promote, daemon=True)
     caller.start()
-    victim, deadline = None, time.monotonic() + timeout
-    while victim is None and caller.is_alive() and time.monotonic() < deadline:
-        for child in stack.replicas_of("weights"):
-            port = stack.replica_ports.get(child, stack.ports).metrics["weights"]
-            if "apprentice_weights_evaluations_running 1.0" in (metrics_text(port) or ""):
-                victim = child
-                break
-        else:
+    running, deadline = False, time.monotonic() + timeout
+    while not running and caller.is_alive() and time.monotonic() < deadline:
+        running = "apprentice_weights_evaluations_running 1.0" in (metrics_text(stack.ports.metrics["weights"]) or "")
+        if not running:
             time.sleep(0.02)       # the gate of a tiny model takes about a second: poll well inside it
-    in_flight = victim is not None and caller.is_alive()
-    if victim is None:
-        say("weights: the promotion finished before any replica's gate was seen running; nothing killed")
+    in_flight = running and caller.is_alive()
+    if not running:
+        say("weights: the promotion finished before the replica's gate was seen running; nothing killed")
         caller.join(timeout)
         t = time.time()
-        return PromotionFault(Window("kill", "weights", t, t), version, False, bool(acked), sum(took))
+        return PromotionFault(Window("kill", victim, t, t), version, False, bool(acked), sum(took))
     window, back = kill_group(stack, (victim,), timeout)[victim]
     caller.join(timeout)
-    say(f"weights: kill -9 of {victim} while its gate evaluated {version}; the caller's retries ({errors}) "
-        f"{'promoted it' if acked else 'did not promote it'} after {sum(took):.1f}s")
-    return PromotionFault(window, version, in_flight, bool(acked), sum(took), back)
+    say(f"weights: kill -9 of {victim} while its gate ran and the promotion of {version} waited on it; the "
+        f"caller's retries ({errors}) {'promoted it' if acked else 'did not promote it'} after {sum(took):.1f}s")
+    return PromotionFault(window, version, in_flight and bool(errors), bool(acked), sum(took), back)
 
 
 def rollback_to_base(stack: LocalStack, model: str) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import socket
 import time
 import uuid
@@ -31,9 +30,9 @@ from shared.kafka.admin import delete_topics, ensure_topics
 from shared.kafka.consumers import Isolation, new_consumer
 from shared.kafka.reader import read_topic_to_end
 from shared.kafka.security import KafkaSecurity, SecuritySource
-from tests.helpers.ports import free_ports
 from tools.broker.cluster import LocalCluster
 from tools.broker.local_broker import LocalBroker, local_credentials_dir
+from tools.stack.ports import below_ephemeral, reserve
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -175,19 +174,25 @@ def private_broker(home: Path, **options: Any) -> LocalBroker:
     session broker's credentials (tests/conftest.py): the same admin and principals' passwords, so this
     process (admin, from its environment) and a stack's services reach either broker alike."""
     _share_jars_and_credentials(home)
-    port, controller = free_ports(2)
-    return LocalBroker(home, port=port, controller_port=controller, **options)
+    for _ in range(200):
+        port = below_ephemeral(2)           # restarted on the same port (chaos): not an ephemeral one
+        if port_free(port) and port_free(port + 1):
+            reserve(port, port + 1)
+            return LocalBroker(home, port=port, controller_port=port + 1, **options)
+    raise RuntimeError("no free ports for a private broker")
 
 
 def private_cluster(home: Path, brokers: int = 3) -> LocalCluster:
     """A LocalCluster (not started) of `brokers` nodes on free port ladders, data under `home`, reusing the local
     jars and the session broker's credentials (as `private_broker`)."""
     from tools.broker.local_broker import PORT_STEP
-
     _share_jars_and_credentials(home)
     for _ in range(200):
-        base = random.randrange(30000, 39000, 2)
-        if all(port_free(base + PORT_STEP * i + d) for i in range(brokers) for d in (0, 1)):
+        # below the ephemeral range: a killed node's port must still be free when it restarts
+        base = below_ephemeral(PORT_STEP * brokers)
+        ports = [base + PORT_STEP * i + d for i in range(brokers) for d in (0, 1)]
+        if all(port_free(p) for p in ports):
+            reserve(*ports)                 # the stack's services pick their ports after this
             return LocalCluster(home, brokers, port=base, heap="384m")
     raise RuntimeError("no free ports for a cluster")
 

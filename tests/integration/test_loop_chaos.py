@@ -60,9 +60,9 @@ def test_chaos_on_a_replicated_cluster(kafka_bootstrap: str, tiny_model_name: st
 def test_chaos_on_a_replicated_stack(kafka_bootstrap: str, tiny_model_name: str, tmp_path: Path) -> None:
     """Every stage replicated on a three-broker cluster (docs/cluster.md): two inference pods, two grader
     workers, two weights replicas over one store, the trainer as two torchrun ranks. Under load, one pod,
-    one grader worker, the extractor and the whole trainer pod are kill -9'd at once, then the weights replica
-    gating an operator's promotion is kill -9'd while the call waits; then the busiest broker and a rolling
-    restart. Only calls in flight on the killed pod may fail; the promotion completes on the other replica
+    one grader worker, the extractor and the whole trainer pod are kill -9'd at once; then the busiest broker
+    and a rolling restart; then the weights replica serving an operator's promotion is kill -9'd while its
+    gate runs. Only calls in flight on the killed pod may fail; the promotion completes on the other replica
     with one order; nothing is lost or done twice. `make chaos-cluster`."""
     result = _run(tmp_path, tiny_model_name, kill_together=True, warmup_s=3.0, dwell_s=2.0, brokers=3,
                   kill=("inference", "grader", "extractor", "trainer"), promotion_kill=True,

@@ -35,6 +35,18 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def reserve(*ports: int) -> None:
+    """Never hand out `ports` (a server of this process binds them later: a private broker's)."""
+    _HANDED_OUT.update(ports)
+
+
+def below_ephemeral(span: int) -> int:
+    """A random base port such that `base .. base + span` lies below the kernel's range for outgoing
+    connections (a port there can be taken by any client while its server is down, as a restarted broker
+    found: "Address already in use") and above the fixed ports some tests bind (19092-21092)."""
+    return random.randrange(22000, _ephemeral_low() - span, 2)
+
+
 def free_port() -> int:
     """A port that is free now and stays free until a service binds it: chosen below the kernel's range for
     outgoing connections (a port picked there can be taken by any client's connection, e.g. a Kafka client of

@@ -5,8 +5,9 @@ crashed service is restarted with exponential back-off (1 s doubling to 30 s, re
 uptime), so one bad start does not spin the CPU and a transient failure heals by itself.
 
 A child is one pod: a replica of a service is a child of its own named `SERVICE-N` (`inference-1`), and
-the trainer may run as several torchrun ranks in one child (`ranks`). Each child is its own process group,
-so a kill -9 takes the whole pod (torchrun's agent and its ranks together), as losing a container does.
+the trainer may run as several torchrun ranks in one child (`ranks`). A kill -9 takes the whole pod (its
+process group and every process below it: torchrun's agent and its ranks together), as losing a container
+does.
 """
 
 from __future__ import annotations
@@ -86,9 +87,37 @@ class Child:
         try:
             self.proc.wait(grace)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)   # the pod: torchrun's ranks go with their agent
+            kill_pod(self.proc.pid, signal.SIGKILL)    # the pod: torchrun's ranks go with their agent
             self.proc.wait(5)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc; [] elsewhere). torchrun starts each rank in a session of its
+    own, so a kill of the agent's process group would leave the ranks running, holding the trainer's ports
+    and Kafka group: a pod's kill must reach them by parentage."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue                       # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_pod(pid: int, sig: int) -> None:
+    """`sig` to the process group of `pid` and to every process below it (the whole pod, as a container's end)."""
+    below = descendants(pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+    for p in below:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, sig)
 
 
 def service_of(child: str) -> str:
@@ -133,7 +162,7 @@ class Supervisor:
         proc = self.child(name).proc
         if proc is None or proc.poll() is not None:
             return None
-        os.killpg(proc.pid, sig)
+        kill_pod(proc.pid, sig)
         return proc.pid
 
     def start_background(self, poll_s: float = 0.5) -> None:

@@ -53,3 +53,40 @@ def test_the_trainer_runs_as_torchrun_ranks(stack: LocalStack) -> None:
 def test_a_service_that_is_not_replicated_here_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="extractor"):
         LocalStack(tmp_path / "run", "tiny-random", secure=False, replicas={"extractor": 2})
+
+
+def test_a_pods_kill_reaches_processes_in_sessions_of_their_own(tmp_path: Path) -> None:
+    """torchrun starts each rank with a session of its own: killing the agent's process group alone would
+    leave them running. `kill_pod` follows parentage."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tools.stack.supervisor import descendants, kill_pod
+
+    spawn = ("import subprocess, sys, time; "
+             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+             "time.sleep(60)")
+    agent = subprocess.Popen([sys.executable, "-c", spawn], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not descendants(agent.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (rank,) = descendants(agent.pid)
+        kill_pod(agent.pid, signal.SIGKILL)
+        agent.wait(10)
+        deadline = time.monotonic() + 10
+        while not gone(rank) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(rank)
+    finally:
+        agent.kill()
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie (killed, waiting for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
