@@ -256,11 +256,22 @@ class LocalBroker:
         """Give every principal its SCRAM credential with the password in its file (upserted on every start,
         so the broker always holds what the files say, on an old data folder too); return once the last
         one authenticates (credentials reach the listener through the metadata log)."""
-        client = self.admin_client()  # keep the handle: its futures die with it
         upserts: list[UserScramCredentialAlteration] = [UserScramCredentialUpsertion(p, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS),
                                                 self.password(p).encode()) for p in principals]
-        for fut in client.alter_user_scram_credentials(upserts, request_timeout=timeout).values():
-            fut.result(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            client = self.admin_client()  # keep the handle: its futures die with it
+            try:
+                for fut in client.alter_user_scram_credentials(upserts, request_timeout=timeout).values():
+                    fut.result(max(1.0, deadline - time.monotonic()))
+                break
+            except KafkaException:
+                # A fresh cluster under load can still replace the admin's connection mid-request
+                # (_DESTROY_BROKER, seen once in five chaos runs) or time it out while its controller
+                # settles; an upsert is idempotent, so it is sent again on a new client until the deadline.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         deadline = time.monotonic() + timeout
         while not broker_answers(self.bootstrap, timeout=1.0, security=self.security(principals[-1])):
             if time.monotonic() > deadline:
