@@ -53,7 +53,7 @@ def free_port() -> int:
     the same stack, before its service binds it: seen once as "cannot bind the metrics port"), and never
     one this process handed out already."""
     low = _ephemeral_low()
-    start = 22000 if low > 23000 else 1024     # 19092-21092: private brokers of the tests
+    start = 22000 if low > 23000 else 1024     # below: the fixed ports some tests bind (19092-21092)
     for _ in range(200):
         port = random.randrange(start, low)
         if port in _HANDED_OUT:

@@ -151,22 +151,19 @@ class LocalStack:
 
         return open_channel(target, self.client_common, token=token, options=options or [])
 
-    def replicas_of(self, service: str) -> list[str]:
-        """The children running `service`: itself, then its replicas."""
-        return [service, *(c for c in self.replica_ports if service_of(c) == service)]
+    def _addresses(self, service: str) -> list[str]:
+        """Where `service` answers: its first process, then its replicas."""
+        ports = [self.ports, *(p for c, p in self.replica_ports.items() if service_of(c) == service)]
+        return [f"127.0.0.1:{getattr(p, service)}" for p in ports]
 
     @property
     def inference_target(self) -> str:
         """Every inference pod, in one target (the first that answers serves; the next when it goes)."""
-        return replica_target([f"127.0.0.1:{self.ports.inference}",
-                               *(f"127.0.0.1:{p.inference}" for c, p in self.replica_ports.items()
-                                 if service_of(c) == "inference")])
+        return replica_target(self._addresses("inference"))
 
     @property
     def weights_target(self) -> str:
-        return replica_target([f"127.0.0.1:{self.ports.weights}",
-                               *(f"127.0.0.1:{p.weights}" for c, p in self.replica_ports.items()
-                                 if service_of(c) == "weights")])
+        return replica_target(self._addresses("weights"))
 
     @property
     def knowledge_target(self) -> str:
