@@ -200,7 +200,10 @@ def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
         assert browser.current_url.endswith("/login")
         browser.find_element(By.ID, "token").send_keys("not-the-operator-key-000")
         browser.find_element(By.ID, "sign-in").click()
-        assert "unknown or revoked key" in browser.find_element(By.ID, "login-error").text
+        # the refused sign-in answers with a new page: wait for it rather than race the navigation
+        refused = wait_for(partial(browser.find_elements, By.ID, "login-error"), what="the refused sign-in's message",
+                           stall_s=15, every=0.2, ignore=LOADING)
+        assert "unknown or revoked key" in refused[0].text
         browser.find_element(By.ID, "token").send_keys(operator_key)
         browser.find_element(By.ID, "sign-in").click()
         wait_for(lambda: browser.find_elements(By.ID, "learning"), what="the learning page", stall_s=10, every=0.2,
