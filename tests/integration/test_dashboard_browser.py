@@ -251,20 +251,30 @@ def test_dashboard_pages_curve_and_approval(stack: Any) -> None:
         item_id = row[0].get_attribute("data-item")
         key = browser.find_element(By.CSS_SELECTOR, "section.base").get_attribute("data-key")
         row[0].find_element(By.CSS_SELECTOR, "button.approve").click()
-        approved = wait_for(lambda: browser.find_elements(
-            By.CSS_SELECTOR, f"tr.item-approved[data-item='{item_id}']"), what="the item shown approved", stall_s=20,
-            every=0.3, ignore=LOADING)
-        assert approved[0].find_element(By.CSS_SELECTOR, "td.status-approved").text.startswith("serving in context")
+
+        def approved_row() -> tuple[str, int] | None:
+            """The approved row's status text and its approve/restore buttons, read from one drawing of it."""
+            rows = browser.find_elements(By.CSS_SELECTOR, f"tr.item-approved[data-item='{item_id}']")
+            if not rows:
+                return None
+            status = rows[0].find_element(By.CSS_SELECTOR, "td.status-approved").text
+            return status, len(rows[0].find_elements(By.CSS_SELECTOR, "button.approve, button.restore"))
+        # read inside the wait: the page's refresh may redraw the row between two reads (a stale element)
+        status, offered = wait_for(approved_row, what="the item shown approved", stall_s=20, every=0.3,
+                                   ignore=LOADING)
+        assert status.startswith("serving in context"), status
         # retire it (after the confirmation), then undo that: the actions offered follow the item's state
-        assert not approved[0].find_elements(By.CSS_SELECTOR, "button.approve, button.restore")
+        assert offered == 0
         for action, shown in (("retire", "retired"), ("restore", "approved")):
             wait_for(partial(click, f"tr[data-item='{item_id}'] button.{action}"), what=f"the {action} button",
                      stall_s=20, every=0.3, ignore=LOADING)
             wait_for(partial(click, "#confirm-ok"), what="the confirmation", stall_s=10, every=0.2, ignore=LOADING)
             wait_for(partial(browser.find_elements, By.CSS_SELECTOR, f"tr.item-{shown}[data-item='{item_id}']"),
                      what=f"the item shown {shown}", stall_s=20, every=0.3, ignore=LOADING)
-        counts = browser.find_element(By.CSS_SELECTOR, "section.base p.counts").text
-        assert "serving in context: 1" in counts and "retired: 0" in counts, counts
+        counts = wait_for(lambda: (lambda t: t if "retired: 0" in t else None)(
+            browser.find_element(By.CSS_SELECTOR, "section.base p.counts").text), what="the counts redrawn",
+            stall_s=20, every=0.3, ignore=LOADING)
+        assert "serving in context: 1" in counts, counts
     finally:
         browser.quit()
 
