@@ -14,6 +14,7 @@ import json
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,9 +279,14 @@ class Demo:
                 break
             time.sleep(2)
         resolved = sum(e.resolved for e in exchanges)
-        p(f"round {k}: deployment KPI {resolved}/{len(exchanges)} resolved", done=True)
+        # the reward-hacking detectors' verdicts on this round's answers; a quarantined one takes no gradient
+        flags = Counter(f for g in graded for f in g.flags)
+        quarantined = sum(g.quarantined for g in graded)
+        p(f"round {k}: deployment KPI {resolved}/{len(exchanges)} resolved; hacking flags "
+          + (", ".join(f"{name} {n}" for name, n in sorted(flags.items())) or "none")
+          + f" ({quarantined} quarantined)", done=True)
         out = {"answers": len(exchanges), "resolved": resolved, "graded": len(graded), "late_kpi_reports": late,
-               "abandoned_users": abandoned,
+               "abandoned_users": abandoned, "hacking_flags": dict(flags), "quarantined": quarantined,
                "policy_versions": sorted({e.policy_version for e in exchanges})}
         if self.task.tool is not None:   # what the KPI said vs what happened, and the tool's use
             out.update(routed=sum(e.routed for e in exchanges), tool_calls=sum(e.tool_called for e in exchanges),
