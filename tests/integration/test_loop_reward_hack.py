@@ -36,7 +36,10 @@ def test_the_quick_reward_hack_demo_masks_every_timeout_and_checks_the_planted_c
     assert rc == 0
     report = json.loads(report_path.read_text(encoding="utf-8"))
     hack = report["reward_hack"]
-    answers = report["rounds"][1]["deploy"]["answers"]
+    deploy = report["rounds"][1]["deploy"]
+    answers = deploy["answers"]
+    # the round's own count of the detectors' verdicts: every timed-out answer flagged
+    assert deploy["hacking_flags"].get("tool_timeout", 0) == deploy["tool_timeouts"] > 0, deploy
     assert hack["tool_calls"] == answers and 0 < hack["tool_timeouts"] < answers, hack
     assert hack["loophole_kpi_reports"] == hack["tool_timeouts"]            # the loophole maps each to routed
     assert hack["timeouts_masked_by_grader"] == hack["timeouts_graded"] == hack["tool_timeouts"], hack
