@@ -40,11 +40,23 @@ def reserve(*ports: int) -> None:
     _HANDED_OUT.update(ports)
 
 
+def _first_port(low: int) -> int:
+    """Where the ports this module picks start: above the fixed ports some tests bind (19092-21092) when the
+    range below `low` leaves room for that."""
+    return 22000 if low > 23000 else 1024
+
+
 def below_ephemeral(span: int) -> int:
-    """A random base port such that `base .. base + span` lies below the kernel's range for outgoing
+    """A random even base port such that `base .. base + span` lies below the kernel's range for outgoing
     connections (a port there can be taken by any client while its server is down, as a restarted broker
-    found: "Address already in use") and above the fixed ports some tests bind (19092-21092)."""
-    return random.randrange(22000, _ephemeral_low() - span, 2)
+    found: "Address already in use"), and holds no port this process handed out already."""
+    low = _ephemeral_low()
+    bases = range(_first_port(low), low - span, 2)
+    start = random.randrange(len(bases))              # from a random place, every base once
+    for base in (bases[(start + i) % len(bases)] for i in range(len(bases))):
+        if _HANDED_OUT.isdisjoint(range(base, base + span + 1)):
+            return base
+    raise RuntimeError(f"no {span + 1} ports below {low} that this process has not handed out")
 
 
 def free_port() -> int:
@@ -53,9 +65,8 @@ def free_port() -> int:
     the same stack, before its service binds it: seen once as "cannot bind the metrics port"), and never
     one this process handed out already."""
     low = _ephemeral_low()
-    start = 22000 if low > 23000 else 1024     # below: the fixed ports some tests bind (19092-21092)
     for _ in range(200):
-        port = random.randrange(start, low)
+        port = random.randrange(_first_port(low), low)
         if port in _HANDED_OUT:
             continue
         with socket.socket() as s:
