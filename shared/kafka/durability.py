@@ -77,7 +77,7 @@ def topic_problems(client: AdminClient, names: Iterable[str], timeout: float = 1
     present = [n for n in names if n in md.topics and md.topics[n].partitions]
     if not present:
         return []
-    configs = _topic_configs(client, present, timeout)
+    configs = topic_configs(client, present, timeout)
     problems = []
     for name in present:
         rf = min(len(p.replicas) for p in md.topics[name].partitions.values())
@@ -93,7 +93,7 @@ def topic_problems(client: AdminClient, names: Iterable[str], timeout: float = 1
     return problems
 
 
-def _topic_configs(client: AdminClient, names: list[str], timeout: float) -> dict[str, Any]:
+def topic_configs(client: AdminClient, names: list[str], timeout: float) -> dict[str, Any]:
     """Each topic's configuration; asked again for a few seconds while a broker that has not caught up with a
     topic created a moment ago answers that it does not know it."""
     deadline = time.monotonic() + min(timeout, 5.0)
