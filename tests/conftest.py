@@ -75,6 +75,30 @@ def tiny_model_name() -> str:
     return TINY
 
 
+@pytest.fixture(scope="session")
+def tiny_vllm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's tiny random Llama with 2 heads of 32 (vLLM's CPU attention has no head size 16): the model
+    the engine contract runs on both engines (tests/integration/test_engine_contract.py, test_engine_doors.py)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from shared.models import SMOLLM2, _set_chatml_eos, load_tokenizer
+
+    tok = load_tokenizer(SMOLLM2)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    _set_chatml_eos(model, tok)
+    out = tmp_path_factory.mktemp("tiny-vllm")
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
 @pytest.fixture
 def tmp_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("APPRENTICE_HOME", str(tmp_path))

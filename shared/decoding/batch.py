@@ -118,8 +118,12 @@ class DecodeBatch:
         of_row = [index.setdefault((r.adapter, r.cache_salt, tuple(r.prompt_ids + r.sample.token_ids)), len(index))
                   for r in live]
         fresh = {index[(r.adapter, r.cache_salt, tuple(r.prompt_ids))] for r in live if not r.sample.token_ids}
+        hits: set[int] = set()
         past, logits, attn = self._prefill([(a, ids) for a, _, ids in index], [salt for _, salt, _ in index],
-                                           fresh, forward)
+                                           fresh, forward, hits)
+        for r, u in zip(live, of_row, strict=True):
+            if u in hits and not r.sample.token_ids:
+                r.sample.cached_prompt_tokens = len(r.prompt_ids)
         if len(index) < len(live):                           # one row per sample: share the prompt's cache
             sel = torch.tensor(of_row, device=device)
             past.batch_select_indices(sel)
@@ -140,7 +144,8 @@ class DecodeBatch:
             self._merge(group)
 
     def _prefill(self, prompts: list[tuple[int, tuple[int, ...]]], salts: list[str], fresh: set[int],
-                 forward: Callable[..., Any]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+                 forward: Callable[..., Any], hits: set[int] | None = None,
+                 ) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """(adapter slot, token ids) pairs --> (cache (U, kv, W, d) per layer, last logits (U, V), mask (U, W)),
         left-padded to the longest. Prompts in the prompt cache are copied, the others run in one forward
         pass; new prompts (`fresh`: not a preempted row's prompt + tokens so far) are cached after it."""
@@ -150,6 +155,8 @@ class DecodeBatch:
                 for (slot, ids), salt in zip(prompts, salts, strict=True)]
         cached = [cache.get(k) if cache is not None and k is not None else None for k in keys]
         miss = [u for u in range(len(prompts)) if cached[u] is None]
+        if hits is not None:                  # the prompts taken from the cache (the caller's usage report)
+            hits.update(u for u in range(len(prompts)) if cached[u] is not None)
         width = max(len(ids) for _, ids in prompts)
         attn = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
         for u, (_, ids) in enumerate(prompts):

@@ -51,3 +51,6 @@ class Sample:
     # per position, when SamplingConfig.top_logprobs > 0: the k most likely (token, log-prob) under the same
     # distribution as `logprobs` (shared/decoding/logprobs.py `top_alternatives`), most likely first
     finish_reason: str = "length"                          # stop | length | cancelled
+    cached_prompt_tokens: int = 0
+    # prompt tokens the engine took from its prefix cache instead of computing them (OpenAI's
+    # `usage.prompt_tokens_details.cached_tokens`); the cache is per tenant, so another tenant's prompt never counts

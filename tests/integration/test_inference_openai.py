@@ -108,9 +108,11 @@ def door(ns: Topics, kafka_bootstrap: str, tiny_model_name: str,
 
 
 @contextlib.contextmanager
-def open_door(ns: Topics, kafka_bootstrap: str, model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+def open_door(ns: Topics, kafka_bootstrap: str, model: str, tmp_path_factory: pytest.TempPathFactory,
+              **overrides: Any) -> Iterator[Door]:
     """Keys (APPRENTICE_AUTH_KEYS: operator, services, backends of acme and globex), TLS with the dev CA's
-    server certificate, signed interaction ids: the way `apprentice up` runs the service."""
+    server certificate, signed interaction ids: the way `apprentice up` runs the service. `overrides`: more
+    InferenceSettings (the engine, for the engine contract)."""
     home = tmp_path_factory.mktemp("openai")
     creds = ensure_dev_credentials(home, tenants=("acme", "globex"))
     with pytest.MonkeyPatch.context() as mp:
@@ -122,7 +124,7 @@ def open_door(ns: Topics, kafka_bootstrap: str, model: str, tmp_path_factory: py
         mp.setenv("APPRENTICE_INTERACTION_ID_SECRET_FILE", str(creds.interaction_id_secret))
         app = start_inference(home, model=model, bootstrap=kafka_bootstrap, topic_prefix=ns.prefix,
                               http_port=free_port(), follow_updates=False, heartbeat_interval_s=0,
-                              feedback={"max_per_interaction": FEEDBACK_CAP}, pii_policy="keep")
+                              feedback={"max_per_interaction": FEEDBACK_CAP}, pii_policy="keep", **overrides)
         try:
             yield Door(app, creds)
         finally:

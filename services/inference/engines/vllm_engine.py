@@ -163,8 +163,11 @@ class VLLMEngine(Engine):
             worker_extension_cls="services.inference.engines.vllm_worker.WeightReloader",
             dtype=dtype, enforce_eager=s.vllm.enforce_eager or self.on_cpu,
             # the same grammar engine as the transformers engine (shared/decoding/constraints.py): Lark with
-            # embedded %json{...} (tool calls) is llguidance's dialect, which only vLLM's guidance backend reads
-            structured_outputs_config=StructuredOutputsConfig(backend="guidance"), **optional)
+            # embedded %json{...} (tool calls) is llguidance's dialect, which only vLLM's guidance backend reads;
+            # JSON without free whitespace, as constraints.py compiles it (vLLM's default lets a weak model fill
+            # its whole budget with blanks inside a valid object, which then never ends: the doors' contract)
+            structured_outputs_config=StructuredOutputsConfig(backend="guidance", disable_any_whitespace=True),
+            **optional)
         self._thread.start()
 
         async def make() -> Any:
@@ -257,7 +260,9 @@ class VLLMEngine(Engine):
                 if req.tenant:
                     prompt["cache_salt"] = req.tenant
                 async for out in self._engine.generate(prompt, params, req.request_id, lora_request=lora):
+                    cached = int(getattr(out, "num_cached_tokens", 0) or 0)
                     for c in out.outputs:
+                        samples[c.index].cached_prompt_tokens = max(samples[c.index].cached_prompt_tokens, cached)
                         self._take(handle, samples[c.index], raw_sets[c.index], c)
             finally:
                 watcher.cancel()

@@ -98,14 +98,20 @@ class Served:
         return {"x-apprentice-interaction-ids": ",".join(self.ids), "x-apprentice-policy-version": self.version,
                 "x-apprentice-session-id": quote(self.session_id, safe=SESSION_HEADER_SAFE)}
 
-    def usage(self, samples: Sequence[Sample]) -> dict[str, int]:
+    def usage(self, samples: Sequence[Sample]) -> dict[str, Any]:
         completion = sum(len(s.token_ids) for s in samples)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
+                "total_tokens": self.prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens(samples)}}
 
     def envelope(self, obj: str) -> dict[str, Any]:
         return {"id": self.ids[0], "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": self.version}
+
+
+def cached_tokens(samples: Sequence[Sample | None]) -> int:
+    """The prompt tokens of one call that came from the engine's prefix cache (all samples share the prompt)."""
+    return max((s.cached_prompt_tokens for s in samples if s is not None), default=0)
 
 
 def _lp(x: float) -> float:

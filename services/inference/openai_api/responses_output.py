@@ -56,7 +56,7 @@ def status_of(finish_reason: str) -> tuple[str, dict[str, str] | None]:
 
 def usage(served: R.Served, sample: Sample | None) -> dict[str, Any]:
     out = len(sample.token_ids) if sample is not None else 0
-    return {"input_tokens": served.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": served.prompt_tokens, "input_tokens_details": {"cached_tokens": R.cached_tokens([sample])},
             "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": served.prompt_tokens + out}
 
