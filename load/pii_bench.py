@@ -229,6 +229,7 @@ def capture_step(texts: list[str], tok: Any) -> None:
         req = inference_pb2.GenerateRequest(messages=[common_pb2.ChatMessage(role="user", content=text)])
         p = prepare(req, tenant, s, tok, 2048, new_session_id="s")
         cp.screen_request(p)
+        cp.redact_prompt(p)                 # before serving, as the edge does (services/inference/service.py)
         ev = interaction_event(p, sample, interaction_id="i", group_id="g", index=0, model="m", version="base",
                                canary=False, pod="bench", latency_ms=0.0, trace_id="t")
         cp.interactions(p, [ev])[0].SerializeToString()

@@ -10,11 +10,13 @@ questions without it (the extractor then marks it CONSOLIDATED) and comes back i
   tenant can never place items in another's prompts, and retrieval only ever reads the request's own
   tenant's bases.
 - `augment` picks the items relevant to the request's last user turn (shared/knowledge/retrieval.py), within
-  the tenant's token budget, and re-renders the prompt with them inside the injection-safe frame
-  (shared/knowledge/frame.py) that the trainer's teacher also uses. The caller's `messages` stay as sent; the
-  prompt text and token ids (what the model saw, and what the trainer's log-probs are computed on) hold the
-  frame; `knowledge` records which items (ids, revisions, base version) were there. Raw prompts are left
-  alone: there is no system turn to put the frame in without changing what the caller wrote.
+  the tenant's token budget, and hands their texts to the request's one prompt (services/inference/prompt.py
+  `ServedPrompt.with_notes`), which puts them inside the injection-safe frame (shared/knowledge/frame.py) that
+  the trainer's teacher also uses, next to the tools, tool calls and results and whatever redaction the prompt
+  already holds. The recorded `messages` stay without the frame; the prompt text and token ids (what the model
+  saw, and what the trainer's log-probs are computed on) hold it; `knowledge` records which items (ids,
+  revisions, base version) were there. Raw prompts are left alone: there is no system turn to put the frame in
+  without changing what the caller wrote.
 - `follow_knowledge` feeds it from the compacted knowledge topic (shared/knowledge/follow.py).
 """
 
@@ -27,12 +29,10 @@ from typing import Any
 from services.inference import metrics
 from services.inference.requests import PreparedRequest
 from services.inference.settings import InferenceSettings
-from shared.decoding.chat_template import encode_chat
 from shared.kafka.deadletter import DeadLetterPublisher
 from shared.kafka.trust import RecordTrust, UntrustedRecord
 from shared.knowledge.embeddings import EmbeddingsUnavailable, MiniLMEmbedder
 from shared.knowledge.follow import SnapshotFollower, belongs_to_its_tenant
-from shared.knowledge.frame import with_knowledge
 from shared.knowledge.retrieval import Entry, Retriever
 from shared.proto.apprentice.v1 import events_pb2
 
@@ -115,12 +115,9 @@ class ServedKnowledge:
         if not chosen:
             return
         while chosen:
-            texts = [e.text for e, _ in chosen]
-            encoded = encode_chat(tokenizer, with_knowledge([{"role": m.role, "content": m.content}
-                                                             for m in p.messages], texts))
-            if len(encoded.ids) + p.sampling.max_new_tokens <= context_window:
-                p.prompt_text, p.prompt_ids = encoded.text, encoded.ids
-                p.knowledge_texts = texts
+            served = p.prompt.with_notes(tokenizer, [e.text for e, _ in chosen])
+            if len(served.ids) + p.sampling.max_new_tokens <= context_window:
+                p.prompt = served
                 p.knowledge = [events_pb2.KnowledgeRef(key=e.key, item_id=e.item_id, revision=e.revision,
                                                        snapshot_version=e.snapshot_version, score=s)
                                for e, s in chosen]

@@ -1,17 +1,18 @@
-"""Interaction / FeedbackEvent about to be captured --> the same with personal data redacted, or the call
-refused, by the tenant's PII policy (`APPRENTICE_INFERENCE_PII_POLICY`, `..._PII_TENANT_POLICIES`).
+"""A request's prompt before it is served, and the Interaction / FeedbackEvent about to be captured --> the
+same with personal data redacted, or the call refused, by the tenant's PII policy
+(`APPRENTICE_INFERENCE_PII_POLICY`, `..._PII_TENANT_POLICIES`).
 
-Runs on the request thread before `CaptureSink.submit`, so unredacted text never reaches the spool or a
-topic (and so never the grader's `graded` records or the extractor's knowledge). Each text goes through
-the detector once per request: the prompt's messages are scanned by their first reader (the edge under
-`reject`, which must decide before anything is served; else the capture) and the scans ride on the
-`PreparedRequest` to the capture of every choice; each answer and each feedback comment is scanned once.
-The model is not affected: it answers from the unredacted prompt; only the captured record changes:
-- messages and raw prompt: each span becomes `<ENTITY_TYPE>`; `prompt_text` is re-rendered from the
-  redacted messages with the chat template and `prompt_token_ids` re-tokenised from it, so the trainer's
-  prompt is the text the grader and extractor see. The recorded behaviour log-probs stay: they were
-  computed under the original prompt, and the trainer's truncated importance weight
-  min(pi_old(y | redacted prompt) / pi_rollout(y | original prompt), C) accounts for that change.
+Runs on the request thread, so unredacted text never reaches the spool or a topic (and so never the grader's
+`graded` records or the extractor's knowledge). Each text goes through the detector once per request: the
+prompt's messages are scanned by their first reader (the edge under `reject`, which must decide before
+anything is served; else `redact_prompt`) and the scans ride on the `PreparedRequest`; each answer and each
+feedback comment is scanned once.
+- prompt (messages, tool calls' arguments, tool definitions, raw prompt), before it is served
+  (`redact_prompt`, on a request that will be captured): each span becomes `<ENTITY_TYPE>` and the request's
+  one prompt is rebuilt from the redacted text (services/inference/prompt.py). The model answers from that
+  prompt, and every choice's Interaction records it: the same text, the same token ids, so the behaviour
+  log-probs the trainer reads were computed under the prompt it learns from. A request that is not captured
+  (`no_capture`, an opted-out tenant, capture off) and a `keep` tenant's are served as sent.
 - answer: when the model's answer contains personal data (any structured type, or a name the prompt
   gave: answers are not read with NER, see `Redactor.scan_answer`), `response_text` is redacted and the
   answer's token ids and log-probs are dropped: the redacted text is not what the model generated, and RL must not
@@ -25,8 +26,8 @@ three: a detected name that is only one of them is the business's word, not a us
 answer that contains personal data under `reject` is redacted.
 The session id (the caller's, or the OpenAI `user` field) is replaced by its keyed pseudonym under every
 policy (shared/security/pseudonyms.py), so neither the topic record, its Kafka key nor the spool holds it.
-A detector failure fails closed: the captured copy keeps its ids and metadata but none of its text
-(`<REDACTION_FAILED>`), with an error log and a metric; the caller still gets the answer.
+A detector failure fails closed: the prompt is served as sent and the captured copy keeps its ids and metadata
+but none of its text (`<REDACTION_FAILED>`), with an error log and a metric; the caller still gets the answer.
 """
 
 from __future__ import annotations
@@ -37,17 +38,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence, Set
-from dataclasses import dataclass, field
 from typing import Any
 
 from services.inference import metrics
 from services.inference.requests import PreparedRequest
 from services.inference.settings import InferenceSettings
-from shared.decoding.chat_template import encode_chat, encode_text
-from shared.decoding.tool_calls import ToolSpec, render_hermes
-from shared.knowledge.frame import with_knowledge
+from shared.decoding.tool_calls import ToolSpec
 from shared.privacy.policy import PiiPolicy, Redactor, Scan, entity_types, parse_tenant_policies
-from shared.proto.apprentice.v1 import events_pb2
+from shared.proto.apprentice.v1 import common_pb2, events_pb2
 from shared.rpc.grpc_util import InvalidRequest
 from shared.security.pseudonyms import SessionPseudonyms
 
@@ -114,8 +112,8 @@ class CapturePrivacy:
     # --- Generate -------------------------------------------------------------------------------------
     def prompt_scans(self, p: PreparedRequest) -> tuple[Scan, ...]:
         """One scan per message of the request, made by the first caller and kept on `p`: under `reject`
-        the edge (`screen_request`) scans before anything is served and the capture reuses its scans;
-        otherwise the capture scans, once for all of the request's choices. The messages are read as one
+        the edge (`screen_request`) scans and `redact_prompt` reuses its scans; otherwise `redact_prompt`
+        scans, before anything is served, once for all of the request's choices. The messages are read as one
         conversation (`Redactor.scan_conversation`): an e-mail, phone number or IBAN split across two
         messages is found in both halves, which a scan of each message alone misses."""
         if p.prompt_scans is None:
@@ -143,12 +141,48 @@ class CapturePrivacy:
                 f"the prompt contains personal data ({', '.join(sorted(found))}) and tenant {p.tenant!r} does "
                 "not accept it: remove it, or send the request with no_capture=true")
 
+    def redact_prompt(self, p: PreparedRequest) -> None:
+        """Before serving: replace personal data in the prompt of a request that will be captured (not under
+        `keep`), so the prompt the model answers from is the one its interactions record. The messages'
+        content and tool calls' arguments are scanned (`prompt_scans`, once), the tool definitions too
+        (`_tool_scans`), and `p.prompt` is rebuilt from the redacted text (services/inference/prompt.py; the
+        notes it holds are kept). Sets `p.prompt_privacy`; a detector failure serves the prompt as sent and
+        marks it `failed`, so `interactions` keeps none of its text."""
+        if self.settings.pii_policy_for(p.tenant) is PiiPolicy.KEEP or not self._captured(p.tenant, p.no_capture):
+            p.prompt_privacy = "as_sent"
+            return
+        try:
+            scans = self.prompt_scans(p)
+            # tool calls' arguments are text the caller sent too (an agent's history): scanned like content
+            arg_scans = [[self._scan(c.arguments, "tool_arguments", p.tenant) for c in m.tool_calls]
+                         for m in p.messages]
+            tools = self._redacted_tools(p)
+            if not any(scan.spans for scan in scans) and not any(a.spans for row in arg_scans for a in row) \
+                    and tools is None:
+                p.prompt_privacy = "as_sent"
+                return
+            messages = []
+            for m, scan, args in zip(p.messages, scans, arg_scans, strict=True):
+                clean = common_pb2.ChatMessage()
+                clean.CopyFrom(m)
+                clean.content = scan.redacted
+                for call, a in zip(clean.tool_calls, args, strict=True):
+                    call.arguments = a.redacted
+                messages.append(clean)
+            p.prompt = p.prompt.redact(self._tokenizer(), messages, p.prompt.tools if tools is None else tools)
+            p.prompt_privacy = "redacted"
+        except Exception:       # noqa: BLE001 - fail closed, keep serving
+            log.exception("PII redaction of a prompt failed; it is served as sent and its captured interactions "
+                          "keep no text")
+            p.prompt_privacy = "failed"
+
     def interactions(self, p: PreparedRequest, events: Sequence[events_pb2.Interaction]
                      ) -> Sequence[events_pb2.Interaction]:
         """Redact the captured copies of one request's choices (in place; returned for chaining). `keep`
-        returns them untouched. The choices share the prompt: it is scanned once (`prompt_scans`),
-        redacted and re-rendered once (with the knowledge that was in the context, so the recorded prompt
-        is still what the model saw, less the personal data); each answer is scanned once.
+        returns them untouched. Their prompt is `p.prompt`, already redacted before it was served
+        (`redact_prompt`); here each answer is scanned once, for any structured type and the names the
+        prompt gave. A prompt that was never checked, or whose check failed, is not kept: the events lose
+        their text (fail closed).
         Under every policy the session id becomes its keyed pseudonym (shared/security/pseudonyms.py): it
         is the caller's identifier (often the OpenAI `user` field), and consumers only group by it."""
         session = self.sessions(p.tenant, p.session_id)
@@ -156,17 +190,17 @@ class CapturePrivacy:
             ev.session_id = session
         if self.settings.pii_policy_for(p.tenant) is PiiPolicy.KEEP:
             return events
-        try:
-            prompt = self._captured_prompt(p)
-        except Exception:       # noqa: BLE001 - fail closed, keep serving
-            log.exception("PII redaction of a prompt failed; the request's captured interactions keep no text",
-                          extra={"interaction_ids": [ev.interaction_id for ev in events]})
+        if p.prompt_privacy not in ("as_sent", "redacted"):
+            if p.prompt_privacy == "unchecked":
+                log.error("a prompt reached the capture without its PII check (redact_prompt); its captured "
+                          "interactions keep no text", extra={"interaction_ids": [ev.interaction_id for ev in events]})
             for ev in events:
                 _scrub(ev)
             return events
+        names = frozenset(w for scan in (p.prompt_scans or ()) for w in scan.names())
         for ev in events:
             try:
-                self._redact_interaction(ev, prompt)
+                self._redact_answer(ev, names, p.prompt.redacted)
             except Exception:   # noqa: BLE001 - fail closed, keep serving
                 log.exception("PII redaction failed; the captured interaction keeps no text",
                               extra={"interaction_id": ev.interaction_id})
@@ -204,58 +238,18 @@ class CapturePrivacy:
         return [dataclasses.replace(t, description=clean(t.description), parameters=clean(dict(t.parameters)))
                 if scan.spans else t for t, scan in zip(p.tools, scans, strict=True)]
 
-    def _captured_prompt(self, p: PreparedRequest) -> _CapturedPrompt:
-        scans = self.prompt_scans(p)
-        names = frozenset(w for scan in scans for w in scan.names())
-        # tool calls' arguments are text the caller sent too (an agent's history): scanned like content
-        arg_scans = [[self._scan(c.arguments, "tool_arguments", p.tenant) for c in m.tool_calls]
-                     for m in p.messages]
-        tools = self._redacted_tools(p)
-        if not any(scan.spans for scan in scans) and not any(a.spans for row in arg_scans for a in row) \
-                and tools is None:
-            return _CapturedPrompt(names)
-        contents = [scan.redacted for scan in scans]
-        arguments = [[a.redacted for a in row] for row in arg_scans]
-        tok = self._tokenizer()
-        if p.raw_prompt:
-            # as served (services/inference/requests.py): a raw prompt is content, its special-token
-            # text stays text; parsing it here put forged role tokens in what the trainer learns from
-            text, ids = contents[0], encode_text(tok, contents[0])
-        else:
-            msgs: list[dict[str, Any]] = [{"role": m.role, "content": c} for m, c in zip(p.messages, contents, strict=True)]
-            if p.tools or any(m.role == "tool" or m.tool_calls for m in p.messages):
-                # rendered as served (services/inference/requests.py prepare), from the redacted text
-                for d, m, args in zip(msgs, p.messages, arguments, strict=True):
-                    d["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": a}
-                                       for c, a in zip(m.tool_calls, args, strict=True)]
-                msgs = list(render_hermes(msgs, p.tools if tools is None else tools))
-            chat = encode_chat(tok, with_knowledge(msgs, p.knowledge_texts))
-            text, ids = chat.text, chat.ids
-        return _CapturedPrompt(names, contents, arguments=arguments, text=text, ids=ids, tools=tools)
-
-    def _redact_interaction(self, ev: events_pb2.Interaction, prompt: _CapturedPrompt) -> None:
-        if prompt.contents is not None:
-            for m, content in zip(ev.messages, prompt.contents, strict=True):
-                m.content = content
-            for m, args in zip(ev.messages, prompt.arguments or [], strict=False):
-                for call, a in zip(m.tool_calls, args, strict=True):
-                    call.arguments = a
-            ev.prompt_text = prompt.text
-            ev.prompt_token_ids[:] = prompt.ids
-        if prompt.tools is not None:
-            for proto, t in zip(ev.tools, prompt.tools, strict=True):
-                proto.description, proto.parameters_json = t.description, json.dumps(dict(t.parameters))
-        answer = self._scan(ev.response_text, "response", ev.envelope.tenant, prompt.names)
+    def _redact_answer(self, ev: events_pb2.Interaction, names: frozenset[str], prompt_redacted: bool) -> None:
+        answer = self._scan(ev.response_text, "response", ev.envelope.tenant, names)
         if answer.spans:
             ev.response_text = answer.redacted
             del ev.response_token_ids[:]
             del ev.response_logprobs[:]
             del ev.response_logprobs_t1[:]
         for call in ev.response_tool_calls:
-            found = self._scan(call.arguments, "response", ev.envelope.tenant, prompt.names)
+            found = self._scan(call.arguments, "response", ev.envelope.tenant, names)
             if found.spans:
                 call.arguments = found.redacted
-        if prompt.contents is not None or answer.spans:
+        if prompt_redacted or answer.spans:
             metrics.PII_REDACTED.labels(kind="interaction").inc()
 
     # --- Feedback -------------------------------------------------------------------------------------
@@ -281,22 +275,6 @@ class CapturePrivacy:
         ev.comment = scan.redacted
         metrics.PII_REDACTED.labels(kind="feedback").inc()
         return ev
-
-
-@dataclass(frozen=True)
-class _CapturedPrompt:
-    """A request's prompt as every one of its choices is captured: the names its messages gave (what an
-    answer is checked for), and when personal data was found, the redacted message contents and the
-    prompt re-rendered from them (`contents` is None when the prompt is kept as sent)."""
-
-    names: frozenset[str]
-    contents: list[str] | None = None
-    arguments: list[list[str]] | None = None
-    """Per message, its tool calls' arguments redacted (set with `contents`)."""
-    text: str = ""
-    ids: list[int] = field(default_factory=list)
-    tools: list[ToolSpec] | None = None
-    """The offered tools with their definitions redacted; None when they are kept as sent."""
 
 
 def _scrub(ev: events_pb2.Interaction) -> None:

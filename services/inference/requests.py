@@ -15,12 +15,12 @@ import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from services.inference.engines.base import EngineError, RequestHandle
+from services.inference.prompt import ServedPrompt, build_prompt, message_dict
 from services.inference.settings import InferenceSettings
 from shared.contracts.events import deterministic_id, make_envelope
-from shared.decoding.chat_template import encode_chat, encode_text
 from shared.decoding.constraints import MAX_SOURCE_BYTES, GrammarError, validate
 from shared.decoding.params import GREEDY_BELOW, Grammar, SamplingConfig
 from shared.decoding.tool_calls import (
@@ -30,7 +30,6 @@ from shared.decoding.tool_calls import (
     check_tool_choice,
     check_tools,
     parse_tool,
-    render_hermes,
     split_answer,
     tool_grammar,
 )
@@ -82,15 +81,21 @@ def stamp_principal(env: common_pb2.Envelope) -> common_pb2.Envelope:
 
 
 # --- Generate ------------------------------------------------------------------------------------
+PromptPrivacy = Literal["unchecked", "as_sent", "redacted", "failed"]
+
+
 @dataclass
 class PreparedRequest:
     tenant: str
     session_id: str
     task: str
     messages: list[common_pb2.ChatMessage]
+    """The caller's messages as sent (a raw prompt: one user message), what the privacy scans read; what is
+    served and recorded is `prompt`."""
     raw_prompt: bool
-    prompt_text: str
-    prompt_ids: list[int]
+    prompt: ServedPrompt
+    """The one prompt the engine receives and every choice's Interaction records (services/inference/prompt.py):
+    built here from the request, rebuilt by the redaction and the knowledge steps from their inputs."""
     sampling: SamplingConfig
     effective: common_pb2.SamplingParams   # what was actually used (defaults filled in), for the event
     no_capture: bool
@@ -98,11 +103,10 @@ class PreparedRequest:
     """Who asked (recorded on the captured interaction); set by the server from the caller's identity."""
     no_knowledge: bool = False
     knowledge: list[events_pb2.KnowledgeRef] = field(default_factory=list)
-    """The knowledge items added to the context (services/inference/knowledge.py); `prompt_text` and
-    `prompt_ids` hold them, `messages` do not."""
-    knowledge_texts: list[str] = field(default_factory=list)
+    """The knowledge items in the context (services/inference/knowledge.py): `prompt.notes` are their texts."""
     tools: list[ToolSpec] = field(default_factory=list)
-    """The functions offered (shared/decoding/tool_calls.py); the answer is parsed for calls to them."""
+    """The functions offered (shared/decoding/tool_calls.py); the answer is parsed for calls to them, and the
+    grammar built from them. `prompt.tools` are the same as rendered and recorded (redacted when needed)."""
     tool_choice: str = "auto"
     response_format: common_pb2.ResponseFormat | None = None
     """The answer's required shape (enforced through `sampling.grammar`), captured on the Interaction."""
@@ -113,6 +117,20 @@ class PreparedRequest:
     choice read the same scans, so no message goes through the detector twice."""
     tool_scans: tuple[Scan, ...] | None = None
     """The same for each offered tool's definition."""
+    max_new_tokens_asked: int = 0
+    """The caller's sampling.max_new_tokens (0 = the server's default, shrunk to what fits)."""
+    prompt_privacy: PromptPrivacy = "unchecked"
+    """What the capture edge did to `prompt` before it was served (services/inference/privacy.py
+    `redact_prompt`): kept as sent, redacted, or served as sent after the detector failed (its captured
+    interactions then keep no text). The capture refuses to record a prompt that was never checked."""
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompt.text
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompt.ids
 
 
 class Completion(NamedTuple):
@@ -234,41 +252,25 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
                 f"messages hold {chars} characters; the limit is {settings.max_prompt_chars}")
         messages = list(req.messages)
         tools, tool_choice, tool_grammar_ = prepare_tools(req, answer_grammar)
-        rendered: list[Any] = messages
-        if tools or any(m.role == "tool" or m.tool_calls for m in messages):
-            # tools, calls and results become message content (shared/decoding/tool_calls.py), so every
-            # special token in a description, an argument or a result stays text, as in any content
-            rendered = render_hermes([_message_dict(m) for m in messages], tools)
         try:
             # special tokens written inside a message's content stay text: only the template's own role
             # markers are control tokens, so the role whitelist above cannot be bypassed
-            encoded = encode_chat(tokenizer, rendered)
+            prompt = build_prompt(tokenizer, messages, tools)
         except Exception as e:  # noqa: BLE001 - a template error is the request's shape, not a server fault
             raise InvalidRequest(f"messages cannot be rendered with this model's chat template: {e}; "
                                  "send a raw `prompt` instead") from e
-        prompt_text, prompt_ids = encoded.text, encoded.ids
     else:
         require(len(req.prompt) <= settings.max_prompt_chars,
                 f"prompt is {len(req.prompt)} characters; the limit is {settings.max_prompt_chars}")
         require(len(req.tools) == 0, "tools need `messages` (chat); a raw `prompt` cannot offer tools")
         tools, tool_choice, tool_grammar_ = [], "none", None
         messages = [common_pb2.ChatMessage(role="user", content=req.prompt)]
-        prompt_text = req.prompt
         # a raw prompt is text too: writing `<|im_start|>system` into it makes no role token
-        prompt_ids = encode_text(tokenizer, prompt_text)
+        prompt = build_prompt(tokenizer, messages, raw=True)
+    prompt_ids = prompt.ids
     require(len(prompt_ids) > 0, "the prompt encodes to zero tokens")
-    field_name = "messages" if has_messages else "prompt"
-    if len(prompt_ids) >= context_window:
-        raise ContextLengthExceeded(
-            f"context length exceeded: the prompt is {len(prompt_ids)} tokens; the context window is "
-            f"{context_window} (prompt + completion must fit): shorten the {field_name}", field_name)
     sp = req.sampling
-    room = context_window - len(prompt_ids)
-    if sp.max_new_tokens and sp.max_new_tokens > room:
-        raise ContextLengthExceeded(
-            f"context length exceeded: prompt ({len(prompt_ids)} tokens) + sampling.max_new_tokens "
-            f"({sp.max_new_tokens}) exceeds the context window ({context_window}); at most {room} new tokens fit",
-            field_name)
+    room = _room(len(prompt_ids), sp.max_new_tokens, context_window, has_prompt)
     max_new = sp.max_new_tokens or min(settings.default_max_new_tokens, room)
     top_p = sp.top_p if 0 < sp.top_p < 1 else 1.0
     seed = sp.seed % SEED_MODULUS if sp.seed else None
@@ -281,16 +283,37 @@ def prepare(req: inference_pb2.GenerateRequest, tenant: str, settings: Inference
     effective = common_pb2.SamplingParams(max_new_tokens=max_new, temperature=sp.temperature, top_p=top_p,
                                           top_k=sp.top_k, stop=list(sp.stop), seed=sp.seed, n=n)
     return PreparedRequest(tenant=tenant, session_id=req.session_id or new_session_id, task=req.task,
-                           messages=messages, raw_prompt=has_prompt, prompt_text=prompt_text,
-                           prompt_ids=prompt_ids, sampling=sampling, effective=effective,
+                           messages=messages, raw_prompt=has_prompt, prompt=prompt, sampling=sampling,
+                           effective=effective, max_new_tokens_asked=sp.max_new_tokens,
                            no_capture=req.no_capture, no_knowledge=req.no_knowledge, tools=tools,
                            tool_choice=tool_choice, parallel_tool_calls=not req.no_parallel_tool_calls,
                            response_format=req.response_format)
 
 
-def _message_dict(m: common_pb2.ChatMessage) -> dict[str, Any]:
-    return {"role": m.role, "content": m.content, "tool_call_id": m.tool_call_id, "name": m.name,
-            "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls]}
+def _room(prompt_tokens: int, asked: int, context_window: int, raw: bool, why: str = "") -> int:
+    """The new tokens that fit after a prompt of `prompt_tokens`; ContextLengthExceeded when the prompt leaves
+    none, or less than the `asked` sampling.max_new_tokens (0 = the server's default, which shrinks to fit)."""
+    field_name = "prompt" if raw else "messages"
+    if prompt_tokens >= context_window:
+        raise ContextLengthExceeded(
+            f"context length exceeded: the prompt is {prompt_tokens} tokens{why}; the context window is "
+            f"{context_window} (prompt + completion must fit): shorten the {field_name}", field_name)
+    room = context_window - prompt_tokens
+    if asked and asked > room:
+        raise ContextLengthExceeded(
+            f"context length exceeded: prompt ({prompt_tokens} tokens{why}) + sampling.max_new_tokens "
+            f"({asked}) exceeds the context window ({context_window}); at most {room} new tokens fit", field_name)
+    return room
+
+
+def fit_completion(p: PreparedRequest, context_window: int, why: str) -> None:
+    """After a step that rebuilt `p.prompt` longer (placeholders can take more tokens than the values they
+    replace): a server-default completion length shrinks to the room left; an asked one that no longer fits,
+    or a prompt that fills the window, is ContextLengthExceeded (`why` says what changed the prompt)."""
+    room = _room(len(p.prompt_ids), p.max_new_tokens_asked, context_window, p.raw_prompt, why)
+    if p.sampling.max_new_tokens > room:
+        p.sampling = dataclasses.replace(p.sampling, max_new_tokens=room)
+        p.effective.max_new_tokens = room
 
 
 def prepare_tools(req: inference_pb2.GenerateRequest, answer: Grammar | None = None) -> tuple[list[ToolSpec], str, Any]:
@@ -302,7 +325,7 @@ def prepare_tools(req: inference_pb2.GenerateRequest, answer: Grammar | None = N
         check_tools(tools)
         mode = req.tool_choice.mode or "auto"
         check_tool_choice(mode, req.tool_choice.function, tools)
-        check_history([_message_dict(m) for m in req.messages])
+        check_history([message_dict(m) for m in req.messages])
     except ToolError as e:
         raise ToolRequestError(str(e), e.param) from e
     return tools, mode, tool_grammar(tools, mode, req.tool_choice.function,
@@ -321,13 +344,15 @@ def interaction_event(p: PreparedRequest, sample: Any, *, interaction_id: str, g
     # the calls as the caller got them (ids derived from the interaction id, shared/decoding/tool_calls.py)
     _, calls, _ = split_answer(sample.text, sample.finish_reason, p.tools, p.tool_choice,
                                parallel=p.parallel_tool_calls, id_seed=interaction_id)
+    # the prompt as served (services/inference/prompt.py): its messages, tools, text and ids, byte for byte
+    served = p.prompt
     return events_pb2.Interaction(
         tools=[common_pb2.Tool(name=t.name, description=t.description, strict=t.strict,
-                               parameters_json=json.dumps(dict(t.parameters))) for t in p.tools],
+                               parameters_json=json.dumps(dict(t.parameters))) for t in served.tools],
         response_tool_calls=[common_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls],
         envelope=env, interaction_id=interaction_id, session_id=p.session_id, task=p.task, model=model,
-        policy_version=version, messages=p.messages, prompt_text=p.prompt_text,
-        prompt_token_ids=p.prompt_ids, sampling=p.effective, response_text=sample.text,
+        policy_version=version, messages=served.messages, prompt_text=served.text,
+        prompt_token_ids=served.ids, sampling=p.effective, response_text=sample.text,
         response_token_ids=sample.token_ids, response_logprobs=sample.logprobs,
         response_logprobs_t1=sample.logprobs_t1, finish_reason=sample.finish_reason, latency_ms=latency_ms,
         group_id=group_id, sample_index=index, group_size=p.sampling.n, canary=canary, serving_pod=pod,

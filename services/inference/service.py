@@ -48,6 +48,7 @@ from services.inference.requests import (
     Completion,
     PreparedRequest,
     feedback_event,
+    fit_completion,
     injected_delay,
     interaction_event,
     prepare,
@@ -243,11 +244,16 @@ class InferenceApp:
         self.check_ready()
         trace_id_var.set(metadata_value(context, "x-trace-id") or uuid.uuid4().hex)
         tenant = resolve_tenant(request.tenant, context, self.settings)
-        p = prepare(request, tenant, self.settings, self.engine.tokenizer, self.engine.context_window,
-                    new_session_id=str(uuid.uuid4()))
+        tok, window = self.engine.tokenizer, self.engine.context_window
+        p = prepare(request, tenant, self.settings, tok, window, new_session_id=str(uuid.uuid4()))
+        # p.prompt (services/inference/prompt.py) is rebuilt by each step below from its inputs: what comes out
+        # is what the engine receives and what every choice's Interaction records
         self.privacy.screen_request(p)
+        self.privacy.redact_prompt(p)
+        if p.prompt.redacted:           # a placeholder may take more tokens than the value it replaced
+            fit_completion(p, window, " once its personal data is redacted")
         if self.knowledge is not None:
-            self.knowledge.augment(p, self.engine.tokenizer, self.engine.context_window)
+            self.knowledge.augment(p, tok, window)
         identity = current_identity()
         p.principal = identity.to_principal() if identity is not None else None
         return p
@@ -322,8 +328,9 @@ class InferenceApp:
                       ) -> Sequence[events_pb2.Interaction]:
         """Events --> their captured copies, each a later turn of its session's agent trajectory when this pod
         served the turn before it (services/inference/trajectory.py; docs/agents.md, "Agent trajectories").
-        The session's choices are then remembered as they were served; a prompt that privacy re-rendered
-        (redacted) no longer holds the tokens the model saw: it neither carries nor continues a trajectory."""
+        The session's choices are then remembered as they were served (a redacted prompt was redacted before
+        it was served, so it holds the tokens the model saw); a captured copy that lost its prompt (a failed
+        PII check, services/inference/privacy.py) neither carries nor continues a trajectory."""
         caller = p.principal.key_id if p.principal is not None else ""
         key = f"{p.tenant}\x00{caller}\x00{p.session_id}"      # one caller's session, never another's
         head = head_key(p.tenant, p.prompt_ids, caller)

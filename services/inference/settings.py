@@ -333,8 +333,9 @@ class InferenceSettings(ApprenticeSettings):
     """What capture does with personal data (e-mails, phones, cards, IBANs, IPs, names, SSNs) in prompts,
     answers and feedback comments, before the spool and the topics: `redact` replaces each with a typed
     placeholder such as `<EMAIL_ADDRESS>`, `reject` refuses a request or comment that contains some
-    (INVALID_ARGUMENT naming the types), `keep` captures text as it is. The model always answers from
-    the unredacted prompt; only what is kept changes (README "PII redaction")."""
+    (INVALID_ARGUMENT naming the types), `keep` captures text as it is. A captured request's prompt is
+    redacted before it is served, so the model answers from the prompt it is recorded with; a request that
+    is not captured is served as sent (README "PII redaction")."""
 
     pii_tenant_policies: str = ""
     """Per-tenant overrides of `pii_policy`: `tenantA:keep,tenantB:reject`."""

@@ -1,12 +1,15 @@
 """Knowledge in context through the real inference server (tiny model, real broker): an approved item
 published on the knowledge topic reaches tenant A's prompts over gRPC and over the OpenAI-compatible HTTP
 API, is recorded on A's captured interactions, and never reaches tenant B's; a newer snapshot that retires
-it takes it out of A's prompts at once."""
+it takes it out of A's prompts at once. An agent's request (tools, tool calls and results, personal data) is
+served and recorded with one prompt that holds the notes and the tools."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -130,3 +133,74 @@ def test_forged_snapshots_are_not_served_and_are_dead_lettered(kafka_bootstrap: 
         app.stop(2)
         for p in (extractor, grader, unsigned):
             p.close()
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "find_order", "description": "Find a customer's order",
+    "parameters": {"type": "object", "properties": {"item": {"type": "string"}}}}}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "find_order", "arguments": '{"item": "boots"}'}}
+RESULT = "order 7: boots, delivered on 3 May"
+EMAIL = "dana.w@example.com"
+
+
+def test_an_agent_request_is_served_and_recorded_with_one_prompt(kafka_bootstrap: str, topics: Topics,
+                                                                 tiny_model_name: str, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tools request whose question matches an approved item: the engine receives the notes and the tool
+    definitions, and the captured Interaction records those same token ids; with an e-mail address in it
+    (the default `redact` policy) the engine receives the redacted prompt the trainer learns from; a turn with
+    a tool call and its result keeps the result next to the notes. The engine's own `submit` is observed."""
+    producer = signed_producer(kafka_bootstrap, "extractor")
+    producer.produce(topics.knowledge, "acme/support", snapshot("acme", 1, events_pb2.ITEM_STATUS_APPROVED))
+    producer.flush(30)
+    http_port = free_port()
+    app = start_inference(tmp_path, model=tiny_model_name, bootstrap=kafka_bootstrap, topic_prefix=topics.prefix,
+                          follow_updates=False, http_port=http_port)
+    try:
+        assert app.knowledge is not None
+        wait_for(lambda: bool(app.knowledge.entries("acme", "support")), what="the snapshot read", max_s=30)
+        submitted: list[list[int]] = []
+        engine_submit = app.engine.submit
+
+        def observed(request: Any) -> Any:
+            submitted.append(list(request.prompt_ids))
+            return engine_submit(request)
+
+        monkeypatch.setattr(app.engine, "submit", observed)
+        turns = {
+            "tools": [{"role": "user", "content": QUESTION}],
+            "personal": [{"role": "user", "content": f"{QUESTION} Write to {EMAIL}."}],
+            "result": [{"role": "user", "content": QUESTION},
+                       {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                       {"role": "tool", "tool_call_id": "call_1", "content": RESULT}],
+        }
+        served: dict[str, tuple[str, list[int], int]] = {}
+        for name, messages in turns.items():
+            resp = httpx.post(f"http://127.0.0.1:{http_port}/v1/chat/completions", timeout=60, json={
+                "model": app.model, "messages": messages, "tools": TOOLS, "max_tokens": 4, "tenant": "acme",
+                "task": "support", "user": f"agent-{name}"})
+            assert resp.status_code == 200, resp.text
+            body = resp.json()
+            served[name] = (body["id"], submitted[-1], body["usage"]["prompt_tokens"])
+        ids = [iid for iid, _, _ in served.values()]
+        got = collect(kafka_bootstrap, topics.interactions, events_pb2.Interaction, want=ids, timeout=30)
+        recorded = {e.interaction_id: e for e in got if e.interaction_id in ids}
+        assert set(recorded) == set(ids)
+        tok = app.engine.tokenizer
+        for name, (iid, engine_ids, usage_tokens) in served.items():
+            ev = recorded[iid]
+            assert list(ev.prompt_token_ids) == engine_ids and usage_tokens == len(engine_ids), name
+            text = tok.decode(engine_ids)
+            assert KNOWLEDGE_HEADER in text and json.dumps(ITEM) in text and ITEM in ev.prompt_text, name
+            assert "<tools>" in text and '"name": "find_order"' in text and "<tools>" in ev.prompt_text, name
+            assert [r.item_id for r in ev.knowledge_items] == ["form"] and [t.name for t in ev.tools] == ["find_order"]
+        personal = recorded[served["personal"][0]]
+        assert EMAIL not in tok.decode(served["personal"][1]) and EMAIL not in str(personal)
+        assert personal.messages[0].content == f"{QUESTION} Write to <EMAIL_ADDRESS>."
+        result = recorded[served["result"][0]]
+        assert f"<tool_response>\n{RESULT}\n</tool_response>" in tok.decode(served["result"][1])
+        assert [m.role for m in result.messages] == ["user", "assistant", "tool"]
+        assert result.messages[1].tool_calls[0].id == "call_1" and result.messages[2].content == RESULT
+    finally:
+        app.stop(2)
+        producer.close()

@@ -1,5 +1,7 @@
 """The capture edge's PII policies (redact / reject / keep) on real events, the real detector and the tiny
-model's tokenizer: what reaches the spool, what the trainer gets, and what a refusal says."""
+model's tokenizer: what is served, what reaches the spool, what the trainer gets, and what a refusal says.
+Each request goes through the edge's steps in the server's order: prepare, screen, redact the prompt before it
+is served, build the choices' events from the served prompt, capture them."""
 
 from __future__ import annotations
 
@@ -40,11 +42,15 @@ def privacy(tok: Any, **kw: Any) -> CapturePrivacy:
     return CapturePrivacy(settings(**kw), lambda: tok)
 
 
-def event(tok: Any, s: InferenceSettings, answer: str = "Done.", *, raw: bool = False, tenant: str = "acme") -> Any:
+def event(tok: Any, s: InferenceSettings, answer: str = "Done.", *, raw: bool = False, tenant: str = "acme",
+          cp: CapturePrivacy | None = None) -> Any:
+    """A prepared request and one choice's event; with `cp`, its prompt checked (redacted) before it is served."""
     req = (inference_pb2.GenerateRequest(prompt=PROMPT) if raw else inference_pb2.GenerateRequest(messages=[
         common_pb2.ChatMessage(role="system", content="You are the support assistant of Acme."),
         common_pb2.ChatMessage(role="user", content=PROMPT)]))
     p = prepare(req, tenant, s, tok, 2048, new_session_id="s1")
+    if cp is not None:
+        cp.redact_prompt(p)
     ids = tok(answer, add_special_tokens=False)["input_ids"]
     sample = Sample(token_ids=ids, text=answer, logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
                     finish_reason="stop")
@@ -58,8 +64,9 @@ def leaks(text: str) -> list[str]:
 
 def test_redact_chat_prompt_is_redacted_and_retokenised(tok: Any) -> None:
     cp = privacy(tok)
-    p, ev = event(tok, cp.settings)
-    original_ids = list(ev.prompt_token_ids)
+    p, _ = event(tok, cp.settings)
+    original_ids = list(p.prompt_ids)
+    p, ev = event(tok, cp.settings, cp=cp)
     cp.interactions(p, [ev])
     user = ev.messages[1].content
     assert user == "Hi, my name is <PERSON>. Refund card <CREDIT_CARD> and write to <EMAIL_ADDRESS>."
@@ -67,16 +74,19 @@ def test_redact_chat_prompt_is_redacted_and_retokenised(tok: Any) -> None:
     assert not leaks(ev.prompt_text) and not leaks(str(ev))
     chat = encode_chat(tok, list(ev.messages))
     assert ev.prompt_text == chat.text and list(ev.prompt_token_ids) == chat.ids != original_ids
+    # redacted before it was served: the engine's ids are the recorded ids
+    assert p.prompt_privacy == "redacted" and p.prompt_ids == list(ev.prompt_token_ids)
+    assert [m.content for m in p.messages][1] == PROMPT, "the caller's messages as sent stay on the request"
     # the answer had no personal data: tokens and behaviour log-probs are the trainer's as generated
     assert ev.response_text == "Done." and len(ev.response_token_ids) == len(ev.response_logprobs_t1) > 0
 
 
 def test_redact_raw_prompt_and_an_answer_that_repeats_the_email(tok: Any) -> None:
     cp = privacy(tok)
-    p, ev = event(tok, cp.settings, answer=f"I wrote to {EMAIL}.", raw=True)
+    p, ev = event(tok, cp.settings, answer=f"I wrote to {EMAIL}.", raw=True, cp=cp)
     cp.interactions(p, [ev])
     assert ev.prompt_text == ev.messages[0].content and not leaks(ev.prompt_text)
-    assert list(ev.prompt_token_ids) == encode_text(tok, ev.prompt_text)
+    assert list(ev.prompt_token_ids) == encode_text(tok, ev.prompt_text) == p.prompt_ids
     assert ev.response_text == "I wrote to <EMAIL_ADDRESS>."
     # not what the model generated: no tokens, no log-probs (the trainer skips it; text stays for grading)
     assert not ev.response_token_ids and not ev.response_logprobs and not ev.response_logprobs_t1
@@ -84,17 +94,18 @@ def test_redact_raw_prompt_and_an_answer_that_repeats_the_email(tok: Any) -> Non
 
 def test_answers_lose_the_prompt_names_but_keep_public_figures(tok: Any) -> None:
     cp = privacy(tok)
-    p, ev = event(tok, cp.settings, answer="Thanks, Dana! Albert Einstein would approve.")
+    p, ev = event(tok, cp.settings, answer="Thanks, Dana! Albert Einstein would approve.", cp=cp)
     cp.interactions(p, [ev])
     assert ev.response_text == "Thanks, <PERSON>! Albert Einstein would approve." and not ev.response_token_ids
-    p, ev = event(tok, cp.settings, answer="Albert Einstein was born in Ulm.")
+    p, ev = event(tok, cp.settings, answer="Albert Einstein was born in Ulm.", cp=cp)
     cp.interactions(p, [ev])
     assert ev.response_text == "Albert Einstein was born in Ulm." and ev.response_token_ids
 
 
 def test_keep_captures_as_is(tok: Any) -> None:
     cp = privacy(tok, pii_policy="redact", pii_tenant_policies="acme:keep")
-    p, ev = event(tok, cp.settings)
+    p, ev = event(tok, cp.settings, cp=cp)
+    assert p.prompt_privacy == "as_sent" and PROMPT in p.prompt_text      # served as sent
     before = ev.SerializeToString()
     kept = cp.interactions(p, [ev])[0]
     # the session id is the caller's identifier: pseudonymised under every policy, the text kept as sent
@@ -144,10 +155,15 @@ def test_a_failing_detector_fails_closed(tok: Any) -> None:
             raise RuntimeError("model file corrupt")
 
     cp = CapturePrivacy(settings(), lambda: tok, Redactor(lambda: Broken()))   # type: ignore[arg-type, return-value]
-    p, ev = event(tok, cp.settings)
+    p, ev = event(tok, cp.settings, cp=cp)
+    assert p.prompt_privacy == "failed" and PROMPT in p.prompt_text, "the caller is still served, as sent"
     cp.interactions(p, [ev])
     assert ev.prompt_text == ev.response_text == ev.messages[1].content == FAILED and not ev.prompt_token_ids
     assert ev.interaction_id == "i1"
+    # a prompt that never went through the check is not kept either
+    p, ev = event(tok, cp.settings)
+    cp.interactions(p, [ev])
+    assert ev.prompt_text == FAILED and not ev.prompt_token_ids
     fb = feedback_event(inference_pb2.FeedbackRequest(interaction_id="i1", kind="correction", comment=PROMPT),
                         "acme", "pod-1")
     assert cp.feedback(fb).comment == FAILED
@@ -190,6 +206,7 @@ def test_a_captured_answer_keeps_the_staff_name_the_users_name_shares_a_word_wit
     req = inference_pb2.GenerateRequest(messages=[common_pb2.ChatMessage(role="user", content=(
         "Hi, I'm Dana Smith. Can Dana Whitfield approve my Trailmate return?"))])
     p = prepare(req, "acme", cp.settings, tok, 2048, new_session_id="s1")
+    cp.redact_prompt(p)
     answer = "Thanks, Dana! Dana Whitfield approves Trailmate returns within 30 days."
     ids = tok(answer, add_special_tokens=False)["input_ids"]
     sample = Sample(token_ids=ids, text=answer, logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
@@ -210,13 +227,17 @@ def counting() -> CountingDetector:
     return CountingDetector()
 
 
-def choices(tok: Any, s: InferenceSettings, tenant: str, prompt: str, answers: list[str]) -> tuple[Any, list[Any]]:
-    """One request of len(answers) choices, as the server prepares it and builds its captured events."""
+def choices(tok: Any, s: InferenceSettings, tenant: str, prompt: str, n: int) -> Any:
+    """One request of n choices, as the server prepares it."""
     req = inference_pb2.GenerateRequest(
         messages=[common_pb2.ChatMessage(role="system", content="You are the support assistant of Acme."),
                   common_pb2.ChatMessage(role="user", content=prompt)],
-        sampling=common_pb2.SamplingParams(n=len(answers), temperature=1.0))
-    p = prepare(req, tenant, s, tok, 2048, new_session_id="s1")
+        sampling=common_pb2.SamplingParams(n=n, temperature=1.0))
+    return prepare(req, tenant, s, tok, 2048, new_session_id="s1")
+
+
+def served(tok: Any, p: Any, answers: list[str]) -> list[Any]:
+    """The captured events of a served request's choices."""
     events = []
     for i, answer in enumerate(answers):
         ids = tok(answer, add_special_tokens=False)["input_ids"]
@@ -224,7 +245,7 @@ def choices(tok: Any, s: InferenceSettings, tenant: str, prompt: str, answers: l
                         finish_reason="stop")
         events.append(interaction_event(p, sample, interaction_id=f"i{i}", group_id="g", index=i, model="m",
                                         version="base", canary=False, pod="pod-1", latency_ms=1.0, trace_id="t"))
-    return p, events
+    return events
 
 
 def joined(p: Any) -> set[str]:
@@ -240,10 +261,11 @@ def test_each_text_of_a_request_is_read_by_the_detector_once(tok: Any, counting:
     share the prompt's: with no cache to hide a repeat, every text reaches the detector exactly once."""
     cp = CapturePrivacy(settings(pii_tenant_policies="strict:reject"), lambda: tok, Redactor(lambda: counting, cache_size=0))
     answers = ["Done, Dana.", f"I wrote to {EMAIL}.", "The warranty is two years."]
-    p, events = choices(tok, cp.settings, tenant, prompt, answers)
+    p = choices(tok, cp.settings, tenant, prompt, len(answers))
     counting.calls.clear()
     cp.screen_request(p)
-    for ev in cp.interactions(p, events):
+    cp.redact_prompt(p)
+    for ev in cp.interactions(p, served(tok, p, answers)):
         assert not leaks(ev.SerializeToString().decode("utf-8", "replace"))
     assert set(counting.calls) == {m.content for m in p.messages} | set(answers) | joined(p)
     assert set(counting.calls.values()) == {1}, counting.calls
@@ -251,7 +273,7 @@ def test_each_text_of_a_request_is_read_by_the_detector_once(tok: Any, counting:
 
 def test_a_refused_request_is_scanned_once_and_never_again(tok: Any, counting: CountingDetector) -> None:
     cp = CapturePrivacy(settings(pii_policy="reject"), lambda: tok, Redactor(lambda: counting, cache_size=0))
-    p, _ = choices(tok, cp.settings, "acme", PROMPT, ["Done."])
+    p = choices(tok, cp.settings, "acme", PROMPT, 1)
     counting.calls.clear()
     for _ in range(2):      # a handler that screens twice still reads the scans made the first time
         with pytest.raises(InvalidRequest, match="CREDIT_CARD"):

@@ -102,7 +102,7 @@ def _captured(tok: Any, p: Any, answer: str) -> Any:
 
 def test_tool_arguments_and_results_are_redacted_in_the_capture(tok: Any) -> None:
     """Personal data in an agent's history (a call's arguments, a tool's result) and in the calls answered
-    is redacted like any content (services/inference/privacy.py), and the prompt re-rendered without it."""
+    is redacted like any content (services/inference/privacy.py), and the prompt served and recorded without it."""
     from services.inference.privacy import CapturePrivacy
     from shared.decoding.tool_calls import format_call
 
@@ -114,10 +114,14 @@ def test_tool_arguments_and_results_are_redacted_in_the_capture(tok: Any) -> Non
         common_pb2.ChatMessage(role="tool", tool_call_id="call_1", content=f"order 7, card {card}")])
     s = InferenceSettings(pod_id="pod-1")
     p = prepare(req, "acme", s, tok, 2048, "s1")
+    cp = CapturePrivacy(s, lambda: tok)
+    cp.redact_prompt(p)
+    assert email not in p.prompt_text and card not in p.prompt_text, "redacted before it is served"
+    assert email in p.messages[1].tool_calls[0].arguments, "the request keeps the messages as sent"
     ev = _captured(tok, p, format_call("lookup", {"email": email}))
-    assert email in ev.response_tool_calls[0].arguments and email in ev.messages[1].tool_calls[0].arguments
-    CapturePrivacy(s, lambda: tok).interactions(p, [ev])
-    assert email not in str(ev) and card not in str(ev)
+    assert email in ev.response_tool_calls[0].arguments
+    cp.interactions(p, [ev])
+    assert email not in str(ev) and card not in str(ev) and list(ev.prompt_token_ids) == p.prompt_ids
     assert "<tool_response>" in ev.prompt_text and "<EMAIL_ADDRESS>" in ev.messages[1].tool_calls[0].arguments
 
 
@@ -135,9 +139,12 @@ def test_personal_data_in_tool_definitions_is_redacted_in_the_capture(tok: Any) 
     s = InferenceSettings(pod_id="pod-1")
     p = prepare(req, "acme", s, tok, 2048, "s1")
     assert email in p.prompt_text
+    cp = CapturePrivacy(s, lambda: tok)
+    cp.redact_prompt(p)
     ev = _captured(tok, p, "ok")
-    CapturePrivacy(s, lambda: tok).interactions(p, [ev])
+    cp.interactions(p, [ev])
     assert email not in str(ev) and "<EMAIL_ADDRESS>" in ev.prompt_text and "<tools>" in ev.prompt_text
+    assert list(ev.prompt_token_ids) == p.prompt_ids and p.tools[0].description == f"Mail the account owner at {email}"
     captured = json.loads(ev.tools[0].parameters_json)
     assert captured["properties"]["to"]["enum"] == ["<EMAIL_ADDRESS>", "support"]
     assert ev.tools[0].description == "Mail the account owner at <EMAIL_ADDRESS>"
