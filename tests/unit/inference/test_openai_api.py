@@ -175,7 +175,8 @@ def test_bodies_carry_ids_version_usage_and_one_logprob_per_token(tiny: tuple[An
     body = chat_completion(served, [s, s], text, logprobs=1)
     assert body["id"] == "id-0" and body["system_fingerprint"] == "v2" and body["object"] == "chat.completion"
     assert body["apprentice"] == {"interaction_ids": ["id-0", "id-1"], "policy_version": "v2", "session_id": "sess"}
-    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 2 * len(ids), "total_tokens": 4 + 2 * len(ids)}
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 2 * len(ids), "total_tokens": 4 + 2 * len(ids),
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     content = body["choices"][1]["logprobs"]["content"]
     assert len(content) == len(ids)
     assert bytes(b for c in content for b in c["bytes"]).decode() == " héllo wörld"   # exact bytes, joined
