@@ -6,6 +6,8 @@ Methods (selectable, because docs/oel-probe.md found pure on-policy reverse KL a
   teacher π_k(·|c, x, y<t) (docs/architecture.md §7, k = 256).
 - gkd: a fraction λ of the sequences is sampled from the teacher (with c); those take the forward KL over
   the teacher's top-k, the rest the reverse KL (GKD, Agarwal et al. 2024).
+- sft_items: drills per item (questions, paraphrases, answer-term-filtered teacher answers, replay):
+  services/trainer/drill.py, dispatched by services/trainer/rounds.py.
 - sft_filtered: y ~ π_k(·|c, x); samples that pass the filter (a grader/verifier given by the caller, else
   the teacher's own confidence), ended by themselves and do not repeat themselves (share of repeated
   3-grams at most `sft_max_repetition`: a sample that loops on the fact still passes an answer check, and
@@ -42,7 +44,9 @@ from shared.knowledge.frame import with_knowledge
 from shared.knowledge.retrieval import tfidf_rank
 from shared.progress import progress
 
-METHODS = ("rkl_topk", "gkd", "sft_filtered")
+METHODS = ("rkl_topk", "gkd", "sft_filtered", "sft_items")
+SUPERVISED = ("sft_filtered", "sft_items")
+"""The methods whose rows are supervised targets (token-mean NLL), not KL to a teacher."""
 
 
 @dataclass
@@ -71,6 +75,8 @@ class DistillConfig:
     sft_finished_only: bool = True
     teacher_samples: int = 1
     seed: int = 0
+    paraphrases: int = 3                    # sft_items (services/trainer/drill.py)
+    replay_share: float = 0.25              # sft_items
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -83,7 +89,8 @@ class DistillConfig:
                    max_new_tokens=s.distill_max_new_tokens, temperature=s.distill_temperature,
                    sft_min_mean_logprob=s.sft_min_mean_logprob, sft_max_repetition=s.sft_max_repetition,
                    sft_finished_only=s.sft_finished_only,
-                   teacher_samples=s.teacher_samples, seed=s.seed)
+                   teacher_samples=s.teacher_samples, seed=s.seed, paraphrases=s.distill_paraphrases,
+                   replay_share=s.distill_replay_share)
 
 
 def context_from_base(kb: KnowledgeBase, retrieval: str, n_items: int) -> ContextFn:
@@ -173,7 +180,7 @@ def distill_step(policy: Policy, teacher: nn.Module, student_prompts: Sequence[S
 
     Token-mean over all completion tokens of the step; micro-batches accumulate gradients. Rows sampled
     from the teacher take the forward KL over the teacher's top-k (GKD), the others the student-top-k
-    reverse KL; under sft_filtered every row is a supervised target. Returns (loss, sum of per-token KL
+    reverse KL; under sft_filtered and sft_items every row is a supervised target. Returns (loss, sum of per-token KL
     (NLL for SFT), tokens, grad norm)."""
     dev = policy.device
     if t_fused is None:
@@ -188,7 +195,7 @@ def distill_step(policy: Policy, teacher: nn.Module, student_prompts: Sequence[S
             ys = [completions[i] for i in mb]
             bs = make_batch([student_prompts[i] for i in mb], ys, policy.pad_id).to(dev)
             with policy.autocast():
-                if cfg.method == "sft_filtered":
+                if cfg.method in SUPERVISED:
                     lp = bs.unflatten(policy.scorer(bs).float())
                     loss = losses.sft_nll(lp, bs.completion_mask, n_tok)
                     kl_sum = -(lp.detach() * bs.completion_mask).sum()

@@ -26,7 +26,9 @@ from services.trainer.distill import (
     consolidation_round,
     context_from_base,
     context_from_items,
+    distill_step,
 )
+from services.trainer.drill import DrillPair, drill_plan, drill_round, excluded_questions
 from services.trainer.knowledge import KnowledgeBase
 from services.trainer.policy import Policy, PolicyConfig
 from services.trainer.rl import RLConfig, RunningBaseline, rl_round
@@ -38,7 +40,7 @@ from shared.proto.apprentice.v1 import events_pb2
 
 log = logging.getLogger(__name__)
 
-OEL_ALGORITHMS = {"rkl_topk": "oel", "gkd": "oel_gkd", "sft_filtered": "oel_sft"}
+OEL_ALGORITHMS = {"rkl_topk": "oel", "gkd": "oel_gkd", "sft_filtered": "oel_sft", "sft_items": "oel_drill"}
 
 
 @dataclass
@@ -149,9 +151,29 @@ class Trainer:
         teacher = self.policy.snapshot()
         try:
             cfg = DistillConfig(**{**cfg.__dict__, "seed": cfg.seed + random.Random(self.policy.steps).randrange(1 << 20)})
+            if cfg.method == "sft_items":
+                return RoundResult(OEL_ALGORITHMS[cfg.method], self._drill(teacher, examples, kb, ctx, cfg))
             metrics = consolidation_round(self.policy, teacher, examples, ctx, cfg, accept=accept or self.accept,
                                           max_steps=self.steps_left(),
                                           on_step=self._step_hook(OEL_ALGORITHMS[cfg.method]))
         finally:
             del teacher
         return RoundResult(OEL_ALGORITHMS[cfg.method], metrics)
+
+    def _drill(self, teacher: Any, examples: Sequence[DistillExample], kb: KnowledgeBase | Sequence[str],
+               ctx: Callable[[DistillExample, random.Random], list[str]], cfg: DistillConfig) -> dict[str, float]:
+        """An `sft_items` round (services/trainer/drill.py) on this tenant's items and deployment prompts."""
+        plan = drill_plan(examples, kb, ctx, cfg.seed)
+        policy = self.policy
+
+        def step(rows: list[DrillPair]) -> tuple[float, float, int, float]:
+            prompts = [r.prompt for r in rows]
+            return distill_step(policy, teacher, prompts, prompts, [r.target for r in rows], [False] * len(rows),
+                                cfg, t_fused=False)
+
+        steps_left = self.steps_left()
+        if steps_left is not None:
+            cfg = DistillConfig(**{**cfg.__dict__, "steps": min(cfg.steps, steps_left)})
+        return drill_round(policy, teacher, plan.items, plan.asked, plan.system, cfg,
+                           exclude=excluded_questions(self.settings.distill_exclude_questions), step_fn=step,
+                           on_step=self._step_hook(OEL_ALGORITHMS[cfg.method]))

@@ -16,7 +16,7 @@ from pydantic_settings import SettingsConfigDict
 from shared.settings import ApprenticeSettings, CommonSettings, Group, kind_discriminator
 
 Algorithm = Literal["grpo", "dr_grpo", "dapo", "gspo"]
-DistillMethod = Literal["rkl_topk", "gkd", "sft_filtered"]
+DistillMethod = Literal["rkl_topk", "gkd", "sft_filtered", "sft_items"]
 KLMode = Literal["k3_loss", "k1_reward"]
 
 
@@ -186,7 +186,22 @@ class TrainerSettings(ApprenticeSettings):
     """rkl_topk: the OEL objective (student samples, top-k reverse KL to the teacher with knowledge).
     gkd: a fraction `gkd_lambda` of sequences sampled from the teacher, forward KL on those.
     sft_filtered: teacher samples that pass the filter become supervised targets (docs/oel-probe.md: the
-    strongest lever for a weak model)."""
+    strongest lever for a weak model).
+    sft_items: drills per approved item: its questions, the deployment prompts that retrieve it and the
+    model's paraphrases of them, answered by the teacher with the item in context, kept when they hold the
+    item's answer terms, plus a replay share of general prompts (services/trainer/drill.py,
+    docs/consolidation.md)."""
+
+    distill_paraphrases: int = Field(default=3, ge=0, le=8)
+    """sft_items: paraphrases the round-start model writes of each question of an item (0: none)."""
+
+    distill_replay_share: float = Field(default=0.25, ge=0.0, lt=1.0)
+    """sft_items: share of each batch that replays general prompts with the round-start model's own answers."""
+
+    distill_exclude_questions: Path | None = None
+    """sft_items: a file of questions never to train on, one per line (the gate's held-out questions:
+    `apprentice demo` writes its task's), even when a paraphrase or a user's question matches one of them
+    (compared on lower-cased words)."""
 
     distill_topk: int = 256
     """k of the top-k reverse KL (the OEL paper's value)."""

@@ -64,6 +64,12 @@ RL_UPDATE = {"APPRENTICE_TRAINER_FINETUNE__KIND": "lora", "APPRENTICE_TRAINER_FI
              "APPRENTICE_TRAINER_FINETUNE__ALPHA": "32", "APPRENTICE_TRAINER_LR": "5e-4",
              "APPRENTICE_TRAINER_WARMUP_STEPS": "5", **RL_LOSS}
 RL_USERS, RL_ROUNDS = 90, 4
+DRILL = {"APPRENTICE_TRAINER_DISTILL_STEPS": "40", "APPRENTICE_TRAINER_DISTILL_BATCH": "16",
+         "APPRENTICE_TRAINER_TEACHER_SAMPLES": "1", "APPRENTICE_TRAINER_DISTILL_PARAPHRASES": "2",
+         "APPRENTICE_TRAINER_DISTILL_REPLAY_SHARE": "0.25"}
+"""The consolidation round of the demo (docs/consolidation.md, load/consolidation_probe.py): 40 steps of 16
+short drill rows, one teacher answer per question (a question none holds the terms of takes the item's text),
+two paraphrases per question, a quarter of each batch replaying general prompts."""
 
 
 @dataclass
@@ -84,10 +90,9 @@ class DemoBudget:
         # samples would take the time the 60-minute RL run needs for training steps
         return DemoBudget(rounds=rounds, users_per_round=RL_USERS if algo == "grpo" else 60,
                           eval_samples=3 if algo == "grpo" else 4, max_new_tokens=48,
-                          round_timeout_s=900, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "8",
-                                                            "APPRENTICE_TRAINER_TEACHER_SAMPLES": "4",
-                                                            **(RL_UPDATE if algo == "grpo" else
-                                                               RL_LOSS if algo == "both" else {})},
+                          round_timeout_s=1500, trainer_env={**DRILL,
+                                                             **(RL_UPDATE if algo == "grpo" else
+                                                                RL_LOSS if algo == "both" else {})},
                           # knowledge from the human corrections only: SmolLM2 writes poor rules (docs/oel-probe.md)
                           # and the CPU cannot afford its prompts: one extraction (638 prompt + 192 new tokens,
                           # one torch thread, shared 2-core machine, 2026-12-01) took 67 s, a batch of 4 161 s,
@@ -100,6 +105,7 @@ class DemoBudget:
         return DemoBudget(rounds=rounds, users_per_round=10, eval_samples=0, max_new_tokens=24,
                           round_timeout_s=900, trainer_env={"APPRENTICE_TRAINER_DISTILL_STEPS": "1",
                                                             "APPRENTICE_TRAINER_DISTILL_BATCH": "4",
+                                                            "APPRENTICE_TRAINER_DISTILL_PARAPHRASES": "1",
                                                             # --quick runs a random model in tests: its samples
                                                             # loop and never end, and the target filters would
                                                             # leave the plumbing nothing to carry
@@ -171,11 +177,10 @@ class Demo:
             "APPRENTICE_TRAINER_TRIGGER_SAMPLES": str(self.budget.users_per_round * 3 if rl else self.budget.users_per_round),
             "APPRENTICE_TRAINER_TRIGGER_ON_KNOWLEDGE": "true",
             "APPRENTICE_TRAINER_TRIGGER_KNOWLEDGE_QUIET_S": "15",
-            # docs/oel-probe.md and load/oel_methods_probe.py: teacher samples as supervised targets move the
-            # gold-answer loss fastest on this model (pure reverse KL barely moves it)
-            "APPRENTICE_TRAINER_DISTILL_METHOD": "sft_filtered",
-            # full fine-tuning at 5e-5: docs/oel-probe.md's lever that moved held-out answers (LoRA at 5e-4 moved
-            # the gold loss but no answer in load/oel_methods_probe.py)
+            # drills per approved item (services/trainer/drill.py; docs/consolidation.md has the sweep that chose
+            # it: sft_filtered's few kept samples moved weights-only success by +4 to +10 points)
+            "APPRENTICE_TRAINER_DISTILL_METHOD": "sft_items",
+            # full fine-tuning at 5e-5 (docs/consolidation.md: the sweep's LoRA rows)
             "APPRENTICE_TRAINER_FINETUNE__KIND": "full",
             "APPRENTICE_TRAINER_LR": "5e-5",
             "APPRENTICE_TRAINER_DISTILL_TEMPERATURE": "0.7",

@@ -172,6 +172,9 @@ def write_task_config(task: Task, directory: Path, environ: Mapping[str, str] | 
         "grader.yaml": _yaml(grader_config(task)),
         "heldout.yaml": _yaml({"name": f"{task.name}-heldout", "task_file": str(task_file)}),
         "ood.yaml": _yaml(ood_set(task, task_file)),
+        # the held-out questions, for the trainer to leave out of its drills (a paraphrase it writes, or a
+        # user's question, may match one): the evaluation stays on questions the weights never trained on
+        "heldout-questions.txt": "".join(q.replace("\n", " ").strip() + "\n" for _, q in task.held_out_questions()),
     }
     for name, text in files.items():
         tmp = directory / f".{name}.tmp"
@@ -187,11 +190,10 @@ def write_task_config(task: Task, directory: Path, environ: Mapping[str, str] | 
         "grader": {"APPRENTICE_GRADER_CONFIG_PATH": str(directory / "grader.yaml")},
         "weights": {"APPRENTICE_WEIGHTS_EVAL_SET": str(directory / "heldout.yaml"),
                     "APPRENTICE_WEIGHTS_OOD_SET": str(directory / "ood.yaml")},
+        # no oracle: teacher samples are kept by what the loop itself knows (the item's answer terms), not by
+        # the task file's answer check, which no product backend could run on a hypothetical answer
         "trainer": {"APPRENTICE_TRAINER_TENANT": task.tenant,
-                    # the task's own answer check as the filter on teacher samples (sft_filtered); it knows
-                    # the training questions only, never the held-out ones
-                    "APPRENTICE_TRAINER_SFT_VERIFIER": "tools.tasks.task:verify_training_answer",
-                    "APPRENTICE_TRAINER_SFT_VERIFIER_PARAMS": json.dumps({"task": str(task_file)})},
+                    "APPRENTICE_TRAINER_DISTILL_EXCLUDE_QUESTIONS": str(directory / "heldout-questions.txt")},
         "extractor": {},
         "inference": {},
     }
