@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from shared.decoding.chat_template import encode_chat
     from shared.decoding.generation import generate
     from shared.decoding.repetition import repetition_rate
+    from shared.settings import CommonSettings
     from tools.tasks.task import check_answer, check_ood, load_task
 
     task = load_task(ns.task)
@@ -74,12 +76,12 @@ def main(argv: list[str] | None = None) -> int:
                                teacher_samples=ns.teacher_samples, distill_temperature=ns.temperature,
                                distill_max_new_tokens=ns.max_new_tokens, distill_exclude_questions=exclude,
                                retrieval="tfidf", retrieval_items=1,
-                               common={"model": ns.model, "torch_threads": os.cpu_count() or 2})
+                               common=CommonSettings(model=ns.model, torch_threads=os.cpu_count() or 2))
     trainer = Trainer(settings)
     tok = trainer.tokenizer
 
     @torch.no_grad()
-    def evaluate() -> dict[str, float]:
+    def evaluate() -> dict[str, Any]:
         model = trainer.model
         was = model.training
         model.eval()
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens = sum(len(o[0].token_ids) for o in outs) / max(len(outs), 1)
         model.train(was)
         return {"held": ok, "held_n": len(qs), "ood": ood_ok, "ood_n": len(ood_prompts), "repetition": rep,
-                "mean_tokens": tokens, "examples": [o[0].text for o in outs[:3]]}  # type: ignore[dict-item]
+                "mean_tokens": tokens, "examples": [o[0].text for o in outs[:3]]}
 
     before = evaluate()
     t0 = time.perf_counter()
