@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.privacy import NO_NAMES, BusinessNames, get_detector  # noqa: E402
+from shared.privacy import NO_DATA, BusinessData, get_detector  # noqa: E402
 from shared.privacy.detector import EMAIL, ENTITIES, PERSON, PHONE, Span  # noqa: E402
 from shared.privacy.evaluation import Labelled, load_labelled, overall, score  # noqa: E402
 
@@ -136,7 +136,7 @@ def _word_index(text: str, value: str) -> int:
 
 def business_names_quality(examples: list[Labelled]) -> None:
     det = get_detector()
-    declared = BusinessNames.of(BUSINESS)
+    declared = BusinessData.of(BUSINESS)
     print(f"\n1b) recall on personal data, without and with declared business names ({len(BUSINESS)}: "
           f"{', '.join(BUSINESS)})")
     print(f"{'type':<15}{'labelled':>9}{'recall':>9}{'declared':>10}")
@@ -150,7 +150,7 @@ def business_names_quality(examples: list[Labelled]) -> None:
     print(f"\n1c) business text: {len(labelled)} corrections/answers naming the business's staff, products and "
           "places beside end users' names, e-mails and phones")
     print(f"{'names declared':<16}{'business names kept':>22}{'user data recall':>19}{'user names':>12}")
-    for title, names in (("none", NO_NAMES), ("all", declared)):
+    for title, names in (("none", NO_DATA), ("all", declared)):
         kept = total = 0
         for ex, business in labelled:
             spans = names.keep(ex.text, det.find(ex.text))

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, SecretStr, fie
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.contracts.topics import DEFAULT_STREAM_PARTITIONS, Topics
-from shared.privacy.business import BusinessNames, parse_business_names
+from shared.privacy.business import KINDS, BusinessData, parse_business_data, parse_business_names
 
 log = logging.getLogger(__name__)
 
@@ -376,9 +376,21 @@ class CommonSettings(ApprenticeSettings):
     JSON: `{"acme": ["Trailmate", "Dana Whitfield"]}`. Redaction (inference capture and feedback, the
     extractor's knowledge filter) keeps a detected name that lies entirely inside an occurrence of one of
     the tenant's names (any case, whole words), so facts that name them can be learned. A user who only
-    shares a word with one ("Dana Smith") is still redacted, and e-mails, phones, cards, IBANs, IPs and
-    SSNs always are (shared/privacy/business.py, SECURITY.md). Up to 256 names of 2-100 characters per tenant,
-    written out literally (no wildcards). The demo and `apprentice up --task` add the task file's names."""
+    shares a word with one ("Dana Smith") is still redacted, and a declared name never keeps an e-mail, phone,
+    card, IBAN, IP or SSN (shared/privacy/business.py, SECURITY.md). Up to 256 names of 2-100 characters per
+    tenant, written out literally (no wildcards). The same as `business_data`'s `names` (both are kept). The demo
+    and `apprentice up --task` add the task file's names."""
+
+    business_data: Annotated[dict[str, dict[str, list[str]]], NoDecode] = Field(default_factory=dict)
+    """Per tenant, its public business data of every kind, as JSON: `{"acme": {"phones": ["+44 800 414 2277"],
+    "emails": ["found@trailmate.co.uk"], "urls": ["trailmate.co.uk/returns"], "addresses": ["12 Harbour Road,
+    Leith"], "names": ["Trailmate"]}}` (any of the kinds). Redaction keeps exactly these values in that tenant's
+    text: a detection lying inside an occurrence of a declared phone (compared on its digits; an international
+    number also in its national form), e-mail, web or street address (any case), or a name inside any of them.
+    A user's undeclared phone number or e-mail, and everything in another tenant's text, stays redacted
+    (shared/privacy/business.py, SECURITY.md). Up to 256 values per kind per tenant, written out literally. The
+    demo and `apprentice up --task` add the task file's `business_data:` and the phones, e-mails and web
+    addresses in its business text."""
 
     @field_validator("business_names", mode="before")
     @classmethod
@@ -396,9 +408,40 @@ class CommonSettings(ApprenticeSettings):
         except ValueError as e:
             raise ValueError(f"APPRENTICE_BUSINESS_NAMES: {e}") from None
 
-    def business_names_for(self, tenant: str) -> BusinessNames:
-        """The tenant's declared business names, compiled (none for a tenant that declared none)."""
-        return BusinessNames.of(self.business_names.get(tenant, ()))
+    @field_validator("business_data", mode="before")
+    @classmethod
+    def _business_data_json(cls, v: object) -> object:
+        if isinstance(v, str):
+            if not v.strip():
+                return {}       # compose's `${VAR:-}`
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"APPRENTICE_BUSINESS_DATA is not JSON ({e.msg} at character {e.pos}): write "
+                                 f'{{"tenant": {{"phones": ["+44 800 414 2277"], ...}}}} (kinds: {", ".join(KINDS)})'
+                                 ) from None
+        try:
+            return {t: {k: list(vs) for k, vs in d.items()} for t, d in parse_business_data(v).items()}  # type: ignore[arg-type]
+        except ValueError as e:
+            raise ValueError(f"APPRENTICE_BUSINESS_DATA: {e}") from None
+
+    @model_validator(mode="after")
+    def _business_data_per_tenant_fits(self) -> CommonSettings:
+        """Both declarations of a tenant together stay within the bounds (a failure at start, not at the
+        first capture)."""
+        for tenant in self.business_names.keys() & self.business_data.keys():
+            try:
+                self.business_data_for(tenant)
+            except ValueError as e:
+                raise ValueError(f"APPRENTICE_BUSINESS_NAMES and APPRENTICE_BUSINESS_DATA, tenant {tenant!r}: {e}"
+                                 ) from None
+        return self
+
+    def business_data_for(self, tenant: str) -> BusinessData:
+        """The tenant's declared public business data (`business_names` and `business_data` together),
+        compiled; none for a tenant that declared none. Never another tenant's."""
+        return BusinessData.from_declaration({"names": self.business_names.get(tenant, [])},
+                                             self.business_data.get(tenant, {}))
 
     @field_validator("kafka_bootstrap")
     @classmethod

@@ -26,7 +26,7 @@ from typing import Protocol
 from services.extractor.parser import looks_like_text
 from services.extractor.pii import find_pii
 from shared.knowledge.terms import answer_terms, term_in
-from shared.privacy.business import NO_NAMES, BusinessNames
+from shared.privacy.business import NO_DATA, BusinessData
 from shared.proto.apprentice.v1 import events_pb2
 
 S = events_pb2.ItemStatus
@@ -100,9 +100,9 @@ class Curator:
     long-running extractor sees an unbounded stream of texts."""
     _emb_cache: OrderedDict[str, list[float]] = field(default_factory=OrderedDict, repr=False)
 
-    def rejection(self, text: str, names: Sequence[str] = (), business: BusinessNames = NO_NAMES) -> str:
+    def rejection(self, text: str, names: Sequence[str] = (), business: BusinessData = NO_DATA) -> str:
         """Why a candidate may not enter a base ("" = acceptable). `business`: the base's tenant's declared
-        names, which are not personal data (services/extractor/pii.py)."""
+        public business data, which is not personal data (services/extractor/pii.py)."""
         if len(text) < self.min_chars:
             return f"too short ({len(text)} < {self.min_chars} chars)"
         if len(text) > self.max_chars:

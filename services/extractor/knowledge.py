@@ -14,9 +14,10 @@ Every item records its provenance (who, which interactions, when; every merge an
 screen flags; an edit that would introduce a flag is refused, and approving or pinning a flagged item
 needs an explicit override.
 
-Personal data keeps an item out (`Curator.rejection`), judged with the base's tenant's declared business
-names (`business_names(tenant)`, from `APPRENTICE_BUSINESS_NAMES`): an item naming the tenant's product or
-the staff member who decided is the business's knowledge, not a user's data.
+Personal data keeps an item out (`Curator.rejection`), judged with the base's tenant's declared public
+business data (`business_data(tenant)`, from `APPRENTICE_BUSINESS_NAMES` and `APPRENTICE_BUSINESS_DATA`): an
+item naming the tenant's product or the staff member who decided, or giving its declared phone number or
+e-mail address, is the business's knowledge, not a user's data.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from services.extractor.pii import names_from_user_texts
 from services.extractor.trajectories import Source, Trajectory, split_key
 from shared.contracts.events import deterministic_id, make_envelope
 from shared.knowledge.terms import answer_terms
-from shared.privacy.business import NO_NAMES, BusinessNames
+from shared.privacy.business import NO_DATA, BusinessData
 from shared.privacy.injection_screen import InjectionScreen
 from shared.proto.apprentice.v1 import common_pb2, events_pb2
 from shared.rpc.grpc_util import FailedPrecondition, InvalidRequest, NotFound
@@ -89,9 +90,9 @@ class KnowledgeStore:
                  history_per_key: int = 100, source: str = "extractor",
                  clock: Callable[[], Timestamp] = _now, screen: InjectionScreen | None = None,
                  max_provenance: int = 20, max_questions: int = 8,
-                 business_names: Callable[[str], BusinessNames] = lambda tenant: NO_NAMES) -> None:
+                 business_data: Callable[[str], BusinessData] = lambda tenant: NO_DATA) -> None:
         self.curator = curator
-        self.business_names = business_names
+        self.business_data = business_data
         self._publish = publish
         self.requires_approval = requires_approval
         self.max_tokens = max_tokens
@@ -208,7 +209,7 @@ class KnowledgeStore:
                 if not new_turns:
                     continue
                 changed |= self._count_outcomes(key, items, new_turns, now)
-                business = self.business_names(split_key(key)[0])
+                business = self.business_data(split_key(key)[0])
                 names = sorted(names_from_user_texts(traj.user_texts, business))
                 for cand in ex.candidates:
                     v = self._curate(snap, cand, names, now, business)
@@ -263,7 +264,7 @@ class KnowledgeStore:
         return changed
 
     def _curate(self, snap: events_pb2.KnowledgeSnapshot, cand: Candidate, names: Sequence[str],
-                now: Timestamp, business: BusinessNames = NO_NAMES) -> Verdict:
+                now: Timestamp, business: BusinessData = NO_DATA) -> Verdict:
         text = cand.text.strip()
         reason = self.curator.rejection(text, names, business)
         if reason:
@@ -384,7 +385,7 @@ class KnowledgeStore:
             who = operator or (by.key_id if by is not None else "") or "operator"
             if action == "edit":
                 new_text = text.strip()
-                reason = self.curator.rejection(new_text, business=self.business_names(split_key(key)[0]))
+                reason = self.curator.rejection(new_text, business=self.business_data(split_key(key)[0]))
                 if reason:
                     raise InvalidRequest(f"edited text rejected: {reason}")
                 flags = self.screen.flags(new_text)

@@ -7,11 +7,13 @@ NER, card and IBAN checksums), the one inference capture redacts with. Names use
 trajectory (messages and corrections) are also matched word by word, because an item may use a name
 where NER does not read one ("Dana prefers refunds by bank transfer").
 
-The tenant's declared business names (`APPRENTICE_BUSINESS_NAMES`, `shared.privacy.business`) are not personal
-data: a name NER finds that is only one of them neither rejects the item nor counts as a user's name, and a
-user's name word inside an occurrence of one ("Dana" of a user "Dana Smith" in "Dana Whitfield approves
-returns") is not that user. So "Dana Whitfield at our returns desk approves refunds" can be learned while
-"Dana prefers refunds by bank transfer" cannot.
+The tenant's declared public business data (`APPRENTICE_BUSINESS_NAMES`, `APPRENTICE_BUSINESS_DATA`,
+`shared.privacy.business`) is not personal data: a name NER finds that is only one of its names, or a phone
+number or e-mail address that is only its declared one, neither rejects the item nor counts as a user's name,
+and a user's name word inside an occurrence of a declared value ("Dana" of a user "Dana Smith" in "Dana
+Whitfield approves returns") is not that user. So "Dana Whitfield at our returns desk approves refunds" and
+"Call customer service on 0800 414 2277" can be learned while "Dana prefers refunds by bank transfer" and an
+item with a user's own number cannot.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import re
 from collections.abc import Iterable
 
 from shared.privacy import get_detector
-from shared.privacy.business import NO_NAMES, BusinessNames
+from shared.privacy.business import NO_DATA, BusinessData
 from shared.privacy.checksums import luhn_ok
 from shared.privacy.detector import CARD, EMAIL, IBAN, IP, PERSON, PHONE, SSN
 from shared.privacy.recognizers import NOT_NAMES
@@ -31,9 +33,9 @@ KINDS = {EMAIL: "email", CARD: "card", PHONE: "phone", SSN: "ssn", IBAN: "iban",
 """Detector entity type --> the kind named in a rejection reason ("personal data: card, email")."""
 
 
-def names_from_user_texts(texts: Iterable[str], business: BusinessNames = NO_NAMES) -> set[str]:
+def names_from_user_texts(texts: Iterable[str], business: BusinessData = NO_DATA) -> set[str]:
     """Names in what users wrote ("my name is Ana Lima", "Thanks,\\nBob", NER), as single words; not the
-    tenant's declared `business` names (a correction naming the staff member who decided is no user's name)."""
+    tenant's declared `business` data (a correction naming the staff member who decided is no user's name)."""
     detector = get_detector()
     names: set[str] = set()
     for text in texts:
@@ -49,10 +51,10 @@ def names_from_user_texts(texts: Iterable[str], business: BusinessNames = NO_NAM
     return names
 
 
-def find_pii(text: str, names: Iterable[str] = (), business: BusinessNames = NO_NAMES) -> list[str]:
+def find_pii(text: str, names: Iterable[str] = (), business: BusinessData = NO_DATA) -> list[str]:
     """The kinds of personal data in `text` (email, card, phone, ssn, iban, ip, name), plus `name:<word>`
     for each of `names` it contains (case-sensitive: "Will" the name, not "will" the verb) outside the
-    tenant's declared `business` names."""
+    tenant's declared `business` data (its names, phones, e-mail, web and street addresses)."""
     found: list[str] = []
     for span in business.keep(text, get_detector().find(text)):
         kind = KINDS.get(span.entity, span.entity.lower())

@@ -115,7 +115,7 @@ class ExtractorApp:
                                     max_tokens=settings.max_tokens, max_rejected_kept=settings.max_rejected_kept,
                                     max_processed_kept=settings.max_processed_kept,
                                     screen=screen or policy_screen(common.model),
-                                    business_names=common.business_names_for)
+                                    business_data=common.business_data_for)
         self.buffer = SessionBuffer(settings.session_gap_s, settings.max_turns, clock)
         self.llm = llm or make_llm(settings)
         self.extractor = Extractor(self.llm, ExtractionSettings(

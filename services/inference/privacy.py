@@ -20,8 +20,10 @@ feedback comment is scanned once.
   "malformed": no response tokens); the grader and extractor still use its redacted text.
 - feedback comment: redacted in place (the event id still hashes the comment as sent, so a retried
   submission is still recognised as the same event).
-Each tenant's declared business names (`APPRENTICE_BUSINESS_NAMES`, `shared.privacy.business`) are kept in all
-three: a detected name that is only one of them is the business's word, not a user's personal data.
+Each tenant's declared public business data (`APPRENTICE_BUSINESS_NAMES`, `APPRENTICE_BUSINESS_DATA`,
+`shared.privacy.business`) is kept in all three: a detected name that is only one of its names, or a phone
+number, e-mail, web or street address that is only its declared one, is the business's, not a user's personal
+data (another tenant's declaration keeps nothing here).
 `reject` applies to what callers send (prompt messages, comments) and only where it would be captured; an
 answer that contains personal data under `reject` is redacted.
 The session id (the caller's, or the OpenAI `user` field) is replaced by its keyed pseudonym under every
@@ -98,10 +100,10 @@ class CapturePrivacy:
         return s.capture and not no_capture and tenant not in s.no_capture_tenants
 
     def _scan(self, text: str, where: str, tenant: str, answer_names: Set[str] | None = None) -> Scan:
-        """A scan of `text` captured for `tenant` (its declared business names are kept); with
+        """A scan of `text` captured for `tenant` (its declared business data is kept); with
         `answer_names`, read as a model answer (`Redactor.scan_answer`)."""
         t0 = time.perf_counter()
-        business = self.settings.common.business_names_for(tenant)
+        business = self.settings.common.business_data_for(tenant)
         scan = (self.redactor.scan(text, tenant=tenant, business=business) if answer_names is None
                 else self.redactor.scan_answer(text, answer_names, business, tenant=tenant))
         metrics.PII_SCAN_SECONDS.observe(time.perf_counter() - t0)
@@ -120,7 +122,7 @@ class CapturePrivacy:
             t0 = time.perf_counter()
             scans = self.redactor.scan_conversation(
                 [m.content for m in p.messages], [m.role for m in p.messages], tenant=p.tenant,
-                business=self.settings.common.business_names_for(p.tenant))
+                business=self.settings.common.business_data_for(p.tenant))
             metrics.PII_SCAN_SECONDS.observe(time.perf_counter() - t0)
             for scan in scans:
                 for span in scan.spans:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.privacy.business import NO_NAMES, BusinessNames
+from shared.privacy.business import NO_DATA, BusinessData
 from shared.privacy.detector import ENTITIES, PiiDetector, Span
 
 
@@ -64,9 +64,9 @@ def _covered(text: str, gold: Span, found: Iterable[Span]) -> bool:
     return all(i in covered for i in range(gold.start, gold.end) if text[i].isalnum())
 
 
-def score(detector: PiiDetector, examples: list[Labelled], business: BusinessNames = NO_NAMES) -> dict[str, TypeScore]:
-    """Per-type scores of `detector` on `examples`, as redaction under a tenant's declared `business` names
-    would apply it (the detections that are only those names are kept in the text, so they do not count)."""
+def score(detector: PiiDetector, examples: list[Labelled], business: BusinessData = NO_DATA) -> dict[str, TypeScore]:
+    """Per-type scores of `detector` on `examples`, as redaction under a tenant's declared `business` data
+    would apply it (the detections that are only declared values are kept in the text, so they do not count)."""
     scores = {t: TypeScore() for t in ENTITIES}
     for ex, raw in zip(examples, detector.find_many([e.text for e in examples]), strict=True):
         found = business.keep(ex.text, raw)

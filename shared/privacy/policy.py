@@ -3,9 +3,10 @@ placeholders (`redact`), a refusal naming the types found (`reject`), or the tex
 
 `Redactor` puts a detector behind a small cache: a conversation re-sends its earlier messages with each
 turn, and `n` samples of one request share a prompt, so most scans of captured text are repeats.
-Every scan takes the tenant's declared business names (`shared.privacy.business`): the detections that are
-only those words are kept in the text, so a scan's result depends on the text *and* the names, and the
-cache is keyed by both (one tenant's names must never decide what is kept of another tenant's text).
+Every scan takes the tenant's declared public business data (`shared.privacy.business`: its names, phone
+numbers, e-mail, web and street addresses): the detections that are only those values are kept in the text, so
+a scan's result depends on the text *and* the declaration, and the cache is keyed by both (one tenant's
+declaration must never decide what is kept of another tenant's text).
 The key also holds the tenant itself: a hit answers in a fraction of a scan's time, so a cache shared across
 tenants would tell tenant B, by its latency alone, that tenant A had sent the same text
 (tests/security/test_cache_isolation.py).
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from shared.privacy.business import NO_NAMES, BusinessNames
+from shared.privacy.business import NO_DATA, BusinessData
 from shared.privacy.detector import PERSON, PiiDetector, Span, conversation_pairs, joins, resolve_overlaps
 from shared.privacy.instance import get_detector
 
@@ -89,7 +90,7 @@ class Scan:
 
 
 class Redactor:
-    """A detector with an LRU cache of results keyed by a hash of the tenant, the text and the business names
+    """A detector with an LRU cache of results keyed by a hash of the tenant, the text and the business data
     the result was filtered by (thread-safe). Keyed by tenant so no tenant's scan is served from (and timed
     by) another tenant's."""
 
@@ -104,8 +105,8 @@ class Redactor:
         self._detector().find("warm-up: Dana Whitfield, dana@example.com")
 
     @staticmethod
-    def cache_key(text: str, *, tenant: str, names: bool = True, business: BusinessNames = NO_NAMES) -> bytes:
-        """The cache key of one scan: the tenant, the text, the kind of scan and the business names. The
+    def cache_key(text: str, *, tenant: str, names: bool = True, business: BusinessData = NO_DATA) -> bytes:
+        """The cache key of one scan: the tenant, the text, the kind of scan and the business data. The
         tenant is hashed length-prefixed with the text so no (tenant, text) pair collides with another."""
         t = tenant.encode("utf-8", "surrogatepass")
         h = hashlib.blake2b(digest_size=16, person=b"names" if names else b"structured")
@@ -113,9 +114,9 @@ class Redactor:
         h.update(text.encode("utf-8", "surrogatepass"))
         return h.digest() + business.key
 
-    def scan(self, text: str, *, tenant: str, names: bool = True, business: BusinessNames = NO_NAMES) -> Scan:
+    def scan(self, text: str, *, tenant: str, names: bool = True, business: BusinessData = NO_DATA) -> Scan:
         """The detector's spans of `text` sent by `tenant` (cached per tenant), less those that are only
-        one of the tenant's declared `business` names; `names=False`: structured types only."""
+        the tenant's declared `business` data; `names=False`: structured types only."""
         if not text:
             return Scan(text, ())
         key = self.cache_key(text, tenant=tenant, names=names, business=business)
@@ -132,7 +133,7 @@ class Redactor:
         return Scan(text, spans)
 
     def scan_conversation(self, texts: list[str], roles: list[str], *, tenant: str,
-                          business: BusinessNames = NO_NAMES) -> list[Scan]:
+                          business: BusinessData = NO_DATA) -> list[Scan]:
         """One scan per message of a conversation, each also holding its part of a structured value split
         across two messages (`PiiDetector.find_conversation`: "jane.doe@exa" / "mple.com", an IBAN or phone
         number in two halves), between neighbours and between a message and the next of its role
@@ -146,12 +147,12 @@ class Redactor:
         return [scan if not more else Scan(scan.text, tuple(resolve_overlaps([*scan.spans, *more])))
                 for scan, more in zip(scans, extra, strict=True)]
 
-    def scan_answer(self, text: str, names: Iterable[str], business: BusinessNames = NO_NAMES, *,
+    def scan_answer(self, text: str, names: Iterable[str], business: BusinessData = NO_DATA, *,
                     tenant: str) -> Scan:
         """A model's answer: every structured type (e-mail, phone, card, IBAN, IP, SSN), and as names only
         the `names` the conversation gave (matched as whole, case-sensitive words: "Thanks, Dana!"), except
-        where such a word is part of a declared business name ("Dana" from a user's "Dana Smith" inside
-        "ask Dana Whitfield"). Answers are not read with NER: an answer about a public figure is not
+        where such a word is part of a declared business value ("Dana" from a user's "Dana Smith" inside
+        "ask Dana Whitfield"); a declared phone, e-mail, web or street address is kept too. Answers are not read with NER: an answer about a public figure is not
         personal data, and NER reads names into the random text of small or early models."""
         spans = list(self.scan(text, tenant=tenant, names=False, business=business).spans)
         found = []

@@ -9,7 +9,7 @@ import pytest
 from services.extractor.consolidation import held_items, item_metric, parse_item_metric
 from services.extractor.curation import Curator
 from shared.knowledge.embeddings import MiniLMEmbedder, available
-from shared.privacy.business import BusinessNames
+from shared.privacy.business import BusinessData
 from shared.proto.apprentice.v1 import events_pb2, weights_pb2
 from shared.rpc.grpc_util import FailedPrecondition, InvalidRequest
 from tests.unit.extractor.factories import graded
@@ -92,7 +92,7 @@ def test_with_the_embedder_paraphrased_facts_merge_and_contradictions_are_seen()
     curator = Curator(embedder=MiniLMEmbedder())
     st, _ = make_store(opted_in=False)
     st.curator = curator
-    st.business_names = lambda tenant: BusinessNames.of(["Tidepool Rewards"])   # the programme's name, not a person
+    st.business_data = lambda tenant: BusinessData.of(["Tidepool Rewards"])   # the programme's name, not a person
     apply(st, graded(iid="i1", session="s1", question="What is your loyalty program called?",
                      correction="Our loyalty program is Tidepool Rewards."))
     snap = apply(st, graded(iid="i2", session="s2", question="Do you have a rewards club?",

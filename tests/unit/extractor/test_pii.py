@@ -93,7 +93,7 @@ def test_declared_business_names_can_be_learned_but_users_names_cannot() -> None
                        correction="This is Trailmate support: Dana Whitfield at our returns desk approves it."))
         [(traj, _)] = buf.ready()
         store = KnowledgeStore(Curator(), lambda snap: None, requires_approval=lambda t: True,
-                               business_names=common.business_names_for)
+                               business_data=common.business_data_for)
         _, vs = store.apply(f"{tenant}/support", [Extracted(traj, [Candidate(c, "x", ["i1"]) for c in cands])])
         return [(v.outcome, v.reason) for v in vs]
 
@@ -103,5 +103,36 @@ def test_declared_business_names_can_be_learned_but_users_names_cannot() -> None
     assert [o for o, _ in verdicts("globex")] == ["rejected", "rejected", "rejected"]
     # the user's name words are collected, the declared names are not
     texts = ["Hi, I'm Dana Smith.", "This is Trailmate support: Dana Whitfield approves it."]
-    assert names_from_user_texts(texts, common.business_names_for("acme")) == {"Dana", "Smith"}
+    assert names_from_user_texts(texts, common.business_data_for("acme")) == {"Dana", "Smith"}
     assert {"Trailmate", "Whitfield"} <= names_from_user_texts(texts)
+
+
+def test_the_tenants_declared_phone_and_email_can_be_learned_but_a_users_cannot() -> None:
+    """The second task's two facts that could never be learned: with the tenant's public business data
+    (APPRENTICE_BUSINESS_DATA) they enter its base; a user's number, or the same facts in another tenant's
+    base, still keep items out."""
+    from services.extractor.knowledge import Candidate, Extracted, KnowledgeStore
+    from shared.settings import CommonSettings
+
+    common = CommonSettings(business_data={"acme": {"phones": ["+44 800 414 2277"],
+                                                    "emails": ["found@trailmate.co.uk"]}})
+    cands = ["Call customer service on 0800 414 2277 for any order question.",
+             "Write to found@trailmate.co.uk about lost property.",
+             "Call the customer back on 07700 900123 before noon.",
+             "Customers may also write to lost.found@trailmate.co.uk."]
+
+    def verdicts(tenant: str) -> list[tuple[str, str]]:
+        buf = SessionBuffer(gap_s=0, max_turns=8)
+        buf.add(graded(tenant=tenant, question="hw do i reach u guys?? lost my jacket",
+                       correction="Call customer service on 0800 414 2277. Write to found@trailmate.co.uk about "
+                                  "lost property."))
+        [(traj, _)] = buf.ready()
+        store = KnowledgeStore(Curator(), lambda snap: None, requires_approval=lambda t: True,
+                               business_data=common.business_data_for)
+        _, vs = store.apply(f"{tenant}/support", [Extracted(traj, [Candidate(c, "x", ["i1"]) for c in cands])])
+        return [(v.outcome, v.reason) for v in vs]
+
+    assert verdicts("acme") == [("added", ""), ("added", ""), ("rejected", "personal data: phone"),
+                                ("rejected", "personal data: email")]
+    assert verdicts("globex") == [("rejected", "personal data: phone"), ("rejected", "personal data: email"),
+                                  ("rejected", "personal data: phone"), ("rejected", "personal data: email")]

@@ -180,7 +180,7 @@ def test_settings_validate_tenant_policies() -> None:
     assert CapturePrivacy(settings(pii_policy="keep", pii_tenant_policies="a:redact"), lambda: None).active
 
 
-# --- business names (APPRENTICE_BUSINESS_NAMES): the tenant's own words are kept -----------------------
+# --- business names and data (APPRENTICE_BUSINESS_NAMES/_DATA): the tenant's own are kept ------------
 def business(tok: Any) -> CapturePrivacy:
     from shared.settings import CommonSettings
 
@@ -217,6 +217,39 @@ def test_a_captured_answer_keeps_the_staff_name_the_users_name_shares_a_word_wit
     assert ev.messages[0].content == "Hi, I'm <PERSON>. Can Dana Whitfield approve my Trailmate return?"
     assert "Smith" not in ev.prompt_text and "Dana Whitfield" in ev.prompt_text
     assert ev.response_text == "Thanks, <PERSON>! Dana Whitfield approves Trailmate returns within 30 days."
+
+
+
+def test_a_correction_keeps_the_tenants_declared_phone_and_email_but_not_the_users(tok: Any) -> None:
+    """APPRENTICE_BUSINESS_DATA: the support desk's own number and mailbox stay in its corrections and answers;
+    the customer's number and mailbox do not, and another tenant keeps neither."""
+    from shared.settings import CommonSettings
+
+    cp = privacy(tok, common=CommonSettings(business_data={"acme": {"phones": ["+44 800 414 2277"],
+                                                                    "emails": ["found@trailmate.co.uk"]}}))
+    comment = ("Call customer service on 0800 414 2277 or write to found@trailmate.co.uk; the customer left "
+               "07700 900123 and jane.roe@gmail.com.")
+    req = inference_pb2.FeedbackRequest(interaction_id="i1", kind="correction", comment=comment)
+    assert cp.feedback(feedback_event(req, "acme", "pod-1")).comment == (
+        "Call customer service on 0800 414 2277 or write to found@trailmate.co.uk; the customer left "
+        "<PHONE_NUMBER> and <EMAIL_ADDRESS>.")
+    assert cp.feedback(feedback_event(req, "globex", "pod-1")).comment == (
+        "Call customer service on <PHONE_NUMBER> or write to <EMAIL_ADDRESS>; the customer left "
+        "<PHONE_NUMBER> and <EMAIL_ADDRESS>.")
+    req = inference_pb2.GenerateRequest(messages=[common_pb2.ChatMessage(role="user", content=(
+        "My number is 07700 900123. How do I reach lost property?"))])
+    p = prepare(req, "acme", cp.settings, tok, 2048, new_session_id="s1")
+    cp.redact_prompt(p)
+    answer = "Call +44 800 414 2277 or write to found@trailmate.co.uk; we will not call 07700 900123."
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    sample = Sample(token_ids=ids, text=answer, logprobs=[-0.5] * len(ids), logprobs_t1=[-0.6] * len(ids),
+                    finish_reason="stop")
+    [ev] = cp.interactions(p, [interaction_event(p, sample, interaction_id="i1", group_id="g", index=0, model="m",
+                                                 version="base", canary=False, pod="pod-1", latency_ms=1.0,
+                                                 trace_id="t")])
+    assert ev.messages[0].content == "My number is <PHONE_NUMBER>. How do I reach lost property?"
+    assert ev.response_text == ("Call +44 800 414 2277 or write to found@trailmate.co.uk; we will not call "
+                                "<PHONE_NUMBER>.")
 
 
 # --- each text through the detector once per request -------------------------------------------------
