@@ -34,7 +34,7 @@ from tools.stack.ports import Ports
 from tools.stack.probe import metrics_text, service_health, stack_ports, stack_state
 from tools.stack.status_view import render_status
 from tools.stack.supervisor import main as supervise
-from tools.tasks.config import BUSINESS_NAMES_ENV, write_task_config
+from tools.tasks.config import MERGED_ENVS, write_task_config
 from tools.tasks.task import TaskError, load_task
 
 
@@ -50,7 +50,7 @@ def _supervisor_pid(home: Path) -> int | None:
 def _apply_task(name_or_path: str, home: Path) -> str | None:
     """Write the task's per-service config under `<home>/config/` and put its settings into this process's
     environment, which the supervisor and the services inherit (a variable the user set wins; business
-    names are merged: the user's mapping plus the task's names). Returns
+    names and data are merged: the user's mappings plus the task's). Returns
     the task's tenant, or None after printing why the task is refused."""
 
     try:
@@ -61,8 +61,8 @@ def _apply_task(name_or_path: str, home: Path) -> str | None:
         return None
     for env in per_service.values():
         for key, value in env.items():
-            if key == BUSINESS_NAMES_ENV:
-                os.environ[key] = value     # already the user's own mapping with the task's names added
+            if key in MERGED_ENVS:
+                os.environ[key] = value     # already the user's own mapping with the task's added
             else:
                 os.environ.setdefault(key, value)
     print(f"task {task.name}: tenant {task.tenant!r}, task {task.task!r}, KPI {task.kpi.name!r} "

@@ -14,14 +14,17 @@ window unrewarded and the gate would score the wrong questions. This module writ
   general OOD set plus the task's own OOD questions (none is fine: the general items remain);
 
 and returns the environment that points each service at them, including, for every service that redacts
-personal data (inference at capture and feedback, the extractor's knowledge filter),
-`APPRENTICE_BUSINESS_NAMES` with the task tenant's business names: the task file's `business_names:` plus the
-names the detector itself finds (PERSON spans) in the task's own business text, its system prompt, facts and
-corrections. A task file is configuration the business wrote, so the names in it are the business's words
-(its staff, its products); without them the simulated backend's corrections would reach the topics as
-"<PERSON> approves returns" and never be learned. The questions are not read: they are what end users ask.
-Names already in `APPRENTICE_BUSINESS_NAMES` (other tenants, or this one) are kept. Otherwise the extractor
-needs nothing: it keys knowledge by each interaction's own tenant/task.
+personal data (inference at capture and feedback, the extractor's knowledge filter), the task tenant's public
+business data: `APPRENTICE_BUSINESS_NAMES` with its names (the task file's `business_names:` and
+`business_data.names`, plus the names the detector itself finds, PERSON spans, in the task's own business text:
+its system prompt, facts and corrections) and `APPRENTICE_BUSINESS_DATA` with its phone numbers, e-mail, street
+and web addresses (the file's `business_data:`, plus the phone numbers and e-mail addresses the detector finds
+in that text and the web addresses written in it). A task file is configuration the business wrote, so the
+names and numbers in it are the business's (its staff, its products, its support line); without them the
+simulated backend's corrections would reach the topics as "<PERSON> approves returns" or "call <PHONE_NUMBER>"
+and never be learned. The questions are not read: they are what end users ask. What the environment already
+declares in both variables (other tenants, or this one) is kept. Otherwise the extractor needs nothing: it
+keys knowledge by each interaction's own tenant/task.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -40,13 +44,38 @@ from services.grader.settings import DEFAULT_CONFIG
 from services.weights.evalset import EvalSetError, OodSet, load_heldout, load_ood
 from shared.grading import DetectorConfig, GraderConfigError, parse_grader_config
 from shared.privacy import get_detector
-from shared.privacy.business import clean_name, clean_names, parse_business_names
-from shared.privacy.detector import PERSON
+from shared.privacy.business import (
+    EMAILS,
+    KINDS,
+    NAMES,
+    PHONES,
+    URLS,
+    clean_email,
+    clean_name,
+    clean_names,
+    clean_phone,
+    clean_url,
+    clean_values,
+    normalised,
+    parse_business_data,
+    parse_business_names,
+)
+from shared.privacy.detector import EMAIL, PERSON, PHONE
 from tools.tasks.task import OODItem, Task, TaskError
 
 BUSINESS_NAMES_ENV = "APPRENTICE_BUSINESS_NAMES"
+BUSINESS_DATA_ENV = "APPRENTICE_BUSINESS_DATA"
+MERGED_ENVS = (BUSINESS_NAMES_ENV, BUSINESS_DATA_ENV)
+"""Variables whose value `write_task_config` returns already merged with the environment's own (the caller
+sets them rather than letting a value the user set win)."""
 REDACTING_SERVICES = ("inference", "extractor")
-"""The services that redact personal data, and so need the tenant's business names."""
+"""The services that redact personal data, and so need the tenant's business data."""
+
+WEB_ADDRESS = re.compile(r"(?<![\w.@/\-])(?:https?://|www\.)[^\s<>\"'()]*[^\s<>\"'().,;:!?]", re.IGNORECASE)
+"""A web address written in text with its scheme or "www." (the detector has no URL type: a host alone is
+not told apart from a file name or a sentence's last word without a list of top-level names)."""
+
+_DERIVED = {PERSON: (NAMES, clean_name), PHONE: (PHONES, clean_phone), EMAIL: (EMAILS, clean_email)}
 
 _RESERVED_GRADER_NAMES = ("corrected", "thumbs")
 
@@ -118,33 +147,67 @@ def business_text(task: Task) -> list[str]:
     return [t for t in (task.system_prompt, *(x for f in task.facts for x in (f.fact, f.correction))) if t]
 
 
-def derived_business_names(task: Task) -> list[str]:
-    """The names the shared detector finds (PERSON spans) in `business_text(task)`, in order, each once.
-    Spans that could not be a declared name (too short, pattern characters) are left out: they stay redacted."""
+def derived_business_data(task: Task) -> dict[str, list[str]]:
+    """{kind: values} found in `business_text(task)`, in order, each once: the names (PERSON spans), phone
+    numbers and e-mail addresses the shared detector finds, and the web addresses written out with a scheme or
+    "www.". A value that could not be declared (a span too short, pattern characters) is left out: it stays
+    redacted. Street addresses are not derived (the detector has no address type): declare them."""
 
     detector = get_detector()   # the one the services redact with, so it finds what they would redact
-    found: dict[str, str] = {}
+    found: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}
     for text in business_text(task):
         for span in detector.find(text):
-            if span.entity != PERSON:
+            if span.entity not in _DERIVED:
                 continue
+            kind, clean = _DERIVED[span.entity]
             try:
-                name = clean_name(text[span.start:span.end].strip(".,;:!?'\u2019\"()"))
+                value = clean(text[span.start:span.end].strip(".,;:!?'\u2019\"()" if kind == NAMES else ".,;:!?'\u2019\""))
             except ValueError:
                 continue
-            found.setdefault(name.casefold(), name)
-    return list(found.values())
+            found[kind].setdefault(normalised(kind, value), value)
+        for m in WEB_ADDRESS.finditer(text):
+            try:
+                url = clean_url(m.group(0))
+            except ValueError:
+                continue
+            found[URLS].setdefault(normalised(URLS, url), url)
+    return {kind: list(values.values()) for kind, values in found.items() if values}
 
 
-def business_names(task: Task) -> list[str]:
-    """The task's declared `business_names` followed by the derived ones (duplicates, ignoring case, once)."""
+def derived_business_names(task: Task) -> list[str]:
+    """The names the shared detector finds (PERSON spans) in `business_text(task)`, in order, each once."""
+    return derived_business_data(task).get(NAMES, [])
+
+
+def business_names(task: Task, derived: dict[str, list[str]] | None = None) -> list[str]:
+    """The task's declared `business_names` and `business_data.names`, followed by the derived ones
+    (duplicates, ignoring case, once)."""
+    derived = derived_business_data(task) if derived is None else derived
     try:
-        return list(clean_names([*task.business_names, *derived_business_names(task)]))
+        return list(clean_names([*task.business_names, *task.business_data.names, *derived.get(NAMES, [])]))
     except ValueError as e:
         raise TaskError(f"task {task.name!r}: business names: {e}") from None
 
 
-def business_names_env(task: Task, environ: Mapping[str, str] | None = None) -> str:
+def business_data(task: Task, derived: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+    """The task's declared `business_data` of every kind but names (those are `business_names`), followed by
+    the derived values (duplicates, as redaction compares them, once); kinds with none left out."""
+    derived = derived_business_data(task) if derived is None else derived
+    declared = task.business_data.declaration()
+    out: dict[str, list[str]] = {}
+    for kind in KINDS:
+        if kind == NAMES:
+            continue
+        try:
+            if values := list(clean_values(kind, [*declared[kind], *derived.get(kind, [])])):
+                out[kind] = values
+        except ValueError as e:
+            raise TaskError(f"task {task.name!r}: business data: {e}") from None
+    return out
+
+
+def business_names_env(task: Task, environ: Mapping[str, str] | None = None,
+                       derived: dict[str, list[str]] | None = None) -> str:
     """`APPRENTICE_BUSINESS_NAMES` for the task's stack: the mapping already in `environ` (default: this
     process's environment; other tenants' names and this tenant's own stay) with the task's names added to
     its tenant's list."""
@@ -152,9 +215,29 @@ def business_names_env(task: Task, environ: Mapping[str, str] | None = None) -> 
     raw = env.get(BUSINESS_NAMES_ENV, "").strip()
     try:
         current = {t: list(n) for t, n in parse_business_names(json.loads(raw) if raw else {}).items()}
-        current[task.tenant] = list(clean_names([*current.get(task.tenant, []), *business_names(task)]))
+        current[task.tenant] = list(clean_names([*current.get(task.tenant, []), *business_names(task, derived)]))
     except (json.JSONDecodeError, ValueError) as e:
         raise TaskError(f"{BUSINESS_NAMES_ENV} with task {task.name!r}'s names: {e}") from None
+    return json.dumps(current, ensure_ascii=False, sort_keys=True)
+
+
+def business_data_env(task: Task, environ: Mapping[str, str] | None = None,
+                      derived: dict[str, list[str]] | None = None) -> str:
+    """`APPRENTICE_BUSINESS_DATA` for the task's stack: the mapping already in `environ` (default: this
+    process's environment; other tenants' data and this tenant's own stay) with the task's phone numbers,
+    e-mail, street and web addresses (`business_data`) added to its tenant's."""
+    env = os.environ if environ is None else environ
+    raw = env.get(BUSINESS_DATA_ENV, "").strip()
+    try:
+        current = {t: {k: list(v) for k, v in d.items()}
+                   for t, d in parse_business_data(json.loads(raw) if raw else {}).items()}
+        mine = current.setdefault(task.tenant, {})
+        for kind, values in business_data(task, derived).items():
+            mine[kind] = list(clean_values(kind, [*mine.get(kind, []), *values]))
+        if not mine:
+            del current[task.tenant]
+    except (json.JSONDecodeError, ValueError) as e:
+        raise TaskError(f"{BUSINESS_DATA_ENV} with task {task.name!r}'s business data: {e}") from None
     return json.dumps(current, ensure_ascii=False, sort_keys=True)
 
 
@@ -162,7 +245,8 @@ def write_task_config(task: Task, directory: Path, environ: Mapping[str, str] | 
     """Write the task's config files into `directory` and return the per-service environment that uses
     them. Every file is validated here with the services' own loaders, so a task the services would
     refuse fails before anything starts. `environ` (default: this process's environment) supplies business
-    names declared outside the task, which the returned `APPRENTICE_BUSINESS_NAMES` keeps."""
+    data declared outside the task, which the returned `APPRENTICE_BUSINESS_NAMES` and
+    `APPRENTICE_BUSINESS_DATA` keep."""
 
     directory.mkdir(parents=True, exist_ok=True)
     task_file = (directory / "task.yaml").resolve()
@@ -197,8 +281,10 @@ def write_task_config(task: Task, directory: Path, environ: Mapping[str, str] | 
         "extractor": {},
         "inference": {},
     }
-    # every service that redacts keeps the business's own words (shared/privacy/business.py)
-    names = business_names_env(task, environ)
+    # every service that redacts keeps the business's own words and numbers (shared/privacy/business.py)
+    derived = derived_business_data(task)
+    names, data = business_names_env(task, environ, derived), business_data_env(task, environ, derived)
     for service in REDACTING_SERVICES:
         per_service[service][BUSINESS_NAMES_ENV] = names
+        per_service[service][BUSINESS_DATA_ENV] = data
     return per_service

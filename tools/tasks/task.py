@@ -12,11 +12,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from shared import yaml_errors
 from shared.grading.rules import RuleResult, grade_rule, parse_rule_spec
-from shared.privacy.business import clean_names
+from shared.privacy.business import ADDRESSES, EMAILS, NAMES, PHONES, URLS, clean_names, clean_values
 
 TASKS_DIR = Path(__file__).resolve().parent
 
@@ -111,6 +119,32 @@ class AgentSpec(_Strict):
     resets it to auto after the call, so the agent then answers): the tests' way to drive the loop."""
 
 
+class BusinessDataSpec(_Strict):
+    """The business's own public data, kept by redaction in the tenant's captured text and knowledge
+    (shared/privacy/business.py): exactly these values, written out (no patterns)."""
+
+    names: list[str] = Field(default_factory=list)
+    """Products, places, staff who speak for it (the same as the task's `business_names:`)."""
+    phones: list[str] = Field(default_factory=list)
+    """Its phone numbers ("+44 800 414 2277": the international form also keeps "0800 414 2277")."""
+    emails: list[str] = Field(default_factory=list)
+    """Its e-mail addresses ("found@trailmate.co.uk")."""
+    addresses: list[str] = Field(default_factory=list)
+    """Its street addresses ("12 Harbour Road, Leith, Edinburgh EH6 6LX")."""
+    urls: list[str] = Field(default_factory=list)
+    """Its web addresses ("https://trailmate.co.uk/returns")."""
+
+    @field_validator("names", "phones", "emails", "addresses", "urls")
+    @classmethod
+    def _values_valid(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        return list(clean_values(str(info.field_name), v))
+
+    def declaration(self) -> dict[str, list[str]]:
+        """{kind: values}, every kind (shared/privacy/business.py `KINDS`)."""
+        return {NAMES: self.names, PHONES: self.phones, EMAILS: self.emails, ADDRESSES: self.addresses,
+                URLS: self.urls}
+
+
 class Task(_Strict):
     name: str = Field(pattern=NAME_RE)
     tenant: str = Field(default="demo", pattern=NAME_RE)
@@ -131,7 +165,12 @@ class Task(_Strict):
     business_names: list[str] = Field(default_factory=list)
     """Names that are part of the business (products, places, staff who speak for it): redaction keeps them
     in the tenant's captured text and knowledge (shared/privacy/business.py). Optional: `task_config` also adds
-    the names the detector finds in the task's own business text (system prompt, facts, corrections)."""
+    the names the detector finds in the task's own business text (system prompt, facts, corrections). The same
+    as `business_data.names`."""
+    business_data: BusinessDataSpec = BusinessDataSpec()
+    """The business's public data of every kind (names, phones, emails, addresses, urls), kept by redaction.
+    Optional: `task_config` also adds the names, phone numbers, e-mail and web addresses in the task's own
+    business text."""
 
     @field_validator("business_names")
     @classmethod

@@ -165,8 +165,8 @@ def test_declared_and_derived_business_names_reach_the_redacting_services(tmp_pa
     assert extractor.common.business_names == inference.common.business_names == json.loads(value)
     # the simulated backend's correction keeps the business's words at the capture edge
     correction = task.facts[0].correction
-    assert Redactor().scan(correction, tenant="t", business=inference.common.business_names_for("acme")).redacted == correction
-    assert "<PERSON>" in Redactor().scan(correction, tenant="t", business=inference.common.business_names_for("globex")).redacted
+    assert Redactor().scan(correction, tenant="t", business=inference.common.business_data_for("acme")).redacted == correction
+    assert "<PERSON>" in Redactor().scan(correction, tenant="t", business=inference.common.business_data_for("globex")).redacted
 
 
 def test_a_task_without_the_field_still_keeps_the_names_in_its_own_text(tmp_path: Path) -> None:
@@ -200,3 +200,97 @@ def test_up_task_merges_business_names_with_the_users(tmp_path: Path, monkeypatc
     assert json.loads(env["APPRENTICE_BUSINESS_NAMES"]) == {
         "acme": ["Brightwater Outfitters", "Trailmate", "Harbor Point", "Hannah Okafor", "Dana Whitfield"],
         "globex": ["Hank"]}
+
+
+# --- business data: the task's phone numbers, e-mail, street and web addresses reach them too ---------
+LOST_PROPERTY_TASK = """\
+name: lost-property
+tenant: acme
+task: support
+system_prompt: "You are the support assistant of Trailmate. Our web shop is https://www.trailmate.co.uk/shop."
+business_data:
+  phones: ["+44 131 496 0000"]
+  addresses: ["12 Harbour Road, Leith, Edinburgh EH6 6LX"]
+held_out_per_fact: 1
+facts:
+  - id: hotline
+    fact: "Customer service is on 0800 414 2277."
+    answer_check: {type: contains, any_of: ["0800 414 2277"]}
+    correction: "Call customer service on 0800 414 2277"
+    questions: ["hw do i call u? my number is 07700 900123", "whats ur phone number"]
+  - id: lost
+    fact: "Lost property is handled by e-mail."
+    answer_check: {type: contains, any_of: ["found@trailmate.co.uk"]}
+    correction: "Write to found@trailmate.co.uk about lost property"
+    questions: ["lost my jacket, mail me at jane.roe@gmail.com", "where do i report lost stuff"]
+"""
+
+
+def test_declared_and_derived_business_data_reach_the_redacting_services(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend's corrections on the second task ("Call customer service on 0800 414 2277", "Write to
+    found@... about lost property") keep the business's number and mailbox at the capture edge; the users'
+    own, written in the questions, are neither derived nor kept."""
+    from services.extractor.settings import ExtractorSettings
+    from services.inference.settings import InferenceSettings
+    from shared.privacy import Redactor
+
+    src = tmp_path / "lost.yaml"
+    src.write_text(LOST_PROPERTY_TASK, encoding="utf-8")
+    task = load_task(src)
+    assert task.business_data.phones == ["+44 131 496 0000"]
+    env = write_task_config(task, tmp_path / "config",
+                            environ={"APPRENTICE_BUSINESS_DATA": '{"globex": {"phones": ["+1 415 555 0132"]}, '
+                                                                 '"acme": {"emails": ["sales@trailmate.co.uk"]}}'})
+    value = env["inference"]["APPRENTICE_BUSINESS_DATA"]
+    assert env["extractor"]["APPRENTICE_BUSINESS_DATA"] == value
+    # the environment's first, then declared, then what the detector finds in the business's own text
+    assert json.loads(value) == {
+        "acme": {"emails": ["sales@trailmate.co.uk", "found@trailmate.co.uk"],
+                 "phones": ["+44 131 496 0000", "0800 414 2277"],
+                 "addresses": ["12 Harbour Road, Leith, Edinburgh EH6 6LX"],
+                 "urls": ["https://www.trailmate.co.uk/shop"]},
+        "globex": {"phones": ["+1 415 555 0132"]}}
+    for key, v in env["inference"].items():
+        monkeypatch.setenv(key, v)
+    inference, extractor = InferenceSettings(pod_id="pod-1"), ExtractorSettings()
+    assert extractor.common.business_data == inference.common.business_data
+    for fact in task.facts:
+        assert Redactor().scan(fact.correction, tenant="t",
+                               business=inference.common.business_data_for("acme")).redacted == fact.correction
+        assert "<" in Redactor().scan(fact.correction, tenant="t",
+                                      business=inference.common.business_data_for("globex")).redacted
+    question = task.facts[0].questions[0]
+    assert Redactor().scan(question, tenant="t", business=inference.common.business_data_for("acme")).redacted == \
+        "hw do i call u? my number is <PHONE_NUMBER>"
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    ('{phones: ["2277"]}', "has 4 digits"),
+    ('{emails: ["*@trailmate.co.uk"]}', "not one address"),
+    ('{phone: ["0800 414 2277"]}', "phone"),
+])
+def test_bad_business_data_in_a_task_file_is_refused(tmp_path: Path, data: str, needle: str) -> None:
+    src = tmp_path / "bad.yaml"
+    text = LOST_PROPERTY_TASK.replace('business_data:\n  phones: ["+44 131 496 0000"]\n  addresses: '
+                                      '["12 Harbour Road, Leith, Edinburgh EH6 6LX"]\n', f"business_data: {data}\n")
+    assert text != LOST_PROPERTY_TASK
+    src.write_text(text, encoding="utf-8")
+    with pytest.raises(TaskError, match="business_data") as e:
+        load_task(src)
+    assert needle in str(e.value)
+
+
+def test_up_task_merges_business_data_with_the_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from tools.stack.cli import _apply_task
+
+    src = tmp_path / "lost.yaml"
+    src.write_text(LOST_PROPERTY_TASK, encoding="utf-8")
+    env = {"APPRENTICE_BUSINESS_DATA": '{"globex": {"phones": ["+1 415 555 0132"]}}'}
+    monkeypatch.setattr(os, "environ", env)
+    assert _apply_task(str(src), tmp_path) == "acme"
+    got = json.loads(env["APPRENTICE_BUSINESS_DATA"])
+    assert got["globex"] == {"phones": ["+1 415 555 0132"]}
+    assert "0800 414 2277" in got["acme"]["phones"] and got["acme"]["emails"] == ["found@trailmate.co.uk"]
