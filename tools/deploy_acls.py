@@ -1,6 +1,6 @@
 """The broker's ACLs for the deployments outside this machine (the Helm chart, docker compose, a cluster
 managed by hand), generated from the one access table (shared/contracts/topic_access.py) through the one
-derivation of bindings, `tools.broker.acls.grants`.
+derivation of bindings, `shared.kafka.grants.grants`.
 
 Why one derivation: the local broker, the chart's Strimzi `KafkaUser` resources, the `kafka-acls.sh`
 commands of docs/deployment.md and the compose init container must grant exactly the same rights, or a
@@ -9,12 +9,12 @@ production than anywhere it is tested). tests/deploy/test_helm_acls.py fails whe
 from `grants()`.
 
 A deployment's prefix (`topicPrefix` in the chart, `APPRENTICE_TOPIC_PREFIX`) namespaces the contract
-topics, consumer groups, transactional ids and the grader's own topics, but not the private readers'
-groups (`PRIVATE_GROUP_PREFIXES`). The chart knows its prefix only when it renders, so each rule generated
-for it says whether its name takes the prefix (`namespaced`): the bindings are computed once with a
-sentinel prefix, and a name that starts with the sentinel is a namespaced one. A namespaced PREFIXED rule
-whose name is empty ("every group of the deployment") becomes Kafka's LITERAL wildcard "*" when the
-prefix is empty too, as `grants(Topics(""))` says.
+topics, consumer groups (the private readers' too), transactional ids and the grader's own topics, and so
+its bindings: two releases with different prefixes on one cluster are granted disjoint resources
+(docs/deployment.md, "Several stacks on one cluster"). The chart knows its prefix only when it renders, so
+each rule generated for it says whether its name takes the prefix (`namespaced`): the bindings are computed
+once with a sentinel prefix, and a name that starts with the sentinel is a namespaced one (every name but the
+cluster's, today).
 
 Commands (`python -m tools.deploy_acls ...`):
   helm [--check]          write (or check) deploy/helm/apprentice/files/kafka-acls.yaml (`make helm-acls`)
@@ -41,7 +41,7 @@ import yaml
 
 from shared.contracts import topic_access as access
 from shared.contracts.topics import Topics
-from tools.broker.acls import Grant, apply_acls, grants
+from tools.broker.acls import Grant, apply_acls, grants, prefix_problem
 
 REPO = Path(__file__).resolve().parents[1]
 HELM_FILE = REPO / "deploy" / "helm" / "apprentice" / "files" / "kafka-acls.yaml"
@@ -80,12 +80,7 @@ class Rule:
 
     def resolve(self, prefix: str) -> tuple[str, str]:
         """(name, pattern) in the deployment of `prefix`."""
-        if not self.namespaced:
-            return self.name, self.pattern
-        name = prefix + self.name
-        if not name and self.pattern == "prefixed":
-            return "*", "literal"   # a PREFIXED pattern cannot be empty: every name is the wildcard
-        return name, self.pattern
+        return (prefix + self.name if self.namespaced else self.name), self.pattern
 
     def grants(self, prefix: str) -> list[Grant]:
         name, pattern = self.resolve(prefix)
@@ -255,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         HELM_FILE.write_text(text)
         print(f"wrote {HELM_FILE.relative_to(REPO)}")
     elif args.command == "kafka-acls-sh":
+        problem = prefix_problem(args.prefix)
+        if problem is not None:
+            print(f"python -m tools.deploy_acls kafka-acls-sh: {problem}", file=sys.stderr)
+            return 2
         print("\n".join(kafka_acls_commands(args.prefix, args.bootstrap, args.command_config)))
     elif args.command == "compose-secrets":
         created = compose_secrets(args.root)

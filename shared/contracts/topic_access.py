@@ -86,13 +86,17 @@ GROUP_PREFIXES: dict[str, tuple[str, ...]] = {
 
 PRIVATE_GROUP_PREFIXES: dict[str, tuple[str, ...]] = {
     # the throw-away groups of readers that assign partitions themselves and commit nothing
-    # (shared/kafka/consumers.py `private_group`: "<purpose>-<uuid>", NOT namespaced by the topic prefix),
-    # and the status probe's group (shared/kafka/lag.py PROBE_GROUP)
+    # (shared/kafka/consumers.py `private_group`: "<prefix><purpose>-<uuid>"), and the status probe's group
+    # (shared/kafka/lag.py PROBE_GROUP); after the deployment's prefix, as every group
     GRADER: ("grader-",),                               # grader-verify (stream/event_scan.py)
     EXTRACTOR: ("extractor-",),                         # extractor-rebuild (snapshots.py)
     DASHBOARD: ("apprentice-status-probe",),            # the lag view (shared/kafka/lag.py)
     OPERATOR: ("apprentice-tail-", "apprentice-cli-rules-", "apprentice-status-probe"),
 }
+
+TOPIC_CREATORS: tuple[str, ...] = (OPERATOR,)
+"""Who may create the contract topics of their deployment (`apprentice topics`; `admin` may anyway): no
+service, so a service started before its topics exist stops and says to run `apprentice topics`."""
 
 INTERNAL_TOPIC_PREFIXES: dict[str, tuple[str, ...]] = {
     # topics a principal creates and owns itself (faust's changelogs, repartition and leader topics are

@@ -26,15 +26,23 @@ from confluent_kafka import Consumer
 
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.security import SecuritySource, librdkafka_config
+from shared.settings import CommonSettings
 
 Isolation = Literal["read_committed", "read_uncommitted"]
 OffsetReset = Literal["earliest", "latest"]
 
 
-def private_group(purpose: str) -> str:
-    """A group id no other consumer shares ("<purpose>-<uuid>"): for readers that assign partitions
-    themselves and commit nothing (librdkafka still requires a group id)."""
-    return f"{purpose}-{uuid.uuid4()}"
+def private_group(purpose: str, prefix: str = "") -> str:
+    """A group id no other consumer shares ("<prefix><purpose>-<uuid>"): for readers that assign partitions
+    themselves and commit nothing (librdkafka still requires a group id). `prefix` is the deployment's topic
+    prefix: like every group, a private one belongs to its deployment, whose ACLs grant it
+    (shared/kafka/grants.py) and no other deployment's do."""
+    return f"{prefix}{purpose}-{uuid.uuid4()}"
+
+
+def _deployment_prefix(security: SecuritySource) -> str:
+    """The topic prefix of the deployment a consumer reads for: its settings', else the environment's."""
+    return (security if isinstance(security, CommonSettings) else CommonSettings()).topic_prefix
 
 
 def consumer_config(bootstrap: str, *, purpose: str, group_id: str | None = None,
@@ -49,7 +57,7 @@ def consumer_config(bootstrap: str, *, purpose: str, group_id: str | None = None
         **client_log_config(bootstrap),
         "bootstrap.servers": bootstrap,
         "client.id": f"apprentice-{purpose}",
-        "group.id": group_id or private_group(purpose),
+        "group.id": group_id or private_group(purpose, _deployment_prefix(security)),
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "isolation.level": isolation,

@@ -20,7 +20,8 @@ from shared.kafka.reader import watermarks
 from shared.kafka.security import SecuritySource, librdkafka_config
 
 PROBE_GROUP = "apprentice-status-probe"
-"""The group id of the consumer that reads end offsets (it never subscribes or commits)."""
+"""The group id of the consumer that reads end offsets (it never subscribes or commits), after the stack's
+prefix."""
 NEVER_COMMIT = ("apprentice-tail", PROBE_GROUP)
 
 
@@ -45,13 +46,14 @@ def partition_lag(bootstrap: str, topics: Topics, *, security: SecuritySource = 
     ours = {s.name for s in topics.specs()}
     base = {**librdkafka_config(security), **client_log_config(bootstrap), "bootstrap.servers": bootstrap}
     admin = AdminClient(base)
-    skip = NEVER_COMMIT + skip_groups
+    skip = tuple(topics.group_id(g) for g in NEVER_COMMIT) + skip_groups
     groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=10).result(15).valid
               if topics.owns_group(g.group_id) and not g.group_id.startswith(skip)]
     # one request per group (the API takes one at a time), all in flight together: a shared broker may
     # hold many groups of other stacks
     futures = {gid: admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)])[gid] for gid in groups}
-    probe = new_consumer(bootstrap, purpose="status-probe", group_id=PROBE_GROUP, security=security)
+    probe = new_consumer(bootstrap, purpose="status-probe", group_id=topics.group_id(PROBE_GROUP),
+                         security=security)
     rows: list[PartitionLag] = []
     try:
         for gid, fut in futures.items():

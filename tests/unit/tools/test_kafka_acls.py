@@ -9,6 +9,7 @@ import pytest
 
 from shared.contracts import topic_access as access
 from shared.contracts.topics import Topics
+from shared.kafka.grants import PrefixClash, prefix_problem
 from tools.broker.acls import CLUSTER, Grant, access_markdown, grants, open_door_grants
 
 REPO = Path(__file__).resolve().parents[3]
@@ -25,7 +26,9 @@ def test_topic_rights_are_exactly_the_table_for_the_prefix(prefix: str) -> None:
         assert {g.principal for g in on if g.operation == "READ"} == a.readers, a.topic
         assert {g.principal for g in on if g.operation == "DESCRIBE"} == set(access.PRINCIPALS)
         assert {g.principal for g in on if g.operation == "DESCRIBE_CONFIGS"} == set(access.PRINCIPALS)
-        assert {g.operation for g in on} == {"WRITE", "READ", "DESCRIBE", "DESCRIBE_CONFIGS"}   # nobody may create or delete it
+        # only the operator's `apprentice topics` creates it, and nobody may delete it
+        assert {g.principal for g in on if g.operation == "CREATE"} == set(access.TOPIC_CREATORS) == {access.OPERATOR}
+        assert {g.operation for g in on} == {"WRITE", "READ", "DESCRIBE", "DESCRIBE_CONFIGS", "CREATE"}
 
 
 def test_every_writer_may_write_idempotently_and_nobody_else() -> None:
@@ -41,8 +44,8 @@ def test_groups_and_internal_resources_carry_the_prefix() -> None:
     own = {(g.principal, g.name) for g in gs if g.resource == "group" and g.operation == "READ"}
     for who, prefixes in access.GROUP_PREFIXES.items():
         assert {(who, prefix + p) for p in prefixes} <= own
-    for who, prefixes in access.PRIVATE_GROUP_PREFIXES.items():
-        assert {(who, p) for p in prefixes} <= own
+    for who, prefixes in access.PRIVATE_GROUP_PREFIXES.items():   # the private readers' groups too
+        assert {(who, prefix + p) for p in prefixes} <= own
     assert all(g.pattern == "prefixed" for g in gs if g.resource in ("group", "transactional_id")
                and g.operation != "DESCRIBE")
     assert Grant("grader", "topic", prefix + "apprentice-grader", "prefixed", "ALL") in gs
@@ -50,8 +53,30 @@ def test_groups_and_internal_resources_carry_the_prefix() -> None:
     assert {g.principal for g in gs if g.operation == "ALL"} == {access.GRADER}
     # observers see every group of their deployment (lag), and only describe them
     assert {g for g in gs if g.resource == "group" and g.operation == "DESCRIBE"} == {
-        Grant(who, "group", prefix, "prefixed", "DESCRIBE") for who in (access.DASHBOARD, access.OPERATOR)}
-    assert {g.name for g in grants() if g.resource == "group" and g.operation == "DESCRIBE"} == {"*"}
+        Grant(who, "group", name, "prefixed", "DESCRIBE") for who in (access.DASHBOARD, access.OPERATOR)
+        for name in {g.name for g in gs if g.resource == "group" and g.operation == "READ"}}
+    assert all(g.name not in ("*", "") for g in grants() if g.resource != "cluster")   # no wildcard, unprefixed too
+
+
+@pytest.mark.parametrize(("a", "b"), [("", "staging."), ("staging.", "prod."), ("staging.", "staging.run-1a2b.")])
+def test_two_prefixes_are_granted_disjoint_resources(a: str, b: str) -> None:
+    """Nothing a deployment's bindings grant names a resource of another prefix's deployment (#51): every
+    topic, group, transactional id and internal topic a principal of `b` uses, and of `a`."""
+    for mine, theirs in ((a, b), (b, a)):
+        granted = [g for g in grants(Topics(mine)) if g.resource != "cluster"]
+        for g in grants(Topics(theirs)):
+            if g.resource == "cluster":
+                continue
+            # the names of the other deployment: a literal one as it is; a prefixed one by a name under it
+            name = g.name if g.pattern == "literal" else g.name + "x"
+            assert not any(mine_g.covers(g.resource, name) for mine_g in granted), (mine, theirs, g)
+
+
+def test_a_prefix_the_unprefixed_acls_would_cover_is_refused() -> None:
+    with pytest.raises(PrefixClash, match="'weights-b.' starts with 'weights'"):
+        grants(Topics("weights-b."))
+    assert prefix_problem("extractor.") is not None and prefix_problem("staging.") is None
+    assert prefix_problem("") is None
 
 
 def test_admin_and_anonymous_get_no_acl_unless_the_open_door_is_asked_for() -> None:
