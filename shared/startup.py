@@ -6,6 +6,8 @@ the traffic), a public bind without keys (`InsecureBind`), keys that do not pars
 TLS files that cannot be used (`TLSConfigError`), a model that cannot be loaded here
 (`ModelUnavailable`: an unknown name, a missing package), a variable that was renamed (`SettingMoved`), a
 Kafka producer or topic that could lose acknowledged records when a broker goes (`UnsafeKafkaConfig`), a
+request the Kafka broker refuses this principal (`KafkaAccessDenied`, or a Kafka client's own authorization
+error raised anywhere during the start: shared/kafka/authorization.py words both the same way), a
 value the settings refuse (pydantic's `ValidationError` raised by a settings class: a typo inside a group, a
 field of another kind, a number out of range). Their messages already say what to change; a traceback would
 only bury that line. Anything else still raises (a bug keeps its traceback, a `ValidationError` of anything
@@ -38,6 +40,7 @@ def startup_errors() -> tuple[type[Exception], ...]:
     entry point's `--help` stays light."""
     # deferred: shared.models and the security modules load numpy, grpc and cryptography; every service's
     # __main__ (all imported by `apprentice`) imports this module
+    from shared.kafka.authorization import KafkaAccessDenied
     from shared.kafka.durability import UnsafeKafkaConfig
     from shared.kafka.signing import SigningKeyMissing
     from shared.models import ModelUnavailable
@@ -48,7 +51,24 @@ def startup_errors() -> tuple[type[Exception], ...]:
     from shared.settings import SettingMoved
 
     return (PortInUse, InsecureBind, KeyConfigError, TLSConfigError, ModelUnavailable, SettingMoved,
-            SigningKeyMissing, UnsafeKafkaConfig)
+            SigningKeyMissing, UnsafeKafkaConfig, KafkaAccessDenied)
+
+
+def kafka_refusal(exc: BaseException) -> BaseException | None:
+    """The Kafka authorization refusal `exc` is or was raised from (a client's own error, confluent-kafka's or
+    aiokafka's, as `KafkaAccessDenied`), else None."""
+    # deferred: confluent_kafka, only once something failed
+    from shared.kafka.authorization import KafkaAccessDenied, denied
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        refusal = cur if isinstance(cur, KafkaAccessDenied) else denied(cur)
+        if refusal is not None:
+            return refusal
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def one_line(service: str, exc: BaseException) -> str:
@@ -85,6 +105,12 @@ def exit_on_startup_error(service: str) -> Callable[[F], F]:
                 if not is_settings_error(e):
                     raise
                 print(one_line(service, e), file=sys.stderr, flush=True)
+                return EXIT_STARTUP_ERROR
+            except Exception as e:
+                refusal = kafka_refusal(e)
+                if refusal is None:
+                    raise
+                print(one_line(service, refusal), file=sys.stderr, flush=True)
                 return EXIT_STARTUP_ERROR
         return run  # type: ignore[return-value]
     return wrap

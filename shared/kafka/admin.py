@@ -9,10 +9,11 @@ import contextlib
 import time
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from shared.contracts.topics import Topics, TopicSpec
+from shared.kafka.authorization import KafkaAccessDenied, denied, is_refusal
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.durability import cluster_replication
 from shared.kafka.security import SecuritySource, librdkafka_config
@@ -56,7 +57,9 @@ def _new_topic(spec: TopicSpec, replication: int, min_insync: int = 1) -> NewTop
 
 def ensure_topics(bootstrap: str, topics: Topics | None = None, *, replication: int | None = None,
                   timeout: float = 30.0, security: SecuritySource = None) -> list[str]:
-    """Create every missing topic; return the names that were created. Existing topics are left alone.
+    """Create every missing topic; return the names that were created. Existing topics are left alone. A
+    principal the broker refuses to create one (or even to see it) gets `KafkaAccessDenied`, whose line names
+    the command that grants it.
     `replication` None: from the cluster's size, with min.insync.replicas to match (3 and 2 from three brokers
     on, else 1: shared/kafka/durability.py)."""
     specs = (topics or Topics()).specs()
@@ -76,6 +79,8 @@ def ensure_topics(bootstrap: str, topics: Topics | None = None, *, replication: 
             fut.result(timeout)
             created.append(name)
         except KafkaException as e:
+            if is_refusal(e):
+                raise _create_refused(client, name, security, topics or Topics(), timeout) from e
             if e.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: another process won the race
                 raise
     # Metadata propagates asynchronously, even on one node.
@@ -85,6 +90,23 @@ def ensure_topics(bootstrap: str, topics: Topics | None = None, *, replication: 
             break
         time.sleep(0.2)
     return created
+
+
+def _create_refused(client: AdminClient, name: str, security: SecuritySource, topics: Topics,
+                    timeout: float) -> KafkaAccessDenied:
+    """Why the broker refused to create `name`: the topic is missing and this principal may not create it, or
+    it exists and this principal may not even describe it (the deployment's ACLs are missing, so it looked
+    missing): the line of each names a different command (shared/kafka/authorization.py)."""
+    operation = "CREATE"
+    try:
+        client.describe_topics(TopicCollection([name]), request_timeout=timeout)[name].result(timeout)
+    except KafkaException as e:
+        if is_refusal(e):
+            operation = "DESCRIBE"
+    refusal = denied(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), name=name, operation=operation,
+                     security=security, prefix=topics.prefix)
+    assert refusal is not None
+    return refusal
 
 
 def delete_topics(bootstrap: str, names: list[str], timeout: float = 30.0, *,

@@ -6,7 +6,8 @@ do. Every confluent-kafka client built by shared/kafka gets `client_log_config(b
 
 - errors (`error_cb`): an unreachable broker becomes one line, "Kafka broker unreachable at X (reason);
   retrying", at most once per 30 s per bootstrap address in the whole process (every client of a process
-  reports the same outage); other errors one line per error code per 30 s;
+  reports the same outage); an authorization refusal (the idempotent producer's cluster right) the line of
+  shared/kafka/authorization.py, counted; other errors one line per error code per 30 s;
 - log lines (`logger`): through the `librdkafka` Python logger, at most one per facility per 30 s, with
   the number of lines suppressed since, so they land in the service's log, never raw on stderr (lines
   about a failed connection are dropped: the error line above says it once).
@@ -17,42 +18,20 @@ The limiter is process-wide and thread-safe: librdkafka calls back from whicheve
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError
 
+from shared.kafka.authorization import report_error
+from shared.kafka.rate_limit import INTERVAL_S, RateLimiter
+
 log = logging.getLogger("librdkafka")
 
-INTERVAL_S = 30.0
 UNREACHABLE_CODES = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE})
 
 DUPLICATE_FACILITIES = frozenset({"FAIL", "ERROR"})
 """Log facilities whose lines repeat what `error_cb` reports (a failed connection): dropped."""
-
-
-class RateLimiter:
-    """At most one pass per key per `interval_s`; counts what it held back meanwhile."""
-
-    def __init__(self, interval_s: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.interval_s = interval_s
-        self.clock = clock
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def allow(self, key: str) -> int | None:
-        """None when `key` passed less than `interval_s` ago; else the number of calls held back since."""
-        now = self.clock()
-        with self._lock:
-            last = self._last.get(key)
-            if last is not None and now - last < self.interval_s:
-                self._held[key] = self._held.get(key, 0) + 1
-                return None
-            self._last[key] = now
-            return self._held.pop(key, 0)
 
 
 LIMITER = RateLimiter()
@@ -92,6 +71,8 @@ def error_callback(bootstrap: str, limiter: RateLimiter | None = None) -> Callab
 
     def on_error(err: KafkaError) -> None:
         code = err.code()
+        if report_error(err):     # a refusal (the idempotent producer's cluster right, fatal): its own line
+            return
         if code in UNREACHABLE_CODES:
             held = lim.allow(f"unreachable:{bootstrap}")
             if held is not None:

@@ -2,6 +2,11 @@
 
 Auto-commit is off: a crash between effect and commit redelivers the batch, so handlers must be
 idempotent by `envelope.event_id` (the at-least-once + idempotent-effect recipe, docs/architecture.md §5).
+
+A request the broker refuses this principal (its group, a topic: an ACL missing or revoked while it runs) is
+counted and logged in one line naming the command that grants it (shared/kafka/authorization.py), never
+raised: polls go on returning nothing, a refused commit is left for the redelivery above, and the consumer
+resumes by itself once the grant is applied.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import Counter
 
+from shared.kafka.authorization import is_refusal, report_error
 from shared.kafka.busy import call_while_polling
 from shared.kafka.consumers import OffsetReset, new_consumer
 from shared.kafka.security import SecuritySource
@@ -40,6 +46,7 @@ class EventConsumer:
         `log_level` 3 quiets a consumer that outlives broker restarts."""
         self.group_id = group_id
         self.topics = list(topics)
+        self._security = security
         self.max_poll_interval_s = (max_poll_interval_ms or 300_000) / 1000
         self.rebalances = {"assigned": 0, "revoked": 0, "lost": 0}
         """Rebalance callbacks seen by this consumer (also `apprentice_kafka_rebalance_events_total`)."""
@@ -82,14 +89,29 @@ class EventConsumer:
                 log.error("consumer group %s: left the group, no poll within max.poll.interval.ms (%.0f s); "
                           "it rejoins now and its uncommitted records are redelivered",
                           self.group_id, self.max_poll_interval_s)
+            elif is_refusal(err):
+                self._refused(err, m.topic() or (self.topics[0] if self.topics else ""))
             elif err.fatal():
                 raise KafkaException(err)
             else:
                 log.warning("consumer error (retried by librdkafka): %s", err)
         return out
 
+    def _refused(self, err: KafkaError | KafkaException, topic: str) -> None:
+        """Count and log a refusal of this consumer's group or topic (READ: what consuming and committing need)."""
+        report_error(err, name=topic, group=self.group_id, operation="READ", security=self._security, logger=log)
+
+    def _commit(self, offsets: list[TopicPartition]) -> None:
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as e:
+            if not is_refusal(e):
+                raise
+            self._refused(e, offsets[0].topic)
+
     def commit(self, messages: Iterable[Message]) -> None:
-        """Synchronously commit past the highest offset of each partition in `messages`."""
+        """Synchronously commit past the highest offset of each partition in `messages` (a refused commit is
+        reported, not raised: the records are delivered again)."""
         highest: dict[tuple[str, int], int] = {}
         for m in messages:
             topic, partition, offset = m.topic(), m.partition(), m.offset()
@@ -98,14 +120,12 @@ class EventConsumer:
             tp = (topic, partition)
             highest[tp] = max(highest.get(tp, -1), offset)
         if highest:
-            self._consumer.commit(offsets=[TopicPartition(t, p, o + 1) for (t, p), o in highest.items()],
-                                  asynchronous=False)
+            self._commit([TopicPartition(t, p, o + 1) for (t, p), o in highest.items()])
 
     def commit_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
         """Commit explicit next-offsets per (topic, partition)."""
         if offsets:
-            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                                  asynchronous=False)
+            self._commit([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
 
     def call_while_polling(self, fn: Callable[[], T], *, stop: threading.Event | None = None) -> T:
         """`fn()` (a slow call to another service) on a worker thread while this consumer keeps its group

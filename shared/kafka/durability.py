@@ -25,6 +25,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
+from shared.kafka.authorization import check_access
 from shared.kafka.security import librdkafka_config
 
 log = logging.getLogger(__name__)
@@ -120,8 +121,8 @@ def check_at_start(settings: Any, *, timeout: float = 5.0, replication: int | No
     contract topics (or `replication`, the factor the service itself creates topics with, e.g. the grader's
     changelogs; 0 = from the cluster's size, always enough) could lose acknowledged records when one broker
     goes. A broker that does not answer within `timeout` is not waited for (services start before their broker
-    and reconnect; the next start checks again), and a cluster that will not describe the topics' configs to
-    this principal (no DescribeConfigs ACL) is logged as unchecked rather than stopping the service."""
+    and reconnect; the next start checks again). Before that, `KafkaAccessDenied` when the broker refuses this
+    principal what the access table grants it (`check_access`: a deployment whose ACLs were not applied)."""
     # (not shared/kafka/admin.py's `admin`: that module imports this one)
     client = AdminClient({**librdkafka_config(settings), "bootstrap.servers": settings.kafka_bootstrap,
                           "log_level": 0})
@@ -130,6 +131,9 @@ def check_at_start(settings: Any, *, timeout: float = 5.0, replication: int | No
     except KafkaException:
         log.warning("kafka durability not checked: no broker answered", extra={"bootstrap": settings.kafka_bootstrap})
         return
+    # what the access table grants this principal, asked of the broker: a missing ACL stops the start here,
+    # in one line naming the command that grants it (shared/kafka/authorization.py)
+    check_access(client, settings, timeout=timeout)
     if replication and brokers >= CLUSTER_BROKERS and replication < REPLICATION:
         raise UnsafeKafkaConfig(f"this service creates its own topics with replication factor {replication} on a "
                                 f"{brokers}-broker cluster: set its replication setting to {REPLICATION}")

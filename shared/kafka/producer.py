@@ -16,6 +16,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from shared.contracts.topics import contract_name
 from shared.contracts.validation import type_headers
+from shared.kafka.authorization import report_error
 from shared.kafka.client_logs import client_log_config
 from shared.kafka.durability import durable_producer
 from shared.kafka.security import SecuritySource, librdkafka_config
@@ -51,6 +52,7 @@ class EventProducer:
         }
         config.update(extra_config or {})
         self._producer = durable_producer(config)     # acks=all and idempotence, never weakened
+        self._security = security
         self.signer = signer
         self._lock = threading.Lock()
         self.delivered = 0
@@ -77,7 +79,11 @@ class EventProducer:
                     self.delivered += 1
                 else:
                     self.failed += 1
-            if err is not None and on_delivery is None:
+            # a refusal (no WRITE on the topic): counted, one line naming the command that grants it
+            # (shared/kafka/authorization.py); the caller handles the failed delivery as any other
+            refused = err is not None and report_error(err, name=topic, operation="WRITE", security=self._security,
+                                                       logger=log)
+            if err is not None and on_delivery is None and not refused:
                 log.error("delivery failed", extra={"topic": topic, "error": str(err)})
             if on_delivery is not None:
                 on_delivery(err, msg)

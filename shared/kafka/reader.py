@@ -16,7 +16,8 @@ and each hand-written loop got one of the careful parts wrong. They are done her
   its end so a caller that goes on following (the rules follower) still gets them;
 - watermarks of a freshly created topic are retried while its partitions have no leader yet;
 - a read that cannot finish raises `ReadTimeout`, naming the partitions left and how far each got;
-  retriable client errors are logged, fatal ones raised.
+  retriable client errors are logged, fatal ones raised, and an authorization refusal (which no retry ends)
+  raised at once as `KafkaAccessDenied` (shared/kafka/authorization.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from shared.kafka.authorization import raise_if_denied
 from shared.kafka.consumers import Isolation, new_consumer
 from shared.kafka.security import SecuritySource
 from shared.retry import call
@@ -66,8 +68,9 @@ class ReadTimeout(TimeoutError):
 
 
 def topic_partitions(consumer: Consumer, topic: str, timeout_s: float = 10.0, *,
-                     settle_s: float = 3.0) -> list[int]:
-    """The partition numbers of `topic`, sorted (`TopicMissing` when it does not exist).
+                     settle_s: float = 3.0, security: SecuritySource = None) -> list[int]:
+    """The partition numbers of `topic`, sorted (`TopicMissing` when it does not exist, `KafkaAccessDenied`
+    when this principal may not see it; `security`: the consumer's, for that line).
 
     A topic created a moment ago can read as unknown on a broker whose metadata has not caught up with the
     controller yet, so an unknown topic is asked again for up to `settle_s` before it counts as missing.
@@ -77,6 +80,8 @@ def topic_partitions(consumer: Consumer, topic: str, timeout_s: float = 10.0, *,
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if meta is not None and meta.error is None and meta.partitions:
             return sorted(meta.partitions)
+        if meta is not None and meta.error is not None:
+            raise_if_denied(meta.error, name=topic, operation="DESCRIBE", security=security)
         if time.monotonic() >= settle_until:
             why = meta.error if meta is not None and meta.error is not None else "missing"
             raise TopicMissing(f"topic {topic!r} is not available ({why}; `apprentice topics` creates it)")
@@ -119,13 +124,15 @@ def _begin(consumer: Consumer, topic: str, bounds: Mapping[int, tuple[int, int]]
 
 def read_to_end(consumer: Consumer, topic: str, *, partitions: Iterable[int] | None = None,
                 start: Start = OFFSET_BEGINNING, since_s: float | None = None,
-                timeout_s: float = 30.0) -> Iterator[Message]:
+                timeout_s: float = 30.0, security: SecuritySource = None) -> Iterator[Message]:
     """The records of `topic` (every partition, or `partitions`) from `start` (or from the first record
     at or after wall-clock time `since_s`) up to each partition's end at the call, in offset order per
     partition. `consumer` (built by shared/kafka/consumers.py) is assigned those partitions and left
-    assigned at their ends: a caller may go on consuming from there, and closes it."""
+    assigned at their ends: a caller may go on consuming from there, and closes it. A topic or group this
+    principal is refused raises `KafkaAccessDenied` (`security`: the consumer's, for its line)."""
     deadline = time.monotonic() + timeout_s
-    parts = sorted(partitions) if partitions is not None else topic_partitions(consumer, topic, timeout_s)
+    parts = sorted(partitions) if partitions is not None else topic_partitions(consumer, topic, timeout_s,
+                                                                                 security=security)
     bounds = {p: watermarks(consumer, topic, p, deadline) for p in parts}
     begin = _begin(consumer, topic, bounds, start, since_s, deadline)
     ends = {p: high for p, (_low, high) in bounds.items()}
@@ -141,6 +148,8 @@ def read_to_end(consumer: Consumer, topic: str, *, partitions: Iterable[int] | N
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
+                # a refused read never ends: the one line of shared/kafka/authorization.py, now
+                raise_if_denied(err, name=topic, operation="READ", security=security)
                 if err.fatal():
                     raise KafkaException(err)
                 log.warning("reading %s: %s (retried by librdkafka)", topic, err)
@@ -168,6 +177,6 @@ def read_topic_to_end(bootstrap: str, topic: str, *, purpose: str, security: Sec
     consumer = new_consumer(bootstrap, purpose=purpose, security=security, isolation=isolation)
     try:
         yield from read_to_end(consumer, topic, partitions=partitions, start=start, since_s=since_s,
-                               timeout_s=timeout_s)
+                               timeout_s=timeout_s, security=security)
     finally:
         consumer.close()
