@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import socket
 import sys
 import time
@@ -17,9 +18,12 @@ from shared.contracts import topic_access as access
 from shared.contracts.events import UndecodableEvent, decode, message_type, to_dict
 from shared.contracts.topics import EVENT_TOPICS, Topics
 from shared.kafka.admin import admin, broker_answers, ensure_topics, list_topics
-from shared.kafka.consumers import new_consumer
+from shared.kafka.authorization import KafkaAccessDenied, denied
+from shared.kafka.consumers import new_consumer, private_group
+from shared.kafka.grants import PrefixClash
 from shared.kafka.trust import RecordTrust
 from shared.settings import CommonSettings
+from shared.startup import EXIT_STARTUP_ERROR
 from shared.unreachable import EXIT_UNREACHABLE, KAFKA, unreachable
 from tools.broker.acls import apply_acls, describe_acls, grants, table_lines
 from tools.broker.cluster import LocalCluster
@@ -28,6 +32,7 @@ from tools.broker.local_broker import (
     DEFAULT_PORT,
     BrokerError,
     LocalBroker,
+    local_credentials_dir,
     principal_security,
 )
 
@@ -161,6 +166,9 @@ def kafka(argv: list[str]) -> int:
     except BrokerError as e:
         print(f"apprentice kafka {ns.action}: {e}", file=sys.stderr)
         return 1
+    except PrefixClash as e:
+        print(f"apprentice kafka {ns.action}: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -225,7 +233,7 @@ def share_broker(settings: CommonSettings, sasl_dir: Path) -> int:
     try:
         created = apply_acls(admin(settings.kafka_bootstrap, security=su), grants(settings.topics))
         ensure_topics(settings.kafka_bootstrap, settings.topics, security=su)
-    except (KafkaException, OSError, TimeoutError) as e:
+    except (KafkaException, OSError, TimeoutError, PrefixClash) as e:
         print(f"apprentice up: cannot set up the shared broker at {settings.kafka_bootstrap} as the admin of "
               f"{sasl_dir}: {e}", file=sys.stderr)
         return 1
@@ -246,6 +254,25 @@ def _unreachable(command: str, settings: CommonSettings) -> bool:
     return True
 
 
+def grant_local_deployment(settings: CommonSettings) -> int:
+    """On the local broker whose credentials this process holds (`apprentice topics` as this home's
+    `operator`), the ACLs of the deployment of `settings` (its topic prefix), created as that broker's admin, as
+    `kafka start` and `kafka acls --apply` create them: a prefixed stack is set up by the documented commands
+    alone. Returns how many bindings were created (0: all there, or not a local broker: an external cluster's
+    ACLs are its admin's, docs/deployment.md)."""
+    sasl_dir = local_credentials_dir(os.environ)
+    if sasl_dir is None or settings.kafka_sasl_username == access.ADMIN:
+        return 0
+    wanted = grants(settings.topics)
+    try:
+        return len(apply_acls(admin(settings.kafka_bootstrap, security=principal_security(sasl_dir, access.ADMIN)),
+                              wanted))
+    except (KafkaException, TimeoutError) as e:   # not this home's broker after all: the refusal, if any, says it
+        print(f"apprentice topics: the ACLs of the prefix {settings.topic_prefix!r} were not applied as the local "
+              f"broker's admin ({e}); creating the topics as {settings.kafka_sasl_username!r}", file=sys.stderr)
+        return 0
+
+
 def topics(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="apprentice topics", description="Create missing topics and list them.")
     ap.add_argument("--no-create", action="store_true")
@@ -261,8 +288,14 @@ def topics(argv: list[str]) -> int:
         return EXIT_UNREACHABLE
     if not ns.no_create:
         try:
+            granted = grant_local_deployment(settings)
+            if granted:
+                print(f"{granted} ACL bindings created for the prefix {settings.topic_prefix!r} on the local broker")
             created = ensure_topics(settings.kafka_bootstrap, settings.topics, replication=ns.replication,
                                     security=settings)
+        except (KafkaAccessDenied, PrefixClash) as e:   # one line naming the command that grants it
+            print(f"apprentice topics: {e}", file=sys.stderr)
+            return EXIT_STARTUP_ERROR
         except KafkaException as e:  # e.g. more replicas than brokers: the broker's own words
             print(f"apprentice topics: cannot create the topics: {e.args[0].str()}", file=sys.stderr)
             return 1
@@ -312,7 +345,8 @@ def tail(argv: list[str]) -> int:
         return 2
     base = settings.topics.base_of(topic)
     msg_type = None if base not in EVENT_TOPICS else message_type(base)   # None: JSON values, printed as such
-    consumer = new_consumer(settings.kafka_bootstrap, purpose="apprentice-tail", security=settings,
+    group = private_group("apprentice-tail", settings.topic_prefix)     # named, for a refusal's line
+    consumer = new_consumer(settings.kafka_bootstrap, purpose="apprentice-tail", group_id=group, security=settings,
                             offset_reset="earliest" if ns.from_beginning else "latest")
     consumer.subscribe([topic])
     # each record's signature verdict, as a consumer of the topic would judge it (shared/kafka/trust.py):
@@ -322,6 +356,10 @@ def tail(argv: list[str]) -> int:
     try:
         while not ns.max or seen < ns.max:
             m = consumer.poll(0.5)
+            if m is not None and m.error() and (refusal := denied(m.error(), name=topic, operation="READ",
+                                                                   group=group, security=settings)) is not None:
+                print(f"apprentice tail: {refusal}", file=sys.stderr)
+                return EXIT_STARTUP_ERROR
             if m is None or m.error():
                 if ns.timeout and time.monotonic() - idle_since > ns.timeout:
                     break

@@ -28,6 +28,7 @@ from services.weights import cli as weights_cli
 from shared.contracts.stack_endpoints import apply_stack_endpoints
 from shared.contracts.topic_access import ADMIN, OPERATOR
 from shared.settings import default_home
+from shared.startup import EXIT_STARTUP_ERROR, kafka_refusal
 from tools import devca, record_keys
 from tools.broker import cli as kafka_cmds
 from tools.broker.local_broker import apply_client_env
@@ -90,9 +91,11 @@ as "the stack is down"."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command. Two failures every command shares end here in one way (tools/cli/failures.py): a
-    service or broker that does not answer is one line on stderr with exit 3 (no traceback), and a reader
-    that closed the pipe (`| head -1`) ends the command quietly with exit 141."""
+    """Run one command. Three failures every command shares end here in one way (tools/cli/failures.py): a
+    service or broker that does not answer is one line on stderr with exit 3 (no traceback), a request the
+    Kafka broker refuses this principal is one line naming the command that grants it with exit 2
+    (shared/kafka/authorization.py), and a reader that closed the pipe (`| head -1`) ends the command quietly
+    with exit 141."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv else ""
     try:
@@ -105,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             return failures.EXIT_BROKEN_PIPE
         raise
     except Exception as e:
+        refusal = kafka_refusal(e)     # the broker refused this principal: its one line, for every command
+        if refusal is not None:
+            print(f"apprentice {command}: {refusal}", file=sys.stderr)
+            return EXIT_STARTUP_ERROR
         line = None if command in SERVER_COMMANDS else failures.describe_unreachable(e, command)
         if line is None:
             raise
