@@ -69,14 +69,18 @@ class LocalStack:
                  broker: LocalBroker | LocalCluster | None = None,
                  tenants: tuple[str, ...] = ("demo", "default"), secure: bool = True,
                  announce_in: Path | None = None, replicas: dict[str, int] | None = None,
-                 trainer_ranks: int = 1) -> None:
+                 trainer_ranks: int = 1, services: tuple[str, ...] = SERVICES) -> None:
         """`broker`: a private broker this stack starts (chaos runs stop and restart it); None = the
         configured bootstrap, started locally if nothing answers there (reused otherwise).
         `announce_in`: also record this stack's endpoints in that home (the default one, for the demo) while
         no other stack is recorded there, so the CLI finds it there without a variable.
         `secure`: authentication and TLS on, with development credentials under `<run_dir>/secrets/`
         (an operator key for this process, a service key for the services, a backend key per tenant).
-        `replicas`: service -> how many (of REPLICABLE); `trainer_ranks`: torchrun processes of the trainer."""
+        `replicas`: service -> how many (of REPLICABLE); `trainer_ranks`: torchrun processes of the trainer;
+        `services`: which of the services run (all by default).
+        `prefix`: the stack's topic namespace; None = a fresh one per run, `run-<id>.`, inside the namespace
+        the environment configures (APPRENTICE_TOPIC_PREFIX=staging. -> `staging.run-<id>.`): the ACLs it
+        applies and the topics it creates are that namespace's alone (shared/kafka/grants.py)."""
         self.run_dir = run_dir
         self.model = model
         self.announce_in = announce_in
@@ -101,7 +105,8 @@ class LocalStack:
             self.sasl_dir = self._starts.sasl_dir
         else:
             self.sasl_dir = None
-        self.topics = Topics(prefix if prefix is not None else f"run-{uuid.uuid4().hex[:8]}.")
+        self.topics = Topics(prefix if prefix is not None
+                             else f"{self.common.topic_prefix}run-{uuid.uuid4().hex[:8]}.")
         self.ports = Ports()
         unknown = set(replicas or {}) - set(REPLICABLE)
         if unknown:
@@ -128,7 +133,12 @@ class LocalStack:
             per_service[name].update(extra)
         for child, ports in self.replica_ports.items():
             per_service[child] = {**per_service[service_of(child)], **replica_env(child, ports, run_dir)}
-        children = tuple(c for name in SERVICES for c in (name, *(r for r in self.replica_ports if service_of(r) == name)))
+        unknown = set(services) - set(SERVICES)
+        if unknown:
+            raise ValueError(f"no service {sorted(unknown)}; services: {', '.join(SERVICES)}")
+        self.services = tuple(name for name in SERVICES if name in services)
+        children = tuple(c for name in self.services
+                         for c in (name, *(r for r in self.replica_ports if service_of(r) == name)))
         self.supervisor = Supervisor(run_dir, children, env=env, service_env=per_service,
                                      ranks={"trainer": trainer_ranks})
 
@@ -200,8 +210,9 @@ class LocalStack:
             self._announced = announce_endpoints(self.announce_in, replace(own, home=str(self.run_dir)))
 
     def health(self) -> dict[str, bool]:
-        """Child name -> answers (gRPC health, or a metrics endpoint for grader and trainer)."""
-        health = service_health(self.ports, self.client_common)
+        """Child name -> answers (gRPC health, or a metrics endpoint for grader and trainer), for the services
+        this stack runs."""
+        health = {n: ok for n, ok in service_health(self.ports, self.client_common).items() if n in self.services}
         for child, ports in self.replica_ports.items():
             service = service_of(child)
             health[child] = (metrics_text(ports.metrics[service]) is not None if service == "grader"
