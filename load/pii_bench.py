@@ -16,7 +16,8 @@ redaction adds to a request, against the same requests captured as-is (`keep`), 
    requests alternate between them (so load drift hits both alike); each prompt is distinct.
 Prints tables and the ratio redact/keep of the mean request latency.
 
-Business names (`APPRENTICE_BUSINESS_NAMES`, shared/privacy/business.py), between 1 and 2:
+Business names and data (`APPRENTICE_BUSINESS_NAMES`, `APPRENTICE_BUSINESS_DATA`, shared/privacy/business.py),
+between 1 and 2:
 1b. Recall on the labelled set without and with a tenant's declared names (`BUSINESS`: staff names that
     share a first or last name with labelled end users, products, places): must be unchanged, since a
     declared name exempts only detections that lie inside one of its occurrences.
@@ -24,6 +25,13 @@ Business names (`APPRENTICE_BUSINESS_NAMES`, shared/privacy/business.py), betwee
     places next to end users' names, e-mails and phones): the share of business-name occurrences that
     survive redaction (must be all with the names declared; without, what the detector takes) and the
     recall on the end users' data in the same texts (must be unchanged).
+1e. Public business data of every kind (`APPRENTICE_BUSINESS_DATA`): corrections and answers giving the business's
+    names, phone numbers (in national and international spellings), e-mail, street and web addresses beside end
+    users' names, phone numbers (one digit off the business's, same area code) and e-mails (a longer mailbox of the
+    business's own domain): the share of declared values kept with the tenant's declaration, with none, and with
+    another tenant's; the share of the users' data redacted (any type masking it) with and without the
+    declaration; recall on the labelled set with the declaration (must be unchanged). Users' street addresses
+    are counted apart: the detector has no street-address type.
 1d. Disguises (load/pii_disguises.py): spelled-out at/dot, full-width and Indic/Arabic digits, mixed
     separators, dotted IBANs, values split across two messages, the OpenAI `user` field, session ids, and
     prose that reads like them: recall per form (any detection type masks it) and precision (a detection
@@ -166,6 +174,132 @@ def business_names_quality(examples: list[Labelled]) -> None:
                 print(f"  missed {t}: {m}")
 
 
+# 1e: (declared value, how the text writes it) per kind; the users' values are declared by no one
+DECLARED_PHONES = [("+44 800 414 2277", ["0800 414 2277", "+44 800 414 2277", "0800-414-2277", "+44 (0)800 414 2277"]),
+                   ("+1 415 555 0100", ["(415) 555-0100", "+1 415 555 0100", "415.555.0100", "+1-415-555-0100"]),
+                   ("+49 30 9018 2000", ["030 9018 2000", "+49 30 9018 2000", "0049 30 9018 2000", "030/9018-2000"]),
+                   ("+33 1 42 68 53 10", ["01 42 68 53 10", "+33 1 42 68 53 10", "01.42.68.53.10", "+33 (0)1 42 68 53 10"])]
+DECLARED_EMAILS = ["found@trailmate.co.uk", "returns@brightwater-outfitters.com", "help@summitpass.io",
+                   "kontakt@baerengasse-velo.ch"]
+DECLARED_ADDRESSES = ["12 Harbour Road, Leith, Edinburgh EH6 6LX", "4 Quay Lane, Dana Point, CA 92629",
+                      "Bärengasse 12, 8001 Zürich", "221B Baker Street, London NW1 6XE"]
+DECLARED_URLS = ["https://www.trailmate.co.uk/returns", "brightwater-outfitters.com/contact?to=returns@brightwater-outfitters.com",
+                 "summitpass.io/help", "https://baerengasse-velo.ch/werkstatt"]
+USER_PHONES = ["07700 900123", "+44 800 414 2278", "(415) 555-0199", "030 9018 2001"]
+USER_EMAILS = ["jane.roe@gmail.com", "lost.found@trailmate.co.uk", "tom.becker@brightwater-outfitters.com",
+               "priya.raman@summitpass.io"]
+USER_ADDRESSES = ["14 Elm Grove, Leeds LS6 2AB", "5 Quay Lane, Dana Point, CA 92629", "Bärengasse 14, 8001 Zürich",
+                  "221A Baker Street, London NW1 6XE"]
+OTHER_TENANT = {"names": ["Globex", "Hank Scorpio"], "phones": ["+1 212 555 0100"], "emails": ["help@globex.com"],
+                "addresses": ["1 Globex Way, Cypress Creek"], "urls": ["https://globex.com"]}
+DATA_TEMPLATES = [
+    "Call customer service on {b_phone}. {u_name} left {u_phone} for a call back.",
+    "Write to {b_email} about lost property; the customer wrote from {u_email}.",
+    "This is {product} support: {staff} answers on {b_phone} and at {b_email}. {u_name} can reach us there.",
+    "Bring the parcel to {b_addr}; {u_name} asked us to send it to {u_addr} instead.",
+    "Returns are booked at {b_url}. {u_name}, we will confirm to {u_email} or {u_phone}.",
+    "Regards,\n{staff}\n{product}, {b_addr}\nTel. {b_phone}\n{b_url}",
+    "{staff} says: repairs go to {b_addr}, questions to {b_email}, never to {u_email}.",
+    "Hi {u_name}, your number {u_phone} is on file; our hotline {b_phone} is open 8-20.",
+]
+_FIELD = __import__("re").compile(r"\{(\w+)\}")
+
+
+def business_data_texts() -> list[tuple[str, dict[str, list[tuple[int, int]]], dict[str, list[tuple[int, int]]]]]:
+    """Each template with each of four value sets: (text, {kind: declared value spans}, {kind: users' value
+    spans}); spans come from building the text, never from searching it (the user's lost.found@... holds the
+    business's found@...)."""
+    out: list[tuple[str, dict[str, list[tuple[int, int]]], dict[str, list[tuple[int, int]]]]] = []
+    for template in DATA_TEMPLATES:
+        for i, (staff, user) in enumerate(STAFF_AND_USERS):
+            values = {"staff": ("names", staff), "product": ("names", PRODUCTS[i % len(PRODUCTS)]),
+                      "b_phone": ("phones", DECLARED_PHONES[i][1][(i + len(out)) % 4]),
+                      "b_email": ("emails", DECLARED_EMAILS[i]), "b_addr": ("addresses", DECLARED_ADDRESSES[i]),
+                      "b_url": ("urls", DECLARED_URLS[i]), "u_name": ("u_names", user),
+                      "u_phone": ("u_phones", USER_PHONES[i]), "u_email": ("u_emails", USER_EMAILS[i]),
+                      "u_addr": ("u_addresses", USER_ADDRESSES[i])}
+            text, pos = "", 0
+            declared: dict[str, list[tuple[int, int]]] = {}
+            users: dict[str, list[tuple[int, int]]] = {}
+            for m in _FIELD.finditer(template):
+                text += template[pos:m.start()]
+                kind, value = values[m.group(1)]
+                target = users if kind.startswith("u_") else declared
+                target.setdefault(kind.removeprefix("u_"), []).append((len(text), len(text) + len(value)))
+                text += value
+                pos = m.end()
+            out.append((text + template[pos:], declared, users))
+    return out
+
+
+def business_data_quality(examples: list[Labelled]) -> None:
+    det = get_detector()
+    declared = BusinessData.of([*BUSINESS], phones=[p for p, _ in DECLARED_PHONES], emails=DECLARED_EMAILS,
+                               addresses=DECLARED_ADDRESSES, urls=DECLARED_URLS)
+    other = BusinessData.from_declaration(OTHER_TENANT)
+    texts = business_data_texts()
+    found = {text: det.find(text) for text, _, _ in texts}
+    print(f"\n1e) public business data: {len(texts)} corrections/answers giving the business's names, phone numbers "
+          "(national and international spellings), e-mail, street and web addresses beside end users' names, phone "
+          "numbers and e-mails")
+
+    def kept(b: BusinessData, kind: str) -> tuple[int, int]:
+        k = n = 0
+        for text, dec, _ in texts:
+            spans = b.keep(text, found[text])
+            for a, e in dec.get(kind, []):
+                n += 1
+                k += not any(s.start < e and a < s.end for s in spans)
+        return k, n
+
+    def redacted(b: BusinessData, kind: str) -> tuple[int, int]:
+        r = n = 0
+        for text, _, users in texts:
+            masked = {i for s in b.keep(text, found[text]) for i in range(s.start, s.end)}
+            for a, e in users.get(kind, []):
+                n += 1
+                r += all(i in masked for i in range(a, e) if text[i].isalnum())
+        return r, n
+
+    def pct(x: tuple[int, int]) -> str:
+        return f"{x[0]}/{x[1]} = {x[0] / x[1]:.1%}" if x[1] else "-"
+
+    print(f"{'kind':<11}{'declared kept: declared':>25}{'none':>16}{'other tenant':>16}"
+          f"{'users redacted: declared':>27}{'none':>16}")
+    tot: list[list[int]] = [[0, 0] for _ in range(5)]
+    for kind in ("names", "phones", "emails", "addresses", "urls"):
+        row = [kept(declared, kind), kept(NO_DATA, kind), kept(other, kind),
+               redacted(declared, kind) if kind in ("names", "phones", "emails") else (0, 0),
+               redacted(NO_DATA, kind) if kind in ("names", "phones", "emails") else (0, 0)]
+        for acc, x in zip(tot, row, strict=True):
+            acc[0] += x[0]
+            acc[1] += x[1]
+        print(f"{kind:<11}{pct(row[0]):>25}{pct(row[1]):>16}{pct(row[2]):>16}{pct(row[3]):>27}{pct(row[4]):>16}")
+    all_ = [(a, b) for a, b in tot]
+    print(f"{'all':<11}{pct(all_[0]):>25}{pct(all_[1]):>16}{pct(all_[2]):>16}{pct(all_[3]):>27}{pct(all_[4]):>16}")
+    print(f"declared data kept: {all_[0][0] / all_[0][1]:.1%}; undeclared user data redacted: "
+          f"{all_[3][0] / all_[3][1]:.1%} (without the declaration: kept {all_[1][0] / all_[1][1]:.1%}, "
+          f"redacted {all_[4][0] / all_[4][1]:.1%})")
+    addr = redacted(declared, "addresses")
+    print(f"users' street addresses redacted (the detector has no street-address type; NER may read a place as a "
+          f"name): {pct(addr)}")
+    for text, dec, users in texts:
+        spans = declared.keep(text, found[text])
+        for kind, places in dec.items():
+            for a, e in places:
+                if any(s.start < e and a < s.end for s in spans):
+                    print(f"  redacted declared {kind}: {text[a:e]!r} in {text!r}")
+        masked = {i for s in spans for i in range(s.start, s.end)}
+        for kind, places in users.items():
+            for a, e in places:
+                if kind != "addresses" and not all(i in masked for i in range(a, e) if text[i].isalnum()):
+                    print(f"  kept user's {kind[:-1]}: {text[a:e]!r} in {text!r}")
+    plain, with_data = score(det, examples), score(det, examples, declared)
+    same = all(plain[t].true_pos == with_data[t].true_pos for t in ENTITIES)
+    print(f"labelled set recall with this declaration: {overall(with_data).recall:.3f} (without: "
+          f"{overall(plain).recall:.3f}) {'unchanged' if same else 'CHANGED'}")
+
+
 def disguises(per_message: bool = False) -> None:
     from load.pii_disguises import CASES
     from shared.privacy.policy import Redactor
@@ -245,8 +379,11 @@ def capture_step(texts: list[str], tok: Any) -> None:
 def end_to_end(texts: list[str], n: int, max_new: int, model: str) -> None:
     from services.inference.client import InferenceClient
     from tests.helpers.inference import start_inference
+    from tools.record_keys import ensure as ensure_record_keys
+    from tools.record_keys import records_dir
 
     with tempfile.TemporaryDirectory(prefix="pii-bench-") as tmp:
+        ensure_record_keys(records_dir(Path(tmp)))     # the server signs what it captures (its home is `tmp`)
         app = start_inference(Path(tmp), model=model, bootstrap="127.0.0.1:1", follow_updates=False,
                               heartbeat_interval_s=0, pii_tenant_policies="kept:keep")
         try:
@@ -289,6 +426,7 @@ def main() -> None:
     ap.add_argument("--model", default="tiny-random")
     ap.add_argument("--skip-server", action="store_true", help="only the detector and the capture step")
     ap.add_argument("--disguises-only", action="store_true", help="only section 1d (disguised personal data)")
+    ap.add_argument("--business-only", action="store_true", help="only sections 1b, 1c and 1e (business names and data)")
     ap.add_argument("--per-message", action="store_true",
                     help="1d: scan each message alone (the capture before conversations were read together)")
     args = ap.parse_args()
@@ -297,11 +435,16 @@ def main() -> None:
     t0 = time.perf_counter()
     get_detector()
     print(f"detector build (Presidio + spaCy en_core_web_sm): {time.perf_counter() - t0:.1f} s, once per process")
+    if args.business_only:
+        business_names_quality(load_labelled(LABELLED))
+        business_data_quality(load_labelled(LABELLED))
+        return
     disguises(args.per_message)
     if args.disguises_only:
         return
     texts = quality()
     business_names_quality(load_labelled(LABELLED))
+    business_data_quality(load_labelled(LABELLED))
     from shared.models import load_tokenizer
 
     tok = load_tokenizer(args.model)
