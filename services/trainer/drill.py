@@ -39,6 +39,7 @@ from shared.decoding.chat_template import encode_chat
 from shared.decoding.generation import generate
 from shared.decoding.params import SamplingConfig
 from shared.decoding.repetition import repetition_rate
+from shared.knowledge.check_questions import question_key, split_questions
 from shared.knowledge.frame import with_knowledge
 from shared.knowledge.terms import answer_holds, answer_terms
 
@@ -53,10 +54,15 @@ class DrillItem:
     questions: tuple[str, ...] = ()
     terms: tuple[str, ...] = ()
 
+    checks: tuple[str, ...] = ()
+    """Recorded questions the weights gate asks (shared/knowledge/check_questions.py): never drilled."""
+
     @classmethod
     def of(cls, text: str, questions: Iterable[str] = ()) -> DrillItem:
-        qs = tuple(dict.fromkeys(q.strip() for q in questions if q.strip()))
-        return cls(text, qs, tuple(answer_terms(text, qs)))
+        recorded = [q.strip() for q in questions if q.strip()]
+        train, check = split_questions(recorded)
+        held = tuple(q for q in check if q not in train)
+        return cls(text, tuple(train), tuple(answer_terms(text, recorded)), held)
 
 
 @dataclass
@@ -138,8 +144,7 @@ def excluded_questions(path: Path | None) -> list[str]:
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def normalise_question(text: str) -> str:
-    return " ".join(re.sub(r"[^0-9a-z]+", " ", text.lower()).split())
+normalise_question = question_key
 
 
 def parse_paraphrases(text: str, seed: str, limit: int) -> list[str]:
@@ -194,8 +199,8 @@ def drill_questions(teacher: nn.Module, tok: Any, items: Sequence[DrillItem], as
     `paraphrases` model-written rewrites of each of those; minus every question in `exclude`."""
     seeds = [list(dict.fromkeys([*it.questions, *asked.get(i, ())])) for i, it in enumerate(items)]
     generated: list[list[str]] = [[] for _ in items]
-    if paraphrases > 0:
-        jobs = [(i, q) for i, qs in enumerate(seeds) for q in qs]
+    if paraphrases > 0:            # an excluded question is not rewritten either: its paraphrases are it
+        jobs = [(i, q) for i, qs in enumerate(seeds) for q in qs if normalise_question(q) not in exclude]
         prompts = [encode_chat(tok, [{"role": "user", "content": PARAPHRASE_PROMPT.format(n=paraphrases, q=q)}]).ids
                    for _, q in jobs]
         outs = _sample(teacher, tok, prompts, 1, 0.7, 24 * paraphrases, seed)
@@ -293,7 +298,7 @@ def drill_round(policy: Policy, teacher: nn.Module, items: Sequence[DrillItem], 
     t0 = time.perf_counter()
     tok = policy.tokenizer
     stats = DrillStats()
-    excluded = {normalise_question(q) for q in exclude}
+    excluded = {normalise_question(q) for q in [*exclude, *(c for it in items for c in it.checks)]}
     questions = drill_questions(teacher, tok, items, asked, cfg.paraphrases, excluded, cfg.seed, stats)
     pairs = drill_pairs(teacher, tok, items, questions, system, samples=cfg.teacher_samples,
                         temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,

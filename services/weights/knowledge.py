@@ -16,6 +16,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from shared.knowledge.check_questions import split_questions
 from shared.knowledge.follow import belongs_to_its_tenant, key_tenant
 from shared.proto.apprentice.v1 import events_pb2
 
@@ -48,8 +49,11 @@ class ItemCheck:
 
 
 def _questions(item: events_pb2.KnowledgeItem) -> tuple[str, ...]:
+    """The item's check questions (shared/knowledge/check_questions.py: the ones consolidation never trains
+    on, when it has enough to spare), newest first, at most QUESTIONS_PER_ITEM."""
     seen: dict[str, str] = {}
-    for q in reversed(item.questions):                    # newest last: take from the end
+    _, check = split_questions(item.questions)
+    for q in reversed(check):                             # newest last: take from the end
         text = " ".join(q.split())
         if text and text.lower() not in seen:
             seen[text.lower()] = text

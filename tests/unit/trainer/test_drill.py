@@ -152,3 +152,32 @@ def test_answers_without_the_terms_fall_back_to_the_items_text(tiny_model_name: 
     assert stats.sampled == 3 and stats.kept == 0 and stats.fallback == 1
     assert len(pairs) == 1 and "4410" in tok.decode(pairs[0].target)
     assert item.terms == ("4410",)
+
+
+def test_the_gates_check_questions_are_never_drilled() -> None:
+    """Every third distinct recorded question is the gate's (shared/knowledge/check_questions.py): the drill
+    neither trains on it nor paraphrases it, and the gate asks only those; with fewer than three, all do both."""
+    from services.weights.knowledge import checks_of
+    from shared.knowledge.check_questions import split_questions
+
+    qs = ["Which form for returns?", "which form for returns", "What form do I return with?", "Return form code?",
+          "Form to send things back?", "Which paper for a return?", "Returns: which form?"]
+    train, check = split_questions(qs)
+    assert check == ["Return form code?", "Returns: which form?"]
+    assert train == ["Which form for returns?", "What form do I return with?", "Form to send things back?",
+                     "Which paper for a return?"]
+    assert split_questions(qs[:3]) == (qs[:1] + qs[2:3], qs[:1] + qs[2:3])        # two distinct: nothing spared
+    item = DrillItem.of("Returns need form R-22.", qs)
+    assert item.checks == ("Return form code?", "Returns: which form?") and not set(item.checks) & set(item.questions)
+    snap = snapshot("acme", [("Returns need form R-22.", qs)])
+    snap.items[0].answer_terms.append("R-22")
+    [gate] = checks_of(snap, "acme/support")
+    assert set(gate.questions) == set(check)
+    plan_asked = {0: ["Return form code?", "Which form for returns?"]}
+    stats = DrillStats()
+    from shared.models import load_model
+
+    model, tok = load_model("tiny-random")
+    got = drill_questions(model, tok, [item], plan_asked, paraphrases=0,
+                          exclude={"return form code", "returns which form"}, seed=0, stats=stats)
+    assert got == [train]

@@ -100,10 +100,17 @@ def test_view_selects_checkable_items_newest_first_bounded() -> None:
     assert [c.item_id for c in checks] == ["pinned", "billing", "consolidated", "approved"]
     assert checks[2].metric == "item:acme/support:consolidated@3"
     assert [c.item_id for c in view.items_for("acme", 2)] == ["pinned", "billing"]
-    many = item("q", questions=["first?", "Second?", "second?", "third?", "  fourth \n?"])
+    many = item("q", questions=["first?", "Second?", "second?", "third?", "  fourth \n?", "fifth?", "sixth?",
+                                "seventh?", "eighth?", "ninth?", "tenth?", "eleventh?", "twelfth?"])
     view.apply(snapshot("acme/support", 2, [many]))
     (q,) = view.items_for("acme", 1)
-    assert q.questions == ("fourth ?", "third?", "second?")         # up to 3, newest (last) first, deduplicated
+    # the check questions (every third distinct one: third, sixth, ninth, twelfth; consolidation never trains
+    # on them, shared/knowledge/check_questions.py), up to 3, newest (last) first
+    assert q.questions == ("twelfth?", "ninth?", "sixth?")
+    few = item("q", questions=["first?", "Second?", "second?"])          # two distinct: both are asked
+    view.apply(snapshot("acme/support", 3, [few]))
+    (q,) = view.items_for("acme", 1)
+    assert q.questions == ("Second?", "first?")
 
 
 def test_wait_ready_only_waits_when_followed() -> None:
