@@ -292,13 +292,27 @@ class Demo:
           + f" ({quarantined} quarantined)", done=True)
         out = {"answers": len(exchanges), "resolved": resolved, "graded": len(graded), "late_kpi_reports": late,
                "abandoned_users": abandoned, "hacking_flags": dict(flags), "quarantined": quarantined,
-               "policy_versions": sorted({e.policy_version for e in exchanges})}
+               "policy_versions": sorted({e.policy_version for e in exchanges}),
+               # what the notes cost: tokens of knowledge per request (served prompt less the bare question's)
+               "knowledge_tokens_per_request": self._knowledge_tokens(exchanges)}
         if self.task.tool is not None:   # what the KPI said vs what happened, and the tool's use
             out.update(routed=sum(e.routed for e in exchanges), tool_calls=sum(e.tool_called for e in exchanges),
                        tool_timeouts=sum(e.tool_timed_out for e in exchanges))
             p(f"round {k}: truly routed {out['routed']}, tool calls {out['tool_calls']} "
               f"({out['tool_timeouts']} timed out)", done=True)
         return out
+
+    def _knowledge_tokens(self, exchanges: list[Any]) -> float:
+        """Mean tokens of context knowledge the round's requests carried: each served prompt's length less
+        the same conversation's without notes (the chat template of the served model's tokenizer)."""
+        from shared.decoding.chat_template import encode_chat
+        from shared.models import load_tokenizer
+
+        if not exchanges:
+            return 0.0
+        tok = load_tokenizer(self.model)
+        bare = {q: len(encode_chat(tok, self.task.messages(q)).ids) for q in {e.question for e in exchanges}}
+        return round(sum(max(0, e.prompt_tokens - bare[e.question]) for e in exchanges) / len(exchanges), 1)
 
     def _served_version(self) -> str:
         with self.stack.channel(self.stack.weights_target) as ch:
@@ -466,6 +480,7 @@ class Demo:
                          "train_metrics": dict(manifest.train_metrics)} if manifest else None,
             "versions_rejected": [v for v, m in versions.items() if m.status == weights_pb2.VERSION_STATUS_REJECTED],
             "train_steps": self.steps_log.new_steps(),   # the trainer's optimizer steps since the last round
+            "train_rounds": self.steps_log.take_rounds(),  # and its round summaries (kept/sampled, sampling time)
         }
         self.rounds.append(entry)
         meta: dict[str, Any] = {"task": self.task.name, "tenant": self.task.tenant, "task_tag": self.task.task,

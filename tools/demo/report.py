@@ -17,6 +17,9 @@ class StepsLog:
     def __init__(self, path: Path) -> None:
         self.path, self.offset = path, 0
         self.skipped = 0
+        self.rounds: list[dict[str, Any]] = []
+        """The trainer's round summaries read so far and not yet taken (`take_rounds`): for a consolidation
+        round, where its time went (questions, teacher answers kept of those sampled, sampling seconds)."""
 
     def new_steps(self) -> list[dict[str, Any]]:
         try:
@@ -27,15 +30,21 @@ class StepsLog:
             return []
         end = data.rfind(b"\n") + 1
         self.offset += end
-        steps = []
+        steps: list[dict[str, Any]] = []
         for line in data[:end].decode("utf-8", "replace").splitlines():
             try:  # a line torn by a trainer killed mid-write is skipped, not a crash of the demo
                 r = json.loads(line)
-                if isinstance(r, dict) and r.get("kind") == "step":
-                    steps.append({"algorithm": str(r["algorithm"]), "step": int(r["step"]), **dict(r["metrics"])})
+                if isinstance(r, dict) and r.get("kind") in ("step", "round"):
+                    row = {"algorithm": str(r["algorithm"]), "step": int(r["step"]), **dict(r["metrics"])}
+                    (steps if r["kind"] == "step" else self.rounds).append(row)
             except (ValueError, KeyError, TypeError):
                 self.skipped += 1
         return steps
+
+    def take_rounds(self) -> list[dict[str, Any]]:
+        """The round summaries read since the last call (call after `new_steps`)."""
+        out, self.rounds = self.rounds, []
+        return out
 
 
 COLLAPSE_SHARE = 0.5

@@ -47,6 +47,7 @@ class Exchange:
     tool_timed_out: bool = False
     asked_at: float = 0.0       # time.monotonic() when the request was sent
     answered_at: float = 0.0    # ... and when its answer came back
+    prompt_tokens: int = 0      # the served prompt's length (knowledge notes included: usage.prompt_tokens)
 
 
 class OrderService:
@@ -139,7 +140,8 @@ class SimulatedUsers:
             self._report_or_hold(choice.interaction_id, fact, resolved)
             out.append(Exchange(fact.id, question, choice.interaction_id, choice.text, resolved,
                                 resp.policy_version, choice.token_count, routed=routed, tool_called=called,
-                                tool_timed_out=timed_out, asked_at=asked_at, answered_at=answered_at))
+                                tool_timed_out=timed_out, asked_at=asked_at, answered_at=answered_at,
+                                prompt_tokens=resp.usage.prompt_tokens))
         return out
 
     def _run_tool(self, interaction_id: str, text: str) -> tuple[bool, bool]:

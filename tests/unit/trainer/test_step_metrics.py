@@ -173,4 +173,7 @@ def test_rl_steps_in_a_jsonl_log_read_back_by_the_demo_report(tiny, tmp_path: Pa
         assert s["is_weight_mean"] == pytest.approx(1.5)       # ... to the cap
         assert s["is_weight_max"] > 1e6                        # the untruncated ratio
     assert reader.new_steps() == []                       # each step is reported once
+    [summary] = reader.take_rounds()                      # the round's summary, once, apart from its steps
+    assert summary["algorithm"] == "grpo" and summary["step"] == 3 and summary["steps"] == 3
+    assert reader.take_rounds() == []
     log.close()
