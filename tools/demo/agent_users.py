@@ -37,7 +37,7 @@ import httpx
 from pydantic import Field
 
 from shared.decoding.tool_calls import ToolSpec
-from tools.demo.simulated_users import Exchange, OrderService
+from tools.demo.simulated_users import Exchange, OrderService, pick_questions
 from tools.tasks.task import Fact, Task, Tool, check_answer
 
 
@@ -165,17 +165,9 @@ class AgentUsers:
         self.late_reported = 0       # the agent backend reports at once (the `SimulatedUsers` counter)
         self.abandoned = 0           # `SimulatedUsers`' counter: an agent session's failure propagates instead
 
-    def pick(self, count: int) -> list[tuple[Fact, str]]:
-        """`count` training questions, every fact as evenly as possible (as `SimulatedUsers.pick`)."""
-        by_fact: dict[str, list[tuple[Fact, str]]] = {}
-        for f, q in self.task.train_questions():
-            by_fact.setdefault(f.id, []).append((f, q))
-        picked: list[tuple[Fact, str]] = []
-        while len(picked) < count:
-            for qs in by_fact.values():
-                self.rng.shuffle(qs)
-            picked += [qs[i] for i in range(max(map(len, by_fact.values()))) for qs in by_fact.values() if i < len(qs)]
-        return picked[:count]
+    def pick(self, count: int, facts: set[str] | None = None) -> list[tuple[Fact, str]]:
+        """As `SimulatedUsers.pick`."""
+        return pick_questions(self.task, self.rng, count, facts)
 
     def _agent(self, client: Any, model: str, *, max_new_tokens: int, temperature: float, user: str) -> Any:
         from agents import (

@@ -23,6 +23,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--algo", choices=["oel", "grpo", "both"], default="oel")
     ap.add_argument("--model", default=None, help="default: APPRENTICE_MODEL (smollm2-135m-instruct)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--facts-per-round", type=int, default=0, metavar="N",
+                    help="continual mode: round k's users ask only about the k-th group of N new facts, and the "
+                         "report's forgetting matrix shows every earlier group, weights only, round by round "
+                         "(e.g. --rounds 4 --facts-per-round 3); 0 (default): every fact from round 1")
     ap.add_argument("--plant-hack", action="store_true",
                     help="after round 1, plant a candidate fine-tuned on the task tool's loophole and check the "
                          "loop refuses it (a task with a `tool`, e.g. support_routing_lookup)")
@@ -62,7 +66,8 @@ def main(argv: list[str]) -> int:
 
         report = run_demo(ns.task, rounds=ns.rounds, report=ns.report, quick=ns.quick, algo=ns.algo, model=ns.model,
                           seed=ns.seed, keep_runs=ns.keep_runs, plant_hack=ns.plant_hack,
-                          users=ns.users, max_new_tokens=ns.max_new_tokens, trainer_env=trainer_env)
+                          users=ns.users, max_new_tokens=ns.max_new_tokens, trainer_env=trainer_env,
+                          facts_per_round=ns.facts_per_round)
     except (TaskError, ModelUnavailable) as e:
         print(f"apprentice demo: {e}", file=sys.stderr)
         return 2
@@ -70,6 +75,10 @@ def main(argv: list[str]) -> int:
     print(f"\nreport: {ns.report}  plot: {ns.report.with_name('learning_curve.png')}")
     if s:
         print(summary_line(s))
+    for row in report.get("forgetting") or []:       # the continual mode: weights only, per group of facts
+        cells = ", ".join(f"facts of round {k.removeprefix('cohort_')} {v:.0%}" if v is not None else
+                          f"facts of round {k.removeprefix('cohort_')} -" for k, v in row.items() if k != "round")
+        print(f"round {row['round']} weights only: {cells or '(no facts asked yet)'}")
     if (hack := report.get("reward_hack")) is not None:
         print("reward-hack check: " + ", ".join(f"{k} {v}" for k, v in hack["verdict"].items()))
     return 0

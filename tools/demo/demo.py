@@ -135,10 +135,15 @@ class Progress:
 
 class Demo:
     def __init__(self, task: Task, *, model: str, budget: DemoBudget, algo: str, report: Path, plot_path: Path,
-                 run_dir: Path, seed: int = 0, task_source: str | None = None, plant_hack: bool = False) -> None:
+                 run_dir: Path, seed: int = 0, task_source: str | None = None, plant_hack: bool = False,
+                 facts_per_round: int = 0) -> None:
         if plant_hack and task.tool is None:
             raise ValueError(f"--plant-hack needs a task with a tool (its loophole); {task.name!r} has none")
         self.task, self.model, self.budget, self.algo = task, model, budget, algo
+        # the continual mode: round k's users ask only about the k-th group of `facts_per_round` new facts
+        # (every fact from round 1 when 0); the report's forgetting matrix follows each group afterwards
+        self.cohorts = ({f.id: i // facts_per_round + 1 for i, f in enumerate(task.facts)} if facts_per_round > 0
+                        else {})
         self.plant_hack = plant_hack
         self.exchanges: list[Any] = []          # every deployment answer of the run (the hack check reads them)
         self.served_seen: set[str] = set()      # every version a pod was seen serving to the task's tenant
@@ -266,7 +271,8 @@ class Demo:
     def _deploy(self, k: int) -> dict[str, Any]:
         p = self.progress
         n = 4 if self.algo in ("grpo", "both") else 1
-        questions = self.users.pick(self.budget.users_per_round)
+        new = {f for f, c in self.cohorts.items() if c == k}
+        questions = self.users.pick(self.budget.users_per_round, new or None)
         p(f"round {k}: {len(questions)} simulated users asking (n={n})")
         late_before, abandoned_before = self.users.late_reported, self.users.abandoned
         exchanges = self.users.run(questions, max_new_tokens=self.budget.max_new_tokens, temperature=0.7, n=n)
@@ -486,7 +492,7 @@ class Demo:
         meta: dict[str, Any] = {"task": self.task.name, "tenant": self.task.tenant, "task_tag": self.task.task,
                 "kpi": self.task.kpi.name, "task_source": self.task_source, "model": self.model, "algo": self.algo, "date": time.strftime("%Y-%m-%d"),
                 "budget": self.budget.__dict__, "run_dir": str(self.run_dir), "topic_prefix": self.stack.topics.prefix,
-                "services_restarted": self.stack.crashed(),
+                "services_restarted": self.stack.crashed(), "fact_cohorts": self.cohorts,
                 # what the trainer ran with (the sweep's settings), its folders left out
                 "trainer_settings": {k.removeprefix("APPRENTICE_TRAINER_").lower(): v
                                      for k, v in sorted(self.service_env["trainer"].items())
@@ -553,7 +559,8 @@ def reply_tokens(budget: int, flag: int | None, task_cap: int | None) -> int:
 
 def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, algo: str, model: str | None,
              seed: int = 0, keep_runs: int = 2, plant_hack: bool = False, users: int | None = None,
-             max_new_tokens: int | None = None, trainer_env: dict[str, str] | None = None) -> dict[str, Any]:
+             max_new_tokens: int | None = None, trainer_env: dict[str, str] | None = None,
+             facts_per_round: int = 0) -> dict[str, Any]:
     """`users`, `max_new_tokens` (the reply cap, for deployment and evaluation alike; default the budget's
     within the task's own cap) and `trainer_env` (trainer settings as environment variables) change the
     budget of one run: a sweep runs the same demo with only these changed, and the report records them."""
@@ -571,6 +578,6 @@ def run_demo(task_name: str, *, rounds: int | None, report: Path, quick: bool, a
     run_dir = new_run_dir(common.home / "demo")
     demo = Demo(task, model=model or common.model, budget=budget, algo=algo, report=report,
                 plot_path=report.with_name("learning_curve.png") if report.suffix == ".json" else report.with_suffix(".png"),
-                run_dir=run_dir, seed=seed, plant_hack=plant_hack,
+                run_dir=run_dir, seed=seed, plant_hack=plant_hack, facts_per_round=facts_per_round,
                 task_source=str(Path(task_name).resolve()) if Path(task_name).exists() else task_name)
     return demo.run()

@@ -109,8 +109,29 @@ def latency_summary(xs: list[float]) -> dict[str, float | int]:
     return {"p50": rank(0.5), "p95": rank(0.95), "n": len(v), "max": round(v[-1], 1)}
 
 
+def forgetting_matrix(rounds: list[dict[str, Any]], cohorts: dict[str, int]) -> list[dict[str, Any]]:
+    """The continual mode's forgetting matrix: for each evaluated round r, the weights-only success (greedy +
+    sampled held-out answers) on the facts of every cohort c <= r (the facts whose users first asked in
+    round c; `cohorts`: fact id -> c), from each round's `eval_weights_only.per_fact`. A fact consolidated in
+    round c and forgotten later shows as a falling column."""
+    out = []
+    for r in rounds:
+        per_fact = (r.get("eval_weights_only") or r.get("eval") or {}).get("per_fact") or {}
+        row: dict[str, Any] = {"round": r["round"]}
+        for c in sorted(set(cohorts.values())):
+            if c > r["round"]:
+                continue
+            hits = [per_fact[f] for f, fc in cohorts.items() if fc == c and f in per_fact]
+            ok, n = sum(h[0] for h in hits), sum(h[1] for h in hits)
+            row[f"cohort_{c}"] = round(ok / n, 3) if n else None
+        out.append(row)
+    return out
+
+
 def write_report(path: Path, meta: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
     report = {**meta, "rounds": rounds, "summary": summarize(rounds)}
+    if meta.get("fact_cohorts"):
+        report["forgetting"] = forgetting_matrix(rounds, meta["fact_cohorts"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(report, indent=1, default=str, ensure_ascii=False), encoding="utf-8")

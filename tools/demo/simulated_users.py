@@ -74,6 +74,23 @@ class OrderService:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+def pick_questions(task: Task, rng: random.Random, count: int,
+                   facts: set[str] | None = None) -> list[tuple[Fact, str]]:
+    """`count` training questions, every fact (of `facts`, default all) as evenly as possible, in random
+    order. A task with fewer training questions than users asks them again (other users, other sessions),
+    so a small task still sends the round's full traffic and reaches the trainer's trigger."""
+    by_fact: dict[str, list[tuple[Fact, str]]] = {}
+    for f, q in task.train_questions():
+        if facts is None or f.id in facts:
+            by_fact.setdefault(f.id, []).append((f, q))
+    picked: list[tuple[Fact, str]] = []
+    while by_fact and len(picked) < count:
+        for qs in by_fact.values():
+            rng.shuffle(qs)
+        picked += [qs[i] for i in range(max(map(len, by_fact.values()))) for qs in by_fact.values() if i < len(qs)]
+    return picked[:count]
+
+
 class SimulatedUsers:
     def __init__(self, task: Task, inference_target: str, *, concurrency: int = 8, seed: int = 0,
                  timeout_s: float = 300.0, token: str | None = None, common: CommonSettings | None = None,
@@ -97,19 +114,8 @@ class SimulatedUsers:
         self.abandoned = 0       # users whose call never got an answer within `timeout_s` (they gave up)
         self.orders = OrderService(task.tool.latency_s, random.Random(seed + 1)) if task.tool else None
 
-    def pick(self, count: int) -> list[tuple[Fact, str]]:
-        """`count` training questions, every fact as evenly as possible, in random order. A task with fewer
-        training questions than users asks them again (other users, other sessions), so a small task
-        still sends the round's full traffic and reaches the trainer's sample trigger."""
-        picked: list[tuple[Fact, str]] = []
-        while len(picked) < count:
-            by_fact: dict[str, list[tuple[Fact, str]]] = {}
-            for f, q in self.task.train_questions():
-                by_fact.setdefault(f.id, []).append((f, q))
-            for qs in by_fact.values():
-                self.rng.shuffle(qs)
-            picked += [qs[i] for i in range(max(map(len, by_fact.values()))) for qs in by_fact.values() if i < len(qs)]
-        return picked[:count]
+    def pick(self, count: int, facts: set[str] | None = None) -> list[tuple[Fact, str]]:
+        return pick_questions(self.task, self.rng, count, facts)
 
     def ask(self, fact: Fact, question: str, *, max_new_tokens: int, temperature: float, n: int = 1,
             seed: int = 0) -> list[Exchange]:
