@@ -176,6 +176,18 @@ def default_home() -> Path:
     return Path(os.environ.get("APPRENTICE_HOME", Path.cwd() / ".apprentice"))
 
 
+def _json_setting(v: object, name: str, shape: str) -> object:
+    """A JSON setting given as text (the environment) --> its value; blank (compose's `${VAR:-}`) is {}."""
+    if not isinstance(v, str):
+        return v
+    if not v.strip():
+        return {}
+    try:
+        return json.loads(v)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{name} is not JSON ({e.msg} at character {e.pos}): write {shape}") from None
+
+
 class CommonSettings(ApprenticeSettings):
     # hide_input_in_errors: a validation error would otherwise echo every input, secrets included.
     model_config = SettingsConfigDict(env_prefix="APPRENTICE_", hide_input_in_errors=True)
@@ -395,14 +407,7 @@ class CommonSettings(ApprenticeSettings):
     @field_validator("business_names", mode="before")
     @classmethod
     def _business_names_json(cls, v: object) -> object:
-        if isinstance(v, str):
-            if not v.strip():
-                return {}       # compose's `${VAR:-}`
-            try:
-                v = json.loads(v)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"APPRENTICE_BUSINESS_NAMES is not JSON ({e.msg} at character {e.pos}): "
-                                 'write {"tenant": ["Name", ...]}') from None
+        v = _json_setting(v, "APPRENTICE_BUSINESS_NAMES", '{"tenant": ["Name", ...]}')
         try:
             return {t: list(names) for t, names in parse_business_names(v).items()}  # type: ignore[arg-type]
         except ValueError as e:
@@ -411,15 +416,8 @@ class CommonSettings(ApprenticeSettings):
     @field_validator("business_data", mode="before")
     @classmethod
     def _business_data_json(cls, v: object) -> object:
-        if isinstance(v, str):
-            if not v.strip():
-                return {}       # compose's `${VAR:-}`
-            try:
-                v = json.loads(v)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"APPRENTICE_BUSINESS_DATA is not JSON ({e.msg} at character {e.pos}): write "
-                                 f'{{"tenant": {{"phones": ["+44 800 414 2277"], ...}}}} (kinds: {", ".join(KINDS)})'
-                                 ) from None
+        v = _json_setting(v, "APPRENTICE_BUSINESS_DATA",
+                          f'{{"tenant": {{"phones": ["+44 800 414 2277"], ...}}}} (kinds: {", ".join(KINDS)})')
         try:
             return {t: {k: list(vs) for k, vs in d.items()} for t, d in parse_business_data(v).items()}  # type: ignore[arg-type]
         except ValueError as e:
