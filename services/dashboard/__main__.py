@@ -11,6 +11,7 @@ from collections.abc import MutableMapping
 
 from services.dashboard.settings import DashboardSettings
 from shared.contracts.dev_credentials import DevCredentials
+from shared.kafka.authorization import check_access_at_start
 from shared.logs import configure_logging
 from shared.service import run_service
 from shared.settings import default_home
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = DashboardSettings(**{k: v for k, v in (("port", ns.port), ("host", ns.host)) if v is not None})
     configure_logging("dashboard", settings.common.log_level, settings.common.log_json)
+    # what the access table grants its principal, asked of the broker: a missing ACL is one line, exit 2
+    check_access_at_start(settings.common)
     # deferred: the server (its Kafka readers, page renderer) loads only to run; `apprentice` imports this module
     from services.dashboard.service import DashboardServer
 

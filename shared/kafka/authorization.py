@@ -39,7 +39,7 @@ from shared.contracts import topic_access as access
 from shared.contracts.topics import Topics, contract_name
 from shared.kafka.grants import PrefixClash, allowed, grants
 from shared.kafka.rate_limit import RateLimiter
-from shared.kafka.security import SecuritySource, resolve
+from shared.kafka.security import SecuritySource, librdkafka_config, resolve
 from shared.settings import CommonSettings
 
 log = logging.getLogger(__name__)
@@ -268,3 +268,17 @@ def check_access(client: AdminClient, settings: CommonSettings, timeout: float =
     if refused:
         resource, name, op = sorted(refused)[0]
         raise KafkaAccessDenied(principal, resource, name, op, settings.topic_prefix, more=len(refused) - 1)
+
+
+def check_access_at_start(settings: CommonSettings, timeout: float = 5.0) -> None:
+    """`check_access` on a client of its own, for a process that runs no other start-up check of its cluster
+    (the dashboard; the other services run it within shared/kafka/durability.py `check_at_start`). A broker
+    that does not answer within `timeout` is not waited for."""
+    client = AdminClient({**librdkafka_config(settings), "bootstrap.servers": settings.kafka_bootstrap,
+                          "log_level": 0})
+    try:
+        client.list_topics(timeout=timeout)
+    except KafkaException:
+        log.warning("kafka access not checked: no broker answered", extra={"bootstrap": settings.kafka_bootstrap})
+        return
+    check_access(client, settings, timeout=timeout)

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 240.0   # a cold start imports torch on a busy 2-core machine
-SERVICES = ("inference", "grader", "extractor", "trainer", "weights")
+SERVICES = ("inference", "grader", "extractor", "trainer", "weights", "dashboard")
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,9 @@ def service_env(name: str, home: Path, bootstrap: str, prefix: str, sasl_dir: Pa
     """`name` as its own principal, on free ports, loopback, no gRPC keys."""
     env = clean_env(home, bootstrap, prefix)
     env.update(principal_env(sasl_dir, name))
-    env[f"APPRENTICE_{name.upper()}_METRICS_PORT"] = str(free_port())
-    if name in ("inference", "weights", "extractor"):
+    if name != "dashboard":     # it has none of its own
+        env[f"APPRENTICE_{name.upper()}_METRICS_PORT"] = str(free_port())
+    if name in ("inference", "weights", "extractor", "dashboard"):
         env[f"APPRENTICE_{name.upper()}_PORT"] = str(free_port())
     if name == "inference":
         env.update(APPRENTICE_INFERENCE_HTTP_PORT="0", APPRENTICE_INFERENCE_FOLLOW_UPDATES="false",
