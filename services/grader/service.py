@@ -32,6 +32,7 @@ from services.grader.stream.internal_topics import ensure_internal_topics
 from services.grader.stream.rules_follower import follow
 from shared.grading import GraderConfig
 from shared.kafka.trust import record_signer
+from shared.startup import kafka_refusal
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,12 @@ class GraderService:
             worker.execute_from_commandline()
         except SystemExit as e:
             self._code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException:
-            log.exception("the faust worker stopped on an error")
+        except BaseException as e:
+            refusal = kafka_refusal(e)
+            if refusal is not None:     # the broker refused this principal: its one line, no traceback
+                log.error("the faust worker stopped: %s", refusal)
+            else:
+                log.exception("the faust worker stopped on an error")
             self._code = 1
         finally:
             self._done.set()
