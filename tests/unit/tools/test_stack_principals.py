@@ -56,3 +56,18 @@ def test_a_stack_starts_its_homes_broker_when_it_holds_its_credentials(tmp_path:
     for name, value in other.client_env(access.ADMIN).items():      # credentials of another home's broker
         monkeypatch.setenv(name, value)
     assert LocalStack(tmp_path / "run2", "tiny-random", secure=False)._starts is None
+
+
+def test_a_private_stack_lives_inside_the_configured_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`APPRENTICE_TOPIC_PREFIX=staging. apprentice demo`: each run's namespace is inside `staging.`, so the ACLs
+    it applies and the topics it creates are that prefix's (and no other prefix's: shared/kafka/grants.py)."""
+    monkeypatch.setenv("APPRENTICE_TOPIC_PREFIX", "staging.")
+    stack = LocalStack(tmp_path / "run", "tiny-random", secure=False, services=("grader", "trainer"))
+    assert stack.topics.prefix.startswith("staging.run-") and stack.topics.prefix.endswith(".")
+    assert {c.name for c in stack.supervisor.children} == {"grader", "trainer"}
+    for c in stack.supervisor.children:
+        assert c.env["APPRENTICE_TOPIC_PREFIX"] == stack.topics.prefix
+    monkeypatch.delenv("APPRENTICE_TOPIC_PREFIX")
+    assert LocalStack(tmp_path / "run2", "tiny-random", secure=False).topics.prefix.startswith("run-")
+    with pytest.raises(ValueError, match="no service"):
+        LocalStack(tmp_path / "run3", "tiny-random", secure=False, services=("nope",))
