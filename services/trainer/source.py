@@ -14,6 +14,7 @@ import logging
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, Message, TopicPartition
 
+from shared.kafka.authorization import report_error
 from shared.kafka.consumers import new_consumer
 from shared.kafka.reader import topic_partitions
 from shared.kafka.security import SecuritySource
@@ -25,6 +26,7 @@ class PartitionReader:
     def __init__(self, bootstrap: str, topic: str, group_id: str, start: dict[int, int] | None = None, *,
                  from_end: bool = False, metadata_timeout: float = 10.0, security: SecuritySource = None) -> None:
         self.topic = topic
+        self._group, self._security = group_id, security
         self._consumer = new_consumer(bootstrap, purpose=f"trainer-{topic}", group_id=group_id, security=security)
         try:
             self.partitions = topic_partitions(self._consumer, topic, metadata_timeout)
@@ -48,7 +50,8 @@ class PartitionReader:
                 continue
             elif err.fatal():
                 raise KafkaException(err)
-            else:
+            elif not report_error(err, name=self.topic, group=self._group, operation="READ",
+                                  security=self._security, logger=log):     # a refusal: its one counted line
                 log.warning("consumer error (retried by librdkafka): %s", err)
         return out
 
@@ -62,7 +65,9 @@ class PartitionReader:
                 self._consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in positions.items()],
                                       asynchronous=False)
             except KafkaException as e:
-                log.warning("offset commit for monitoring failed: %s", e)
+                if not report_error(e.args[0] if e.args else e, name=self.topic, group=self._group,
+                                    operation="READ", security=self._security, logger=log):
+                    log.warning("offset commit for monitoring failed: %s", e)
 
     def close(self) -> None:
         self._consumer.close()
