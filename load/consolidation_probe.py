@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
 
     import torch
+    import yaml
 
-    from services.trainer.distill import DistillExample
+    from services.trainer.distill import DistillExample, gold_nll
     from services.trainer.rounds import Trainer
     from services.trainer.settings import FullFinetune, LoraFinetune, TrainerSettings
     from shared.decoding.chat_template import encode_chat
@@ -96,9 +97,15 @@ def main(argv: list[str] | None = None) -> int:
                      for n, (i, o) in enumerate(zip(task.out_of_distribution, ood_outs, strict=True)))
         tokens = sum(len(o[0].token_ids) for o in outs) / max(len(outs), 1)
         model.train(was)
+        # the gate's OOD reference check: nats/token of plain reference answers to general prompts
+        ref_nll = gold_nll(trainer.policy, references) or 0.0
         return {"held": ok, "held_n": len(qs), "ood": ood_ok, "ood_n": len(ood_prompts), "repetition": rep,
+                "ref_nll": ref_nll,
                 "mean_tokens": tokens, "examples": [o[0].text for o in outs[:3]]}
 
+    ood_file = Path(__file__).resolve().parents[1] / "services/weights/evalsets/ood.yaml"
+    references = [DistillExample(messages=[{"role": "user", "content": i["prompt"]}], reference=i["answer"])
+                  for i in yaml.safe_load(ood_file.read_text(encoding="utf-8"))["items"] if i.get("answer")]
     before = evaluate()
     t0 = time.perf_counter()
     items = [facts[fid].correction for fid in by_fact]
@@ -122,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
            "held_before": before["held"], "held_after": after["held"], "held_n": before["held_n"],
            "ood_before": before["ood"], "ood_after": after["ood"], "ood_n": before["ood_n"],
            "rep_before": round(before["repetition"], 3), "rep_after": round(after["repetition"], 3),
+           "ood_ref_nll_before": round(before["ref_nll"], 4), "ood_ref_nll_after": round(after["ref_nll"], 4),
            "tokens_before": round(before["mean_tokens"], 1), "tokens_after": round(after["mean_tokens"], 1),
            "accepted": m.get("accepted"), "samples": m.get("samples"), "questions": m.get("questions"),
            "generated_questions": m.get("generated_questions"), "fallback": m.get("fallback_targets"),
@@ -129,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
            "examples_after": after["examples"]}
     print(f"{task.name} {ns.method} {ns.finetune} lr={ns.lr} steps={row['steps']}: held-out {before['held']} -> "
           f"{after['held']}/{before['held_n']}, OOD {before['ood']} -> {after['ood']}/{before['ood_n']}, "
-          f"repetition {row['rep_before']} -> {row['rep_after']}, tokens {row['tokens_before']} -> "
+          f"repetition {row['rep_before']} -> {row['rep_after']}, OOD reference nats/token "
+          f"{row['ood_ref_nll_before']} -> {row['ood_ref_nll_after']}, tokens {row['tokens_before']} -> "
           f"{row['tokens_after']}, kept {m.get('accepted')}/{m.get('samples')} teacher answers "
           f"({m.get('questions')} questions, {m.get('generated_questions')} generated, {m.get('fallback_targets')} "
           f"fallbacks), sampling {row['gen_s']} s, round {row['seconds']} s")

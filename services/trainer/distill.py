@@ -45,8 +45,6 @@ from shared.knowledge.retrieval import tfidf_rank
 from shared.progress import progress
 
 METHODS = ("rkl_topk", "gkd", "sft_filtered", "sft_items")
-SUPERVISED = ("sft_filtered", "sft_items")
-"""The methods whose rows are supervised targets (token-mean NLL), not KL to a teacher."""
 
 
 @dataclass
@@ -180,7 +178,8 @@ def distill_step(policy: Policy, teacher: nn.Module, student_prompts: Sequence[S
 
     Token-mean over all completion tokens of the step; micro-batches accumulate gradients. Rows sampled
     from the teacher take the forward KL over the teacher's top-k (GKD), the others the student-top-k
-    reverse KL; under sft_filtered and sft_items every row is a supervised target. Returns (loss, sum of per-token KL
+    reverse KL; under sft_filtered every row is a supervised target, under sft_items every row but the
+    replay rows (`from_teacher`), which take the forward KL to the round-start model (services/trainer/drill.py). Returns (loss, sum of per-token KL
     (NLL for SFT), tokens, grad norm)."""
     dev = policy.device
     if t_fused is None:
@@ -195,7 +194,9 @@ def distill_step(policy: Policy, teacher: nn.Module, student_prompts: Sequence[S
             ys = [completions[i] for i in mb]
             bs = make_batch([student_prompts[i] for i in mb], ys, policy.pad_id).to(dev)
             with policy.autocast():
-                if cfg.method in SUPERVISED:
+                # supervised rows: every sft_filtered row, sft_items' drill rows; sft_items' replay rows (marked
+                # from_teacher) take the forward KL to the round-start model over its top-k, as GKD's do
+                if cfg.method == "sft_filtered" or (cfg.method == "sft_items" and reverse):
                     lp = bs.unflatten(policy.scorer(bs).float())
                     loss = losses.sft_nll(lp, bs.completion_mask, n_tok)
                     kl_sum = -(lp.detach() * bs.completion_mask).sum()

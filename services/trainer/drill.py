@@ -14,9 +14,13 @@ budget goes to training on many cheap examples per item, built only from what a 
    each question `teacher_samples` times; a sample is kept when it ended by itself, does not repeat itself
    and holds the item's answer terms (shared/knowledge/terms.py, the gate's own check). A question whose
    samples all fail takes the item's own text as its target (the item is a correct answer by definition).
-3. Replay: a share `replay_share` of every batch is general prompts (services/trainer/replay_prompts.py)
-   with the round-start model's own greedy answers as targets (self-distillation): the update moves the
-   facts, not the model's general manner. The replay prompts are not the gate's OOD questions.
+3. Replay: a share `replay_share` of every batch is general prompts (services/trainer/replay_prompts.py),
+   asked with and without the tenant's system prompt, answered by the round-start model at T = 1; on those
+   rows the student takes the forward KL to the round-start model's whole next-token distribution (over its
+   top-k, as GKD's teacher rows), not the NLL of the one sample: the gate measures general behaviour as the
+   log-likelihood of reference answers the model did not write, and NLL replay, greedy or sampled, let it
+   fall by 0.51 and 0.59 nats/token in one round (docs/consolidation.md), past the gate's limit of 0.5.
+   The replay prompts are not the gate's OOD questions.
 4. Training: `steps` optimizer steps of `batch` rows of token-mean NLL (losses.sft_nll), cycling through the
    shuffled drill pool.
 """
@@ -257,11 +261,12 @@ def drill_pairs(teacher: nn.Module, tok: Any, items: Sequence[DrillItem], questi
 
 def replay_pairs(teacher: nn.Module, tok: Any, system: str, n: int, max_new_tokens: int, seed: int,
                  stats: DrillStats) -> list[DrillPair]:
-    """The round-start model's own greedy answers to `n` general prompts (ended by themselves, not looping)."""
+    """The round-start model's own T=1 answers to `n` general prompts, every other one under the tenant's
+    system prompt (those that ended by themselves and do not loop)."""
     rng = random.Random(seed)
     chosen = rng.sample(REPLAY_PROMPTS, min(n, len(REPLAY_PROMPTS)))
-    prompts = [encode_chat(tok, _question_messages(system, q)).ids for q in chosen]
-    outs = _sample(teacher, tok, prompts, 1, 0.0, max_new_tokens, seed)
+    prompts = [encode_chat(tok, _question_messages(system if i % 2 else "", q)).ids for i, q in enumerate(chosen)]
+    outs = _sample(teacher, tok, prompts, 1, 1.0, max_new_tokens, seed)
     pairs = [DrillPair(-1, p, _with_eos(tok, o[0].token_ids)) for p, o in zip(prompts, outs, strict=True)
              if o[0].token_ids and o[0].finish_reason == "stop" and repetition_rate(o[0].token_ids) <= 0.1]
     stats.replay = len(pairs)
@@ -294,7 +299,8 @@ def drill_round(policy: Policy, teacher: nn.Module, items: Sequence[DrillItem], 
                 step_fn: Callable[[list[DrillPair]], tuple[float, float, int, float]],
                 on_step: Callable[[dict[str, float]], None] | None = None) -> dict[str, float]:
     """One `sft_items` round: questions, targets, replay, then `cfg.steps` NLL steps through `step_fn`
-    (which trains one batch and returns (loss, summed NLL, tokens, grad norm))."""
+    (which trains one batch, NLL on drill rows and KL on replay rows, and returns (loss, summed NLL and KL,
+    tokens, grad norm))."""
     t0 = time.perf_counter()
     tok = policy.tokenizer
     stats = DrillStats()
@@ -303,7 +309,7 @@ def drill_round(policy: Policy, teacher: nn.Module, items: Sequence[DrillItem], 
     pairs = drill_pairs(teacher, tok, items, questions, system, samples=cfg.teacher_samples,
                         temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                         max_repetition=cfg.sft_max_repetition, seed=cfg.seed + 7, stats=stats)
-    replay = (replay_pairs(teacher, tok, system(0) if items else "", max(cfg.batch, 16), cfg.max_new_tokens,
+    replay = (replay_pairs(teacher, tok, system(0) if items else "", len(REPLAY_PROMPTS), cfg.max_new_tokens,
                            cfg.seed + 11, stats) if cfg.replay_share > 0 else [])
     gen_seconds = time.perf_counter() - t0
     m: dict[str, float] = {"n_items": float(len(items)), "questions": float(stats.questions),

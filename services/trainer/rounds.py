@@ -168,8 +168,9 @@ class Trainer:
 
         def step(rows: list[DrillPair]) -> tuple[float, float, int, float]:
             prompts = [r.prompt for r in rows]
-            return distill_step(policy, teacher, prompts, prompts, [r.target for r in rows], [False] * len(rows),
-                                cfg, t_fused=False)
+            # replay rows are marked as the teacher's: they take the forward KL to the round-start model
+            return distill_step(policy, teacher, prompts, prompts, [r.target for r in rows],
+                                [r.item < 0 for r in rows], cfg, t_fused=None)
 
         steps_left = self.steps_left()
         if steps_left is not None:
