@@ -37,6 +37,7 @@ from typing import Any
 
 from torch import nn
 
+from services.trainer.distributed import broadcast, rank
 from services.trainer.policy import Policy
 from services.trainer.replay_prompts import REPLAY_PROMPTS
 from shared.decoding.chat_template import encode_chat
@@ -304,13 +305,17 @@ def drill_round(policy: Policy, teacher: nn.Module, items: Sequence[DrillItem], 
     t0 = time.perf_counter()
     tok = policy.tokenizer
     stats = DrillStats()
-    excluded = {normalise_question(q) for q in [*exclude, *(c for it in items for c in it.checks)]}
-    questions = drill_questions(teacher, tok, items, asked, cfg.paraphrases, excluded, cfg.seed, stats)
-    pairs = drill_pairs(teacher, tok, items, questions, system, samples=cfg.teacher_samples,
-                        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                        max_repetition=cfg.sft_max_repetition, seed=cfg.seed + 7, stats=stats)
-    replay = (replay_pairs(teacher, tok, system(0) if items else "", len(REPLAY_PROMPTS), cfg.max_new_tokens,
-                           cfg.seed + 11, stats) if cfg.replay_share > 0 else [])
+    drawn: Any = None
+    if rank() == 0:        # torchrun: rank 0 samples, every rank trains on the same drills
+        excluded = {normalise_question(q) for q in [*exclude, *(c for it in items for c in it.checks)]}
+        questions = drill_questions(teacher, tok, items, asked, cfg.paraphrases, excluded, cfg.seed, stats)
+        pairs = drill_pairs(teacher, tok, items, questions, system, samples=cfg.teacher_samples,
+                            temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                            max_repetition=cfg.sft_max_repetition, seed=cfg.seed + 7, stats=stats)
+        replay = (replay_pairs(teacher, tok, system(0) if items else "", len(REPLAY_PROMPTS), cfg.max_new_tokens,
+                               cfg.seed + 11, stats) if cfg.replay_share > 0 else [])
+        drawn = (pairs, replay, stats)
+    pairs, replay, stats = broadcast(drawn)
     gen_seconds = time.perf_counter() - t0
     m: dict[str, float] = {"n_items": float(len(items)), "questions": float(stats.questions),
                            "generated_questions": float(stats.generated_questions),
